@@ -1,0 +1,17 @@
+"""bexmatch: match streams of events against millions of standing Boolean
+expressions (DESIGN.md).  The public API (DESIGN.md §3)::
+
+    from engine import Index, ParseError, ALGORITHMS, available_backends
+
+``import engine`` never needs a GPU: CUDA is touched only when the ``cuda``
+backend is asked for.
+"""
+
+from engine.algorithms import ALGORITHMS
+from engine.backend import available_backends
+from engine.errors import (BackendUnavailable, BexmatchError, ExpressionTooLarge, IndexFileError, ParseError,
+                           SchemaError)
+from engine.index import Index
+
+__all__ = ["ALGORITHMS", "BackendUnavailable", "BexmatchError", "ExpressionTooLarge", "Index", "IndexFileError",
+           "ParseError", "SchemaError", "available_backends"]

@@ -1,0 +1,257 @@
+"""The columnar subscription form, ingested vectorised (DESIGN.md §3).
+
+One row per predicate; the rows of one ``sub_id`` are ANDed:
+
+========== ========================================================
+column      meaning
+========== ========================================================
+sub_id      int64 subscription id
+attr        attribute name
+op          '=', '!=', '<>', '<', '<=', '>', '>=', 'in', 'not in',
+            'between', 'not between', 'like', 'not like', 'matches',
+            'is null', 'is not null' (case-insensitive)
+value       numeric or boolean operand (BETWEEN: low end)
+value_hi    numeric or boolean BETWEEN high end
+values      list of numeric or boolean operands (IN, NOT IN)
+str_value   string operand, LIKE pattern or RE2 pattern
+str_value_hi  string BETWEEN high end
+str_values  list of string operands (IN, NOT IN)
+========== ========================================================
+
+Only ``sub_id``, ``attr`` and ``op`` are required; operand columns may be
+left out when no row needs them.  Millions of rows never pass through the
+expression parser: everything but IN lists is handled with array
+operations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.compile import OPCODE, PredicateTable, Segment, distinct_rows
+from engine.errors import SchemaError
+from engine.expr import Family, Op
+from engine.schema import MAX_EXACT_INT, Schema
+from gpu_kernels import opcodes
+
+OP_NAMES = {"=": Op.EQ, "==": Op.EQ, "!=": Op.NE, "<>": Op.NE, "<": Op.LT, "<=": Op.LE, ">": Op.GT,
+            ">=": Op.GE, "in": Op.IN, "not in": Op.NOT_IN, "between": Op.BETWEEN,
+            "not between": Op.NOT_BETWEEN, "like": Op.LIKE, "not like": Op.NOT_LIKE,
+            "matches": Op.MATCHES, "not matches": Op.NOT_MATCHES, "is null": Op.IS_NULL,
+            "is not null": Op.IS_NOT_NULL}
+COLUMNS = ("sub_id", "attr", "op", "value", "value_hi", "values", "str_value", "str_value_hi", "str_values")
+
+_SCALAR = np.array([op in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) for op in Op])
+
+
+class _Rows:
+    """Validated per-row arrays of a columnar table."""
+
+    def __init__(self, table: pa.Table):
+        unknown = set(table.column_names) - set(COLUMNS)
+        if unknown:
+            raise SchemaError(f"columnar subscriptions: unknown column(s) {sorted(unknown)}; columns are {COLUMNS}")
+        for name in ("sub_id", "attr", "op"):
+            if name not in table.column_names:
+                raise SchemaError(f"columnar subscriptions: missing column {name!r}")
+            if table[name].null_count:
+                row = int(np.flatnonzero(~table[name].is_valid().to_numpy(zero_copy_only=False))[0])
+                raise SchemaError(f"columnar subscriptions: row {row} has a null {name}")
+        self.table = table
+        self.n = table.num_rows
+        if not pa.types.is_integer(table["sub_id"].type):
+            raise SchemaError(f"columnar subscriptions: sub_id must be an integer column, not {table['sub_id'].type}")
+        self.sub_id = table["sub_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+        attr = pc.dictionary_encode(table["attr"].combine_chunks())
+        self.attr_names = [str(a) for a in attr.dictionary.to_pylist()]
+        self.attr_index = attr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        ops = pc.dictionary_encode(pc.utf8_lower(pc.utf8_trim_whitespace(table["op"].combine_chunks())))
+        op_list = []
+        for i, name in enumerate(ops.dictionary.to_pylist()):
+            if name not in OP_NAMES:
+                row = int(np.flatnonzero(ops.indices.to_numpy(zero_copy_only=False) == i)[0])
+                raise SchemaError(f"columnar subscriptions: row {row} has unknown operator {name!r}; "
+                                  f"operators are {sorted(set(OP_NAMES))}")
+            op_list.append(OP_NAMES[name])
+        op_of_entry = np.array([OPCODE[o] for o in op_list], dtype=np.int8)
+        self.op = op_of_entry[ops.indices.to_numpy(zero_copy_only=False)]
+
+    def column(self, name):
+        return self.table[name] if name in self.table.column_names else None
+
+    def fail(self, mask: np.ndarray, message: str):
+        if mask.any():
+            row = int(np.flatnonzero(mask)[0])
+            raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}): {message}")
+
+
+def _valid(column, n):
+    return np.zeros(n, bool) if column is None else column.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _scalar_family(column) -> Family | None:
+    if column is None:
+        return None
+    t = column.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = t.value_type
+    if pa.types.is_boolean(t):
+        return Family.BOOLEAN
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return Family.NUMERIC
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return Family.STRING
+    raise SchemaError(f"columnar subscriptions: column {column._name if hasattr(column, '_name') else ''} "
+                      f"has unsupported type {column.type}")
+
+
+def _numbers(rows: _Rows, name: str, mask: np.ndarray) -> np.ndarray:
+    """float64 keys of a numeric/boolean column (0 where unused), refusing
+    NaN, infinities and integers beyond ±2**53 on the rows that use it."""
+    column = rows.column(name)
+    keys = np.zeros(rows.n)
+    if column is None or not mask.any():
+        return keys
+    if pa.types.is_integer(column.type):
+        raw = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+        rows.fail(mask & (np.abs(raw.astype(np.float64)) > MAX_EXACT_INT), f"{name} is beyond ±2**53")
+        keys[mask] = raw[mask]
+    else:
+        raw = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
+        rows.fail(mask & ~np.isfinite(raw), f"{name} is not a finite number")
+        keys[mask] = raw[mask]
+    return keys
+
+
+def compile_columnar(table, schema: Schema) -> tuple[Segment, dict[str, Family]]:
+    """Validate a columnar table against ``schema`` and compile it.
+
+    Validation happens before anything is registered: on error the schema is
+    untouched.  Returns the segment and the schema changes it made."""
+    if not isinstance(table, pa.Table):
+        table = pa.table(table)
+    rows = _Rows(table)
+    n, op = rows.n, rows.op
+    is_set = np.isin(op, (opcodes.IN, opcodes.NOT_IN))
+    is_range = np.isin(op, (opcodes.BETWEEN, opcodes.NOT_BETWEEN))
+    is_pattern = np.isin(op, (opcodes.LIKE, opcodes.NOT_LIKE, opcodes.MATCHES, opcodes.NOT_MATCHES))
+    is_null_test = np.isin(op, (opcodes.IS_NULL, opcodes.IS_NOT_NULL))
+    is_scalar = ~(is_set | is_range | is_pattern | is_null_test)
+
+    num_family = _scalar_family(rows.column("value")) or _scalar_family(rows.column("values"))
+    for name in ("value", "value_hi", "values"):
+        family = _scalar_family(rows.column(name))
+        if family is Family.STRING:
+            raise SchemaError(f"columnar subscriptions: {name} holds strings; use str_{name}")
+        if family is not None and num_family is not None and family is not num_family:
+            raise SchemaError("columnar subscriptions: value, value_hi and values must share one type family")
+    for name in ("str_value", "str_value_hi", "str_values"):
+        if _scalar_family(rows.column(name)) not in (None, Family.STRING):
+            raise SchemaError(f"columnar subscriptions: {name} must hold strings")
+
+    has_num = _valid(rows.column("value"), n)
+    has_num_hi = _valid(rows.column("value_hi"), n)
+    has_str = _valid(rows.column("str_value"), n)
+    has_str_hi = _valid(rows.column("str_value_hi"), n)
+    has_nums = _valid(rows.column("values"), n)
+    has_strs = _valid(rows.column("str_values"), n)
+    rows.fail(has_num & has_str, "both value and str_value are set")
+    rows.fail((is_scalar | is_range) & ~(has_num | has_str), "the operator needs value or str_value")
+    rows.fail(is_range & ~((has_num & has_num_hi) | (has_str & has_str_hi)),
+              "BETWEEN needs value and value_hi (or str_value and str_value_hi) of one type")
+    rows.fail(is_pattern & ~has_str, "LIKE/MATCHES need a str_value pattern")
+    rows.fail(is_set & ~(has_nums | has_strs), "IN needs a values or str_values list")
+    rows.fail(is_set & has_nums & has_strs, "both values and str_values are set")
+
+    # the family each row fixes for its attribute
+    string_row = (has_str & ~is_set) | (is_set & has_strs) | is_pattern
+    numeric_row = ~string_row & ~is_null_test
+    row_family = np.where(string_row, 1, np.where(numeric_row, 0, -1))
+    family_of = {0: num_family or Family.NUMERIC, 1: Family.STRING}
+    fixed: dict[str, Family] = {}
+    for a, name in enumerate(rows.attr_names):
+        mine = row_family[rows.attr_index == a]
+        present = np.unique(mine[mine >= 0])
+        if len(present) > 1:
+            rows.fail((rows.attr_index == a) & (row_family == present[1]), f"{name!r} used with two type families")
+        known = schema.families.get(name)
+        if len(present):
+            family = family_of[int(present[0])]
+            if known is not None and known is not family:
+                rows.fail((rows.attr_index == a) & (row_family >= 0),
+                          f"{name!r} is {known.value}, not {family.value}")
+            if known is None:
+                fixed[name] = family
+        elif name not in schema.attr_ids:
+            fixed[name] = None
+
+    lo = _numbers(rows, "value", has_num & ~is_set)
+    hi = _numbers(rows, "value_hi", is_range & has_num_hi)
+    in_lists = _in_lists(rows, is_set & has_nums, "values")
+    str_in_lists = _in_lists(rows, is_set & has_strs, "str_values")
+
+    # ---- everything is valid: register in the schema
+    for name, family in fixed.items():
+        schema._add_attr(name, family)
+        if family is not None:
+            schema.families[name] = family
+    attr_ids = np.array([schema.attr_ids[name] for name in rows.attr_names], dtype=np.int32)
+    attr = attr_ids[rows.attr_index] if n else np.zeros(0, np.int32)
+    aux = np.full(n, -1, dtype=np.int64)
+    plain_str = has_str & ~is_pattern
+    for name, mask, target in (("str_value", plain_str, lo), ("str_value_hi", is_range & has_str_hi, hi)):
+        if mask.any():
+            values = pc.filter(rows.column(name), pa.array(mask)).to_pylist()
+            schema.add_strings(dict.fromkeys(values))
+            target[mask] = [schema.string_ids[v] for v in values]
+    if is_pattern.any():
+        patterns = pc.filter(rows.column("str_value"), pa.array(is_pattern)).to_pylist()
+        kinds = np.where(np.isin(op[is_pattern], (opcodes.LIKE, opcodes.NOT_LIKE)), "like", "regex")
+        for row, kind, text in zip(np.flatnonzero(is_pattern), kinds, patterns):
+            aux[row] = schema.pattern_id(str(kind), text)
+    for row, keys in in_lists.items():
+        aux[row] = schema.set_id(tuple(sorted(set(keys))))
+    for row, strings in str_in_lists.items():
+        schema.add_strings(strings)
+        aux[row] = schema.set_id(tuple(sorted({float(schema.string_ids[s]) for s in strings})))
+
+    # ---- distinct predicates and one AND program per subscription
+    first, inverse = distinct_rows((attr, op, lo, hi, aux))
+    table_ = PredicateTable(attr[first], op[first], lo[first], hi[first], aux[first])
+    order = np.argsort(rows.sub_id, kind="stable")
+    sub_sorted = rows.sub_id[order]
+    starts = np.flatnonzero(np.concatenate(([True], sub_sorted[1:] != sub_sorted[:-1]))) if n else np.zeros(0, np.int64)
+    sub_ids = sub_sorted[starts]
+    sizes = np.diff(np.append(starts, n))
+    offsets = np.concatenate(([0], np.cumsum(sizes + 1))).astype(np.int64)
+    kinds = np.full(offsets[-1], opcodes.LEAF, dtype=np.int8)
+    args = np.empty(offsets[-1], dtype=np.int32)
+    and_at = offsets[1:] - 1
+    kinds[and_at] = opcodes.AND
+    args[and_at] = sizes
+    leaf_at = np.repeat(offsets[:-1] - starts, sizes) + np.arange(n)
+    args[leaf_at] = inverse[order]
+    return Segment(sub_ids, offsets, kinds, args, table_, int(sizes.max()) if n else 0), fixed
+
+
+def _in_lists(rows: _Rows, mask: np.ndarray, name: str) -> dict[int, list]:
+    """Row -> operand list for the IN rows of one list column, validated."""
+    if not mask.any():
+        return {}
+    out = {}
+    column = rows.column(name)
+    for row in np.flatnonzero(mask):
+        items = column[int(row)].as_py()
+        if not items or any(v is None for v in items):
+            rows.fail(np.arange(rows.n) == row, f"{name} must be a non-empty list without nulls")
+        if name == "values" and not isinstance(items[0], bool):
+            for v in items:
+                if isinstance(v, int) and abs(v) > MAX_EXACT_INT or v != v or v in (float("inf"), float("-inf")):
+                    rows.fail(np.arange(rows.n) == row, f"{name} holds {v!r}, not an exact finite number")
+            items = [float(v) for v in items]
+        elif name == "values":
+            items = [float(v) for v in items]
+        out[int(row)] = items
+    return out

@@ -1,0 +1,342 @@
+"""Expressions -> the compiled columnar index (DESIGN.md §4).
+
+A :class:`Segment` is a struct of flat arrays, never a graph of Python
+objects:
+
+* the **distinct-predicate table** (:class:`PredicateTable`): every distinct
+  predicate stored once, so every matcher evaluates it once per event
+  (A-PCM's exactly-once evaluation, A-Tree's predicate sharing).  A
+  predicate is identified by numbers only -- attribute id, operator code,
+  operand keys and a set/pattern id -- where a *key* is the number itself
+  for numeric and boolean operands and the schema's stable string id for
+  strings.  Kernel-ready *codes* (``lo``, ``hi``, sorted IN-list codes) are
+  derived from the keys by :meth:`PredicateTable.recode` whenever the string
+  dictionary has grown.
+* one **postfix program** per subscription in CSR form over predicate ids,
+  built from negation normal form (so there is no NOT instruction), for
+  ``scan`` and for every route that needs the original expression back.
+
+Segments are built from ASTs (the text route) or vectorised from the
+columnar one-row-per-predicate form, and concatenated with a vectorised
+de-duplication of their predicate tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from engine.errors import SchemaError
+from engine.expr import And, Family, Node, Op, Or, Pred, Xnor, Xor, predicates, to_nnf
+from engine.schema import Schema
+from gpu_kernels import opcodes
+
+OPCODE = {
+    Op.EQ: opcodes.EQ, Op.NE: opcodes.NE, Op.LT: opcodes.LT, Op.LE: opcodes.LE,
+    Op.GT: opcodes.GT, Op.GE: opcodes.GE, Op.IN: opcodes.IN, Op.NOT_IN: opcodes.NOT_IN,
+    Op.BETWEEN: opcodes.BETWEEN, Op.NOT_BETWEEN: opcodes.NOT_BETWEEN,
+    Op.LIKE: opcodes.LIKE, Op.NOT_LIKE: opcodes.NOT_LIKE,
+    Op.MATCHES: opcodes.MATCHES, Op.NOT_MATCHES: opcodes.NOT_MATCHES,
+    Op.IS_NULL: opcodes.IS_NULL, Op.IS_NOT_NULL: opcodes.IS_NOT_NULL,
+}
+OP_OF_CODE = {code: op for op, code in OPCODE.items()}
+SET_CODES = (opcodes.IN, opcodes.NOT_IN)
+PATTERN_CODES = (opcodes.LIKE, opcodes.NOT_LIKE, opcodes.MATCHES, opcodes.NOT_MATCHES)
+
+
+def _empty(dtype):
+    return np.zeros(0, dtype=dtype)
+
+
+@dataclass
+class PredicateTable:
+    """Distinct predicates as parallel arrays (one row per predicate)."""
+
+    attr: np.ndarray      # int32 attribute id
+    op: np.ndarray        # int8 operator code (gpu_kernels.opcodes)
+    lo_key: np.ndarray    # float64 first operand key (value, 0/1, or string id)
+    hi_key: np.ndarray    # float64 second operand key (BETWEEN)
+    aux: np.ndarray       # int64 set id (IN lists) or pattern id (LIKE/MATCHES), else -1
+    # kernel-ready codes, derived by recode()
+    lo: np.ndarray | None = None
+    hi: np.ndarray | None = None
+    set_offsets: np.ndarray | None = None
+    set_values: np.ndarray | None = None
+    coded_version: int = -1
+
+    @classmethod
+    def empty(cls) -> "PredicateTable":
+        return cls(_empty(np.int32), _empty(np.int8), _empty(np.float64), _empty(np.float64), _empty(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.attr)
+
+    def key_columns(self):
+        return self.attr, self.op, self.lo_key, self.hi_key, self.aux
+
+    def take(self, rows: np.ndarray) -> "PredicateTable":
+        return PredicateTable(*(column[rows] for column in self.key_columns()))
+
+    @property
+    def nbytes(self) -> int:
+        coded = (self.lo, self.hi, self.set_offsets, self.set_values)
+        return sum(a.nbytes for a in self.key_columns()) + sum(a.nbytes for a in coded if a is not None)
+
+    def recode(self, schema: Schema) -> None:
+        """Derive kernel codes from keys under the schema's current string
+        dictionary (no-op when the dictionary has not changed)."""
+        if self.coded_version == schema.version and self.lo is not None:
+            return
+        string_attr = np.array([schema.families[name] is Family.STRING for name in schema.attr_names] or [False])
+        is_string = string_attr[self.attr] if len(self.attr) else np.zeros(0, bool)
+        plain = is_string & ~np.isin(self.op, SET_CODES + PATTERN_CODES) & (self.op != opcodes.IS_NULL) \
+            & (self.op != opcodes.IS_NOT_NULL)
+        self.lo = self.lo_key.copy()
+        self.hi = self.hi_key.copy()
+        self.lo[plain] = schema.codes_of_string_ids(self.lo_key[plain])
+        ranged = plain & np.isin(self.op, (opcodes.BETWEEN, opcodes.NOT_BETWEEN))
+        self.hi[ranged] = schema.codes_of_string_ids(self.hi_key[ranged])
+        # IN lists: codes sorted per predicate, in CSR
+        lengths = np.zeros(len(self), dtype=np.int64)
+        pieces = []
+        for row in np.flatnonzero(np.isin(self.op, SET_CODES)):
+            keys = np.asarray(schema.sets[self.aux[row]], dtype=np.float64)
+            codes = schema.codes_of_string_ids(keys) if is_string[row] else keys
+            pieces.append(np.sort(codes))
+            lengths[row] = len(codes)
+        self.set_offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        self.set_values = np.concatenate(pieces) if pieces else _empty(np.float64)
+        self.coded_version = schema.version
+
+
+def distinct_rows(columns) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised de-duplication of rows given as parallel key columns.
+    Returns (index of each distinct row's first occurrence, inverse map)."""
+    n = len(columns[0])
+    if n == 0:
+        return _empty(np.int64), _empty(np.int64)
+    record = np.empty(n, dtype=[(f"k{i}", column.dtype) for i, column in enumerate(columns)])
+    for i, column in enumerate(columns):
+        record[f"k{i}"] = column
+    _, first, inverse = np.unique(record, return_index=True, return_inverse=True)
+    return first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
+
+
+@dataclass
+class Segment:
+    """A compiled set of subscriptions: ids, postfix programs, predicates."""
+
+    sub_ids: np.ndarray        # int64 [S]
+    prog_offsets: np.ndarray   # int64 [S + 1]
+    prog_kind: np.ndarray      # int8 [L] LEAF/AND/OR/XOR/XNOR
+    prog_arg: np.ndarray       # int32 [L] predicate id (LEAF) or arity (AND/OR)
+    predicates: PredicateTable
+    max_depth: int             # deepest operand stack any program needs
+
+    @classmethod
+    def empty(cls) -> "Segment":
+        return cls(_empty(np.int64), np.zeros(1, np.int64), _empty(np.int8), _empty(np.int32),
+                   PredicateTable.empty(), 0)
+
+    def __len__(self) -> int:
+        return len(self.sub_ids)
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.sub_ids, self.prog_offsets, self.prog_kind, self.prog_arg)
+        return sum(a.nbytes for a in arrays) + self.predicates.nbytes
+
+    def take(self, positions: np.ndarray) -> "Segment":
+        """The sub-segment of the given subscription positions (its
+        predicate table is shared, unused predicates included)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        starts, stops = self.prog_offsets[positions], self.prog_offsets[positions + 1]
+        lengths = stops - starts
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return Segment(self.sub_ids[positions], offsets, self.prog_kind[gather], self.prog_arg[gather],
+                       self.predicates, self.max_depth)
+
+    # ----------------------------------------------------------------- reading
+    def expression(self, position: int, schema: Schema) -> Node:
+        """The NNF expression of one subscription, rebuilt from its program."""
+        stack: list[Node] = []
+        start, stop = self.prog_offsets[position], self.prog_offsets[position + 1]
+        for kind, arg in zip(self.prog_kind[start:stop], self.prog_arg[start:stop]):
+            if kind == opcodes.LEAF:
+                stack.append(predicate_ast(self.predicates, int(arg), schema))
+            elif kind in (opcodes.AND, opcodes.OR):
+                children = tuple(stack[len(stack) - int(arg):])
+                del stack[len(stack) - int(arg):]
+                stack.append(And(children) if kind == opcodes.AND else Or(children))
+            else:
+                right, left = stack.pop(), stack.pop()
+                stack.append(Xor(left, right) if kind == opcodes.XOR else Xnor(left, right))
+        return stack[0]
+
+
+def predicate_ast(table: PredicateTable, pred_id: int, schema: Schema) -> Pred:
+    """The AST of one distinct predicate (the inverse of :func:`predicate_key`)."""
+    attr = schema.attr_names[table.attr[pred_id]]
+    family = schema.families[attr]
+    op = OP_OF_CODE[int(table.op[pred_id])]
+
+    def literal(key):
+        if family is Family.STRING:
+            return schema.strings[int(key)]
+        if family is Family.BOOLEAN:
+            return bool(key)
+        return int(key) if float(key).is_integer() and abs(key) <= 2 ** 53 else float(key)
+
+    code = int(table.op[pred_id])
+    if code in SET_CODES:
+        values = tuple(literal(k) for k in schema.sets[int(table.aux[pred_id])])
+    elif code in PATTERN_CODES:
+        values = (schema.patterns[int(table.aux[pred_id])][1],)
+    elif code in (opcodes.IS_NULL, opcodes.IS_NOT_NULL):
+        values = ()
+    elif code in (opcodes.BETWEEN, opcodes.NOT_BETWEEN):
+        values = (literal(table.lo_key[pred_id]), literal(table.hi_key[pred_id]))
+    else:
+        values = (literal(table.lo_key[pred_id]),)
+    return Pred(attr, op, values)
+
+
+def predicate_key(pred: Pred, schema: Schema) -> tuple:
+    """(attr id, op code, lo key, hi key, aux) of a checked, registered predicate."""
+    attr = schema.attr_ids[pred.attr]
+    family = schema.families[pred.attr]
+
+    def key(value):
+        return float(schema.string_id(value)) if family is Family.STRING else float(value)
+
+    op = pred.op
+    if op in (Op.IN, Op.NOT_IN):
+        keys = tuple(sorted({key(v) for v in pred.values}))
+        return attr, OPCODE[op], 0.0, 0.0, schema.set_id(keys)
+    if op in (Op.LIKE, Op.NOT_LIKE):
+        return attr, OPCODE[op], 0.0, 0.0, schema.pattern_id("like", pred.values[0])
+    if op in (Op.MATCHES, Op.NOT_MATCHES):
+        return attr, OPCODE[op], 0.0, 0.0, schema.pattern_id("regex", pred.values[0])
+    if op in (Op.IS_NULL, Op.IS_NOT_NULL):
+        return attr, OPCODE[op], 0.0, 0.0, -1
+    if op in (Op.BETWEEN, Op.NOT_BETWEEN):
+        return attr, OPCODE[op], key(pred.values[0]), key(pred.values[1]), -1
+    return attr, OPCODE[op], key(pred.values[0]), 0.0, -1
+
+
+def compile_expressions(ids, nodes, schema: Schema) -> Segment:
+    """Compile checked and registered ASTs into a segment (the text route)."""
+    pred_index: dict[tuple, int] = {}
+    keys: list[tuple] = []
+    kinds: list[int] = []
+    args: list[int] = []
+    offsets = [0]
+    max_depth = 0
+
+    def leaf(pred: Pred) -> int:
+        k = predicate_key(pred, schema)
+        found = pred_index.get(k)
+        if found is None:
+            found = pred_index[k] = len(keys)
+            keys.append(k)
+        return found
+
+    def emit(node) -> int:
+        """Append node's postfix code; return the stack depth it needs."""
+        if isinstance(node, Pred):
+            kinds.append(opcodes.LEAF)
+            args.append(leaf(node))
+            return 1
+        if isinstance(node, (And, Or)):
+            depth = max(i + emit(child) for i, child in enumerate(node.children))
+            kinds.append(opcodes.AND if isinstance(node, And) else opcodes.OR)
+            args.append(len(node.children))
+            return depth
+        if isinstance(node, (Xor, Xnor)):
+            depth = max(emit(node.left), 1 + emit(node.right))
+            kinds.append(opcodes.XOR if isinstance(node, Xor) else opcodes.XNOR)
+            args.append(2)
+            return depth
+        raise TypeError(f"not in negation normal form: {node!r}")
+
+    for node in nodes:
+        max_depth = max(max_depth, emit(to_nnf(node)))
+        offsets.append(len(kinds))
+    columns = list(zip(*keys)) if keys else [(), (), (), (), ()]
+    table = PredicateTable(np.array(columns[0], np.int32), np.array(columns[1], np.int8),
+                           np.array(columns[2], np.float64), np.array(columns[3], np.float64),
+                           np.array(columns[4], np.int64))
+    return Segment(np.asarray(ids, dtype=np.int64), np.array(offsets, np.int64), np.array(kinds, np.int8),
+                   np.array(args, np.int32), table, max_depth)
+
+
+def concat_segments(segments: list[Segment]) -> Segment:
+    """One segment holding every subscription of ``segments``, predicates
+    de-duplicated across them (vectorised)."""
+    segments = [s for s in segments if len(s)]
+    if not segments:
+        return Segment.empty()
+    if len(segments) == 1:
+        return segments[0]
+    key_columns = [np.concatenate(cols) for cols in zip(*(s.predicates.key_columns() for s in segments))]
+    first, inverse = distinct_rows(key_columns)
+    table = PredicateTable(*(column[first] for column in key_columns))
+    pred_base = np.cumsum([0] + [len(s.predicates) for s in segments[:-1]])
+    prog_base = np.cumsum([0] + [len(s.prog_kind) for s in segments[:-1]])
+    kinds = np.concatenate([s.prog_kind for s in segments])
+    args = np.concatenate([np.where(s.prog_kind == opcodes.LEAF,
+                                    inverse[base + s.prog_arg.astype(np.int64)], s.prog_arg)
+                           for s, base in zip(segments, pred_base)]).astype(np.int32)
+    offsets = np.concatenate([[0]] + [s.prog_offsets[1:] + base for s, base in zip(segments, prog_base)])
+    return Segment(np.concatenate([s.sub_ids for s in segments]), offsets.astype(np.int64), kinds, args,
+                   table, max(s.max_depth for s in segments))
+
+
+def check_ids(ids: np.ndarray, present) -> None:
+    """Refuse duplicate ids within ``ids`` or ids already ``present``."""
+    unique, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise KeyError(f"subscription id {int(unique[counts > 1][0])} given more than once")
+    clash = present(unique)
+    if clash is not None:
+        raise KeyError(f"subscription id {clash} is already in the index")
+
+
+def require_family(schema: Schema, attr: str, family: Family, fixed: dict, where: str) -> None:
+    known = schema.families.get(attr)
+    known = fixed.get(attr) if known is None else known
+    if known is None:
+        fixed[attr] = family
+    elif known != family:
+        raise SchemaError(f"{where}: {attr!r} is {known.value}, not {family.value}")
+
+
+__all__ = ["PredicateTable", "Segment", "compile_expressions", "concat_segments", "distinct_rows",
+           "predicate_ast", "predicate_key", "predicates", "OPCODE"]
+
+
+@njit(cache=True, nogil=True)
+def program_depths(prog_offsets, prog_kind, prog_arg):
+    """Operand-stack depth each program needs, or -1 for a malformed program
+    (an operator short of operands, or not exactly one result)."""
+    n = len(prog_offsets) - 1
+    depths = np.empty(n, dtype=np.int64)
+    for s in range(n):
+        top = 0
+        deepest = 0
+        for pc in range(prog_offsets[s], prog_offsets[s + 1]):
+            kind = prog_kind[pc]
+            if kind == 0:
+                top += 1
+            else:
+                need = prog_arg[pc] if kind <= 2 else 2
+                if need < 1 or need > top:
+                    top = -1
+                    break
+                top -= need - 1
+            deepest = max(deepest, top)
+        depths[s] = deepest if top == 1 else -1
+    return depths

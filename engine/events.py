@@ -1,0 +1,214 @@
+"""Events -> columnar event batches (CSR: event offsets, attribute ids,
+value codes), from a list of dicts, a pyarrow Table/RecordBatch (one row per
+event, null = absent) or a pandas DataFrame.
+
+Values are coded exactly like predicate operands (engine.schema): numbers as
+float64, booleans as 0/1, strings as order-preserving codes.  Strings also
+keep a per-batch *token* (index into the batch's distinct strings) so that
+LIKE and MATCHES are evaluated once per distinct (pattern, string) in a
+batch, not once per event.
+
+Attributes that no subscription uses are ignored (DESIGN.md §2).  A value of
+the wrong family, a NaN, or an integer beyond ±2**53 is an error naming the
+event and the attribute, unless ``errors="null"`` asks to treat it as absent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.errors import SchemaError
+from engine.expr import Family
+from engine.schema import MAX_EXACT_INT, Schema, StringArray
+
+
+@dataclass
+class EventBatch:
+    """A batch of events in CSR form; attribute ids ascending within each event."""
+
+    offsets: np.ndarray   # int64 [n_events + 1]
+    attr: np.ndarray      # int32 [nnz]
+    value: np.ndarray     # float64 [nnz] codes
+    token: np.ndarray     # int32 [nnz] index into `strings`, -1 for non-strings
+    strings: np.ndarray   # StringDType, distinct strings of the batch
+
+    @property
+    def n_events(self) -> int:
+        return len(self.offsets) - 1
+
+
+def _family_error(event: int, attr: str, expected: Family, value) -> SchemaError:
+    return SchemaError(f"event {event}: attribute {attr!r} is {expected.value}, got {value!r} "
+                       f"(pass errors='null' to treat such values as absent)")
+
+
+def _check_errors_mode(errors: str) -> None:
+    if errors not in ("raise", "null"):
+        raise ValueError(f"errors must be 'raise' or 'null', not {errors!r}")
+
+
+def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_positions, string_values) -> EventBatch:
+    event_idx = np.asarray(event_idx, dtype=np.int64)
+    attr = np.asarray(attr, dtype=np.int32)
+    value = np.asarray(value, dtype=np.float64)
+    token = np.full(len(attr), -1, dtype=np.int32)
+    if len(string_positions):
+        strings_in = np.asarray(string_values, dtype=StringArray)
+        distinct, inverse = np.unique(strings_in, return_inverse=True)
+        value[string_positions] = schema.encode_strings(strings_in)
+        token[string_positions] = inverse.reshape(-1)
+    else:
+        distinct = np.zeros(0, dtype=StringArray)
+    order = np.lexsort((attr, event_idx))
+    counts = np.bincount(event_idx, minlength=n_events) if len(event_idx) else np.zeros(n_events, np.int64)
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    return EventBatch(offsets, attr[order], value[order], token[order], distinct)
+
+
+def from_dicts(events, schema: Schema, errors: str = "raise") -> EventBatch:
+    """Encode a sequence of ``{attribute: value}`` dicts (None = absent)."""
+    _check_errors_mode(errors)
+    events = list(events)
+    attr_ids, families = schema.attr_ids, schema.families
+    event_idx, attrs, values, string_positions, string_values = [], [], [], [], []
+    for i, event in enumerate(events):
+        if not isinstance(event, Mapping):
+            raise TypeError(f"event {i} is a {type(event).__name__}, not a mapping of attribute to value")
+        for name, raw in event.items():
+            attr = attr_ids.get(name)
+            if attr is None or raw is None:
+                continue
+            family = families[name]
+            code = _code(raw, family)
+            if code is None:
+                if errors == "raise":
+                    raise _family_error(i, name, family, raw)
+                continue
+            if family is Family.STRING:
+                string_positions.append(len(values))
+                string_values.append(raw)
+            event_idx.append(i)
+            attrs.append(attr)
+            values.append(code)
+    return _assemble(schema, len(events), event_idx, attrs, values, np.array(string_positions, np.int64), string_values)
+
+
+def _code(raw, family: Family | None) -> float | None:
+    """The numeric code of one event value, or None if it does not fit the
+    family.  Strings get their code later, vectorised."""
+    if family is None:      # only IS [NOT] NULL uses the attribute: presence is all that counts
+        return 0.0
+    if family is Family.BOOLEAN:
+        return float(raw) if isinstance(raw, (bool, np.bool_)) else None
+    if family is Family.STRING:
+        return 0.0 if isinstance(raw, str) else None
+    if isinstance(raw, (bool, np.bool_)) or not isinstance(raw, (int, float, np.integer, np.floating)):
+        return None
+    if isinstance(raw, (int, np.integer)):
+        return float(raw) if abs(int(raw)) <= MAX_EXACT_INT else None
+    return float(raw) if math.isfinite(raw) else None
+
+
+def _arrow_family(dtype: pa.DataType) -> Family | None:
+    if pa.types.is_dictionary(dtype):
+        dtype = dtype.value_type
+    if pa.types.is_boolean(dtype):
+        return Family.BOOLEAN
+    if pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_decimal(dtype):
+        return Family.NUMERIC
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype):
+        return Family.STRING
+    return None
+
+
+def from_arrow(table, schema: Schema, errors: str = "raise") -> EventBatch:
+    """Encode a pyarrow Table or RecordBatch: one row per event, one column
+    per attribute, null = absent."""
+    _check_errors_mode(errors)
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    n_events = table.num_rows
+    event_idx, attrs, values, string_positions, string_values = [], [], [], [], []
+    size = 0
+    for name in table.column_names:
+        attr = schema.attr_ids.get(name)
+        if attr is None:
+            continue
+        column = table[name]
+        family = schema.families[name]
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        rows = np.flatnonzero(valid)
+        if family is None:
+            codes = np.zeros(len(rows))
+        elif _arrow_family(column.type) is not family:
+            if len(rows) == 0:
+                continue
+            if errors == "raise":
+                first = column[int(rows[0])].as_py()
+                raise _family_error(int(rows[0]), name, family, first)
+            continue
+        elif family is Family.STRING:
+            codes = np.zeros(len(rows))
+            string_positions.append(size + np.arange(len(rows)))
+            string_values.append(pc.cast(column, pa.large_string()).filter(pa.array(valid)).to_numpy(zero_copy_only=False))
+        else:
+            if pa.types.is_dictionary(column.type):
+                column = column.cast(column.type.value_type)
+            if pa.types.is_integer(column.type):   # keep int64 exact until the ±2**53 check
+                codes = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)[rows]
+            else:
+                codes = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)[rows]
+            bad = _bad_numbers(codes) if family is Family.NUMERIC else np.zeros(len(codes), bool)
+            if bad.any():
+                if errors == "raise":
+                    raise _family_error(int(rows[bad][0]), name, family, codes[bad][0].item())
+                rows, codes = rows[~bad], codes[~bad]
+            codes = codes.astype(np.float64)
+        event_idx.append(rows)
+        attrs.append(np.full(len(rows), attr, np.int32))
+        values.append(codes)
+        size += len(rows)
+    if not attrs:
+        return _assemble(schema, n_events, [], [], [], np.zeros(0, np.int64), [])
+    positions = np.concatenate(string_positions) if string_positions else np.zeros(0, np.int64)
+    strings = np.concatenate(string_values) if string_values else []
+    return _assemble(schema, n_events, np.concatenate(event_idx), np.concatenate(attrs),
+                     np.concatenate(values), positions, strings)
+
+
+def _bad_numbers(values: np.ndarray) -> np.ndarray:
+    if values.dtype.kind in "iu":
+        return np.abs(values.astype(np.float64)) > MAX_EXACT_INT
+    return ~np.isfinite(values)
+
+
+def encode_events(events, schema: Schema, errors: str = "raise") -> EventBatch:
+    """Any supported event container -> :class:`EventBatch`."""
+    if isinstance(events, (pa.Table, pa.RecordBatch)):
+        return from_arrow(events, schema, errors)
+    if type(events).__name__ == "DataFrame" and hasattr(events, "to_dict"):
+        return from_arrow(pa.Table.from_pandas(events, preserve_index=False), schema, errors)
+    if isinstance(events, Mapping):
+        raise TypeError("match_batch takes a sequence of events; use match() for a single event")
+    return from_dicts(list(events), schema, errors)
+
+
+def pattern_truth(batch: EventBatch, schema: Schema, pattern_pairs) -> np.ndarray:
+    """LIKE/MATCHES results for the batch: ``[token, pattern id]`` is 1 when
+    the batch's distinct string ``token`` matches the pattern.  Each pattern
+    is evaluated once per distinct string of its attribute in the batch;
+    ``pattern_pairs`` lists the (attribute id, pattern id) pairs in use."""
+    truth = np.zeros((max(1, len(batch.strings)), max(1, len(schema.patterns))), dtype=np.uint8)
+    for attr, pattern in pattern_pairs:
+        tokens = np.unique(batch.token[(batch.attr == attr) & (batch.token >= 0)])
+        if len(tokens) == 0:
+            continue
+        matches = schema.pattern_matcher(int(pattern))
+        truth[tokens, pattern] = [matches(str(batch.strings[t])) for t in tokens]
+    return truth

@@ -1,0 +1,413 @@
+"""``engine.Index``: the public API of DESIGN.md §3.
+
+An index is a *main* compiled segment, matched by the chosen algorithm, plus
+a small *delta* of subscriptions added since the last merge (A-PCM's update
+scheme, DESIGN.md §4): the delta is compiled and matched alongside the main
+segment, removals are tombstones (a cleared ``alive`` flag) until the next
+merge, and a merge rebuilds the main segment when the delta or the
+tombstones grow.  A batch's result never depends on where a subscription
+sits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+import pyarrow as pa
+
+from engine import events as event_batches
+from engine.algorithms import ALGORITHMS, default_algorithm, matcher_class
+from engine.backend import resolve_backend
+from engine.columnar import compile_columnar
+from engine.compile import (PATTERN_CODES, SET_CODES, PredicateTable, Segment, compile_expressions,
+                            concat_segments, program_depths)
+from engine.errors import IndexFileError, SchemaError
+from engine.expr import Node, predicates
+from engine.parse import parse
+from engine.schema import Schema
+
+FILE_MAGIC = "bexmatch-index"
+FILE_VERSION = 1
+DEFAULT_DNF_LIMIT = 256
+
+
+def _as_id(sub_id) -> int:
+    if isinstance(sub_id, (bool, np.bool_)) or not isinstance(sub_id, (int, np.integer)):
+        raise TypeError(f"subscription ids are int64, not {type(sub_id).__name__} {sub_id!r}")
+    if not -2 ** 63 <= int(sub_id) < 2 ** 63:
+        raise OverflowError(f"subscription id {sub_id} does not fit in int64")
+    return int(sub_id)
+
+
+class Index:
+    """A set of subscriptions (Boolean expressions) matched against events.
+
+    Parameters
+    ----------
+    algorithm : one of :data:`engine.ALGORITHMS`; default the best
+        implemented on the backend.
+    backend : ``"cpu"`` or ``"cuda"``; default the best available here.
+    schema : optional ``{attribute: "numeric" | "string" | "boolean"}``
+        declaring type families up front.
+    dnf_limit : the most conjunctions an AND-only algorithm may make of one
+        expression (DESIGN.md §3).
+
+    Examples
+    --------
+    >>> idx = Index(algorithm="scan", backend="cpu")
+    >>> idx.add(7, "price <= 580 AND color = 'silver'")
+    >>> idx.match({"price": 550, "color": "silver"}).tolist()
+    [7]
+    """
+
+    def __init__(self, algorithm: str | None = None, backend: str | None = None, *,
+                 schema: dict | None = None, dnf_limit: int = DEFAULT_DNF_LIMIT):
+        self.backend = resolve_backend(backend)
+        self.algorithm = default_algorithm(self.backend) if algorithm is None else algorithm
+        self._matcher_class = matcher_class(self.algorithm, self.backend)
+        self.dnf_limit = dnf_limit
+        self._schema = Schema()
+        for attr, family in (schema or {}).items():
+            self._schema.declare(attr, family)
+        self._main = Segment.empty()
+        self._main_alive = np.zeros(0, dtype=np.uint8)
+        self._main_order = np.zeros(0, dtype=np.int64)   # argsort of main ids, for lookups
+        self._main_dead = 0
+        self._matcher = None
+        self._delta_ids: list[int] = []
+        self._delta_nodes: dict[int, Node] = {}
+        self._delta_segments: list[Segment] = []        # columnar adds waiting for the merge
+        self._delta_cache = None
+
+    # ------------------------------------------------------------------ contents
+    @property
+    def schema(self) -> Schema:
+        return self._schema
+
+    def __len__(self) -> int:
+        return len(self._main) - self._main_dead + len(self._delta_nodes) + sum(len(s) for s in self._delta_segments)
+
+    def __contains__(self, sub_id) -> bool:
+        try:
+            sub_id = _as_id(sub_id)
+        except (TypeError, OverflowError):
+            return False
+        return self._main_position(sub_id) >= 0 or sub_id in self._delta_nodes or any(
+            sub_id in s.sub_ids for s in self._delta_segments)
+
+    def _main_position(self, sub_id: int) -> int:
+        ids = self._main.sub_ids
+        at = np.searchsorted(ids, sub_id)   # main ids are kept sorted
+        if at < len(ids) and ids[at] == sub_id and self._main_alive[at]:
+            return int(at)
+        return -1
+
+    def _present(self, ids: np.ndarray):
+        """The first of ``ids`` already in the index, or None."""
+        ids = np.asarray(ids, dtype=np.int64)
+        main = self._main.sub_ids
+        at = np.searchsorted(main, ids).clip(0, max(len(main) - 1, 0))
+        if len(main):
+            hit = (main[at] == ids) & (self._main_alive[at] != 0)
+            if hit.any():
+                return int(ids[hit][0])
+        for sub_id in ids[np.isin(ids, np.fromiter(self._delta_nodes, np.int64, len(self._delta_nodes)))]:
+            return int(sub_id)
+        for segment in self._delta_segments:
+            clash = ids[np.isin(ids, segment.sub_ids)]
+            if len(clash):
+                return int(clash[0])
+        return None
+
+    # ------------------------------------------------------------------- updates
+    def add(self, sub_id, expression) -> None:
+        """Add one subscription.  ``expression`` is text or an AST.  A bad
+        expression or a present id raises and leaves the index unchanged."""
+        self.add_many([sub_id], [expression])
+
+    def add_many(self, ids, expressions=None) -> None:
+        """Add many subscriptions: ``add_many(ids, expressions)`` with
+        sequences of ids and texts/ASTs, or ``add_many(table)`` with the
+        columnar one-row-per-predicate form (engine.columnar)."""
+        if expressions is None:
+            self._add_columnar(ids)
+            return
+        ids = [_as_id(i) for i in ids]
+        expressions = list(expressions)
+        if len(ids) != len(expressions):
+            raise ValueError(f"{len(ids)} ids but {len(expressions)} expressions")
+        self._check_new_ids(np.array(ids, dtype=np.int64))
+        nodes = []
+        fixed: dict = {}
+        for sub_id, expression in zip(ids, expressions):
+            node = parse(expression) if isinstance(expression, str) else expression
+            preds = list(predicates(node))
+            # check against the schema as it would be after the previous rows
+            changes = self._schema.check_predicates(preds, where=f"subscription {sub_id}")
+            for attr, family in changes.items():
+                if fixed.setdefault(attr, family) != family:
+                    raise SchemaError(f"subscription {sub_id}: {attr!r} is {fixed[attr].value} in an earlier "
+                                      f"subscription of this call, not {family.value}")
+            self._check_fixed(fixed, sub_id)
+            nodes.append((sub_id, node, preds))
+        for sub_id, node, preds in nodes:
+            self._schema.register(preds)
+            self._delta_ids.append(sub_id)
+            self._delta_nodes[sub_id] = node
+        self._changed()
+
+    def _check_fixed(self, fixed: dict, sub_id) -> None:
+        for attr, family in fixed.items():
+            known = self._schema.families.get(attr)
+            if known is not None and known != family:
+                raise SchemaError(f"subscription {sub_id}: {attr!r} is {known.value}, not {family.value}")
+
+    def _check_new_ids(self, ids: np.ndarray) -> None:
+        unique, counts = np.unique(ids, return_counts=True)
+        if (counts > 1).any():
+            raise KeyError(f"subscription id {int(unique[counts > 1][0])} given more than once")
+        clash = self._present(unique)
+        if clash is not None:
+            raise KeyError(f"subscription id {clash} is already in the index")
+
+    def _add_columnar(self, table) -> None:
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        if not isinstance(table, pa.Table):
+            table = pa.table(table)
+        if "sub_id" in table.column_names and pa.types.is_integer(table["sub_id"].type):
+            self._check_new_ids(np.unique(table["sub_id"].drop_null().to_numpy()))
+        segment, _ = compile_columnar(table, self._schema)
+        self._delta_segments.append(segment)
+        self._changed()
+
+    def remove(self, sub_id) -> None:
+        """Remove one subscription; KeyError for an unknown id."""
+        sub_id = _as_id(sub_id)
+        if sub_id in self._delta_nodes:
+            del self._delta_nodes[sub_id]
+            self._delta_ids.remove(sub_id)
+        elif (pos := self._main_position(sub_id)) >= 0:
+            self._main_alive[pos] = 0   # tombstone until the next merge
+            self._main_dead += 1
+        else:
+            for i, segment in enumerate(self._delta_segments):
+                hit = np.flatnonzero(segment.sub_ids == sub_id)
+                if len(hit):
+                    keep = np.flatnonzero(segment.sub_ids != sub_id)
+                    self._delta_segments[i] = segment.take(keep)
+                    break
+            else:
+                raise KeyError(f"subscription id {sub_id} is not in the index")
+        self._changed()
+
+    def _changed(self) -> None:
+        self._delta_cache = None
+        delta = len(self._delta_nodes) + sum(len(s) for s in self._delta_segments)
+        if delta > max(1024, len(self._main) // 16) or self._main_dead > max(1024, len(self._main) // 4) \
+                or self._delta_segments:
+            self.merge()
+
+    def merge(self) -> None:
+        """Fold the delta into the main segment and drop tombstones."""
+        parts = [self._main.take(np.flatnonzero(self._main_alive))] if self._main_dead else [self._main]
+        parts += self._delta_segments
+        if self._delta_nodes:
+            parts.append(compile_expressions(self._delta_ids, [self._delta_nodes[i] for i in self._delta_ids],
+                                             self._schema))
+        merged = concat_segments(parts)
+        order = np.argsort(merged.sub_ids, kind="stable")
+        if len(order) and (order[1:] < order[:-1]).any():
+            merged = merged.take(order)
+        self._install_main(_without_unused_predicates(merged))
+        self._delta_ids, self._delta_nodes, self._delta_segments = [], {}, []
+        self._delta_cache = None
+
+    def _install_main(self, segment: Segment) -> None:
+        self._main = segment
+        self._main_alive = np.ones(len(segment), dtype=np.uint8)
+        self._main_dead = 0
+        self._matcher = None
+
+    # ------------------------------------------------------------------ matching
+    def _matchers(self):
+        """(segment, alive, matcher) for the main segment and the delta."""
+        self._main.predicates.recode(self._schema)
+        if self._matcher is None:
+            self._matcher = self._matcher_class(self._main, self.backend)
+        out = [(self._main, self._main_alive, self._matcher)]
+        if self._delta_nodes:
+            if self._delta_cache is None:
+                delta = compile_expressions(self._delta_ids, [self._delta_nodes[i] for i in self._delta_ids],
+                                            self._schema)
+                order = np.argsort(delta.sub_ids, kind="stable")
+                delta = delta.take(order)
+                # the delta is small: scan-style program evaluation is its matcher
+                from engine.algorithms.scan import ScanMatcher
+                self._delta_cache = (delta, np.ones(len(delta), np.uint8), ScanMatcher(delta, "cpu"))
+            self._delta_cache[0].predicates.recode(self._schema)
+            out.append(self._delta_cache)
+        return out
+
+    def match(self, event) -> np.ndarray:
+        """Ids of the subscriptions TRUE on one event (dict), ascending."""
+        if not isinstance(event, dict):
+            raise TypeError(f"match takes one event as a dict, not {type(event).__name__}")
+        return self.match_batch([event])[0]
+
+    def match_batch(self, events, *, output: str = "list", errors: str = "raise"):
+        """Match a batch: a list of dicts, a pyarrow Table/RecordBatch or a
+        pandas DataFrame (one row per event, null = absent).
+
+        ``output="list"``: one ascending int64 id array per event.
+        ``output="arrow"``: a pyarrow Table ``(event int64, sub_id int64)``,
+        ordered by event then id -- the form for large batches.
+        ``errors="null"`` treats values of the wrong type as absent."""
+        if output not in ("list", "arrow"):
+            raise ValueError(f"output must be 'list' or 'arrow', not {output!r}")
+        batch = event_batches.encode_events(events, self._schema, errors)
+        event_idx, sub_ids = self._match_encoded(batch)
+        if output == "arrow":
+            return pa.table({"event": pa.array(event_idx, pa.int64()), "sub_id": pa.array(sub_ids, pa.int64())})
+        bounds = np.searchsorted(event_idx, np.arange(1, batch.n_events))
+        return np.split(sub_ids, bounds)
+
+    def _match_encoded(self, batch) -> tuple[np.ndarray, np.ndarray]:
+        matchers = self._matchers()
+        pairs = np.unique(np.concatenate([
+            np.stack([seg.predicates.attr, seg.predicates.aux], axis=1)[np.isin(seg.predicates.op, PATTERN_CODES)]
+            for seg, _, _ in matchers]), axis=0)
+        truth = event_batches.pattern_truth(batch, self._schema, pairs)
+        events, ids = [], []
+        for segment, alive, matcher in matchers:
+            e, positions = matcher.match(batch, truth, alive)
+            events.append(e)
+            ids.append(segment.sub_ids[positions])
+        event_idx, sub_ids = np.concatenate(events), np.concatenate(ids)
+        if len(matchers) > 1:
+            order = np.lexsort((sub_ids, event_idx))
+            event_idx, sub_ids = event_idx[order], sub_ids[order]
+        return event_idx, sub_ids
+
+    # ------------------------------------------------------------- persistence
+    def save(self, path) -> None:
+        """Write the index to ``path`` atomically (temp file + rename)."""
+        self.merge()
+        seg, preds = self._main, self._main.predicates
+        arrays = {"sub_ids": seg.sub_ids, "prog_offsets": seg.prog_offsets, "prog_kind": seg.prog_kind,
+                  "prog_arg": seg.prog_arg, "pred_attr": preds.attr, "pred_op": preds.op,
+                  "pred_lo_key": preds.lo_key, "pred_hi_key": preds.hi_key, "pred_aux": preds.aux}
+        meta = {"magic": FILE_MAGIC, "version": FILE_VERSION, "algorithm": self.algorithm,
+                "backend": self.backend, "dnf_limit": self.dnf_limit, "max_depth": seg.max_depth,
+                "schema": self._schema.to_json(),
+                "sha256": {name: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+                           for name, a in arrays.items()}}
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".bexmatch-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w") as archive:
+                archive.writestr("meta.json", json.dumps(meta))
+                for name, array in arrays.items():
+                    buffer = io.BytesIO()
+                    np.save(buffer, array, allow_pickle=False)
+                    archive.writestr(f"{name}.npy", buffer.getvalue())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path, *, backend: str | None = None, algorithm: str | None = None) -> "Index":
+        """Read an index written by :meth:`save`; a truncated, corrupt or
+        foreign file raises :class:`engine.errors.IndexFileError`."""
+        try:
+            with zipfile.ZipFile(path) as archive:
+                meta = json.loads(archive.read("meta.json"))
+                if not isinstance(meta, dict) or meta.get("magic") != FILE_MAGIC:
+                    raise IndexFileError(f"{path}: not a bexmatch index file")
+                if meta.get("version") != FILE_VERSION:
+                    raise IndexFileError(f"{path}: index format version {meta.get('version')} is not supported "
+                                         f"(this bexmatch reads version {FILE_VERSION})")
+                arrays = {}
+                for name, digest in meta["sha256"].items():
+                    array = np.load(io.BytesIO(archive.read(f"{name}.npy")), allow_pickle=False)
+                    if hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest() != digest:
+                        raise IndexFileError(f"{path}: array {name!r} is corrupt (checksum mismatch)")
+                    arrays[name] = array
+        except IndexFileError:
+            raise
+        except FileNotFoundError:
+            raise
+        except (zipfile.BadZipFile, KeyError, ValueError, EOFError, OSError, UnicodeDecodeError) as exc:
+            raise IndexFileError(f"{path}: not a readable bexmatch index ({exc.__class__.__name__}: {exc})") from exc
+        index = cls(algorithm=algorithm or meta["algorithm"], backend=backend or meta["backend"],
+                    dnf_limit=meta["dnf_limit"])
+        try:
+            index._schema = Schema.from_json(meta["schema"])
+            table = PredicateTable(arrays["pred_attr"], arrays["pred_op"], arrays["pred_lo_key"],
+                                   arrays["pred_hi_key"], arrays["pred_aux"])
+            segment = Segment(arrays["sub_ids"], arrays["prog_offsets"], arrays["prog_kind"], arrays["prog_arg"],
+                              table, int(meta["max_depth"]))
+            _validate_segment(segment, index._schema)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise IndexFileError(f"{path}: inconsistent bexmatch index ({exc})") from exc
+        index._install_main(segment)
+        return index
+
+    def __repr__(self) -> str:
+        return f"Index(algorithm={self.algorithm!r}, backend={self.backend!r}, subscriptions={len(self)})"
+
+
+def _without_unused_predicates(segment: Segment) -> Segment:
+    """Drop predicates no program refers to any more (after removals)."""
+    leaves = segment.prog_kind == 0
+    used = np.zeros(len(segment.predicates), dtype=bool)
+    used[segment.prog_arg[leaves]] = True
+    if used.all():
+        return segment
+    new_id = np.cumsum(used) - 1
+    args = segment.prog_arg.copy()
+    args[leaves] = new_id[args[leaves]]
+    return Segment(segment.sub_ids, segment.prog_offsets, segment.prog_kind, args,
+                   segment.predicates.take(np.flatnonzero(used)), segment.max_depth)
+
+
+def _validate_segment(segment: Segment, schema: Schema) -> None:
+    """Structural checks of a loaded segment, so that a crafted file cannot
+    make a kernel read out of bounds."""
+    n_preds, n_code = len(segment.predicates), len(segment.prog_kind)
+    offsets = segment.prog_offsets
+    if len(offsets) != len(segment.sub_ids) + 1 or offsets[0] != 0 or offsets[-1] != n_code \
+            or (np.diff(offsets) <= 0).any() or len(segment.prog_arg) != n_code:
+        raise ValueError("program offsets do not describe the programs")
+    leaves = segment.prog_kind == 0
+    if ((segment.prog_arg[leaves] < 0) | (segment.prog_arg[leaves] >= n_preds)).any():
+        raise ValueError("a program refers to a predicate that does not exist")
+    if (segment.prog_kind > 4).any() or (segment.prog_kind < 0).any():
+        raise ValueError("unknown program instruction")
+    if ((segment.predicates.attr < 0) | (segment.predicates.attr >= len(schema.attr_names))).any():
+        raise ValueError("a predicate refers to an unknown attribute")
+    depths = program_depths(offsets, segment.prog_kind, segment.prog_arg)
+    if (depths < 0).any():
+        raise ValueError(f"program of subscription {int(segment.sub_ids[np.argmin(depths)])} is malformed")
+    if len(depths) and depths.max() > segment.max_depth:
+        raise ValueError("the recorded stack depth is smaller than the programs need")
+    preds = segment.predicates
+    is_pattern, is_set = np.isin(preds.op, PATTERN_CODES), np.isin(preds.op, SET_CODES)
+    if ((preds.op < 0) | (preds.op > 15)).any() \
+            or ((preds.aux[is_pattern] < 0) | (preds.aux[is_pattern] >= len(schema.patterns))).any() \
+            or ((preds.aux[is_set] < 0) | (preds.aux[is_set] >= len(schema.sets))).any():
+        raise ValueError("a predicate refers to an unknown operator, pattern or IN list")
+    if (np.diff(segment.sub_ids) <= 0).any():
+        raise ValueError("subscription ids are not unique and sorted")
+    segment.predicates.recode(schema)
+
+
+__all__ = ["Index", "ALGORITHMS"]

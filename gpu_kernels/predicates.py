@@ -1,0 +1,96 @@
+"""Evaluating one distinct predicate against one event (the leaf of every
+matcher).
+
+The functions are written once in plain Python over scalars and arrays and
+compiled twice: as numba CPU functions here, and as CUDA device functions by
+the CUDA twins (``cuda.jit(device=True)`` over the same source).  Values are
+already codes (DESIGN.md §4): numbers as float64, strings as order-preserving
+codes, booleans as 0/1, so every comparison is a float comparison.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from gpu_kernels.opcodes import (BETWEEN, EQ, FALSE, GE, GT, IN, IS_NOT_NULL, IS_NULL, LE, LIKE,
+                                 LT, MATCHES, NE, NOT_BETWEEN, NOT_IN, NOT_LIKE, NOT_MATCHES,
+                                 NULL, TRUE)
+
+
+def find_attribute_py(event_attr, start, stop, attr):
+    """Position of ``attr`` in the event's attribute ids (sorted ascending
+    within ``[start, stop)``), or -1 when the event does not carry it."""
+    lo = start
+    hi = stop
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if event_attr[mid] < attr:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < stop and event_attr[lo] == attr:
+        return lo
+    return -1
+
+
+def set_contains_py(set_values, start, stop, value):
+    """Binary search in one predicate's sorted IN-list codes."""
+    lo = start
+    hi = stop
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if set_values[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < stop and set_values[lo] == value
+
+
+def make_predicate_truth(contains):
+    """Build the predicate evaluator around a compiled ``set_contains`` (the
+    CPU or the CUDA one), so both targets share this one source.
+
+    Returns the three-valued truth of one predicate.  ``pattern_hit`` is the
+    precomputed LIKE/MATCHES result for the event's string (ignored for
+    other operators); ``present`` says whether the event carries the
+    attribute at all."""
+
+    def predicate_truth(op, lo, hi, set_values, set_start, set_stop, pattern_hit, present, value):
+        if op == IS_NULL:
+            return FALSE if present else TRUE
+        if op == IS_NOT_NULL:
+            return TRUE if present else FALSE
+        if not present:
+            return NULL  # every other predicate on an absent attribute is NULL
+        hit = False
+        if op == EQ:
+            hit = value == lo
+        elif op == NE:
+            hit = value != lo
+        elif op == LT:
+            hit = value < lo
+        elif op == LE:
+            hit = value <= lo
+        elif op == GT:
+            hit = value > lo
+        elif op == GE:
+            hit = value >= lo
+        elif op == BETWEEN:
+            hit = lo <= value and value <= hi
+        elif op == NOT_BETWEEN:
+            hit = value < lo or value > hi
+        elif op == IN:
+            hit = contains(set_values, set_start, set_stop, value)
+        elif op == NOT_IN:
+            hit = not contains(set_values, set_start, set_stop, value)
+        elif op == LIKE or op == MATCHES:
+            hit = pattern_hit
+        elif op == NOT_LIKE or op == NOT_MATCHES:
+            hit = not pattern_hit
+        return TRUE if hit else FALSE
+    return predicate_truth
+
+
+find_attribute = njit(inline="always", nogil=True)(find_attribute_py)
+set_contains = njit(inline="always", nogil=True)(set_contains_py)
+predicate_truth = njit(inline="always", nogil=True)(make_predicate_truth(set_contains))

@@ -1,0 +1,106 @@
+"""``scan``: every subscription's postfix program against every event.
+
+The baseline every other matcher is measured against (DESIGN.md §6): no
+index, each program evaluated in full under three-valued logic.  The CPU
+kernel splits (event, block of subscriptions) tasks over all cores with
+``prange`` so that a single event is parallel too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from gpu_kernels.opcodes import AND, FALSE, IN, LEAF, LIKE, NOT_IN, NOT_MATCHES, NULL, OR, TRUE, XNOR, XOR
+from gpu_kernels.predicates import find_attribute, predicate_truth
+
+#: subscriptions per parallel task: large enough to amortise the task, small
+#: enough to balance one event over all cores
+SUBSCRIPTION_BLOCK = 256
+
+
+def make_run_program(find, truth):
+    """Evaluate one postfix program for one event; shared by the CPU and CUDA
+    kernels (``find``/``truth`` are the target's compiled helpers)."""
+
+    def run_program(start, stop, prog_kind, prog_arg, ev_start, ev_stop, ev_attr, ev_value, ev_token,
+                    pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+                    pattern_truth, stack):
+        top = 0
+        for pc in range(start, stop):
+            kind = prog_kind[pc]
+            arg = prog_arg[pc]
+            if kind == LEAF:
+                op = pred_op[arg]
+                pos = find(ev_attr, ev_start, ev_stop, pred_attr[arg])
+                present = pos >= 0
+                value = ev_value[pos] if present else 0.0
+                pattern_hit = False
+                if present and op >= LIKE and op <= NOT_MATCHES:
+                    pattern_hit = pattern_truth[ev_token[pos], pred_aux[arg]] != 0
+                set_start = 0
+                set_stop = 0
+                if op == IN or op == NOT_IN:
+                    set_start = set_offsets[arg]
+                    set_stop = set_offsets[arg + 1]
+                stack[top] = truth(op, pred_lo[arg], pred_hi[arg], set_values, set_start, set_stop,
+                                   pattern_hit, present, value)
+                top += 1
+            elif kind == AND or kind == OR:
+                # Kleene: AND is FALSE if any FALSE, else NULL if any NULL;
+                # OR is TRUE if any TRUE, else NULL if any NULL
+                decisive = FALSE if kind == AND else TRUE
+                result = TRUE if kind == AND else FALSE
+                for i in range(top - arg, top):
+                    if stack[i] == decisive:
+                        result = decisive
+                        break
+                    if stack[i] == NULL:
+                        result = NULL
+                top -= arg
+                stack[top] = result
+                top += 1
+            else:
+                right = stack[top - 1]
+                left = stack[top - 2]
+                top -= 1
+                if left == NULL or right == NULL:
+                    stack[top - 1] = NULL
+                elif kind == XOR:
+                    stack[top - 1] = TRUE if left != right else FALSE
+                else:  # XNOR
+                    stack[top - 1] = TRUE if left == right else FALSE
+        return stack[0]
+
+    return run_program
+
+
+run_program = njit(inline="always", nogil=True)(make_run_program(find_attribute, predicate_truth))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def scan_kernel(event_start, n_chunk, ev_offsets, ev_attr, ev_value, ev_token,
+                prog_offsets, prog_kind, prog_arg, alive,
+                pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+                pattern_truth, max_depth, out):
+    """``out[e, s] = 1`` iff subscription ``s`` is alive and TRUE on event
+    ``event_start + e``, for ``e < n_chunk``."""
+    n_subs = len(prog_offsets) - 1
+    n_blocks = (n_subs + SUBSCRIPTION_BLOCK - 1) // SUBSCRIPTION_BLOCK
+    for task in prange(n_chunk * n_blocks):
+        e = task // n_blocks
+        first = (task % n_blocks) * SUBSCRIPTION_BLOCK
+        last = min(first + SUBSCRIPTION_BLOCK, n_subs)
+        event = event_start + e
+        ev_start = ev_offsets[event]
+        ev_stop = ev_offsets[event + 1]
+        stack = np.empty(max(max_depth, 1), dtype=np.int8)
+        for s in range(first, last):
+            hit = 0
+            if alive[s]:
+                truth = run_program(prog_offsets[s], prog_offsets[s + 1], prog_kind, prog_arg,
+                                    ev_start, ev_stop, ev_attr, ev_value, ev_token,
+                                    pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
+                                    pred_aux, pattern_truth, stack)
+                hit = 1 if truth == TRUE else 0
+            out[e, s] = hit
