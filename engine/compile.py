@@ -287,9 +287,10 @@ def concat_segments(segments: list[Segment]) -> Segment:
     pred_base = np.cumsum([0] + [len(s.predicates) for s in segments[:-1]])
     prog_base = np.cumsum([0] + [len(s.prog_kind) for s in segments[:-1]])
     kinds = np.concatenate([s.prog_kind for s in segments])
-    args = np.concatenate([np.where(s.prog_kind == opcodes.LEAF,
-                                    inverse[base + s.prog_arg.astype(np.int64)], s.prog_arg)
-                           for s, base in zip(segments, pred_base)]).astype(np.int32)
+    args = np.concatenate([s.prog_arg for s in segments]).astype(np.int32)
+    leaves = kinds == opcodes.LEAF
+    pred_base_of_code = np.repeat(pred_base, [len(s.prog_kind) for s in segments])
+    args[leaves] = inverse[pred_base_of_code[leaves] + args[leaves]]
     offsets = np.concatenate([[0]] + [s.prog_offsets[1:] + base for s, base in zip(segments, prog_base)])
     return Segment(np.concatenate([s.sub_ids for s in segments]), offsets.astype(np.int64), kinds, args,
                    table, max(s.max_depth for s in segments))

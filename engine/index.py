@@ -29,7 +29,6 @@ from engine.compile import (PATTERN_CODES, SET_CODES, PredicateTable, Segment, c
                             concat_segments, program_depths)
 from engine.errors import IndexFileError, SchemaError
 from engine.expr import Node, predicates
-from engine.parse import parse
 from engine.schema import Schema
 
 FILE_MAGIC = "bexmatch-index"
@@ -43,6 +42,11 @@ def _as_id(sub_id) -> int:
     if not -2 ** 63 <= int(sub_id) < 2 ** 63:
         raise OverflowError(f"subscription id {sub_id} does not fit in int64")
     return int(sub_id)
+
+
+def _parse(text: str) -> Node:
+    from engine.parse import parse   # the lark grammar is built on first use
+    return parse(text)
 
 
 class Index:
@@ -146,7 +150,7 @@ class Index:
         nodes = []
         fixed: dict = {}
         for sub_id, expression in zip(ids, expressions):
-            node = parse(expression) if isinstance(expression, str) else expression
+            node = _parse(expression) if isinstance(expression, str) else expression
             preds = list(predicates(node))
             # check against the schema as it would be after the previous rows
             changes = self._schema.check_predicates(preds, where=f"subscription {sub_id}")

@@ -1,0 +1,65 @@
+# bexmatch developer entry points. Everything runs in ./.venv, which is
+# (re)built from pyproject.toml whenever that file changes.
+#
+#   make run   [ARGS=...]          the Spark main job (local Spark, generated workload)
+#   make test  [PYTEST_ARGS=...]   the test suite, e.g. PYTEST_ARGS='-m "not slow"'
+#   make bench [ARGS=...]          benchmarks on the CPU backend
+#   make bench-gpu [ARGS=...]      benchmarks W1-W4 on the CUDA backend (needs a GPU)
+#   make clean                     remove the venv and every build or run output
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Extras installed into the venv (see [project.optional-dependencies]).
+EXTRAS ?= spark,test
+PIP_FLAGS ?= --quiet --disable-pip-version-check
+
+ARGS ?=
+PYTEST_ARGS ?=
+BENCH_GPU_ARGS ?= --backend cuda --workload W1 --workload W2 --workload W3 --workload W4
+
+# Spark needs a Java runtime (Spark 4: Java 17). Use JAVA_HOME when set, else
+# the JDK behind the `java` on PATH.
+ifeq ($(strip $(JAVA_HOME)),)
+JAVA_BIN := $(shell command -v java 2>/dev/null)
+ifneq ($(JAVA_BIN),)
+JAVA_HOME := $(patsubst %/bin/java,%,$(shell readlink -f $(JAVA_BIN)))
+endif
+endif
+ifneq ($(strip $(JAVA_HOME)),)
+export JAVA_HOME
+endif
+# Spark's Python workers must run the venv's interpreter, not the system one.
+export PYSPARK_PYTHON := $(CURDIR)/$(VPY)
+export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(VPY)
+
+.PHONY: all venv run test bench bench-gpu clean
+
+all: test
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@echo ">> building $(VENV) from pyproject.toml (extras: $(EXTRAS))"
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install $(PIP_FLAGS) --upgrade pip
+	$(VPY) -m pip install $(PIP_FLAGS) -e '.[$(EXTRAS)]'
+	@touch $@
+
+run: $(STAMP)
+	$(VENV)/bin/bexmatch run $(ARGS)
+
+test: $(STAMP)
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/bexmatch bench $(ARGS)
+
+bench-gpu: $(STAMP)
+	$(VENV)/bin/bexmatch bench $(BENCH_GPU_ARGS) $(ARGS)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis \
+		spark-warehouse metastore_db derby.log out
+	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

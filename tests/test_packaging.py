@@ -1,0 +1,167 @@
+"""pyproject.toml (pip) and environment.yml (conda) must name the same packages.
+
+Every requirement of pyproject.toml -- core dependencies and every extra --
+must appear in environment.yml, as a conda dependency under the conda name
+given by PYPI_TO_CONDA below (the PyPI name itself when not listed), or as a
+pip dependency under its PyPI name; and every package of environment.yml must
+come from pyproject.toml, apart from CONDA_ONLY. Where both files constrain a
+version, the constraints must be the same.
+
+So adding a dependency to one file only fails here: a new pyproject
+requirement is missing from environment.yml (test_every_pyproject_requirement_
+is_in_environment_yml), and a new environment.yml package is unknown to
+pyproject (test_environment_yml_has_nothing_pyproject_lacks).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "bexmatch"
+
+# PyPI distribution name -> conda package name, where they differ. The CUDA
+# wheels on PyPI carry the CUDA major version in their names; on conda the
+# `cuda-version` package selects it instead. DuckDB's Python package is
+# published on conda-forge as `python-duckdb`.
+PYPI_TO_CONDA = {
+    "cupy-cuda12x": "cupy",
+    "cudf-cu12": "cudf",
+    "duckdb": "python-duckdb",
+}
+
+# Conda packages with no PyPI counterpart in pyproject.toml: the interpreter,
+# pip itself, the CUDA major version pin, and the Java runtime Spark needs.
+CONDA_ONLY = {"python", "pip", "cuda-version", "openjdk"}
+
+_CONDA_SPEC = re.compile(r"^(?:[\w.-]+::)?(?P<name>[A-Za-z0-9_.-]+)\s*(?P<spec>.*)$")
+
+
+def _pyproject() -> dict:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def _environment() -> dict:
+    with open(ROOT / "environment.yml", encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def pyproject_requirements() -> dict[str, list[tuple[str, SpecifierSet]]]:
+    """conda-facing name -> [(where in pyproject, specifier)] for every requirement."""
+    project = _pyproject()["project"]
+    groups = {"dependencies": project.get("dependencies", [])}
+    for extra, reqs in project.get("optional-dependencies", {}).items():
+        groups[f"optional-dependencies.{extra}"] = reqs
+    found: dict[str, list[tuple[str, SpecifierSet]]] = {}
+    for where, reqs in groups.items():
+        for text in reqs:
+            req = Requirement(text)
+            name = canonicalize_name(req.name)
+            if name == PROJECT:  # an extra that pulls in another extra
+                continue
+            found.setdefault(name, []).append((where, req.specifier))
+    return found
+
+
+def environment_packages() -> dict[str, tuple[str, SpecifierSet | None]]:
+    """PyPI name -> (conda or pip, specifier) for every package of environment.yml.
+
+    Conda names are mapped back to PyPI names through PYPI_TO_CONDA; CONDA_ONLY
+    packages are returned under their own names with specifier None.
+    """
+    conda_to_pypi = {conda: pypi for pypi, conda in PYPI_TO_CONDA.items()}
+    found: dict[str, tuple[str, SpecifierSet | None]] = {}
+
+    def put(name: str, source: str, spec: SpecifierSet | None) -> None:
+        assert name not in found, f"environment.yml names {name!r} twice"
+        found[name] = (source, spec)
+
+    for dep in _environment()["dependencies"]:
+        if isinstance(dep, dict):
+            assert set(dep) == {"pip"}, f"unexpected mapping in environment.yml dependencies: {dep}"
+            for line in dep["pip"]:
+                if line.lstrip().startswith("-"):  # pip options, `-e .` (the project itself)
+                    continue
+                req = Requirement(line)
+                put(canonicalize_name(req.name), "pip", req.specifier)
+            continue
+        m = _CONDA_SPEC.match(str(dep).strip())
+        assert m, f"cannot read conda dependency {dep!r}"
+        name = canonicalize_name(m["name"])
+        if name in CONDA_ONLY:
+            put(name, "conda", None)
+            continue
+        assert name not in PYPI_TO_CONDA, (
+            f"environment.yml: {name!r} is a PyPI name; conda calls it {PYPI_TO_CONDA[name]!r}")
+        spec = m["spec"].replace(" ", "")
+        # Only the PEP 440 subset of conda's version syntax is comparable with
+        # pyproject.toml; conda's fuzzy `=1.2` means `1.2.*` and is refused.
+        assert not re.match(r"^=[^=]", spec), (
+            f"environment.yml: write {dep!r} with a PEP 440 operator (==, >=, <, ...) "
+            "so that it can be compared with pyproject.toml")
+        put(conda_to_pypi.get(name, name), "conda", SpecifierSet(spec))
+    return found
+
+
+def test_environment_yml_shape():
+    env = _environment()
+    assert env["name"] == PROJECT
+    assert env["channels"] == ["rapidsai", "conda-forge", "nvidia"]
+    deps = env["dependencies"]
+    pip_sections = [d for d in deps if isinstance(d, dict)]
+    assert len(pip_sections) == 1, "environment.yml needs exactly one pip: section"
+    assert any(re.fullmatch(r"-e\s+\.(\[[\w,-]+\])?", line.strip()) for line in pip_sections[0]["pip"]), \
+        "the pip: section must install the project itself (-e .)"
+
+
+def test_environment_python_satisfies_requires_python():
+    requires = SpecifierSet(_pyproject()["project"]["requires-python"])
+    pythons = [str(d) for d in _environment()["dependencies"]
+               if isinstance(d, str) and re.match(r"^python\s*[=<>!~]", d)]
+    assert len(pythons) == 1, "environment.yml must pin one python version"
+    version = re.sub(r"^python\s*=+\s*", "", pythons[0])
+    assert requires.contains(version), f"python={version} does not satisfy requires-python {requires}"
+
+
+def test_pyproject_repeats_agree():
+    """A package named in several groups of pyproject.toml is constrained alike
+    wherever it carries a constraint (else there is no one value to compare)."""
+    for name, uses in pyproject_requirements().items():
+        specs = {str(spec): where for where, spec in uses if str(spec)}
+        assert len(specs) <= 1, f"{name} has different version constraints in pyproject.toml: {specs}"
+
+
+def test_every_pyproject_requirement_is_in_environment_yml():
+    env = environment_packages()
+    missing = [f"{name} (from {uses[0][0]}; conda name {PYPI_TO_CONDA.get(name, name)!r})"
+               for name, uses in sorted(pyproject_requirements().items()) if name not in env]
+    assert not missing, "in pyproject.toml but not in environment.yml: " + ", ".join(missing)
+
+
+def test_environment_yml_has_nothing_pyproject_lacks():
+    wanted = pyproject_requirements()
+    extra = [f"{name} ({source})" for name, (source, _) in sorted(environment_packages().items())
+             if name not in wanted and name not in CONDA_ONLY]
+    assert not extra, ("in environment.yml but not in pyproject.toml (add it there, or to "
+                       "CONDA_ONLY/PYPI_TO_CONDA in this test with a reason): " + ", ".join(extra))
+
+
+@pytest.mark.parametrize("name", sorted(pyproject_requirements()))
+def test_version_constraints_agree(name):
+    env = environment_packages()
+    if name not in env:
+        pytest.fail(f"{name} is missing from environment.yml")
+    env_spec = env[name][1]
+    for where, spec in pyproject_requirements()[name]:
+        if str(spec) and str(env_spec):
+            assert spec == env_spec, (
+                f"{name}: pyproject.toml [{where}] says {spec!s}, environment.yml says {env_spec!s}")
