@@ -94,6 +94,13 @@ class Index:
     def schema(self) -> Schema:
         return self._schema
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the compiled index (main segment and its matcher)."""
+        matcher = self._matcher
+        extra = getattr(matcher, "nbytes", 0) - self._main.nbytes if matcher is not None else 0
+        return self._main.nbytes + max(extra, 0) + sum(s.nbytes for s in self._delta_segments)
+
     def __len__(self) -> int:
         return len(self._main) - self._main_dead + len(self._delta_nodes) + sum(len(s) for s in self._delta_segments)
 

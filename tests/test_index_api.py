@@ -1,0 +1,263 @@
+"""The public API contract of engine.Index (DESIGN.md §3): results, bad
+input that changes nothing, ids, persistence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import engine
+from engine import ALGORITHMS, Index, IndexFileError, ParseError, SchemaError, available_backends
+from engine.errors import BackendUnavailable
+
+EVENTS = [
+    {"price": 550, "color": "silver", "brand": "a"},
+    {"price": 700, "color": "gold"},
+    {"color": "silver"},
+    {"price": 100.5, "brand": "zz", "flag": True},
+    {},
+]
+
+
+@pytest.fixture
+def index():
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add(7, "price <= 580 AND color = 'silver' AND brand IN ('a', 'b')")
+    idx.add(8, "price > 600 OR color LIKE 'sil%'")
+    idx.add(9, "NOT (price = 550) AND brand IS NOT NULL")
+    idx.add(10, "flag = TRUE XOR price IS NULL")
+    return idx
+
+
+def matches(idx, events=EVENTS):
+    return [m.tolist() for m in idx.match_batch(events)]
+
+
+def test_match_returns_ascending_unique_int64_ids(index):
+    result = index.match({"price": 550, "color": "silver", "brand": "a"})
+    assert result.dtype == np.int64
+    assert result.tolist() == [7, 8]
+    assert matches(index) == [[7, 8], [8], [8], [9, 10], []]
+
+
+def test_arrow_output_lists_event_and_sub_id_pairs(index):
+    table = index.match_batch(EVENTS, output="arrow")
+    assert table.schema.names == ["event", "sub_id"]
+    assert list(zip(table["event"].to_pylist(), table["sub_id"].to_pylist())) == [
+        (0, 7), (0, 8), (1, 8), (2, 8), (3, 9), (3, 10)]
+
+
+def test_arrow_pandas_and_dict_events_agree(index):
+    table = pa.table({"price": pa.array([550, 700, None, 100.5, None], pa.float64()),
+                      "color": ["silver", "gold", "silver", None, None],
+                      "brand": ["a", None, None, "zz", None],
+                      "flag": pa.array([None, None, None, True, None], pa.bool_()),
+                      "unused": [1, 2, 3, 4, 5]})
+    assert matches(index, table) == matches(index)
+    assert matches(index, table.to_batches()[0]) == matches(index)
+    assert matches(index, table.to_pandas()) == matches(index)
+
+
+def test_len_contains_remove(index):
+    assert len(index) == 4 and 7 in index and 11 not in index and "7" not in index
+    index.remove(8)
+    assert len(index) == 3 and 8 not in index
+    assert matches(index) == [[7], [], [], [9, 10], []]
+    with pytest.raises(KeyError):
+        index.remove(8)
+    with pytest.raises(KeyError):
+        index.add(7, "price = 1")
+    index.add(8, "color = 'gold'")
+    assert matches(index) == [[7], [8], [], [9, 10], []]
+
+
+@pytest.mark.parametrize("bad", [
+    "price = 'cheap'",            # wrong literal family for a known attribute
+    "color < 5",
+    "price IN (1, 'a')",          # mixed literal types
+    "price LIKE 'a%'",            # LIKE on a numeric attribute
+    "price = ",                   # syntax
+    "price IN ()",
+    "price = NaN",
+    "price = 1e999",
+    "price = 9007199254740993",   # beyond 2**53
+    "color MATCHES '('",          # invalid RE2
+])
+def test_bad_expression_raises_and_leaves_index_unchanged(index, bad):
+    before = (len(index), matches(index), dict(index.schema.families), list(index.schema.strings))
+    with pytest.raises((ParseError, SchemaError)):
+        index.add(99, bad)
+    with pytest.raises((ParseError, SchemaError)):
+        index.add_many([100, 101], ["color = 'new'", bad])   # the good one is not added either
+    assert (len(index), matches(index), dict(index.schema.families), list(index.schema.strings)) == before
+    assert 99 not in index and 100 not in index
+
+
+def test_add_many_refuses_duplicate_ids_and_adds_nothing(index):
+    with pytest.raises(KeyError):
+        index.add_many([20, 20], ["price = 1", "price = 2"])
+    with pytest.raises(KeyError):
+        index.add_many([21, 7], ["price = 1", "price = 2"])
+    assert 20 not in index and 21 not in index and len(index) == 4
+
+
+def test_bad_ids_are_type_errors(index):
+    with pytest.raises(TypeError):
+        index.add("x", "price = 1")
+    with pytest.raises(TypeError):
+        index.add(1.5, "price = 1")
+    with pytest.raises(OverflowError):
+        index.add(2 ** 63, "price = 1")
+
+
+def test_event_of_wrong_family_is_an_error_naming_event_and_attribute(index):
+    with pytest.raises(SchemaError, match=r"event 1: attribute 'price'"):
+        index.match_batch([{"price": 1}, {"price": "cheap"}])
+    with pytest.raises(SchemaError, match="event 0"):
+        index.match_batch([{"price": float("nan")}])
+    with pytest.raises(SchemaError, match="event 0: attribute 'color'"):
+        index.match_batch(pa.table({"color": [1]}))
+    # errors="null" treats them as absent: price absent -> `price IS NULL` side of 10 is TRUE
+    assert [m.tolist() for m in index.match_batch([{"price": "cheap", "flag": False}], errors="null")] == [[10]]
+    with pytest.raises(TypeError):
+        index.match_batch({"price": 1})
+    with pytest.raises(TypeError):
+        index.match([{"price": 1}])
+
+
+def test_strings_outside_the_dictionary_compare_between_neighbours():
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add(1, "s > 'b' AND s < 'd'")
+    idx.add(2, "s BETWEEN 'a' AND 'b'")
+    idx.add(3, "s >= 'b'")
+    got = [m.tolist() for m in idx.match_batch([{"s": v} for v in ["a", "aa", "b", "ba", "c", "d", "é", "", "B"]])]
+    assert got == [[2], [2], [2, 3], [1, 3], [1, 3], [3], [3], [], []]
+
+
+def test_columnar_form_matches_text_form():
+    table = pa.table({
+        "sub_id": pa.array([1, 1, 2, 3, 3, 4, 5, 6], pa.int64()),
+        "attr": ["price", "color", "price", "brand", "price", "color", "flag", "price"],
+        "op": ["<=", "=", "between", "in", "is not null", "like", "=", "not in"],
+        "value": [580.0, None, 100.0, None, None, None, None, None],
+        "value_hi": [None, None, 600.0, None, None, None, None, None],
+        "values": pa.array([None, None, None, None, None, None, None, [550.0, 700.0]], pa.list_(pa.float64())),
+        "str_value": [None, "silver", None, None, None, "g%", None, None],
+        "str_values": pa.array([None, None, None, ["a", "zz"], None, None, None, None], pa.list_(pa.string())),
+    })
+    # a boolean operand needs a boolean-typed column: give sub 5 its own table
+    flags = pa.table({"sub_id": [5], "attr": ["flag"], "op": ["="], "value": [True]})
+    table = table.filter(pa.compute.not_equal(table["sub_id"], 5))
+    columnar = Index(algorithm="scan", backend="cpu")
+    columnar.add_many(table)
+    columnar.add_many(flags)
+    text = Index(algorithm="scan", backend="cpu")
+    text.add_many([1, 2, 3, 4, 5, 6], [
+        "price <= 580 AND color = 'silver'", "price BETWEEN 100 AND 600", "brand IN ('a', 'zz') AND price IS NOT NULL",
+        "color LIKE 'g%'", "flag = TRUE", "price NOT IN (550, 700)"])
+    assert matches(columnar) == matches(text)
+    assert matches(text) == [[1, 2, 3], [4], [], [2, 3, 5, 6], []]
+
+
+@pytest.mark.parametrize("bad_table, message", [
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["=="], "value": [1.0]}), None),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["~"], "value": [1.0]}), "unknown operator"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["="], "str_value": ["x"]}), "'price' is numeric"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["="], "value": [float("nan")]}), "finite"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["between"], "value": [1.0]}), "BETWEEN"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["<"]}), "needs value"),
+    (pa.table({"sub_id": [7], "attr": ["price"], "op": ["<"], "value": [1.0]}), "already"),
+])
+def test_bad_columnar_rows_raise_and_change_nothing(index, bad_table, message):
+    before = (len(index), matches(index), dict(index.schema.families))
+    if message is None:   # '==' is accepted as '=' in the columnar form
+        index.add_many(bad_table)
+        assert 1 in index
+        return
+    with pytest.raises((SchemaError, KeyError), match=message):
+        index.add_many(bad_table)
+    assert (len(index), matches(index), dict(index.schema.families)) == before
+
+
+def test_save_load_round_trip_gives_identical_matches(index, tmp_path):
+    index.remove(9)
+    path = tmp_path / "subs.bexidx"
+    index.save(path)
+    loaded = Index.load(path)
+    assert matches(loaded) == matches(index)
+    assert len(loaded) == len(index) and 9 not in loaded and 7 in loaded
+    loaded.add(11, "color = 'gold' AND price > 5")   # a loaded index stays updatable
+    assert matches(loaded) == [[7, 8], [8, 11], [8], [10], []]
+    assert not list(tmp_path.glob(".bexmatch-*")), "no temp file left behind"
+
+
+def test_truncated_corrupt_and_foreign_files_are_refused(index, tmp_path):
+    path = tmp_path / "subs.bexidx"
+    index.save(path)
+    data = path.read_bytes()
+    for name, content in [("truncated", data[: len(data) // 2]), ("empty", b""), ("foreign", b"PK\x03\x04hello"),
+                          ("text", b"not an index at all\n")]:
+        bad = tmp_path / name
+        bad.write_bytes(content)
+        with pytest.raises(IndexFileError):
+            Index.load(bad)
+    # one flipped byte inside an array is caught by the checksums
+    flipped = bytearray(data)
+    at = data.index(b"NUMPY", data.index(b"sub_ids.npy")) + 120
+    flipped[at] ^= 0xFF
+    (tmp_path / "flipped").write_bytes(bytes(flipped))
+    with pytest.raises(IndexFileError):
+        Index.load(tmp_path / "flipped")
+    with pytest.raises(FileNotFoundError):
+        Index.load(tmp_path / "missing")
+
+
+def test_save_is_atomic_when_writing_fails(index, tmp_path, monkeypatch):
+    path = tmp_path / "subs.bexidx"
+    index.save(path)
+    before = path.read_bytes()
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "save", broken)
+    with pytest.raises(OSError):
+        index.save(path)
+    assert path.read_bytes() == before
+    assert not list(tmp_path.glob(".bexmatch-*"))
+
+
+def test_algorithms_and_backends_are_named_and_refused_clearly():
+    assert {"scan", "opindex", "pstbloom", "psthash", "betree", "apcm", "atree"} <= set(ALGORITHMS)
+    assert "cpu" in available_backends()
+    with pytest.raises(BackendUnavailable, match="unknown algorithm 'nope'"):
+        Index(algorithm="nope")
+    with pytest.raises(BackendUnavailable, match="unknown backend"):
+        Index(backend="tpu")
+    for algorithm in ALGORITHMS:
+        try:
+            Index(algorithm=algorithm, backend="cpu")
+        except BackendUnavailable as exc:
+            assert algorithm in str(exc) and "not implemented" in str(exc)
+
+
+def test_cuda_backend_without_gpu_or_simulator_names_what_is_missing(monkeypatch):
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    engine.backend._cuda_missing.cache_clear()
+    try:
+        if "cuda" in available_backends():
+            pytest.skip("this machine has a usable GPU")   # the error path cannot be provoked here
+        with pytest.raises(BackendUnavailable, match="backend 'cuda' is not available here: .+"):
+            Index(backend="cuda")
+    finally:
+        engine.backend._cuda_missing.cache_clear()
+
+
+def test_dnf_limit_and_schema_declarations():
+    idx = Index(algorithm="scan", backend="cpu", schema={"price": "numeric", "tag": "string"})
+    with pytest.raises(SchemaError):
+        idx.add(1, "tag = 5")
+    with pytest.raises(SchemaError):
+        Index(schema={"x": "colour"})
