@@ -203,8 +203,8 @@ def main(argv=None) -> int:
     except BexmatchError as exc:
         print(f"bexmatch: error: {exc}", file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:
-        print(f"bexmatch: error: {exc}", file=sys.stderr)
+    except (FileNotFoundError, KeyError) as exc:   # missing files; duplicate or unknown subscription ids
+        print(f"bexmatch: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
 
 
