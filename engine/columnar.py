@@ -64,19 +64,17 @@ class _Rows:
         if not pa.types.is_integer(table["sub_id"].type):
             raise SchemaError(f"columnar subscriptions: sub_id must be an integer column, not {table['sub_id'].type}")
         self.sub_id = table["sub_id"].to_numpy(zero_copy_only=False).astype(np.int64)
-        attr = pc.dictionary_encode(table["attr"].combine_chunks())
-        self.attr_names = [str(a) for a in attr.dictionary.to_pylist()]
-        self.attr_index = attr.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        ops = pc.dictionary_encode(pc.utf8_lower(pc.utf8_trim_whitespace(table["op"].combine_chunks())))
-        op_list = []
-        for i, name in enumerate(ops.dictionary.to_pylist()):
-            if name not in OP_NAMES:
-                row = int(np.flatnonzero(ops.indices.to_numpy(zero_copy_only=False) == i)[0])
+        self.attr_names, self.attr_index = _factorize(table["attr"])
+        op_names, op_index = _factorize(table["op"])
+        op_codes = []
+        for i, name in enumerate(op_names):
+            op = OP_NAMES.get(" ".join(str(name).lower().split()))
+            if op is None:
+                row = int(np.flatnonzero(op_index == i)[0])
                 raise SchemaError(f"columnar subscriptions: row {row} has unknown operator {name!r}; "
                                   f"operators are {sorted(set(OP_NAMES))}")
-            op_list.append(OP_NAMES[name])
-        op_of_entry = np.array([OPCODE[o] for o in op_list], dtype=np.int8)
-        self.op = op_of_entry[ops.indices.to_numpy(zero_copy_only=False)]
+            op_codes.append(OPCODE[op])
+        self.op = np.array(op_codes, dtype=np.int8)[op_index] if self.n else np.zeros(0, np.int8)
 
     def column(self, name):
         return self.table[name] if name in self.table.column_names else None
@@ -85,6 +83,15 @@ class _Rows:
         if mask.any():
             row = int(np.flatnonzero(mask)[0])
             raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}): {message}")
+
+
+def _factorize(column) -> tuple[list, np.ndarray]:
+    """(distinct values, index of each row's value) of a string or
+    dictionary column, hashed by Arrow rather than row by row in Python."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(array.type):
+        array = pc.dictionary_encode(array)
+    return array.dictionary.to_pylist(), array.indices.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _valid(column, n):
@@ -125,11 +132,13 @@ def _numbers(rows: _Rows, name: str, mask: np.ndarray) -> np.ndarray:
     return keys
 
 
-def compile_columnar(table, schema: Schema) -> tuple[Segment, dict[str, Family]]:
+def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, dict[str, Family]]:
     """Validate a columnar table against ``schema`` and compile it.
 
-    Validation happens before anything is registered: on error the schema is
-    untouched.  Returns the segment and the schema changes it made."""
+    ``check_ids(unique_sorted_ids)`` may refuse the subscription ids (it is
+    called before anything is registered).  Validation happens before
+    anything is registered: on error the schema is untouched.  Returns the
+    segment and the schema changes it made."""
     if not isinstance(table, pa.Table):
         table = pa.table(table)
     rows = _Rows(table)
@@ -171,14 +180,15 @@ def compile_columnar(table, schema: Schema) -> tuple[Segment, dict[str, Family]]
     row_family = np.where(string_row, 1, np.where(numeric_row, 0, -1))
     family_of = {0: num_family or Family.NUMERIC, 1: Family.STRING}
     fixed: dict[str, Family] = {}
+    n_attrs = len(rows.attr_names)
+    numeric_attr = np.bincount(rows.attr_index[row_family == 0], minlength=n_attrs) > 0
+    string_attr = np.bincount(rows.attr_index[row_family == 1], minlength=n_attrs) > 0
     for a, name in enumerate(rows.attr_names):
-        mine = row_family[rows.attr_index == a]
-        present = np.unique(mine[mine >= 0])
-        if len(present) > 1:
-            rows.fail((rows.attr_index == a) & (row_family == present[1]), f"{name!r} used with two type families")
+        if numeric_attr[a] and string_attr[a]:
+            rows.fail((rows.attr_index == a) & (row_family == 1), f"{name!r} used with two type families")
         known = schema.families.get(name)
-        if len(present):
-            family = family_of[int(present[0])]
+        if numeric_attr[a] or string_attr[a]:
+            family = family_of[1 if string_attr[a] else 0]
             if known is not None and known is not family:
                 rows.fail((rows.attr_index == a) & (row_family >= 0),
                           f"{name!r} is {known.value}, not {family.value}")
@@ -191,6 +201,13 @@ def compile_columnar(table, schema: Schema) -> tuple[Segment, dict[str, Family]]
     hi = _numbers(rows, "value_hi", is_range & has_num_hi)
     in_lists = _in_lists(rows, is_set & has_nums, "values")
     str_in_lists = _in_lists(rows, is_set & has_strs, "str_values")
+
+    order = np.argsort(rows.sub_id, kind="stable")
+    sub_sorted = rows.sub_id[order]
+    starts = np.flatnonzero(np.concatenate(([True], sub_sorted[1:] != sub_sorted[:-1]))) if n else np.zeros(0, np.int64)
+    sub_ids = sub_sorted[starts]
+    if check_ids is not None:
+        check_ids(sub_ids)
 
     # ---- everything is valid: register in the schema
     for name, family in fixed.items():
@@ -220,10 +237,6 @@ def compile_columnar(table, schema: Schema) -> tuple[Segment, dict[str, Family]]
     # ---- distinct predicates and one AND program per subscription
     first, inverse = distinct_rows((attr, op, lo, hi, aux))
     table_ = PredicateTable(attr[first], op[first], lo[first], hi[first], aux[first])
-    order = np.argsort(rows.sub_id, kind="stable")
-    sub_sorted = rows.sub_id[order]
-    starts = np.flatnonzero(np.concatenate(([True], sub_sorted[1:] != sub_sorted[:-1]))) if n else np.zeros(0, np.int64)
-    sub_ids = sub_sorted[starts]
     sizes = np.diff(np.append(starts, n))
     offsets = np.concatenate(([0], np.cumsum(sizes + 1))).astype(np.int64)
     kinds = np.full(offsets[-1], opcodes.LEAF, dtype=np.int8)

@@ -112,16 +112,52 @@ class PredicateTable:
 
 
 def distinct_rows(columns) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised de-duplication of rows given as parallel key columns.
-    Returns (index of each distinct row's first occurrence, inverse map)."""
-    n = len(columns[0])
-    if n == 0:
+    """Vectorised de-duplication of predicate key rows ``(attr, op, lo_key,
+    hi_key, aux)``.  Returns (index of each distinct row's first occurrence,
+    in order of appearance; inverse map row -> distinct row).  Hash-based,
+    O(rows)."""
+    attr, op, lo_key, hi_key, aux = columns
+    if len(attr) == 0:
         return _empty(np.int64), _empty(np.int64)
-    record = np.empty(n, dtype=[(f"k{i}", column.dtype) for i, column in enumerate(columns)])
-    for i, column in enumerate(columns):
-        record[f"k{i}"] = column
-    _, first, inverse = np.unique(record, return_index=True, return_inverse=True)
-    return first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
+    # float keys compared by bit pattern, with -0.0 folded into 0.0
+    lo_bits = (np.asarray(lo_key, np.float64) + 0.0).view(np.int64)
+    hi_bits = (np.asarray(hi_key, np.float64) + 0.0).view(np.int64)
+    return _factorize_predicates(np.asarray(attr, np.int32), np.asarray(op, np.int8), lo_bits, hi_bits,
+                                 np.asarray(aux, np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _factorize_predicates(attr, op, lo, hi, aux):
+    n = len(attr)
+    capacity = 16
+    while capacity < 2 * n:
+        capacity *= 2
+    slots = np.full(capacity, -1, dtype=np.int64)
+    inverse = np.empty(n, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    n_distinct = 0
+    prime = np.uint64(1099511628211)
+    for i in range(n):
+        h = np.uint64(1469598103934665603) ^ np.uint64((np.int64(attr[i]) << 8) | np.int64(op[i]))
+        h = (h * prime) ^ np.uint64(lo[i])
+        h = (h * prime) ^ np.uint64(hi[i])
+        h = (h * prime) ^ np.uint64(aux[i])
+        h = (h ^ (h >> np.uint64(31))) * prime
+        slot = np.int64(h & np.uint64(capacity - 1))
+        while True:
+            row = slots[slot]
+            if row == -1:
+                slots[slot] = i
+                inverse[i] = n_distinct
+                first[n_distinct] = i
+                n_distinct += 1
+                break
+            if attr[row] == attr[i] and op[row] == op[i] and lo[row] == lo[i] and hi[row] == hi[i] \
+                    and aux[row] == aux[i]:
+                inverse[i] = inverse[row]
+                break
+            slot = (slot + 1) & (capacity - 1)
+    return first[:n_distinct].copy(), inverse
 
 
 @dataclass

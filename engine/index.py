@@ -187,14 +187,17 @@ class Index:
         if clash is not None:
             raise KeyError(f"subscription id {clash} is already in the index")
 
+    def _refuse_present(self, unique_ids: np.ndarray) -> None:
+        clash = self._present(unique_ids)
+        if clash is not None:
+            raise KeyError(f"subscription id {clash} is already in the index")
+
     def _add_columnar(self, table) -> None:
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         if not isinstance(table, pa.Table):
             table = pa.table(table)
-        if "sub_id" in table.column_names and pa.types.is_integer(table["sub_id"].type):
-            self._check_new_ids(np.unique(table["sub_id"].drop_null().to_numpy()))
-        segment, _ = compile_columnar(table, self._schema)
+        segment, _ = compile_columnar(table, self._schema, check_ids=self._refuse_present)
         self._delta_segments.append(segment)
         self._changed()
 
