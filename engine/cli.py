@@ -174,15 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     match.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     match.set_defaults(handler=command_match)
 
-    run = commands.add_parser("run", help="the Spark main job (default: local Spark on a generated workload)",
-                              add_help=False)
-    run.set_defaults(handler=lambda args: _spark_job(args.rest))
-    run.add_argument("rest", nargs=argparse.REMAINDER)
-
-    bench = commands.add_parser("bench", help="benchmark algorithms x backends on standard workloads",
-                                add_help=False)
-    bench.set_defaults(handler=lambda args: _bench(args.rest))
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    # listed for `bexmatch --help`; main() hands their arguments to their own parsers
+    commands.add_parser("run", help="the Spark main job (default: local Spark on a generated workload); "
+                        "see `bexmatch run --help`", add_help=False)
+    commands.add_parser("bench", help="benchmark algorithms x backends on standard workloads; "
+                        "see `bexmatch bench --help`", add_help=False)
     return parser
 
 
@@ -196,9 +192,18 @@ def _bench(argv) -> int:
     return bench_main(argv) or 0
 
 
+#: commands whose arguments belong to another module's own parser
+DELEGATED = {"run": _spark_job, "bench": _bench}
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv and argv[0] in DELEGATED:
+            # argparse's REMAINDER drops options that start with "--", so hand
+            # the rest of the command line over untouched
+            return DELEGATED[argv[0]](argv[1:])
+        args = build_parser().parse_args(argv)
         return args.handler(args)
     except BexmatchError as exc:
         print(f"bexmatch: error: {exc}", file=sys.stderr)

@@ -36,8 +36,15 @@ def fill_hits(hits, n_rows, row_base, offsets, out_row, out_col):
                 at += 1
 
 
+#: below this many cells a serial np.nonzero beats starting parallel threads
+PARALLEL_CELLS = 1 << 20
+
+
 def compact_hits(hits: np.ndarray, n_rows: int, row_base: int) -> tuple[np.ndarray, np.ndarray]:
     """(row_base + row, col) for every nonzero ``hits[row, col]``, row < n_rows."""
+    if n_rows * hits.shape[1] < PARALLEL_CELLS:
+        rows, cols = np.nonzero(hits[:n_rows])   # row-major: the same order as the kernels
+        return rows.astype(np.int64) + row_base, cols.astype(np.int64)
     counts = count_hits(hits, n_rows)
     offsets = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])

@@ -1,0 +1,289 @@
+"""``bexmatch bench`` (engine.bench): end to end at a tiny scale -- rows, CSV,
+PNG, sweeps, skipped and failing combinations, and that wrong answers are
+never reported as plain speed."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from engine import ALGORITHMS, Index, bench
+from engine.errors import BackendUnavailable
+from engine.workloads import standard
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+N_EVENTS = 200
+FAST = dict(repeats=1, latency_samples=20, progress=False)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return standard("W1", scale=0.001, n_events=N_EVENTS)
+
+
+@pytest.fixture(scope="module")
+def scan_matches_per_event(workload):
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(workload.subscriptions)
+    index.merge()
+    found = index.match_batch(workload.events)
+    return sum(len(ids) for ids in found) / len(found)
+
+
+@pytest.fixture
+def unimplemented(monkeypatch):
+    """An algorithm that does not run on cpu: a real one while there is
+    one, else one made unavailable for the test."""
+    missing = [a for a in ALGORITHMS if a not in bench.implemented_algorithms(["cpu"])]
+    if missing:
+        return missing[-1]
+    real = bench.matcher_class
+
+    def matcher_class(algorithm, backend):
+        if algorithm == "atree":
+            raise BackendUnavailable("atree made unavailable by the test")
+        return real(algorithm, backend)
+
+    monkeypatch.setattr(bench, "matcher_class", matcher_class)
+    return "atree"
+
+
+def read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+def assert_png(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == PNG_MAGIC
+    from matplotlib.image import imread
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_cli_end_to_end(tmp_path, workload, scan_matches_per_event, unimplemented, capsys):
+    csv_path, png_path = tmp_path / "bench.csv", tmp_path / "bench.png"
+    implemented = bench.implemented_algorithms(["cpu"])
+    argv = ["--workload", "W1", "--scale", "0.001", "--events", str(N_EVENTS), "--repeats", "1",
+            "--latency-samples", "20", "--csv", str(csv_path), "--plot", str(png_path), "--quiet"]
+    for algorithm in [*implemented, unimplemented]:
+        argv += ["--algorithm", algorithm]
+    assert bench.main(argv) == 0
+
+    out = capsys.readouterr().out
+    assert "events/s" in out and "W1 begen-uniform" in out and "skipped" in out
+
+    columns, rows = read_csv(csv_path)
+    assert tuple(columns) == bench.COLUMNS
+    assert [r["algorithm"] for r in rows] == [*implemented, unimplemented]
+    for row in rows:
+        assert row["workload"] == workload.name
+        assert row["backend"] == "cpu"
+        assert int(row["n_subscriptions"]) == workload.n_subscriptions
+        assert int(row["n_predicates"]) == workload.n_predicates
+    ran = [r for r in rows if r["algorithm"] != unimplemented]
+    for row in ran:
+        assert row["status"] == "ok", row["note"]
+        assert row["correct"] == "True", row["note"]
+        assert int(row["n_events"]) == N_EVENTS == int(row["scan_sample"])
+        for column in ("build_s", "events_per_s", "scan_events_per_s", "ratio_to_scan", "latency_p50_us",
+                       "latency_p99_us"):
+            value = float(row[column])
+            assert math.isfinite(value) and value > 0, column
+        assert float(row["latency_p50_us"]) <= float(row["latency_p99_us"])
+        assert int(row["index_bytes"]) > 0
+        assert float(row["matches_per_event"]) == pytest.approx(scan_matches_per_event)
+    scan = rows[implemented.index("scan")]
+    assert float(scan["ratio_to_scan"]) == 1.0
+    assert float(scan["scan_events_per_s"]) == float(scan["events_per_s"])
+    assert scan_matches_per_event > 0          # W1 plants matches (1 % of the subscriptions)
+
+    skipped = rows[-1]
+    assert skipped["status"] == "skipped"
+    assert unimplemented in skipped["note"]
+    assert skipped["events_per_s"] == "" and skipped["correct"] == ""
+
+    assert_png(png_path)
+
+
+def test_help_exits_zero_with_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: bexmatch bench" in out
+    for option in ("--workload", "--algorithm", "--backend", "--csv", "--plot", "--sweep", "--values",
+                   "--generator", "--parquet", "--repeats", "--events", "--scale"):
+        assert option in out
+
+
+@pytest.mark.parametrize("argv", [["--sweep", "no_such_param", "--values", "1,2"],
+                                  ["--sweep", "N"],
+                                  ["--values", "1,2"],
+                                  ["--workload", "W99", "--quiet"],
+                                  ["--algorithm", "nope"]])
+def test_usage_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+# -------------------------------------------------- scan under another name
+FAKE = "scan_alias"
+
+
+class ScanAlias(Index):
+    """``scan`` under the name FAKE: wrong (drops a match of the batch) when
+    ``broken``, raising when ``boom``."""
+
+    broken = False
+    boom = False
+
+    def __init__(self, algorithm=None, backend=None, **kwargs):
+        self.fake = algorithm == FAKE
+        super().__init__(algorithm="scan" if self.fake else algorithm, backend=backend, **kwargs)
+
+    def add_many(self, *args, **kwargs):
+        if self.fake and self.boom:
+            raise RuntimeError("kernel exploded")
+        return super().add_many(*args, **kwargs)
+
+    def match_batch(self, events, *, output="list", errors="raise"):
+        result = super().match_batch(events, output=output, errors=errors)
+        if self.fake and self.broken and output == "arrow" and result.num_rows:
+            result = result.slice(1)
+        return result
+
+
+@pytest.fixture
+def scan_alias(monkeypatch):
+    real = bench.matcher_class
+    monkeypatch.setattr(bench, "matcher_class", lambda a, b: object if a == FAKE else real(a, b))
+    monkeypatch.setattr(bench, "Index", ScanAlias)
+    monkeypatch.setattr(ScanAlias, "broken", False)
+    monkeypatch.setattr(ScanAlias, "boom", False)
+    return ScanAlias
+
+
+def test_scan_sample_and_ratio(workload, scan_alias):
+    rows = bench.run_benchmark([workload], ["scan", FAKE], ["cpu"], scan_sample=50, **FAST)
+    scan, alias = rows
+    assert scan["n_events"] == 50 and alias["n_events"] == N_EVENTS
+    assert scan["scan_sample"] == alias["scan_sample"] == 50
+    assert scan["ratio_to_scan"] == 1.0 and scan["correct"] is True
+    assert alias["correct"] is True and alias["note"] is None
+    assert alias["scan_events_per_s"] == scan["events_per_s"]
+    assert alias["ratio_to_scan"] == pytest.approx(alias["events_per_s"] / scan["events_per_s"])
+    assert "first 'scan ev' events" in bench.format_table(rows)
+
+
+def test_auto_scan_sample_size():
+    assert bench.scan_sample_size(1000, 200) == 200
+    assert bench.scan_sample_size(10 ** 6, 10_000) == bench.SCAN_SAMPLE_MIN
+    assert bench.scan_sample_size(10 ** 5, 10_000) == bench.SCAN_SAMPLE_MAX
+    assert bench.scan_sample_size(10 ** 6, 10_000, "all") == 10_000
+    assert bench.scan_sample_size(10 ** 6, 10_000, 7) == 7
+
+
+def test_wrong_answers_are_flagged(workload, scan_alias, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ScanAlias, "broken", True)
+    rows = bench.run_benchmark([workload], ["scan", FAKE], ["cpu"], **FAST)
+    alias = rows[1]
+    assert alias["status"] == "ok" and alias["correct"] is False
+    assert alias["note"].startswith("WRONG") and "1 matches missing" in alias["note"]
+    assert "NO" in bench.format_table(rows)
+    # the command line reports it and fails
+    monkeypatch.setattr(bench, "ALGORITHMS", (*bench.ALGORITHMS, FAKE))
+    argv = ["--scale", "0.001", "--events", "50", "--repeats", "1", "--latency-samples", "5", "--quiet",
+            "--algorithm", "scan", "--algorithm", FAKE]
+    assert bench.main(argv) == 1
+    captured = capsys.readouterr()
+    assert "NO" in captured.out and "WRONG" in captured.err
+
+
+def test_failing_algorithm_is_an_error_row(workload, scan_alias, monkeypatch):
+    monkeypatch.setattr(ScanAlias, "boom", True)
+    rows = bench.run_benchmark([workload], [FAKE, "scan"], ["cpu"], **FAST)
+    assert rows[0]["status"] == "error" and "kernel exploded" in rows[0]["note"]
+    assert rows[0]["events_per_s"] is None and rows[0]["correct"] is None
+    assert rows[1]["status"] == "ok" and rows[1]["correct"] is True
+    with pytest.raises(RuntimeError, match="kernel exploded"):
+        bench.run_benchmark([workload], [FAKE], ["cpu"], strict=True, **FAST)
+
+
+def test_unavailable_backend_is_skipped(workload, monkeypatch):
+    monkeypatch.setattr(bench, "matcher_class", _unavailable_on("cuda"))
+    rows = bench.run_benchmark([workload], ["scan"], ["cpu", "cuda"], **FAST)
+    assert [r["backend"] for r in rows] == ["cpu", "cuda"]
+    assert rows[0]["status"] == "ok" and rows[0]["correct"] is True
+    assert rows[1]["status"] == "skipped" and "cuda" in rows[1]["note"]
+
+
+def _unavailable_on(backend):
+    from engine.algorithms import matcher_class
+
+    def check(algorithm, on):
+        if on == backend:
+            raise BackendUnavailable(f"backend {backend!r} is not available here (test)")
+        return matcher_class(algorithm, on)
+    return check
+
+
+# ------------------------------------------------------------------ sweeps
+def test_sweep_rows_csv_and_plot(tmp_path):
+    rows = bench.sweep("N", ["200", "400"], generator="opindex",
+                       base_params={"d": 60, "Γmax": 4, "m": 12, "σ": 20}, algorithms=["scan"],
+                       events_limit=100, **FAST)
+    assert [(r["sweep_param"], r["sweep_value"]) for r in rows] == [("n_subs", 200), ("n_subs", 400)]
+    assert [r["n_subscriptions"] for r in rows] == [200, 400]
+    assert all(r["status"] == "ok" and r["correct"] is True and r["n_events"] == 100 for r in rows)
+    assert rows[1]["index_bytes"] > rows[0]["index_bytes"]
+    table = bench.format_table(rows)
+    assert "n_subs" in table.splitlines()[0]
+    bench.write_csv(rows, tmp_path / "sweep.csv")
+    columns, written = read_csv(tmp_path / "sweep.csv")
+    assert tuple(columns) == bench.COLUMNS
+    assert [r["sweep_value"] for r in written] == ["200", "400"]
+    bench.plot(rows, tmp_path / "sweep.png")
+    assert_png(tmp_path / "sweep.png")
+
+
+def test_sweep_categorical_values_on_the_command_line(tmp_path, capsys):
+    png = tmp_path / "zipf.png"
+    argv = ["--sweep", "zipf", "--values", "none,1", "--generator", "begen", "--param", "N=300",
+            "--param", "dims=60", "--events", "60", "--repeats", "1", "--latency-samples", "5",
+            "--algorithm", "scan", "--plot", str(png), "--quiet"]
+    assert bench.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[1] == "zipf"
+    assert lines[2].split()[2] == "None"
+    assert_png(png)
+
+
+def test_sweep_aliases():
+    assert bench.resolve_sweep_param("opindex", "Γmax") == "gamma_max"
+    assert bench.resolve_sweep_param("opindex", "θ") == "theta"
+    assert bench.resolve_sweep_param("opindex", "sigma") == "cardinality"
+    assert bench.resolve_sweep_param("begen", "θ") == "eq_share"
+    assert bench.coerce_value("opindex", "n_subs", "1e3") == 1000
+    assert bench.coerce_value("opindex", "zipf", "None") is None
+    with pytest.raises(ValueError, match="no parameter"):
+        bench.resolve_sweep_param("opindex", "bogus")
+
+
+def test_plot_without_results(tmp_path):
+    rows = [bench._empty_row(workload="w", algorithm="atree", backend="cpu", status="skipped", note="n/a")]
+    bench.plot(rows, tmp_path / "empty.png")
+    assert_png(tmp_path / "empty.png")
+
+
+def test_event_dicts_drop_nulls():
+    import pyarrow as pa
+    table = pa.table({"a": pa.array([1, None, 3]), "b": pa.array([None, None, None], pa.int64()),
+                      "c": pa.array(["x", "y", None])})
+    assert bench._event_dicts(table, 3) == [{"a": 1, "c": "x"}, {"c": "y"}, {"a": 3}]
+    assert bench._event_dicts(table, 1) == [{"a": 1, "c": "x"}]
