@@ -79,6 +79,12 @@ class PredicateTable:
     def take(self, rows: np.ndarray) -> "PredicateTable":
         return PredicateTable(*(column[rows] for column in self.key_columns()))
 
+    def pattern_pairs(self) -> np.ndarray:
+        """Distinct (attribute id, pattern id) pairs of the LIKE/MATCHES
+        predicates: what a batch's pattern_truth must cover."""
+        rows = np.isin(self.op, PATTERN_CODES)
+        return np.unique(np.stack([self.attr[rows].astype(np.int64), self.aux[rows]], axis=1), axis=0)
+
     @property
     def nbytes(self) -> int:
         coded = (self.lo, self.hi, self.set_offsets, self.set_values)

@@ -294,9 +294,7 @@ class Index:
 
     def _match_encoded(self, batch) -> tuple[np.ndarray, np.ndarray]:
         matchers = self._matchers()
-        pairs = np.unique(np.concatenate([
-            np.stack([seg.predicates.attr, seg.predicates.aux], axis=1)[np.isin(seg.predicates.op, PATTERN_CODES)]
-            for seg, _, _ in matchers]), axis=0)
+        pairs = np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
         truth = event_batches.pattern_truth(batch, self._schema, pairs)
         events, ids = [], []
         for segment, alive, matcher in matchers:
