@@ -29,8 +29,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numba import njit
 
-from engine.compile import OPCODE, PredicateTable, Segment, distinct_rows
+from engine.compile import OPCODE, PredicateTable, Segment, distinct_rows, mix64
 from engine.errors import SchemaError
 from engine.expr import Family, Op
 from engine.schema import MAX_EXACT_INT, Schema
@@ -199,8 +200,8 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
 
     lo = _numbers(rows, "value", has_num & ~is_set)
     hi = _numbers(rows, "value_hi", is_range & has_num_hi)
-    in_lists = _in_lists(rows, is_set & has_nums, "values")
-    str_in_lists = _in_lists(rows, is_set & has_strs, "str_values")
+    in_lists = _list_column(rows, is_set & has_nums, "values")
+    str_in_lists = _list_column(rows, is_set & has_strs, "str_values")
 
     order = np.argsort(rows.sub_id, kind="stable")
     sub_sorted = rows.sub_id[order]
@@ -220,19 +221,18 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     plain_str = has_str & ~is_pattern
     for name, mask, target in (("str_value", plain_str, lo), ("str_value_hi", is_range & has_str_hi, hi)):
         if mask.any():
-            values = pc.filter(rows.column(name), pa.array(mask)).to_pylist()
-            schema.add_strings(dict.fromkeys(values))
-            target[mask] = [schema.string_ids[v] for v in values]
+            values = pc.filter(rows.column(name), pa.array(mask))
+            schema.add_strings(pc.unique(values).to_pylist())
+            ids = pc.index_in(values, value_set=pa.array(schema.strings, pa.string()))
+            target[mask] = ids.to_numpy(zero_copy_only=False)
     if is_pattern.any():
         patterns = pc.filter(rows.column("str_value"), pa.array(is_pattern)).to_pylist()
         kinds = np.where(np.isin(op[is_pattern], (opcodes.LIKE, opcodes.NOT_LIKE)), "like", "regex")
         for row, kind, text in zip(np.flatnonzero(is_pattern), kinds, patterns):
             aux[row] = schema.pattern_id(str(kind), text)
-    for row, keys in in_lists.items():
-        aux[row] = schema.set_id(tuple(sorted(set(keys))))
-    for row, strings in str_in_lists.items():
-        schema.add_strings(strings)
-        aux[row] = schema.set_id(tuple(sorted({float(schema.string_ids[s]) for s in strings})))
+    for parents, keys in (in_lists, _string_keys(schema, str_in_lists)):
+        set_rows, set_ids = _register_sets(schema, parents, keys)
+        aux[set_rows] = set_ids
 
     # ---- distinct predicates and one AND program per subscription
     first, inverse = distinct_rows((attr, op, lo, hi, aux))
@@ -249,22 +249,122 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     return Segment(sub_ids, offsets, kinds, args, table_, int(sizes.max()) if n else 0), fixed
 
 
-def _in_lists(rows: _Rows, mask: np.ndarray, name: str) -> dict[int, list]:
-    """Row -> operand list for the IN rows of one list column, validated."""
+def _list_column(rows: _Rows, mask: np.ndarray, name: str):
+    """(row of each list element, elements) of the IN rows of one list
+    column, validated: non-empty lists, no nulls, exact finite numbers."""
     if not mask.any():
-        return {}
-    out = {}
-    column = rows.column(name)
-    for row in np.flatnonzero(mask):
-        items = column[int(row)].as_py()
-        if not items or any(v is None for v in items):
-            rows.fail(np.arange(rows.n) == row, f"{name} must be a non-empty list without nulls")
-        if name == "values" and not isinstance(items[0], bool):
-            for v in items:
-                if isinstance(v, int) and abs(v) > MAX_EXACT_INT or v != v or v in (float("inf"), float("-inf")):
-                    rows.fail(np.arange(rows.n) == row, f"{name} holds {v!r}, not an exact finite number")
-            items = [float(v) for v in items]
-        elif name == "values":
-            items = [float(v) for v in items]
-        out[int(row)] = items
-    return out
+        return np.zeros(0, np.int64), (np.zeros(0) if name == "values" else pa.array([], pa.string()))
+    lists = rows.column(name).combine_chunks().filter(pa.array(mask))
+    row_numbers = np.flatnonzero(mask)
+    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+    empty = np.zeros(rows.n, bool)
+    empty[row_numbers[lengths == 0]] = True
+    rows.fail(empty, f"{name} must be a non-empty list")
+    parents = row_numbers[pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)]
+    flat = pc.list_flatten(lists)
+    has_null = np.zeros(rows.n, bool)
+    has_null[parents[~flat.is_valid().to_numpy(zero_copy_only=False)]] = True
+    rows.fail(has_null, f"{name} must not hold nulls")
+    if name != "values":
+        return parents, flat
+    if pa.types.is_integer(flat.type):
+        raw = flat.to_numpy(zero_copy_only=False)
+        bad = np.abs(raw.astype(np.float64)) > MAX_EXACT_INT
+    else:
+        raw = pc.cast(flat, pa.float64()).to_numpy(zero_copy_only=False)
+        bad = ~np.isfinite(raw)
+    bad_rows = np.zeros(rows.n, bool)
+    bad_rows[parents[bad]] = True
+    rows.fail(bad_rows, f"{name} holds a number that is not exact and finite in float64")
+    return parents, raw.astype(np.float64)
+
+
+def _string_keys(schema: Schema, string_lists):
+    """String IN-list elements -> their (stable) string-id keys, registering
+    new strings."""
+    parents, flat = string_lists
+    if len(parents) == 0:
+        return parents, np.zeros(0)
+    schema.add_strings(pc.unique(flat).to_pylist())
+    ids = pc.index_in(flat, value_set=pa.array(schema.strings, pa.string()))
+    return parents, ids.to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def _register_sets(schema: Schema, parents: np.ndarray, keys: np.ndarray):
+    """Canonicalise IN lists (sorted, unique keys per row), register each
+    distinct list of this call once, and return (rows, their set ids)."""
+    if len(parents) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    # list elements arrive grouped by row, rows ascending (Arrow's flatten order)
+    row_starts = np.flatnonzero(np.concatenate(([True], parents[1:] != parents[:-1])))
+    offsets, keys = _sort_unique_rows(np.append(row_starts, len(keys)).astype(np.int64), keys.astype(np.float64))
+    first, inverse = _distinct_sequences(offsets, (keys + 0.0).view(np.int64))
+    lengths = np.diff(offsets)
+    kept_lengths = lengths[first]
+    kept_starts = np.concatenate(([0], np.cumsum(kept_lengths)[:-1]))
+    gather = np.repeat(offsets[first] - kept_starts, kept_lengths) + np.arange(kept_lengths.sum())
+    ids = schema.add_sets(kept_lengths, keys[gather])
+    return parents[row_starts], ids[inverse]
+
+
+@njit(cache=True, nogil=True)
+def _sort_unique_rows(offsets, keys):
+    """Sort each CSR row's keys and drop repeats (rows are short IN lists:
+    insertion sort beats a global sort)."""
+    out = np.empty_like(keys)
+    new_offsets = np.empty_like(offsets)
+    new_offsets[0] = 0
+    at = 0
+    for r in range(len(offsets) - 1):
+        start = at
+        for k in range(offsets[r], offsets[r + 1]):
+            value = keys[k]
+            j = at
+            while j > start and out[j - 1] > value:
+                j -= 1
+            if j > start and out[j - 1] == value:
+                continue
+            for m in range(at, j, -1):
+                out[m] = out[m - 1]
+            out[j] = value
+            at += 1
+        new_offsets[r + 1] = at
+    return new_offsets, out[:at].copy()
+
+
+@njit(cache=True, nogil=True)
+def _distinct_sequences(offsets, keys):
+    """Hash-based de-duplication of the CSR rows of ``keys``: (first row of
+    each distinct sequence, inverse map)."""
+    n = len(offsets) - 1
+    capacity = 16
+    while capacity < 2 * n:
+        capacity *= 2
+    slots = np.full(capacity, -1, dtype=np.int64)
+    inverse = np.empty(n, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    n_distinct = 0
+    for i in range(n):
+        h = mix64(np.uint64(0), offsets[i + 1] - offsets[i])
+        for k in range(offsets[i], offsets[i + 1]):
+            h = mix64(h, keys[k])
+        slot = np.int64(h & np.uint64(capacity - 1))
+        while True:
+            row = slots[slot]
+            if row == -1:
+                slots[slot] = i
+                inverse[i] = n_distinct
+                first[n_distinct] = i
+                n_distinct += 1
+                break
+            same = offsets[row + 1] - offsets[row] == offsets[i + 1] - offsets[i]
+            if same:
+                for k in range(offsets[i + 1] - offsets[i]):
+                    if keys[offsets[row] + k] != keys[offsets[i] + k]:
+                        same = False
+                        break
+            if same:
+                inverse[i] = inverse[row]
+                break
+            slot = (slot + 1) & (capacity - 1)
+    return first[:n_distinct].copy(), inverse

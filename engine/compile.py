@@ -104,16 +104,21 @@ class PredicateTable:
         self.lo[plain] = schema.codes_of_string_ids(self.lo_key[plain])
         ranged = plain & np.isin(self.op, (opcodes.BETWEEN, opcodes.NOT_BETWEEN))
         self.hi[ranged] = schema.codes_of_string_ids(self.hi_key[ranged])
-        # IN lists: codes sorted per predicate, in CSR
+        # IN lists: codes sorted per predicate, in CSR (vectorised gather)
+        set_rows = np.isin(self.op, SET_CODES)
+        all_offsets, all_keys = schema.set_csr()
+        ids = self.aux[set_rows]
         lengths = np.zeros(len(self), dtype=np.int64)
-        pieces = []
-        for row in np.flatnonzero(np.isin(self.op, SET_CODES)):
-            keys = np.asarray(schema.sets[self.aux[row]], dtype=np.float64)
-            codes = schema.codes_of_string_ids(keys) if is_string[row] else keys
-            pieces.append(np.sort(codes))
-            lengths[row] = len(codes)
+        lengths[set_rows] = all_offsets[ids + 1] - all_offsets[ids]
         self.set_offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        self.set_values = np.concatenate(pieces) if pieces else _empty(np.float64)
+        starts = all_offsets[ids]
+        owner = np.repeat(np.arange(len(ids)), lengths[set_rows])
+        keys = all_keys[np.repeat(starts - self.set_offsets[:-1][set_rows], lengths[set_rows])
+                        + np.arange(self.set_offsets[-1])]
+        string_keys = np.repeat(is_string[set_rows], lengths[set_rows])
+        codes = keys.copy()
+        codes[string_keys] = schema.codes_of_string_ids(keys[string_keys])
+        self.set_values = codes[np.lexsort((codes, owner))] if len(codes) else _empty(np.float64)
         self.coded_version = schema.version
 
 
@@ -132,35 +137,57 @@ def distinct_rows(columns) -> tuple[np.ndarray, np.ndarray]:
                                  np.asarray(aux, np.int64))
 
 
+@njit(inline="always", nogil=True)
+def mix64(h, key):
+    """Fold a 64-bit key into hash ``h`` (splitmix64 finaliser), so that keys
+    differing only in high bits -- small floats -- spread over all slots."""
+    x = h ^ np.uint64(key)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
 @njit(cache=True, nogil=True)
 def _factorize_predicates(attr, op, lo, hi, aux):
     n = len(attr)
-    capacity = 16
-    while capacity < 2 * n:
-        capacity *= 2
-    slots = np.full(capacity, -1, dtype=np.int64)
+    # open addressing over distinct rows; the table grows with the distinct
+    # count (not the row count) so that it stays cache-resident
+    capacity = 1024
+    slots = np.full(capacity, -1, dtype=np.int64)       # distinct id in each slot
+    hashes = np.empty(n, dtype=np.uint64)               # hash of each distinct row
     inverse = np.empty(n, dtype=np.int64)
     first = np.empty(n, dtype=np.int64)
     n_distinct = 0
-    prime = np.uint64(1099511628211)
     for i in range(n):
-        h = np.uint64(1469598103934665603) ^ np.uint64((np.int64(attr[i]) << 8) | np.int64(op[i]))
-        h = (h * prime) ^ np.uint64(lo[i])
-        h = (h * prime) ^ np.uint64(hi[i])
-        h = (h * prime) ^ np.uint64(aux[i])
-        h = (h ^ (h >> np.uint64(31))) * prime
+        h = mix64(np.uint64(0), (np.int64(attr[i]) << 8) | np.int64(op[i]))
+        h = mix64(h, lo[i])
+        h = mix64(h, hi[i])
+        h = mix64(h, aux[i])
         slot = np.int64(h & np.uint64(capacity - 1))
         while True:
-            row = slots[slot]
-            if row == -1:
-                slots[slot] = i
+            d = slots[slot]
+            if d == -1:
+                slots[slot] = n_distinct
+                hashes[n_distinct] = h
                 inverse[i] = n_distinct
                 first[n_distinct] = i
                 n_distinct += 1
+                if 2 * n_distinct > capacity:     # keep the load factor under 1/2
+                    capacity *= 4
+                    slots = np.full(capacity, -1, dtype=np.int64)
+                    for k in range(n_distinct):
+                        s = np.int64(hashes[k] & np.uint64(capacity - 1))
+                        while slots[s] != -1:
+                            s = (s + 1) & (capacity - 1)
+                        slots[s] = k
                 break
-            if attr[row] == attr[i] and op[row] == op[i] and lo[row] == lo[i] and hi[row] == hi[i] \
-                    and aux[row] == aux[i]:
-                inverse[i] = inverse[row]
+            row = first[d]
+            if hashes[d] == h and attr[row] == attr[i] and op[row] == op[i] and lo[row] == lo[i] \
+                    and hi[row] == hi[i] and aux[row] == aux[i]:
+                inverse[i] = d
                 break
             slot = (slot + 1) & (capacity - 1)
     return first[:n_distinct].copy(), inverse
@@ -234,7 +261,7 @@ def predicate_ast(table: PredicateTable, pred_id: int, schema: Schema) -> Pred:
 
     code = int(table.op[pred_id])
     if code in SET_CODES:
-        values = tuple(literal(k) for k in schema.sets[int(table.aux[pred_id])])
+        values = tuple(literal(k) for k in schema.set_keys(int(table.aux[pred_id])))
     elif code in PATTERN_CODES:
         values = (schema.patterns[int(table.aux[pred_id])][1],)
     elif code in (opcodes.IS_NULL, opcodes.IS_NOT_NULL):

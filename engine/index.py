@@ -314,7 +314,8 @@ class Index:
         seg, preds = self._main, self._main.predicates
         arrays = {"sub_ids": seg.sub_ids, "prog_offsets": seg.prog_offsets, "prog_kind": seg.prog_kind,
                   "prog_arg": seg.prog_arg, "pred_attr": preds.attr, "pred_op": preds.op,
-                  "pred_lo_key": preds.lo_key, "pred_hi_key": preds.hi_key, "pred_aux": preds.aux}
+                  "pred_lo_key": preds.lo_key, "pred_hi_key": preds.hi_key, "pred_aux": preds.aux,
+                  "set_offsets": self._schema.set_csr()[0], "set_keys": self._schema.set_csr()[1]}
         meta = {"magic": FILE_MAGIC, "version": FILE_VERSION, "algorithm": self.algorithm,
                 "backend": self.backend, "dnf_limit": self.dnf_limit, "max_depth": seg.max_depth,
                 "schema": self._schema.to_json(),
@@ -363,6 +364,7 @@ class Index:
                     dnf_limit=meta["dnf_limit"])
         try:
             index._schema = Schema.from_json(meta["schema"])
+            index._schema.restore_sets(arrays["set_offsets"], arrays["set_keys"])
             table = PredicateTable(arrays["pred_attr"], arrays["pred_op"], arrays["pred_lo_key"],
                                    arrays["pred_hi_key"], arrays["pred_aux"])
             segment = Segment(arrays["sub_ids"], arrays["prog_offsets"], arrays["prog_kind"], arrays["prog_arg"],
@@ -415,7 +417,7 @@ def _validate_segment(segment: Segment, schema: Schema) -> None:
     is_pattern, is_set = np.isin(preds.op, PATTERN_CODES), np.isin(preds.op, SET_CODES)
     if ((preds.op < 0) | (preds.op > 15)).any() \
             or ((preds.aux[is_pattern] < 0) | (preds.aux[is_pattern] >= len(schema.patterns))).any() \
-            or ((preds.aux[is_set] < 0) | (preds.aux[is_set] >= len(schema.sets))).any():
+            or ((preds.aux[is_set] < 0) | (preds.aux[is_set] >= schema.n_sets)).any():
         raise ValueError("a predicate refers to an unknown operator, pattern or IN list")
     if (np.diff(segment.sub_ids) <= 0).any():
         raise ValueError("subscription ids are not unique and sorted")

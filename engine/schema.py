@@ -72,14 +72,17 @@ class Schema:
     attr_names: list[str] = field(default_factory=list)
     strings: list[str] = field(default_factory=list)
     string_ids: dict[str, int] = field(default_factory=dict)
-    sets: list[tuple] = field(default_factory=list)
-    set_ids: dict[tuple, int] = field(default_factory=dict)
+    set_ids: dict[tuple, int] = field(default_factory=dict)   # the text route's IN lists, for sharing
     patterns: list[tuple[str, str]] = field(default_factory=list)   # (kind, text), kind in like/regex
     pattern_ids: dict[tuple[str, str], int] = field(default_factory=dict)
     version: int = 0
     _sorted: np.ndarray | None = field(default=None, repr=False)
     _rank: np.ndarray | None = field(default=None, repr=False)
     _compiled_patterns: list = field(default_factory=list, repr=False)
+    # IN lists as CSR chunks (lengths, keys), consolidated on demand
+    _set_chunks: list = field(default_factory=list, repr=False)
+    _set_csr: tuple | None = field(default=None, repr=False)
+    n_sets: int = 0
 
     # ---------------------------------------------------------------- attributes
     def declare(self, attr: str, family) -> None:
@@ -191,13 +194,34 @@ class Schema:
 
     # -------------------------------------------------------------- sets, patterns
     def set_id(self, keys: tuple) -> int:
-        """Stable id of an IN list given its canonical (sorted, unique)
-        operand keys."""
+        """Stable id of one IN list given its canonical (sorted, unique)
+        operand keys; equal lists added this way share an id."""
         found = self.set_ids.get(keys)
         if found is None:
-            found = self.set_ids[keys] = len(self.sets)
-            self.sets.append(keys)
-        return found
+            found = self.set_ids[keys] = self.add_sets(np.array([len(keys)]), np.asarray(keys, np.float64))[0]
+        return int(found)
+
+    def add_sets(self, lengths: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Register many canonical IN lists at once (CSR: ``lengths`` and
+        the concatenated ``keys``); returns their new ids."""
+        ids = np.arange(self.n_sets, self.n_sets + len(lengths), dtype=np.int64)
+        self._set_chunks.append((np.asarray(lengths, np.int64), np.asarray(keys, np.float64)))
+        self.n_sets += len(lengths)
+        self._set_csr = None
+        return ids
+
+    def set_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, keys) of every IN list, in id order."""
+        if self._set_csr is None:
+            lengths = np.concatenate([c[0] for c in self._set_chunks]) if self._set_chunks else np.zeros(0, np.int64)
+            keys = np.concatenate([c[1] for c in self._set_chunks]) if self._set_chunks else np.zeros(0)
+            self._set_chunks = [(lengths, keys)] if len(lengths) else []
+            self._set_csr = (np.concatenate(([0], np.cumsum(lengths))).astype(np.int64), keys)
+        return self._set_csr
+
+    def set_keys(self, set_id: int) -> np.ndarray:
+        offsets, keys = self.set_csr()
+        return keys[offsets[set_id]:offsets[set_id + 1]]
 
     def pattern_id(self, kind: str, text: str) -> int:
         key = (kind, text)
@@ -225,9 +249,16 @@ class Schema:
             "attributes": [[name, None if self.families[name] is None else self.families[name].value]
                            for name in self.attr_names],
             "strings": self.strings,
-            "sets": [list(keys) for keys in self.sets],
             "patterns": [list(p) for p in self.patterns],
         }
+
+    def restore_sets(self, offsets: np.ndarray, keys: np.ndarray) -> None:
+        """Re-register saved IN lists under their ids (Index.load)."""
+        if len(offsets) < 1 or offsets[0] != 0 or (np.diff(offsets) < 0).any() or offsets[-1] != len(keys):
+            raise ValueError("IN-list offsets do not describe the IN-list keys")
+        self.add_sets(np.diff(offsets), keys)
+        for set_id in range(self.n_sets):
+            self.set_ids.setdefault(tuple(self.set_keys(set_id).tolist()), set_id)
 
     @classmethod
     def from_json(cls, data: dict) -> "Schema":
@@ -235,8 +266,6 @@ class Schema:
         for name, family in data["attributes"]:
             schema._add_attr(name, None if family is None else parse_family(family))
         schema.add_strings(data["strings"])
-        for keys in data["sets"]:
-            schema.set_id(tuple(keys))
         for kind, text in data["patterns"]:
             schema.pattern_id(kind, text)
         return schema
