@@ -8,27 +8,51 @@ so ``import engine`` works on any machine.
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
-from engine.errors import BackendUnavailable
+from engine.errors import BackendUnavailable, BexmatchError
+from gpu_kernels import cuda_support
 
 BACKENDS = ("cpu", "cuda")
 
+#: share of the free device memory one match call may use for its scratch
+#: (hit matrix, compaction arrays, the batch's event slices, results)
+DEVICE_MEMORY_FRACTION = 0.8
+
+
+class DeviceMemoryError(BexmatchError, MemoryError):
+    """A batch (or index) that cannot fit the device memory budget even one
+    event at a time; the message says how much it needs and what is free."""
+
 
 def cuda_simulated() -> bool:
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+    """True under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` when
+    ``numba.cuda`` was first imported)."""
+    return cuda_support.simulated()
+
+
+def device_memory_budget(limit: int | None = None) -> int:
+    """Bytes of device memory one match call may use: ``limit`` if given
+    (capped by what is free on a GPU), else :data:`DEVICE_MEMORY_FRACTION`
+    of the free memory -- under the simulator, of
+    ``gpu_kernels.cuda_support.SIMULATED_FREE_MEMORY``."""
+    free = cuda_support.free_device_memory()
+    if free is None:
+        free = cuda_support.SIMULATED_FREE_MEMORY
+        return int(limit) if limit is not None else int(free * DEVICE_MEMORY_FRACTION)
+    budget = int(free * DEVICE_MEMORY_FRACTION)
+    return min(budget, int(limit)) if limit is not None else budget
 
 
 @lru_cache(maxsize=1)
 def _cuda_missing() -> str | None:
     """None when the cuda backend can run here, else what is missing."""
-    if cuda_simulated():
-        return None
     try:
-        from numba import cuda
-    except ImportError as exc:  # numba-cuda not installed
+        cuda = cuda_support.load_cuda()
+    except ImportError as exc:  # numba-cuda or the CUDA Python bindings not installed
         return f"numba-cuda is not importable ({exc})"
+    if cuda_simulated():
+        return None   # numba's simulator: NumPy stands in for CuPy
     try:
         if not cuda.is_available():
             return "no CUDA GPU is visible to numba-cuda (set NUMBA_ENABLE_CUDASIM=1 to use the simulator)"

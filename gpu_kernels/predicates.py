@@ -10,8 +10,12 @@ codes, booleans as 0/1, so every comparison is a float comparison.
 
 from __future__ import annotations
 
-from numba import njit
+import functools
+from types import SimpleNamespace
 
+from numba import njit, prange
+
+from gpu_kernels import cuda_support
 from gpu_kernels.opcodes import (BETWEEN, EQ, FALSE, GE, GT, IN, IS_NOT_NULL, IS_NULL, LE, LIKE,
                                  LT, MATCHES, NE, NOT_BETWEEN, NOT_IN, NOT_LIKE, NOT_MATCHES,
                                  NULL, TRUE)
@@ -94,3 +98,56 @@ def make_predicate_truth(contains):
 find_attribute = njit(inline="always", nogil=True)(find_attribute_py)
 set_contains = njit(inline="always", nogil=True)(set_contains_py)
 predicate_truth = njit(inline="always", nogil=True)(make_predicate_truth(set_contains))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def predicate_truth_many(op, lo, hi, set_offsets, set_values, pattern_hit, present, value, out):
+    """``out[i]`` = truth of case ``i``: predicate ``(op[i], lo[i], hi[i],
+    IN list set_values[set_offsets[i]:set_offsets[i + 1]])`` on one event
+    value (``present[i]``, ``value[i]``, ``pattern_hit[i]``).  The CPU twin
+    of :func:`predicate_truth_kernel_cuda`; the building block of bitmap
+    event encodings (one case per distinct predicate)."""
+    for i in prange(len(op)):
+        out[i] = predicate_truth(op[i], lo[i], hi[i], set_values, set_offsets[i], set_offsets[i + 1],
+                                 pattern_hit[i] != 0, present[i] != 0, value[i])
+
+
+# ---------------------------------------------------------------- CUDA twins
+cuda = None   # numba.cuda once a CUDA twin is built (a module global: see cuda_support)
+
+
+@functools.cache
+def cuda_device_functions() -> SimpleNamespace:
+    """``find_attribute``, ``set_contains`` and ``predicate_truth`` as CUDA
+    device functions, compiled from the very Python sources of the CPU
+    ones.  Built on first use (importing this module never touches CUDA)."""
+    global cuda
+    cuda = cuda_support.load_cuda()
+    find = cuda.jit(device=True)(find_attribute_py)
+    contains = cuda.jit(device=True)(set_contains_py)
+    truth = cuda.jit(device=True)(make_predicate_truth(contains))
+    return SimpleNamespace(find_attribute=find, set_contains=contains, predicate_truth=truth)
+
+
+@functools.cache
+def _predicate_truth_kernel():
+    truth = cuda_device_functions().predicate_truth
+
+    def kernel(op, lo, hi, set_offsets, set_values, pattern_hit, present, value, out):
+        x, y = cuda.grid(2)
+        sx, sy = cuda.gridsize(2)
+        for i in range(y * sx + x, op.shape[0], sx * sy):
+            out[i] = truth(op[i], lo[i], hi[i], set_values, set_offsets[i], set_offsets[i + 1],
+                           pattern_hit[i] != 0, present[i] != 0, value[i])
+    return cuda.jit(kernel)
+
+
+def predicate_truth_kernel_cuda(op, lo, hi, set_offsets, set_values, pattern_hit, present, value, out, *,
+                                launch=None):
+    """CUDA twin of :func:`predicate_truth_many` (same arguments, device
+    arrays in, ``out`` written on the device), one thread per case."""
+    n = len(op)
+    if n == 0:
+        return
+    grid, block = (launch or cuda_support.default_launch()).grid(n, 1)
+    _predicate_truth_kernel()[grid, block](op, lo, hi, set_offsets, set_values, pattern_hit, present, value, out)

@@ -1,0 +1,327 @@
+"""``scan`` on the ``cuda`` backend (DESIGN.md §5, §6).
+
+The compiled segment is copied to the device once (:class:`DeviceSegment`;
+the predicate codes again only when a grown string dictionary recodes them).
+Each match call copies the batch's pattern table and ``alive`` flags over,
+then walks the events in *chunks* sized to the free device memory: per
+chunk the CUDA scan kernel fills a dense hit matrix (chunk × subscriptions,
+one byte a cell), the count kernel and an exclusive scan give every
+(event, tile of subscriptions) its output slice, and the fill kernel writes
+the (event index, subscription position) pairs, ascending in both -- the
+CPU matcher's exact output.  Host event batches are sliced per chunk (only
+a chunk's events are on the device at a time); batches already on the
+device are used in place.
+
+Memory: a chunk of ``r`` events over ``S`` subscriptions needs
+``r * (S + 16 * tiles + 8) + 16 * entries`` bytes of scratch (hit rows,
+tile counts and offsets, the chunk's event offsets and its attribute
+entries), and ``16 * S`` more are always kept free for the results of one
+event (16 bytes a pair).  A batch with an event that cannot fit even alone
+raises :class:`~engine.backend.DeviceMemoryError` before any work.
+
+The helpers here (:class:`DeviceSegment`, :func:`check_batch`,
+:func:`plan_chunk`) are meant for every cuda matcher, not only ``scan``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backend import DeviceMemoryError, cuda_simulated, device_memory_budget, resolve_backend
+from engine.compile import PATTERN_CODES, Segment, program_depths
+from engine.errors import ExpressionTooLarge
+from gpu_kernels import cuda_support
+from gpu_kernels import scan as scan_kernels
+from gpu_kernels.compaction import fill_rows_cuda, hit_offsets_cuda, n_tiles_for
+
+#: bytes of one result pair (event index and subscription position, int64 each)
+PAIR_BYTES = 16
+#: bytes of one event attribute entry on the device (attr int32, value float64, token int32)
+ENTRY_BYTES = 16
+#: bytes per event of the CSR offsets
+OFFSET_BYTES = 8
+
+#: dtype of every EventBatch field the kernels read
+BATCH_DTYPES = {"offsets": np.int64, "attr": np.int32, "value": np.float64, "token": np.int32}
+
+OUTPUTS = ("numpy", "device")
+
+
+# ------------------------------------------------------------------ helpers
+def check_program_depths(segment: Segment) -> int:
+    """The stack tier the CUDA scan kernel needs for ``segment``, or
+    :class:`~engine.errors.ExpressionTooLarge` naming the deepest
+    subscription when a program needs more than
+    ``gpu_kernels.scan.MAX_STACK_DEPTH`` operand slots (an n-ary AND/OR of
+    that many operands, or nesting as deep)."""
+    try:
+        return scan_kernels.cuda_stack_depth(int(segment.max_depth))
+    except ValueError:
+        depths = program_depths(segment.prog_offsets, segment.prog_kind, segment.prog_arg)
+        worst = int(np.argmax(depths))
+        raise ExpressionTooLarge(
+            f"subscription {int(segment.sub_ids[worst])} needs an operand stack of {int(depths[worst])} entries "
+            f"(an AND/OR that wide, or nesting that deep); the cuda backend's scan kernel holds at most "
+            f"{scan_kernels.MAX_STACK_DEPTH} per thread -- use backend='cpu' for it or split the expression"
+        ) from None
+
+
+def _check_array(where: str, x, dtype, ndim: int):
+    kind = getattr(x, "dtype", None)
+    shape = getattr(x, "shape", None)
+    if kind is None or shape is None:
+        raise TypeError(f"{where} must be an array of {np.dtype(dtype).name}, not {type(x).__name__}")
+    if np.dtype(kind) != np.dtype(dtype):
+        raise TypeError(f"{where} must have dtype {np.dtype(dtype).name}, got {np.dtype(kind).name}")
+    if len(shape) != ndim:
+        raise ValueError(f"{where} must be {ndim}-dimensional, got shape {tuple(shape)}")
+
+
+def check_batch(batch, pattern_truth, alive, n_subs: int, n_patterns: int) -> np.ndarray:
+    """Validate a match call's inputs (host or device arrays) before any of
+    them reaches a kernel -- a kernel reading out of bounds does not raise.
+    Returns the batch's event offsets on the host."""
+    for field, dtype in BATCH_DTYPES.items():
+        if not hasattr(batch, field):
+            raise TypeError(f"the event batch must be an engine.events.EventBatch (no {field!r} field), "
+                            f"not {type(batch).__name__}")
+        _check_array(f"event batch field {field!r}", getattr(batch, field), dtype, 1)
+    _check_array("pattern_truth", pattern_truth, np.uint8, 2)
+    _check_array("alive", alive, np.uint8, 1)
+    if alive.shape[0] != n_subs:
+        raise ValueError(f"alive has {alive.shape[0]} flags for a segment of {n_subs} subscriptions")
+    offsets = cuda_support.to_host(batch.offsets)
+    nnz = batch.attr.shape[0]
+    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != nnz or (np.diff(offsets) < 0).any():
+        raise ValueError(f"event batch offsets do not describe {nnz} attribute entries "
+                         f"(they must start at 0, never decrease and end at {nnz})")
+    if batch.value.shape[0] != nnz or batch.token.shape[0] != nnz:
+        raise ValueError(f"event batch fields differ in length: attr {nnz}, value {batch.value.shape[0]}, "
+                         f"token {batch.token.shape[0]}")
+    if pattern_truth.shape[1] < n_patterns:
+        raise ValueError(f"pattern_truth has {pattern_truth.shape[1]} pattern columns; the segment uses "
+                         f"{n_patterns}")
+    if nnz:
+        top = int(cuda_support.to_host(batch.token.max()))
+        if top >= pattern_truth.shape[0]:
+            raise ValueError(f"event batch token {top} has no row in pattern_truth "
+                             f"({pattern_truth.shape[0]} rows)")
+    return offsets
+
+
+def plan_chunk(cost: np.ndarray, start: int, room: int) -> int:
+    """End of the chunk starting at event ``start``: the most events whose
+    cumulative scratch ``cost[stop] - cost[start]`` fits ``room`` bytes (at
+    least one; the caller checked that one fits)."""
+    stop = int(np.searchsorted(cost, cost[start] + room, side="right")) - 1
+    return min(max(stop, start + 1), len(cost) - 1)
+
+
+class DeviceSegment:
+    """A compiled segment's arrays on the device: programs and predicate
+    table, uploaded once; the predicate *codes* (``lo``, ``hi``, IN lists)
+    again whenever :meth:`refresh` sees that a recode replaced them."""
+
+    def __init__(self, segment: Segment):
+        self.segment = segment
+        preds = segment.predicates
+        dev = cuda_support.to_device
+        self.prog_offsets = dev(segment.prog_offsets, np.int64)
+        self.prog_kind = dev(segment.prog_kind, np.int8)
+        self.prog_arg = dev(segment.prog_arg, np.int32)
+        self.pred_attr = dev(preds.attr, np.int32)
+        self.pred_op = dev(preds.op, np.int8)
+        self.pred_aux = dev(preds.aux, np.int64)
+        self._coded_from = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        preds = self.segment.predicates
+        if preds.lo is None or preds.set_offsets is None:
+            raise ValueError("the segment's predicates carry no codes yet: call "
+                             "segment.predicates.recode(schema) before matching")
+        host = (preds.lo, preds.hi, preds.set_offsets, preds.set_values)
+        if self._coded_from is not None and all(a is b for a, b in zip(host, self._coded_from)):
+            return
+        dev = cuda_support.to_device
+        self.pred_lo = dev(preds.lo, np.float64)
+        self.pred_hi = dev(preds.hi, np.float64)
+        self.set_offsets = dev(preds.set_offsets, np.int64)
+        self.set_values = dev(preds.set_values, np.float64)
+        self._coded_from = host
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.prog_offsets, self.prog_kind, self.prog_arg, self.pred_attr,
+                                           self.pred_op, self.pred_aux, self.pred_lo, self.pred_hi,
+                                           self.set_offsets, self.set_values))
+
+
+def _empty_result(output: str):
+    if output == "device":
+        xp = cuda_support.array_module()
+        return xp.zeros(0, dtype=np.int64), xp.zeros(0, dtype=np.int64)
+    return np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+
+# ------------------------------------------------------------------ matcher
+class ScanCudaMatcher:
+    """``scan`` on the device.
+
+    Parameters
+    ----------
+    segment : the compiled segment (its predicates recoded).
+    backend : ``"cuda"``.
+    launch : a :class:`gpu_kernels.cuda_support.LaunchConfig`; default
+        ``cuda_support.default_launch()`` (tiny under the simulator).
+    device_memory : bytes one match call may use on the device; default
+        ``engine.backend.DEVICE_MEMORY_FRACTION`` of the free memory (of
+        ``cuda_support.SIMULATED_FREE_MEMORY`` under the simulator).
+    """
+
+    name = "scan"
+
+    def __init__(self, segment: Segment, backend: str = "cuda", *, launch=None, device_memory: int | None = None):
+        if backend != "cuda":
+            raise ValueError(f"ScanCudaMatcher runs on backend 'cuda', not {backend!r}")
+        resolve_backend("cuda")    # BackendUnavailable naming what is missing
+        if device_memory is not None and device_memory <= 0:
+            raise ValueError(f"device_memory must be a positive number of bytes, not {device_memory!r}")
+        self.segment = segment
+        self.backend = backend
+        self.launch = launch or cuda_support.default_launch()
+        self.device_memory = device_memory
+        self.stack_depth = check_program_depths(segment)
+        patterns = segment.predicates.aux[np.isin(segment.predicates.op, PATTERN_CODES)]
+        self._n_patterns = int(patterns.max()) + 1 if len(patterns) else 0
+        self.device = DeviceSegment(segment)
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes (the segment); see :attr:`device_nbytes` for the device copy."""
+        return self.segment.nbytes
+
+    @property
+    def device_nbytes(self) -> int:
+        return self.device.nbytes
+
+    def match(self, batch, pattern_truth, alive, *, output: str = "numpy"):
+        """(event index, subscription position) pairs, ascending by event
+        then position -- NumPy int64 arrays, or device arrays (CuPy; NumPy
+        under the simulator) with ``output="device"``.  The batch's arrays
+        may be host arrays or already on the device."""
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {output!r}")
+        seg = self.segment
+        n_subs = len(seg)
+        offsets = check_batch(batch, pattern_truth, alive, n_subs, self._n_patterns)
+        n_events = len(offsets) - 1
+        if n_subs == 0 or n_events == 0:
+            return _empty_result(output)
+        self.device.refresh()
+
+        # a batch with any field on the device is used in place (its host fields copied over whole);
+        # a host batch is sliced per chunk
+        on_device = any(cuda_support.is_device_array(getattr(batch, f)) for f in BATCH_DTYPES)
+        fixed = 0
+        if cuda_support.is_device_array(pattern_truth):
+            truth_d = cuda_support.as_device(pattern_truth)
+        else:
+            truth_d = cuda_support.to_device(pattern_truth)
+            fixed += truth_d.nbytes
+        if cuda_support.is_device_array(alive):
+            alive_d = cuda_support.as_device(alive)
+        else:
+            alive_d = cuda_support.to_device(alive)
+            fixed += alive_d.nbytes
+        if on_device:
+            events_d = tuple(cuda_support.as_device(getattr(batch, f)) for f in BATCH_DTYPES)
+            row_bytes, entry_bytes = 0, 0
+        else:
+            events_d = None
+            row_bytes, entry_bytes = OFFSET_BYTES, ENTRY_BYTES
+        n_tiles = n_tiles_for(n_subs, self.launch)
+        row_bytes += n_subs + 16 * n_tiles
+        cost = np.arange(n_events + 1, dtype=np.int64) * row_bytes + offsets * entry_bytes
+        single = np.diff(cost)
+        reserve = PAIR_BYTES * n_subs
+        fixed_budget = self.device_memory is not None or cuda_simulated()
+
+        def room(held: int) -> tuple[int, int]:
+            budget = device_memory_budget(self.device_memory)
+            return budget - fixed - reserve - (held if fixed_budget else 0), budget
+
+        free, budget = room(0)
+        worst = int(np.argmax(single))
+        if single[worst] > free:
+            raise DeviceMemoryError(
+                f"event {worst} of the batch cannot fit the device memory budget: matching it against "
+                f"{n_subs} subscriptions needs {int(single[worst]) + reserve} bytes on the device (a hit row of "
+                f"{n_subs} bytes, {16 * n_tiles} for compaction, {int(single[worst]) - n_subs - 16 * n_tiles} "
+                f"for its attributes, up to {reserve} for its results), but the budget of {budget} bytes leaves "
+                f"{free + reserve} after {fixed} for the batch's pattern table and alive flags. Free device "
+                f"memory, raise device_memory, or shard the subscriptions over several indexes")
+
+        results_row, results_col = [], []
+        held = 0
+        start = 0
+        while start < n_events:
+            free, budget = room(held)
+            if single[start] > free:
+                raise DeviceMemoryError(
+                    f"device results of earlier chunks hold {held} bytes and leave too little of the {budget}-byte "
+                    f"budget for event {start}; use output='numpy' (results copied back chunk by chunk)")
+            stop = plan_chunk(cost, start, free)
+            pieces = self._match_chunk(batch, events_d, offsets, start, stop, truth_d, alive_d,
+                                       free + reserve - int(cost[stop] - cost[start]))
+            for rows, cols in pieces:
+                if output == "device":
+                    held += PAIR_BYTES * int(rows.shape[0])
+                    results_row.append(rows)
+                    results_col.append(cols)
+                else:
+                    results_row.append(cuda_support.to_host(rows))
+                    results_col.append(cuda_support.to_host(cols))
+            start = stop
+        if not results_row:
+            return _empty_result(output)
+        xp = cuda_support.array_module() if output == "device" else np
+        return xp.concatenate(results_row), xp.concatenate(results_col)
+
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int):
+        """Scan, count, scan-offsets and fill one chunk of events; yields
+        (event index, position) device arrays, split so that each piece's
+        results fit ``result_room`` bytes."""
+        xp = cuda_support.array_module()
+        dev, seg = self.device, self.segment
+        n_rows = stop - start
+        if events_d is None:    # host batch: this chunk's events only
+            a, b = int(offsets[start]), int(offsets[stop])
+            ev_offsets = cuda_support.to_device(offsets[start:stop + 1] - a)
+            ev_attr = cuda_support.to_device(batch.attr[a:b])
+            ev_value = cuda_support.to_device(batch.value[a:b])
+            ev_token = cuda_support.to_device(batch.token[a:b])
+            event_start = 0
+        else:
+            ev_offsets, ev_attr, ev_value, ev_token = events_d
+            event_start = start
+        hits = xp.empty((n_rows, len(seg)), dtype=np.uint8)
+        scan_kernels.scan_kernel_cuda(event_start, n_rows, ev_offsets, ev_attr, ev_value, ev_token,
+                                      dev.prog_offsets, dev.prog_kind, dev.prog_arg, alive_d,
+                                      dev.pred_attr, dev.pred_op, dev.pred_lo, dev.pred_hi, dev.set_offsets,
+                                      dev.set_values, dev.pred_aux, truth_d, seg.max_depth, hits,
+                                      launch=self.launch)
+        del ev_offsets, ev_attr, ev_value, ev_token
+        hit_offsets, n_tiles = hit_offsets_cuda(hits, n_rows, launch=self.launch)
+        total = int(hit_offsets[-1])
+        if PAIR_BYTES * total <= result_room:
+            bounds = [0, n_rows]
+        else:   # too many results for the room left: fill (and hand back) a few rows at a time
+            row_ends = cuda_support.to_host(hit_offsets[::n_tiles])
+            bounds = [0]
+            while bounds[-1] < n_rows:
+                first = bounds[-1]
+                limit = row_ends[first] + result_room // PAIR_BYTES
+                bounds.append(min(max(int(np.searchsorted(row_ends, limit, side="right")) - 1, first + 1), n_rows))
+        for first, last in zip(bounds[:-1], bounds[1:]):
+            yield fill_rows_cuda(hits, first, last, start, hit_offsets, n_tiles, launch=self.launch)

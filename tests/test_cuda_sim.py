@@ -1,0 +1,504 @@
+"""The ``cuda`` backend: every CUDA kernel against its CPU twin, ``scan`` on
+cuda against ``scan`` on cpu and the reference evaluator, and the cuda
+path's errors.
+
+Runs on a GPU, or without one under numba's CUDA simulator::
+
+    NUMBA_ENABLE_CUDASIM=1 pytest -m cuda tests/test_cuda_sim.py
+
+(the variable must be set before ``numba.cuda`` is first imported, so it is
+never set here).  Sizes are tiny because the simulator runs every thread in
+Python; :class:`TestFullSize` runs real sizes on real hardware only.  Two
+tests need neither: ``import engine`` never touches CUDA, and the PTX
+compile check (skipped where no libNVVM is installed) proves the kernels
+compile for a real GPU, which the simulator cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import Index, available_backends
+from engine import events as event_batches
+from engine.compile import PATTERN_CODES, compile_expressions
+from engine.errors import ExpressionTooLarge
+from engine.expr import predicates
+from engine.parse import parse
+from engine.reference import matches
+from engine.schema import Schema
+from gpu_kernels import cuda_support, opcodes
+from tests import strategies
+
+pytestmark = pytest.mark.cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+HAVE_CUDA = "cuda" in available_backends()
+needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU with CuPy, or numba's simulator "
+                                                      "(NUMBA_ENABLE_CUDASIM=1 set before the run)")
+SIMULATED = HAVE_CUDA and cuda_support.simulated()
+
+SCHEMA = {**{a: "numeric" for a in strategies.NUMERIC_ATTRS}, **{a: "string" for a in strategies.STRING_ATTRS},
+          **{a: "boolean" for a in strategies.BOOLEAN_ATTRS}}
+ARROW_TYPES = {"numeric": pa.float64(), "string": pa.string(), "boolean": pa.bool_()}
+
+#: expressions over every operator and connective, absent attributes included
+EXPRESSIONS = [
+    "n0 = 1 AND n1 != 2",
+    "n0 < 0 OR n1 <= -1 OR n2 > 2.5",
+    "n2 >= 2 XOR s0 = 'ab'",
+    "n1 IN (1, 2, 3) XNOR b0 = TRUE",
+    "n0 NOT IN (0, 1) AND s1 IN ('a', 'z')",
+    "n1 BETWEEN -1 AND 1 OR n2 NOT BETWEEN 0 AND 2",
+    "s0 LIKE 'a%' AND NOT s1 LIKE '_b'",
+    "s0 MATCHES '^a|c' OR s1 NOT LIKE '%z%'",
+    "NOT (s0 MATCHES 'b$') AND n0 IS NULL",
+    "b0 IS NOT NULL AND (s0 < 'b' OR s1 >= 'ba')",
+    "NOT (n0 > 1 AND (n1 < 0 XOR s0 = 'a'))",
+]
+EVENTS = [
+    {"n0": 1, "n1": 1, "s0": "ab", "s1": "zb", "b0": True},
+    {"n0": 3, "n2": 2.5, "s0": "cab"},
+    {},
+    {"n1": -1, "s1": "a", "b0": False, "n2": 0.5},
+    {"n0": 0, "s0": "b", "s1": "ba", "n1": 7.75},
+    {"n2": 7.75, "s0": "a", "b0": True},
+]
+
+
+def launches():
+    """Default geometry, and a skewed tiny one whose grid-stride loops wrap."""
+    from gpu_kernels.cuda_support import LaunchConfig
+    return [cuda_support.default_launch(), LaunchConfig(block=(2, 1), max_grid=(1, 3), compaction_tile=3)]
+
+
+def dev(x, dtype=None):
+    return cuda_support.to_device(x, dtype)
+
+
+def host(x):
+    return cuda_support.to_host(x)
+
+
+def compiled(expressions=EXPRESSIONS, events=EVENTS):
+    """(segment, batch, pattern truth) of expressions and events, as the Index builds them."""
+    schema = Schema()
+    for attr, family in SCHEMA.items():
+        schema.declare(attr, family)
+    nodes = [parse(text) if isinstance(text, str) else text for text in expressions]
+    for node in nodes:
+        schema.register(list(predicates(node)))
+    segment = compile_expressions(list(range(len(nodes))), nodes, schema)
+    segment.predicates.recode(schema)
+    batch = event_batches.encode_events(events, schema, "raise")
+    preds = segment.predicates
+    pairs = np.stack([preds.attr, preds.aux], axis=1)[np.isin(preds.op, PATTERN_CODES)]
+    truth = event_batches.pattern_truth(batch, schema, np.unique(pairs, axis=0) if len(pairs) else pairs)
+    return segment, batch, truth
+
+
+# ============================================================ import hygiene
+def test_import_engine_never_touches_cuda():
+    """``import engine`` and every kernel module import without numba.cuda
+    (so without a GPU, CUDA bindings or driver, and at no import cost)."""
+    code = ("import sys, engine, engine.algorithms.scan_cuda, gpu_kernels.scan, gpu_kernels.compaction, "
+            "gpu_kernels.predicates, gpu_kernels.cuda_support; "
+            "assert 'numba.cuda' not in sys.modules, 'numba.cuda was imported'; print('ok')")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_cuda_backend_without_gpu_or_simulator_says_what_is_missing():
+    code = textwrap.dedent("""
+        from engine import Index, available_backends, BackendUnavailable
+        if "cuda" in available_backends():
+            print("has-gpu")
+        else:
+            try:
+                Index(algorithm="scan", backend="cuda")
+            except BackendUnavailable as exc:
+                print("refused:", exc)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if "has-gpu" in done.stdout:
+        pytest.skip("a real GPU is present: the cuda backend is available")
+    assert "refused: backend 'cuda' is not available here:" in done.stdout
+    assert any(word in done.stdout for word in ("GPU", "CuPy", "numba-cuda", "driver")), done.stdout
+
+
+PTX_CHECK = textwrap.dedent("""
+    import sys, types
+    from numba import cuda, types as T
+    import numba.cuda.dispatcher as dispatcher
+    # no GPU here: device functions compile for a stated compute capability
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
+    from gpu_kernels import compaction, predicates, scan
+    A = lambda dt, nd=1, layout="C": T.Array(dt, nd, layout)
+    i64, i32, i8, u8, f64 = T.int64, T.int32, T.int8, T.uint8, T.float64
+    scan_sig = (i64, i64, A(i64), A(i32), A(f64), A(i32), A(i64), A(i8), A(i32), A(u8), A(i32), A(i8), A(f64),
+                A(f64), A(i64), A(f64), A(i64), A(u8, 2), i64, A(u8, 2))
+    count, fill = compaction._compaction_kernels()
+    jobs = [(scan.build_scan_kernel_cuda(d), scan_sig) for d in scan.STACK_DEPTH_TIERS]
+    jobs += [(count, (A(u8, 2), i64, A(i64, 2))), (fill, (A(u8, 2, "A"), i64, i64, A(i64, 2, "A"), A(i64), A(i64))),
+             (predicates._predicate_truth_kernel(),
+              (A(i8), A(f64), A(f64), A(i64), A(f64), A(u8), A(u8), A(f64), A(i8)))]
+    try:
+        for kernel, sig in jobs:
+            ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+            assert ".entry" in ptx
+    except Exception as exc:
+        if "nvvm" in str(exc).lower() or "nvrtc" in str(exc).lower() or "DynamicLibNotFound" in type(exc).__name__:
+            print("no-nvvm:", exc)
+            sys.exit(0)
+        raise
+    print("compiled", len(jobs))
+""")
+
+
+def test_cuda_kernels_compile_to_ptx():
+    """The simulator runs kernels as Python and so cannot catch what the
+    real compiler rejects: compile every CUDA kernel to sm_90 PTX (needs
+    libNVVM, e.g. pip's nvidia-cuda-nvcc-cu12, but no GPU)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", PTX_CHECK], env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode == 0 and "no-nvvm" in done.stdout:
+        pytest.skip(f"libNVVM not installed: {done.stdout.strip()[:200]}")
+    assert done.returncode == 0 and "compiled" in done.stdout, (done.stdout + done.stderr)[-3000:]
+
+
+# ================================================================= kernels
+
+@needs_cuda
+def test_backend_selection():
+    from engine.backend import array_namespace, resolve_backend
+    assert available_backends() == ["cuda", "cpu"]
+    assert resolve_backend("cuda") == "cuda"
+    if SIMULATED:
+        assert array_namespace("cuda") is np
+    assert Index(backend="cuda").algorithm == "scan"
+
+
+@needs_cuda
+@pytest.mark.parametrize("launch", launches(), ids=["default", "tiny"])
+def test_predicate_truth_kernel_matches_cpu_on_every_opcode(launch):
+    from gpu_kernels.predicates import predicate_truth_kernel_cuda, predicate_truth_many
+    set_values = np.array([0.5, 1.0, 3.0])
+    rows = []
+    for op in range(opcodes.IS_NOT_NULL + 1):
+        for value in (0.0, 0.5, 1.0, 2.0, 3.0, 4.0):
+            for present in (0, 1):
+                for pattern_hit in ((0, 1) if op in PATTERN_CODES else (0,)):
+                    rows.append((op, 1.0, 3.0, value, present, pattern_hit))
+    op, lo, hi, value, present, pattern_hit = (np.array(c) for c in zip(*rows))
+    op = op.astype(np.int8)
+    present, pattern_hit = present.astype(np.uint8), pattern_hit.astype(np.uint8)
+    n = len(op)
+    is_set = np.isin(op, (opcodes.IN, opcodes.NOT_IN))
+    set_offsets = np.concatenate(([0], np.cumsum(np.where(is_set, 3, 0)))).astype(np.int64)
+    all_sets = np.tile(set_values, int(is_set.sum()))
+    want = np.full(n, -1, np.int8)
+    predicate_truth_many(op, lo, hi, set_offsets, all_sets, pattern_hit, present, value, want)
+    out = dev(np.full(n, -1, np.int8))
+    predicate_truth_kernel_cuda(dev(op), dev(lo), dev(hi), dev(set_offsets), dev(all_sets), dev(pattern_hit),
+                                dev(present), dev(value), out, launch=launch)
+    got = host(out)
+    assert got.tolist() == want.tolist()
+    # and the CPU twin itself is right about absent attributes and presence tests
+    absent = present == 0
+    assert (want[absent & (op == opcodes.IS_NULL)] == opcodes.TRUE).all()
+    assert (want[absent & (op == opcodes.IS_NOT_NULL)] == opcodes.FALSE).all()
+    assert (want[absent & (op < opcodes.IS_NULL)] == opcodes.NULL).all()
+    assert set(want[~absent & (op < opcodes.IS_NULL)].tolist()) == {opcodes.TRUE, opcodes.FALSE}
+
+
+@needs_cuda
+@pytest.mark.parametrize("launch", launches(), ids=["default", "tiny"])
+def test_scan_kernel_matches_cpu_twin(launch):
+    from gpu_kernels.scan import scan_kernel, scan_kernel_cuda
+    seg, batch, truth = compiled()
+    preds = seg.predicates
+    alive = np.ones(len(seg), np.uint8)
+    alive[[2, 7]] = 0
+    event_start, n_chunk = 1, 4
+    want = np.full((n_chunk, len(seg)), 9, np.uint8)
+    args = [batch.offsets, batch.attr, batch.value, batch.token, seg.prog_offsets, seg.prog_kind, seg.prog_arg,
+            alive, preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux, truth]
+    scan_kernel(event_start, n_chunk, *args, seg.max_depth, want)
+    out = dev(np.full((n_chunk, len(seg)), 9, np.uint8))
+    scan_kernel_cuda(event_start, n_chunk, *(dev(a) for a in args), seg.max_depth, out, launch=launch)
+    assert host(out).tolist() == want.tolist()
+    assert want.any() and not want.all()    # a meaningful segment
+    assert not want[:, [2, 7]].any()
+
+
+@needs_cuda
+@pytest.mark.parametrize("launch", launches(), ids=["default", "tiny"])
+def test_compaction_kernels_match_cpu_twins(launch):
+    from gpu_kernels import compaction
+    rng = np.random.default_rng(3)
+    hits = (rng.random((6, 11)) < 0.3).astype(np.uint8)
+    hits[2] = 0
+    hits[4] = 1
+    n_rows, row_base = 5, 40
+    cpu_counts = compaction.count_hits(hits, n_rows)
+    for n_tiles in (1, 3, 11):
+        counts = dev(np.full((n_rows, n_tiles), -1, np.int64))
+        compaction.count_hits_cuda(dev(hits), n_rows, counts, launch=launch)
+        assert host(counts).sum(axis=1).tolist() == cpu_counts.tolist()
+    # one tile per row: exactly the CPU arrays
+    offsets = np.zeros(n_rows + 1, np.int64)
+    np.cumsum(cpu_counts, out=offsets[1:])
+    want_row, want_col = np.empty(offsets[-1], np.int64), np.empty(offsets[-1], np.int64)
+    compaction.fill_hits(hits, n_rows, row_base, offsets, want_row, want_col)
+    got_row, got_col = dev(np.full(offsets[-1], -1, np.int64)), dev(np.full(offsets[-1], -1, np.int64))
+    compaction.fill_hits_cuda(dev(hits), n_rows, row_base, dev(offsets[:-1].reshape(n_rows, 1)), got_row, got_col,
+                              launch=launch)
+    assert host(got_row).tolist() == want_row.tolist() and host(got_col).tolist() == want_col.tolist()
+    # the whole count + exclusive scan + fill pipeline, tiled by the launch config
+    rows, cols = compaction.compact_hits_cuda(dev(hits), n_rows, row_base, launch=launch)
+    want_rows, want_cols = compaction.compact_hits(hits, n_rows, row_base)
+    assert host(rows).tolist() == want_rows.tolist() and host(cols).tolist() == want_cols.tolist()
+    rows, cols = compaction.compact_hits_cuda(dev(np.zeros((3, 5), np.uint8)), 3, 0, launch=launch)
+    assert len(host(rows)) == 0 and len(host(cols)) == 0
+
+
+# ============================================================ differential
+def _merged_index(backend, exprs):
+    index = Index(algorithm="scan", backend=backend, schema=SCHEMA)
+    index.add_many(range(len(exprs)), exprs)
+    index.merge()     # the main segment is the backend's matcher (the delta is always matched on cpu)
+    return index
+
+
+@needs_cuda
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(exprs=st.lists(strategies.expressions(max_leaves=8, with_not_matches=True), min_size=1, max_size=6),
+       events=st.lists(strategies.events(), min_size=1, max_size=4),
+       data=st.data())
+def test_scan_cuda_agrees_with_cpu_and_reference(exprs, events, data):
+    expected = [[i for i, expr in enumerate(exprs) if matches(expr, event)] for event in events]
+    on_cpu = _merged_index("cpu", exprs)
+    on_cuda = _merged_index("cuda", exprs)
+    assert [m.tolist() for m in on_cpu.match_batch(events)] == expected
+    assert [m.tolist() for m in on_cuda.match_batch(events)] == expected
+    table = pa.table({a: pa.array([e.get(a) for e in events], ARROW_TYPES[f]) for a, f in SCHEMA.items()})
+    assert [m.tolist() for m in on_cuda.match_batch(table)] == expected
+    removed = data.draw(st.sets(st.integers(0, len(exprs) - 1), max_size=len(exprs) - 1))
+    for i in sorted(removed):      # tombstones: the cleared alive flags reach the device
+        on_cuda.remove(i)
+    assert [m.tolist() for m in on_cuda.match_batch(events)] == [[i for i in m if i not in removed]
+                                                                  for m in expected]
+
+
+# ================================================================= matcher
+def _matcher(segment, **options):
+    from engine.algorithms.scan_cuda import ScanCudaMatcher
+    return ScanCudaMatcher(segment, "cuda", **options)
+
+
+def _cpu_pairs(segment, batch, truth, alive):
+    from engine.algorithms.scan import ScanMatcher
+    e, p = ScanMatcher(segment, "cpu").match(batch, truth, alive)
+    return e.tolist(), p.tolist()
+
+
+def _event_costs(batch, n_subs):
+    """Device scratch bytes of each event of a host batch (as ScanCudaMatcher plans chunks)."""
+    from engine.algorithms.scan_cuda import ENTRY_BYTES, OFFSET_BYTES
+    n_tiles = -(-n_subs // cuda_support.default_launch().compaction_tile)
+    return n_subs + 16 * n_tiles + OFFSET_BYTES + ENTRY_BYTES * np.diff(batch.offsets)
+
+
+@needs_cuda
+def test_matcher_chunks_small_budgets_and_returns_device_arrays(monkeypatch):
+    from engine.algorithms import scan_cuda
+    seg, batch, truth = compiled()
+    n_subs = len(seg)
+    alive = np.ones(n_subs, np.uint8)
+    want = _cpu_pairs(seg, batch, truth, alive)
+    assert len(want[0]) > 3
+    costs = _event_costs(batch, n_subs)
+    fixed = truth.nbytes + n_subs + 16 * n_subs    # pattern table, alive flags, one event's results
+    tight = fixed + int(costs.max())               # the smallest budget that fits the widest event
+    for budget in (tight, fixed + int(costs[:3].sum()), None):
+        e, p = _matcher(seg, device_memory=budget).match(batch, truth, alive)
+        assert (e.tolist(), p.tolist()) == want
+    with pytest.raises(scan_cuda.DeviceMemoryError):
+        _matcher(seg, device_memory=tight - 1).match(batch, truth, alive)
+
+    # chunks of several events whose results overflow the room left are filled a row at a time
+    scans, fills = [], []
+    real_scan, real_fill = scan_cuda.scan_kernels.scan_kernel_cuda, scan_cuda.fill_rows_cuda
+    monkeypatch.setattr(scan_cuda.scan_kernels, "scan_kernel_cuda", lambda *a, **k: scans.append(a[1]) or
+                        real_scan(*a, **k))
+    monkeypatch.setattr(scan_cuda, "fill_rows_cuda", lambda *a, **k: fills.append(a[2] - a[1]) or
+                        real_fill(*a, **k))
+    always, always_batch, always_truth = compiled(["n0 IS NULL OR n0 IS NOT NULL"] * 5)
+    ones = np.ones(5, np.uint8)
+    budget = always_truth.nbytes + 5 + 16 * 5 + int(_event_costs(always_batch, 5)[:3].sum())
+    e, p = _matcher(always, device_memory=budget).match(always_batch, always_truth, ones)
+    assert (e.tolist(), p.tolist()) == _cpu_pairs(always, always_batch, always_truth, ones)
+    assert len(e) == 5 * len(EVENTS)
+    assert max(scans) > 1 and len(scans) < len(EVENTS)      # chunks of several events ...
+    assert fills == [1] * len(EVENTS)                       # ... whose results came back one event at a time
+    monkeypatch.undo()
+
+    # output="device": device arrays (NumPy under the simulator, CuPy on a GPU)
+    e, p = _matcher(seg).match(batch, truth, alive, output="device")
+    assert type(e) is type(cuda_support.array_module().zeros(0))
+    assert (host(e).tolist(), host(p).tolist()) == want
+    # device results stay on the device and count against the budget
+    with pytest.raises(scan_cuda.DeviceMemoryError, match="device results of earlier chunks hold .* output='numpy'"):
+        _matcher(seg, device_memory=tight).match(batch, truth, alive, output="device")
+    # a batch already on the device is used in place
+    e, p = _matcher(seg).match(_on_device(batch), _to_device_input(truth), _to_device_input(alive))
+    assert (e.tolist(), p.tolist()) == want
+    mixed = event_batches.EventBatch(_to_device_input(batch.offsets), batch.attr, _to_device_input(batch.value),
+                                     batch.token, batch.strings)
+    e, p = _matcher(seg).match(mixed, truth, _to_device_input(alive))
+    assert (e.tolist(), p.tolist()) == want
+
+
+def _to_device_input(x):
+    """How a caller hands over a device array: CuPy on a GPU, the
+    simulator's cuda.to_device under it."""
+    if SIMULATED:
+        return cuda_support.load_cuda().to_device(x)
+    return cuda_support.to_device(x)
+
+
+def _on_device(batch):
+    return event_batches.EventBatch(*(_to_device_input(getattr(batch, f)) for f in ("offsets", "attr", "value",
+                                                                                    "token")), batch.strings)
+
+
+@needs_cuda
+def test_batch_that_can_never_fit_is_refused_clearly():
+    from engine.backend import DeviceMemoryError
+    seg, batch, truth = compiled()
+    alive = np.ones(len(seg), np.uint8)
+    with pytest.raises(DeviceMemoryError, match=r"event \d+ of the batch cannot fit the device memory budget.*"
+                                                r"hit row of 11 bytes"):
+        _matcher(seg, device_memory=200).match(batch, truth, alive)
+    with pytest.raises(ValueError, match="device_memory must be a positive"):
+        _matcher(seg, device_memory=0)
+
+
+@needs_cuda
+def test_bad_inputs_on_the_cuda_path_raise_clear_errors(monkeypatch):
+    seg, batch, truth = compiled()
+    alive = np.ones(len(seg), np.uint8)
+    matcher = _matcher(seg)
+    wrong_attr = event_batches.EventBatch(batch.offsets, batch.attr.astype(np.int64), batch.value, batch.token,
+                                          batch.strings)
+    with pytest.raises(TypeError, match="'attr' must have dtype int32, got int64"):
+        matcher.match(wrong_attr, truth, alive)
+    wrong_value = event_batches.EventBatch(batch.offsets, batch.attr, batch.value.astype(np.float32), batch.token,
+                                           batch.strings)
+    with pytest.raises(TypeError, match="'value' must have dtype float64, got float32"):
+        matcher.match(wrong_value, truth, alive)
+    with pytest.raises(TypeError, match="pattern_truth must have dtype uint8, got int64"):
+        matcher.match(batch, truth.astype(np.int64), alive)
+    with pytest.raises(TypeError, match="alive must have dtype uint8, got bool"):
+        matcher.match(batch, truth, alive.astype(bool))
+    with pytest.raises(ValueError, match="alive has 3 flags for a segment of 11 subscriptions"):
+        matcher.match(batch, truth, alive[:3])
+    with pytest.raises(TypeError, match="must be an engine.events.EventBatch"):
+        matcher.match({"n0": 1}, truth, alive)
+    with pytest.raises(TypeError, match="pattern_truth must be an array"):
+        matcher.match(batch, [[1]], alive)
+    broken = event_batches.EventBatch(batch.offsets + 1, batch.attr, batch.value, batch.token, batch.strings)
+    with pytest.raises(ValueError, match="offsets do not describe"):
+        matcher.match(broken, truth, alive)
+    with pytest.raises(ValueError, match="pattern_truth has 1 pattern columns"):
+        matcher.match(batch, truth[:, :1].copy(), alive)
+    with pytest.raises(ValueError, match="output must be one of 'numpy', 'device'"):
+        matcher.match(batch, truth, alive, output="arrow")
+    from engine.algorithms.scan_cuda import ScanCudaMatcher
+    with pytest.raises(ValueError, match="runs on backend 'cuda'"):
+        ScanCudaMatcher(seg, "cpu")
+    uncoded = compiled()[0]
+    uncoded.predicates.lo = None
+    with pytest.raises(ValueError, match="recode"):
+        _matcher(uncoded)
+    # a program deeper than the kernel's per-thread stack: refused when the matcher is built
+    from gpu_kernels import scan as scan_kernels
+    monkeypatch.setattr(scan_kernels, "MAX_STACK_DEPTH", 3)
+    with pytest.raises(ExpressionTooLarge, match=r"subscription 1 needs an operand stack of 4 entries.*at most 3"):
+        _matcher(compiled(["n0 = 1", "n0 = 1 AND n1 = 2 AND n2 = 3 AND s0 = 'a'"])[0])
+    index = _merged_index("cuda", ["n0 = 1 AND n1 = 2 AND n2 = 3 AND s0 = 'a'"])
+    with pytest.raises(ExpressionTooLarge):
+        index.match({"n0": 1})
+
+
+# ============================================================ real hardware
+@needs_cuda
+@pytest.mark.skipif(SIMULATED, reason="full-size runs need real GPU hardware (the simulator runs each thread "
+                                      "in Python)")
+class TestFullSize:
+    """scan on cuda against scan on cpu at sizes only a GPU runs quickly."""
+
+    n_subs, n_events = 6000, 500
+
+    @pytest.mark.parametrize("name,scale", [("W1", 0.02), ("W2", 0.02), ("W4", 0.005)])
+    def test_standard_workloads_agree_with_cpu(self, name, scale):
+        from engine.workloads import standard
+        workload = standard(name, scale=scale, n_events=2000)
+        results = {}
+        for backend in ("cpu", "cuda"):
+            index = Index(algorithm="scan", backend=backend)
+            index.add_many(workload.subscriptions)
+            index.merge()
+            results[backend] = index.match_batch(workload.events, output="arrow")
+        assert results["cuda"].equals(results["cpu"])
+        assert results["cpu"].num_rows > 0
+
+    def test_random_expressions_chunked_device_io(self):
+        rng = np.random.default_rng(11)
+        joins = (" AND ", " OR ", " XOR ", " XNOR ", " AND NOT ")
+        exprs = [f"({EXPRESSIONS[a]}){joins[j]}({EXPRESSIONS[b]})"
+                 for a, j, b in zip(rng.integers(0, len(EXPRESSIONS), self.n_subs),
+                                    rng.integers(0, len(joins), self.n_subs),
+                                    rng.integers(0, len(EXPRESSIONS), self.n_subs))]
+        numbers, strings = [-2.5, -1, 0, 0.5, 1, 2, 2.5, 3, 7.75], ["", "a", "ab", "abc", "b", "ba", "c", "cab", "z"]
+        events = []
+        for _ in range(self.n_events):
+            event = {a: float(rng.choice(numbers)) for a in strategies.NUMERIC_ATTRS if rng.random() < 0.7}
+            event.update({a: str(rng.choice(strings)) for a in strategies.STRING_ATTRS if rng.random() < 0.7})
+            if rng.random() < 0.7:
+                event["b0"] = bool(rng.random() < 0.5)
+            events.append(event)
+        seg, batch, truth = compiled(exprs, events)
+        alive = (rng.random(len(seg)) < 0.9).astype(np.uint8)
+        want = _cpu_pairs(seg, batch, truth, alive)
+        assert len(want[0]) > self.n_events
+        for budget in (None, 4 << 20, 256 << 10):
+            e, p = _matcher(seg, device_memory=budget).match(batch, truth, alive)
+            assert (e.tolist(), p.tolist()) == want
+        e, p = _matcher(seg).match(_on_device(batch), _to_device_input(truth), _to_device_input(alive),
+                                   output="device")
+        assert type(e) is type(cuda_support.array_module().zeros(0))   # CuPy on a GPU
+        assert (host(e).tolist(), host(p).tolist()) == want
+
+    def test_deep_programs_use_a_larger_stack_tier(self):
+        wide = " AND ".join(f"n{i % 3} != {i}" for i in range(200))
+        seg, batch, truth = compiled([wide, "n0 = 1"], EVENTS)
+        matcher = _matcher(seg)
+        assert matcher.stack_depth == 256
+        e, p = matcher.match(batch, truth, np.ones(2, np.uint8))
+        assert (e.tolist(), p.tolist()) == _cpu_pairs(seg, batch, truth, np.ones(2, np.uint8))
