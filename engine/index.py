@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from engine import events as event_batches
 from engine.algorithms import ALGORITHMS, default_algorithm, matcher_class
-from engine.backend import resolve_backend
+from engine.backend import array_namespace, resolve_backend
 from engine.columnar import compile_columnar
 from engine.compile import (PATTERN_CODES, SET_CODES, PredicateTable, Segment, compile_expressions,
                             concat_segments, program_depths)
@@ -282,30 +282,50 @@ class Index:
         ``output="list"``: one ascending int64 id array per event.
         ``output="arrow"``: a pyarrow Table ``(event int64, sub_id int64)``,
         ordered by event then id -- the form for large batches.
+        ``output="device"`` (backend ``cuda``): the same two columns as
+        device arrays (CuPy; NumPy under the simulator) that never leave
+        the GPU, for GPU pipelines.
         ``errors="null"`` treats values of the wrong type as absent."""
-        if output not in ("list", "arrow"):
-            raise ValueError(f"output must be 'list' or 'arrow', not {output!r}")
+        if output not in ("list", "arrow", "device"):
+            raise ValueError(f"output must be 'list', 'arrow' or 'device', not {output!r}")
+        if output == "device" and self.backend != "cuda":
+            raise ValueError("output='device' needs backend='cuda'")
         batch = event_batches.encode_events(events, self._schema, errors)
+        if output == "device":
+            return self._match_encoded(batch, device=True)
         event_idx, sub_ids = self._match_encoded(batch)
         if output == "arrow":
             return pa.table({"event": pa.array(event_idx, pa.int64()), "sub_id": pa.array(sub_ids, pa.int64())})
         bounds = np.searchsorted(event_idx, np.arange(1, batch.n_events))
         return np.split(sub_ids, bounds)
 
-    def _match_encoded(self, batch) -> tuple[np.ndarray, np.ndarray]:
+    def _match_encoded(self, batch, device: bool = False) -> tuple[np.ndarray, np.ndarray]:
         matchers = self._matchers()
         pairs = np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
         truth = event_batches.pattern_truth(batch, self._schema, pairs)
+        xp = array_namespace(self.backend) if device else np
         events, ids = [], []
         for segment, alive, matcher in matchers:
-            e, positions = matcher.match(batch, truth, alive)
+            if device and matcher is self._matcher:
+                e, positions = matcher.match(batch, truth, alive, output="device")
+                sub_ids = self._device_sub_ids()[positions]
+            else:   # the small delta is matched on the host
+                e, positions = matcher.match(batch, truth, alive)
+                e, sub_ids = xp.asarray(e), xp.asarray(segment.sub_ids[positions])
             events.append(e)
-            ids.append(segment.sub_ids[positions])
-        event_idx, sub_ids = np.concatenate(events), np.concatenate(ids)
+            ids.append(sub_ids)
+        event_idx, sub_ids = xp.concatenate(events), xp.concatenate(ids)
         if len(matchers) > 1:
-            order = np.lexsort((sub_ids, event_idx))
+            order = xp.lexsort(xp.stack([sub_ids, event_idx]))
             event_idx, sub_ids = event_idx[order], sub_ids[order]
         return event_idx, sub_ids
+
+    def _device_sub_ids(self):
+        """The main segment's ids in device memory, uploaded once per merge."""
+        if getattr(self, "_device_ids_of", None) is not self._main:
+            self._device_ids = array_namespace(self.backend).asarray(self._main.sub_ids)
+            self._device_ids_of = self._main
+        return self._device_ids
 
     # ------------------------------------------------------------- persistence
     def save(self, path) -> None:

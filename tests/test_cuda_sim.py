@@ -502,3 +502,31 @@ class TestFullSize:
         assert matcher.stack_depth == 256
         e, p = matcher.match(batch, truth, np.ones(2, np.uint8))
         assert (e.tolist(), p.tolist()) == _cpu_pairs(seg, batch, truth, np.ones(2, np.uint8))
+
+
+@pytest.mark.cuda
+def test_index_device_output_matches_numpy_output():
+    """``match_batch(output="device")`` keeps results on the device and
+    equals the host result, delta subscriptions included."""
+    if "cuda" not in available_backends():
+        pytest.skip("needs a CUDA GPU with CuPy, or numba's simulator (NUMBA_ENABLE_CUDASIM=1 set before the run)")
+    from engine import Index
+    from engine.backend import array_namespace
+
+    index = Index(algorithm="scan", backend="cuda")
+    index.add_many([3, 1], ["a > 1 AND b = 'x'", "a IS NULL OR b LIKE 'y%'"])
+    index.merge()
+    index.add(2, "a = 5")                      # stays in the delta
+    events = [{"a": 5, "b": "x"}, {"b": "yes"}, {"a": 0}]
+    event_idx, sub_ids = index.match_batch(events, output="device")
+    xp = array_namespace("cuda")
+    assert isinstance(sub_ids, xp.ndarray)
+    host = index.match_batch(events, output="arrow")
+    assert list(zip(_to_host(event_idx).tolist(), _to_host(sub_ids).tolist())) == \
+        list(zip(host["event"].to_pylist(), host["sub_id"].to_pylist())) == [(0, 2), (0, 3), (1, 1)]
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        Index(algorithm="scan", backend="cpu").match_batch(events, output="device")
+
+
+def _to_host(array):
+    return array.get() if hasattr(array, "get") else np.asarray(array)
