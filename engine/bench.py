@@ -684,6 +684,41 @@ def _positive(kind):
     return parse
 
 
+def ingest_rates(workload, n_texts: int = 20_000, repeats: int = 3) -> dict:
+    """The two ways in: text parse rate (7-predicate conjunctions, the
+    workload's first subscriptions printed as text) and columnar ingestion
+    rate (``Index.add_many`` of the whole columnar table, build of the
+    compiled segment included).  Medians of ``repeats``."""
+    from engine.compile import predicate_ast
+    from engine.expr import And
+    from engine.parse import parse, to_text
+
+    sample = Index(algorithm="scan")
+    sample.add_many(_first_subscriptions(workload.subscriptions, n_texts))
+    segment = sample._main
+    texts = []
+    for position in range(len(segment)):
+        start, stop = segment.prog_offsets[position], segment.prog_offsets[position + 1]
+        leaves = segment.prog_arg[start:stop - 1]
+        preds = tuple(predicate_ast(segment.predicates, int(p), sample.schema) for p in leaves)
+        texts.append(to_text(And(preds) if len(preds) > 1 else preds[0]))
+    parse_s, ingest_s = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for text in texts:
+            parse(text)
+        parse_s.append(time.perf_counter() - started)
+        index = Index(algorithm="scan")
+        started = time.perf_counter()
+        index.add_many(workload.subscriptions)
+        ingest_s.append(time.perf_counter() - started)
+    return {"workload": workload.name, "n_texts": len(texts),
+            "mean_predicates_per_text": float(np.mean([t.count(" AND ") + 1 for t in texts])),
+            "parse_per_s": len(texts) / statistics.median(parse_s),
+            "n_subscriptions": _n_subscriptions(workload), "ingest_s": statistics.median(ingest_s),
+            "ingest_per_s": _n_subscriptions(workload) / statistics.median(ingest_s)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bexmatch bench",
@@ -733,6 +768,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "W1 for begen, subscriptions times --scale)")
     swp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a base parameter of the sweep's generator (repeatable)")
+    what.add_argument("--ingest", action="store_true",
+                      help="measure the ways in instead: text parse rate and columnar ingestion rate")
     out = parser.add_argument_group("output")
     out.add_argument("--csv", metavar="PATH", help="write every row, every column, as CSV")
     out.add_argument("--plot", metavar="PATH", help="write events/s and index bytes as a PNG")
@@ -773,6 +810,16 @@ def main(argv=None) -> int:
     else:
         if args.values or args.param:
             parser.error("--values and --param go with --sweep")
+        if args.ingest:
+            from engine.workloads import standard
+            for name in args.workload or ["W1"]:
+                rates = ingest_rates(standard(name, scale=args.scale, n_events=100, seed=args.seed),
+                                     repeats=args.repeats)
+                print(f"{rates['workload']}: parse {rates['parse_per_s']:,.0f} expressions/s "
+                      f"({rates['n_texts']:,} texts, {rates['mean_predicates_per_text']:.1f} predicates each); "
+                      f"columnar ingestion {rates['ingest_per_s']:,.0f} subscriptions/s "
+                      f"({rates['n_subscriptions']:,} in {rates['ingest_s']:.2f} s)")
+            return 0
         workloads = []
         if args.parquet:
             from engine.workloads import read_parquet

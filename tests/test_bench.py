@@ -287,3 +287,16 @@ def test_event_dicts_drop_nulls():
                       "c": pa.array(["x", "y", None])})
     assert bench._event_dicts(table, 3) == [{"a": 1, "c": "x"}, {"c": "y"}, {"a": 3}]
     assert bench._event_dicts(table, 1) == [{"a": 1, "c": "x"}]
+
+
+def test_ingest_mode_reports_parse_and_ingestion_rates(capsys):
+    from engine.bench import ingest_rates, main
+    from engine.workloads import standard
+
+    workload = standard("W1", scale=0.0005, n_events=100)
+    rates = ingest_rates(workload, n_texts=100, repeats=1)
+    assert rates["n_texts"] == min(100, workload.n_subscriptions)
+    assert rates["parse_per_s"] > 0 and rates["ingest_per_s"] > 0
+    assert rates["n_subscriptions"] == workload.n_subscriptions
+    assert main(["--ingest", "--scale", "0.0005", "--repeats", "1"]) == 0
+    assert "expressions/s" in capsys.readouterr().out
