@@ -11,6 +11,7 @@ sits.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -135,6 +136,28 @@ class Index:
             if len(clash):
                 return int(clash[0])
         return None
+
+    def ids(self) -> np.ndarray:
+        """Every subscription id in the index, ascending."""
+        self.merge()
+        return self._main.sub_ids[np.flatnonzero(self._main_alive)]
+
+    def subset(self, ids) -> "Index":
+        """A new index holding only the given subscriptions (compiled form
+        copied, nothing re-parsed), with the whole schema, so that it codes
+        and judges events exactly like this one -- e.g. one shard of a
+        sharded Spark job.  KeyError for an id not in the index."""
+        self.merge()
+        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        positions = np.searchsorted(self._main.sub_ids, ids)
+        found = positions < len(self._main.sub_ids)
+        found[found] = (self._main.sub_ids[positions[found]] == ids[found]) & (self._main_alive[positions[found]] != 0)
+        if not found.all():
+            raise KeyError(f"subscription id {int(ids[~found][0])} is not in the index")
+        part = Index(algorithm=self.algorithm, backend=self.backend, dnf_limit=self.dnf_limit)
+        part._schema = copy.deepcopy(self._schema)
+        part._install_main(_without_unused_predicates(self._main.take(positions)))
+        return part
 
     # ------------------------------------------------------------------- updates
     def add(self, sub_id, expression) -> None:

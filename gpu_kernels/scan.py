@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels import cuda_support
-from gpu_kernels.opcodes import AND, FALSE, IN, LEAF, LIKE, NOT_IN, NOT_MATCHES, NULL, OR, TRUE, XNOR, XOR
+from gpu_kernels.opcodes import AND, FALSE, IN, LEAF, LIKE, NOT_IN, NOT_MATCHES, NULL, OR, TRUE, XOR
 from gpu_kernels.predicates import cuda_device_functions, find_attribute, predicate_truth
 
 #: subscriptions per parallel task: large enough to amortise the task, small

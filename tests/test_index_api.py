@@ -261,3 +261,16 @@ def test_dnf_limit_and_schema_declarations():
         idx.add(1, "tag = 5")
     with pytest.raises(SchemaError):
         Index(schema={"x": "colour"})
+
+
+def test_ids_and_subset_split_an_index_without_changing_answers(index):
+    index.remove(9)
+    assert index.ids().tolist() == [7, 8, 10]
+    part = index.subset([10, 7])
+    assert part.ids().tolist() == [7, 10] and 8 not in part
+    full = matches(index)
+    assert matches(part) == [[i for i in row if i in (7, 10)] for row in full]
+    with pytest.raises(KeyError):
+        index.subset([9])
+    part.add(8, "price > 0")   # a subset is an independent index
+    assert 8 in part and matches(index) == full

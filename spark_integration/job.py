@@ -1,0 +1,463 @@
+"""The bexmatch Spark job (``bexmatch run``; ``python -m spark_integration.job``).
+
+With no arguments: generate (or reuse the copy cached under
+``./bexmatch-data/``) the standard workload W1 at scale 0.01 -- 10,000
+subscriptions and 10,000 events --, start a local Spark (``local[*]``),
+match the events, write the matches to ``./bexmatch-out/matches.parquet``
+and print a summary (subscriptions, events, matches, events/s, seconds per
+stage).
+
+Arguments (all optional)::
+
+    --subs PATH       subscriptions: Parquet in the columnar form of
+                      engine.columnar, or an index saved with Index.save
+    --events PATH     events: Parquet, one row per event, one column per
+                      attribute (or a map column "attrs"); an "event_id"
+                      column is used when present, else one is made up
+    --out PATH        where the matches go (Parquet directory)
+    --master URL      local[*] (default), local[N], spark://host:7077, yarn, ...
+    --mode            replicate (default) or shard;  --shards K
+    --workload NAME   standard workload to generate (default W1)
+    --scale X         its scale (default 0.01);  --n-events N;  --seed S
+
+``main`` sets PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON to this interpreter and
+finds a Java 17 (or 21) for JAVA_HOME when it is unset, so that it runs on a
+fresh machine with only ``pip install 'bexmatch[spark]'`` and a JDK.  On a
+cluster, bexmatch must be installed in the executors' Python (see
+spark_integration/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+DEFAULT_WORKLOAD = "W1"
+DEFAULT_SCALE = 0.01
+DATA_DIR = "bexmatch-data"
+OUT_PATH = os.path.join("bexmatch-out", "matches.parquet")
+SUPPORTED_JAVA = (17, 21)      # Spark 4 runs on Java 17 and 21
+
+
+class JobError(Exception):
+    """A problem with the job's input or environment, reported without a
+    traceback."""
+
+
+# ------------------------------------------------------------------ environment
+
+def _java_major(home: str) -> int | None:
+    """The major version of the JDK/JRE at ``home`` (from its ``release``
+    file, else from ``java -version``)."""
+    release = os.path.join(home, "release")
+    try:
+        with open(release, encoding="utf-8", errors="replace") as f:
+            found = re.search(r'^JAVA_VERSION="(\d+)(?:\.(\d+))?', f.read(), re.M)
+        if found:
+            major = int(found.group(1))
+            return int(found.group(2)) if major == 1 and found.group(2) else major
+    except OSError:
+        pass
+    java = os.path.join(home, "bin", "java")
+    if not os.access(java, os.X_OK):
+        return None
+    try:
+        text = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if not found:
+        return None
+    major = int(found.group(1))
+    return int(found.group(2)) if major == 1 and found.group(2) else major
+
+
+def find_java_home(environ=None) -> str | None:
+    """A JAVA_HOME Spark can use: the one set, else the JDK behind ``java``
+    on PATH when it is Java 17/21, else the first Java 17 (then 21) among
+    the usual install locations.  None when there is none."""
+    environ = os.environ if environ is None else environ
+    if environ.get("JAVA_HOME"):
+        return environ["JAVA_HOME"]
+    candidates = []
+    java = shutil.which("java", path=environ.get("PATH"))
+    if java:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(java))))
+    for pattern in ("/usr/lib/jvm/*", "/usr/java/*", "/opt/java/*", "/opt/jdk*",
+                    "/Library/Java/JavaVirtualMachines/*/Contents/Home",
+                    os.path.expanduser("~/.sdkman/candidates/java/*")):
+        candidates.extend(sorted(glob.glob(pattern)))
+    seen, majors = set(), {}
+    for home in candidates:
+        real = os.path.realpath(home)
+        if real in seen or not os.path.isfile(os.path.join(real, "bin", "java")):
+            continue
+        seen.add(real)
+        majors.setdefault(_java_major(real), home)
+    for wanted in SUPPORTED_JAVA:
+        if wanted in majors:
+            return majors[wanted]
+    return None
+
+
+def prepare_environment(master: str) -> None:
+    """Python and Java for Spark, before the JVM starts (``master`` is the
+    Spark master URL it will get)."""
+    local = master.startswith("local")
+    if local:
+        # local executors run on this machine: they must run this interpreter
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        # and import bexmatch from where this process does
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if root not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([root] + paths)
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if not os.environ.get("JAVA_HOME"):
+        home = find_java_home()
+        if home is None:
+            raise JobError("Spark needs Java 17 (or 21) and none was found: install one (e.g. apt-get install "
+                           "openjdk-17-jre-headless) or set JAVA_HOME")
+        os.environ["JAVA_HOME"] = home
+
+
+# ------------------------------------------------------------------ inputs
+
+def _fmt_scale(scale: float) -> str:
+    return f"{scale:g}".replace(".", "p")
+
+
+def generate_workload(name: str, scale: float, n_events: int, seed: int, data_dir: str):
+    """(subscriptions Table, events parquet path, seconds, cached?, number
+    of events) for a standard workload, cached under ``data_dir``; the
+    events get an ``event_id`` column (their row number)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        from engine import workloads
+    except ImportError as exc:
+        raise JobError(f"engine.workloads is not available ({exc}); pass --subs and --events") from exc
+    directory = os.path.join(data_dir, f"{name}-scale{_fmt_scale(scale)}-events{n_events}-seed{seed}")
+    start = time.perf_counter()
+    events_path = os.path.join(directory, "events.parquet")
+    try:
+        workload = workloads.read_parquet(directory)
+        cached = "event_id" in workload.events.column_names
+    except (OSError, ValueError, KeyError):
+        cached = False
+    if not cached:
+        workload = workloads.standard(name, scale=scale, n_events=n_events, seed=seed)
+        events = workload.events
+        if "event_id" not in events.column_names:
+            events = events.add_column(0, "event_id", pa.array(range(events.num_rows), pa.int64()))
+        workload.events = events
+        tmp = directory + f".tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        workloads.write_parquet(workload, tmp)
+        shutil.rmtree(directory, ignore_errors=True)
+        os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
+        os.replace(tmp, directory)
+    if not os.path.exists(events_path):    # the workload module names its files
+        events_path = next(iter(sorted(glob.glob(os.path.join(directory, "*event*")))), events_path)
+    n_events_found = pq.ParquetFile(events_path).metadata.num_rows if os.path.isfile(events_path) else None
+    return workload.subscriptions, events_path, time.perf_counter() - start, cached, n_events_found
+
+
+def _is_saved_index(path: str) -> bool:
+    """A saved index is a zip archive: it starts with a zip local header
+    (a truncated one too, which Index.load then reports as corrupt)."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
+def build_index(subs, algorithm: str | None):
+    """An engine.Index from a columnar table, or a saved index's path
+    (validated here, on the driver)."""
+    from engine import Index
+
+    if isinstance(subs, str):
+        if not os.path.exists(subs):
+            raise JobError(f"--subs {subs!r} does not exist")
+        if _is_saved_index(subs):
+            from spark_integration.shipping import load_validated
+            index, _ = load_validated(subs)
+            return index
+        import pyarrow.parquet as pq
+        try:
+            subs = pq.read_table(subs)
+        except Exception as exc:    # pyarrow raises several types for "not Parquet"
+            raise JobError(f"--subs {subs!r} is neither a saved bexmatch index nor a Parquet table of "
+                           f"subscriptions in columnar form ({exc})") from exc
+    index = Index(algorithm=algorithm) if algorithm else Index()
+    index.add_many(subs)
+    return index
+
+
+def _has_scheme(path: str) -> bool:
+    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", path))
+
+
+# ------------------------------------------------------------------ the job
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bexmatch run", description="Match events against subscriptions on Spark.")
+    p.add_argument("--subs", help="subscriptions: columnar Parquet, or a saved index")
+    p.add_argument("--events", help="events: Parquet (one row per event)")
+    p.add_argument("--out", default=OUT_PATH, help=f"output Parquet directory (default {OUT_PATH})")
+    p.add_argument("--master", default=None,
+                   help="Spark master (default local[*]; under spark-submit, the one spark-submit was given)")
+    p.add_argument("--mode", choices=("replicate", "shard"), default="replicate")
+    p.add_argument("--shards", type=int, default=None, help="shards in --mode shard (default: the parallelism)")
+    p.add_argument("--workload", default=DEFAULT_WORKLOAD, help="standard workload to generate (default W1)")
+    p.add_argument("--scale", type=float, default=DEFAULT_SCALE, help="its scale (default 0.01)")
+    p.add_argument("--n-events", type=int, default=None, help="events to generate (default 1,000,000 x scale)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=DATA_DIR, help=f"workload cache (default ./{DATA_DIR})")
+    p.add_argument("--event-id", default="event_id", help="event id column (default event_id)")
+    p.add_argument("--output", choices=("pairs", "grouped"), default="pairs")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="event partitions (default: at least the parallelism)")
+    p.add_argument("--arrow-batch-size", type=int, default=None, help="rows per Arrow batch")
+    p.add_argument("--ship", choices=("broadcast", "files"), default=None, help="how the index is shipped")
+    p.add_argument("--algorithm", default=None, help="matching algorithm (default: the engine's best)")
+    p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--gpu-fallback", action="store_true", help="match on CPU when a GPU task cannot use cuda")
+    p.add_argument("--on-bad-event", choices=("fail", "quarantine"), default="fail")
+    p.add_argument("--quarantine", default=None,
+                   help="where quarantined events go (default: quarantine.parquet next to --out)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
+    p.add_argument("--inject-failure", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.master is None and not under_spark_submit():
+        args.master = "local[*]"
+    if (args.subs is None) != (args.events is None):
+        p.error("--subs and --events go together (without both, a workload is generated)")
+    if args.scale <= 0:
+        p.error("--scale must be positive")
+    if args.shards is not None and args.shards < 1:
+        p.error("--shards must be >= 1")
+    return args
+
+
+def under_spark_submit() -> bool:
+    """True when spark-submit started this process (its JVM is already up
+    and knows the master)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _start_spark(args):
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    builder = SparkSession.builder.master(args.master) if args.master else SparkSession.builder
+    builder = (builder.appName("bexmatch")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.ui.showConsoleProgress", "false"))
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise JobError(f"--conf {item!r}: expected KEY=VALUE")
+        builder = builder.config(key.strip(), value.strip())
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, True
+
+
+class _Warmup:
+    """Loads the shipped index in the workers (the "ship" stage)."""
+
+    def __init__(self, shipped, backend, gpu_fallback, stats_acc):
+        self.shipped, self.backend, self.gpu_fallback, self.stats_acc = shipped, backend, gpu_fallback, stats_acc
+
+    def __call__(self, batches):
+        import pyarrow as pa
+
+        from spark_integration.shipping import worker_index
+
+        worker_index(self.shipped, backend=self.backend, gpu_fallback=self.gpu_fallback, capacity=2,
+                     stats=self.stats_acc)
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"n": pa.array([batch.num_rows], pa.int64())})
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run the job; returns the summary (also printed)."""
+    import pyarrow.parquet as pq
+
+    summary = {"stages": {}}
+    stages = summary["stages"]
+
+    # 1. inputs (validated before Spark starts: a bad index fails before any output)
+    if args.subs is None:
+        n_events = args.n_events if args.n_events is not None else max(100, round(1_000_000 * args.scale))
+        subs, events_path, seconds, cached, n_found = generate_workload(args.workload, args.scale, n_events,
+                                                                         args.seed, args.data_dir)
+        stages["generate"] = seconds
+        summary["workload"] = f"{args.workload} scale {args.scale:g}" + (" (cached)" if cached else "")
+        summary["events_expected"] = n_found
+    else:
+        subs, events_path = args.subs, args.events
+        stages["generate"] = 0.0
+        summary["workload"] = f"{args.subs} x {args.events}"
+        if not _has_scheme(events_path) and not os.path.exists(events_path):
+            raise JobError(f"--events {events_path!r} does not exist")
+    start = time.perf_counter()
+    index = build_index(subs, args.algorithm)
+    stages["build index"] = time.perf_counter() - start
+    summary["subscriptions"] = len(index)
+
+    # 2. Spark
+    if args.master:
+        prepare_environment(args.master)
+    start = time.perf_counter()
+    spark, owned = _start_spark(args)
+    stages["start spark"] = time.perf_counter() - start
+    try:
+        return _run_spark(spark, args, index, events_path, summary, pq)
+    finally:
+        if owned:
+            spark.stop()
+
+
+def _run_spark(spark, args, index, events_path, summary, pq):
+    from pyspark.sql import functions as F
+
+    from spark_integration.matching import MatchResult, match_events
+    from spark_integration.shipping import DEFAULT_SHIP, MatchStats, ship_index
+
+    stages = summary["stages"]
+    sc = spark.sparkContext
+    parallelism = sc.defaultParallelism
+    shards = args.shards or (max(2, parallelism) if args.mode == "shard" else None)
+    ship = args.ship or DEFAULT_SHIP
+    stats = MatchStats(spark)
+
+    # 3. ship: serialise, broadcast / addFile, and load on the workers
+    start = time.perf_counter()
+    shipped = ship_index(spark, index, mode=args.mode, shards=shards, method=ship)
+    if args.mode == "replicate":
+        warm = _Warmup(shipped, args.backend, args.gpu_fallback, stats.accumulator)
+        spark.range(0, parallelism, 1, parallelism).mapInArrow(warm, "n long").collect()
+        summary["index_bytes"] = shipped.nbytes
+    else:
+        summary["index_bytes"] = sum(s.nbytes for s in shipped.shards)
+    stages["ship"] = time.perf_counter() - start
+
+    # 4. match + write
+    start = time.perf_counter()
+    events = spark.read.parquet(events_path)
+    if args.event_id not in events.columns:
+        events = events.withColumn(args.event_id, F.monotonically_increasing_id())
+        summary["note"] = f"the events have no {args.event_id!r} column: ids were made up " \
+                          f"(monotonically_increasing_id)"
+    partitions = args.partitions or (parallelism if events.rdd.getNumPartitions() < parallelism else None)
+    if partitions:
+        events = events.repartition(partitions)
+    result = match_events(events, shipped, event_id=args.event_id, mode=args.mode, shards=shards,
+                          arrow_batch_size=args.arrow_batch_size, output=args.output,
+                          on_bad_event=args.on_bad_event, ship=ship, backend=args.backend,
+                          gpu_fallback=args.gpu_fallback, stats=stats, inject_failure=args.inject_failure)
+    if isinstance(result, MatchResult):
+        combined = result.combined.persist()
+        try:
+            result.matches.write.mode("overwrite").parquet(args.out)
+            quarantine = args.quarantine or os.path.join(os.path.dirname(os.path.abspath(args.out)),
+                                                         "quarantine.parquet")
+            result.quarantine.write.mode("overwrite").parquet(quarantine)
+        finally:
+            combined.unpersist()
+        summary["quarantine"] = quarantine
+        summary["quarantined"] = spark.read.parquet(quarantine).count()
+    else:
+        result.write.mode("overwrite").parquet(args.out)
+    stages["match+write"] = time.perf_counter() - start
+
+    written = spark.read.parquet(args.out)
+    if args.output == "pairs":
+        summary["matches"] = written.count()
+        summary["events"] = summary.get("events_expected") or spark.read.parquet(events_path).count()
+    else:
+        summary["events"] = written.count()
+        summary["matches"] = written.select(F.sum(F.size("sub_ids"))).first()[0] or 0
+    summary.update(out=args.out, mode=args.mode, shards=shards, ship=ship, master=sc.master,
+                   loads=stats.loads, workers=len(stats.loads_per_worker), backends=stats.backends,
+                   fallbacks=stats.fallbacks)
+    summary["events_per_s"] = summary["events"] / stages["match+write"] if stages["match+write"] > 0 else 0.0
+    return summary
+
+
+def format_summary(s: dict) -> str:
+    mode = s["mode"] + (f" ({s['shards']} shards)" if s["mode"] == "shard" else "")
+    stages = " | ".join(f"{name} {sec:.1f}" for name, sec in s["stages"].items())
+    lines = [f"bexmatch run: {s['workload']}; {mode}; master {s['master']}",
+             f"  subscriptions  {s['subscriptions']:>12,}",
+             f"  events         {s['events']:>12,}",
+             f"  matches        {s['matches']:>12,}",
+             f"  events/s       {s['events_per_s']:>12,.0f}   (match+write)",
+             f"  seconds        {stages}",
+             f"  index          {s['index_bytes']:,} bytes shipped by {s['ship']}; loaded {s['loads']} times by "
+             f"{s['workers']} Python workers ({', '.join(f'{b}: {n}' for b, n in s['backends'].items()) or '-'})",
+             f"  output         {s['out']}"]
+    if s.get("quarantine"):
+        lines.append(f"  quarantined    {s['quarantined']:>12,}   -> {s['quarantine']}")
+    if s.get("fallbacks"):
+        lines.append(f"  note: {s['fallbacks']} worker(s) fell back from cuda to cpu")
+    if s.get("note"):
+        lines.append(f"  note: {s['note']}")
+    return "\n".join(lines)
+
+
+_OUR_ERRORS = re.compile(r"\b(BadEventError|GpuUnavailable|BackendUnavailable|IndexFileError|SchemaError|"
+                         r"InjectedFailure|MemoryError): ([^\n]*)")
+
+
+def spark_error_message(exc: BaseException) -> str:
+    """The line that says what went wrong in a failed Spark job (the
+    bexmatch error raised in a Python worker), else the exception's first
+    line."""
+    text = str(exc)
+    found = _OUR_ERRORS.findall(text)
+    if found:
+        name, message = found[-1]
+        return f"{name}: {message.strip()}"
+    return f"{type(exc).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"
+
+
+def main(argv=None) -> int:
+    """Entry point of ``bexmatch run``; returns the exit status: 0 done,
+    2 bad input found before any output was written, 1 the Spark job
+    failed."""
+    args = parse_args(argv)
+    from engine.errors import BexmatchError
+
+    try:
+        summary = run(args)
+    except (JobError, BexmatchError, FileNotFoundError) as exc:
+        print(f"bexmatch run: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        module = type(exc).__module__ or ""
+        if not (module.startswith("pyspark") or module.startswith("py4j")):
+            raise
+        print(f"bexmatch run: the Spark job failed: {spark_error_message(exc)}", file=sys.stderr)
+        return 1
+    print(format_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

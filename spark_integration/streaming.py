@@ -1,0 +1,96 @@
+"""Structured Streaming: the same matching on a streaming DataFrame.
+
+:func:`match_events` works on a streaming DataFrame as it is (mapInArrow is
+a narrow, stateless operator).  :func:`start_stream` wires up the common
+case -- a file source directory in, a Parquet directory of matches out --
+so that a query restarted from its checkpoint neither loses nor duplicates
+matches:
+
+* ``sink="file"`` (default): Spark's Parquet file sink.  It is exactly-once:
+  each micro-batch's files are recorded in ``<out>/_spark_metadata`` under
+  the batch id, a replayed batch whose id is already there is skipped, and
+  ``spark.read.parquet(out)`` reads only committed files.
+* ``sink="foreachBatch"``: each micro-batch is written to
+  ``<out>/batch_id=<id>`` with mode "overwrite", so a batch replayed after a
+  crash replaces its own earlier (partial or complete) output: idempotent by
+  batch id.  Quarantined events (``on_bad_event="quarantine"``) go to
+  ``<quarantine_path>/batch_id=<id>`` the same way; this is the sink the
+  quarantine needs, as it writes two outputs.
+
+The index is shipped once, before the query starts, and reused by every
+micro-batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+from spark_integration.matching import MatchResult, match_events
+from spark_integration.shipping import DEFAULT_SHIP, ship_index
+
+SINKS = ("file", "foreachBatch")
+
+
+def read_stream(spark, path, *, source_format: str = "parquet", schema=None, max_files_per_trigger: int | None = None):
+    """A streaming DataFrame over a directory of ``source_format`` files.
+    Without ``schema`` the schema is read (once) from the files already
+    there; streaming file sources need a fixed schema."""
+    if schema is None:
+        schema = spark.read.format(source_format).load(os.fspath(path)).schema
+    reader = spark.readStream.format(source_format).schema(schema)
+    if max_files_per_trigger is not None:
+        reader = reader.option("maxFilesPerTrigger", int(max_files_per_trigger))
+    return reader.load(os.fspath(path))
+
+
+def start_stream(spark, source, index_or_path, out_path, checkpoint, *, source_format: str = "parquet",
+                 schema=None, max_files_per_trigger: int | None = None, trigger: dict | None = None,
+                 sink: str = "file", quarantine_path=None, query_name: str | None = None,
+                 ship: str = DEFAULT_SHIP, **match_kwargs):
+    """Start a streaming query matching ``source`` (a directory of
+    ``source_format`` files, or a streaming DataFrame) into Parquet at
+    ``out_path``, checkpointed at ``checkpoint``.
+
+    ``trigger``: keyword arguments of ``DataStreamWriter.trigger``, default
+    ``{"availableNow": True}`` (process what is there, then stop; restart to
+    pick up more).  ``match_kwargs`` go to :func:`match_events` (mode,
+    shards, output, on_bad_event, ...).  Returns the StreamingQuery."""
+    if sink not in SINKS:
+        raise ValueError(f"sink must be one of {SINKS}, not {sink!r}")
+    quarantine = match_kwargs.get("on_bad_event", "fail") == "quarantine"
+    if quarantine and sink != "foreachBatch":
+        raise ValueError("on_bad_event='quarantine' writes two outputs per micro-batch: use sink='foreachBatch' "
+                         "(and quarantine_path=...)")
+    if quarantine and quarantine_path is None:
+        raise ValueError("on_bad_event='quarantine' needs quarantine_path")
+    stream = source if not isinstance(source, (str, os.PathLike)) else read_stream(
+        spark, source, source_format=source_format, schema=schema, max_files_per_trigger=max_files_per_trigger)
+    # validate and ship once, on the driver, before anything runs
+    shipped = ship_index(spark, index_or_path, mode=match_kwargs.get("mode", "replicate"),
+                         shards=match_kwargs.get("shards"), method=ship)
+    trigger = {"availableNow": True} if trigger is None else trigger
+    out_path, checkpoint = os.fspath(out_path), os.fspath(checkpoint)
+
+    if sink == "file":
+        matches = match_events(stream, shipped, ship=ship, **match_kwargs)
+        writer = matches.writeStream.format("parquet").option("path", out_path)
+    else:
+        def write_batch(batch_df, batch_id):
+            result = match_events(batch_df, shipped, ship=ship, **match_kwargs)
+            target = os.path.join(out_path, f"batch_id={batch_id}")
+            if isinstance(result, MatchResult):
+                combined = result.combined.persist()
+                try:
+                    result.matches.write.mode("overwrite").parquet(target)
+                    result.quarantine.write.mode("overwrite").parquet(
+                        os.path.join(os.fspath(quarantine_path), f"batch_id={batch_id}"))
+                finally:
+                    combined.unpersist()
+            else:
+                result.write.mode("overwrite").parquet(target)
+
+        writer = stream.writeStream.foreachBatch(write_batch)
+    writer = writer.option("checkpointLocation", checkpoint).trigger(**trigger)
+    if query_name:
+        writer = writer.queryName(query_name)
+    return writer.start()

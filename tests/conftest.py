@@ -1,0 +1,36 @@
+"""Shared pytest fixtures."""
+
+import pytest
+
+
+# ---------------------------------------------------------------- Spark
+@pytest.fixture(scope="session")
+def spark():
+    """One real local Spark for the whole session (DESIGN.md §8: never a mock).
+
+    ``local[2,2]``: two cores, and -- local mode's only way to allow task
+    retries -- up to two attempts per task, so that the fault-tolerance
+    tests can see a failed first attempt retried.  Small shuffle
+    partitions, Arrow on, no UI.  Skips when pyspark or Java 17 is missing.
+    """
+    pytest.importorskip("pyspark")
+    from spark_integration.job import JobError, prepare_environment
+
+    master = "local[2,2]"
+    try:
+        prepare_environment(master)   # PYSPARK_PYTHON, PYTHONPATH for the workers, JAVA_HOME
+    except JobError as exc:
+        pytest.skip(str(exc))
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master(master).appName("bexmatch-tests")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.adaptive.enabled", "false")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

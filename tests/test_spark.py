@@ -1,0 +1,365 @@
+"""spark_integration against a real local Spark (the session fixture
+``spark`` of conftest.py: local[2,2]).  Every test compares with the
+in-process engine.Index on the same events."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engine import Index
+from engine.errors import IndexFileError
+
+pytestmark = pytest.mark.spark
+
+NUMERIC = [f"a{i}" for i in range(6)]
+COLORS = ["black", "blue", "green", "red"]
+
+
+# ------------------------------------------------------------------ workloads
+
+def _predicate(rng) -> str:
+    kind = rng.integers(10)
+    if kind < 6:
+        a = NUMERIC[rng.integers(len(NUMERIC))]
+        v = int(rng.integers(10))
+        choice = rng.integers(9)
+        if choice < 6:
+            return f"{a} {['=', '!=', '<', '<=', '>', '>='][choice]} {v}"
+        if choice == 6:
+            return f"{a} {'NOT ' if rng.random() < 0.3 else ''}IN ({v}, {(v + 3) % 10}, {(v + 5) % 10})"
+        if choice == 7:
+            return f"{a} BETWEEN {min(v, 5)} AND {max(v, 5)}"
+        return f"{a} IS {'NOT ' if rng.random() < 0.5 else ''}NULL"
+    if kind < 9:
+        c = COLORS[rng.integers(len(COLORS))]
+        return [f"color = '{c}'", f"color != '{c}'", f"color < '{c}'", "color LIKE 'b%'",
+                f"color IN ('{c}', 'red')"][rng.integers(5)]
+    return f"flag = {'TRUE' if rng.random() < 0.5 else 'FALSE'}"
+
+
+def _expression(rng) -> str:
+    conj = " AND ".join(_predicate(rng) for _ in range(rng.integers(1, 4)))
+    if rng.random() < 0.3:
+        conj = f"({conj}) OR ({' AND '.join(_predicate(rng) for _ in range(rng.integers(1, 3)))})"
+    if rng.random() < 0.1:
+        conj = f"NOT ({conj})"
+    return conj
+
+
+def random_workload(seed: int = 0, n_subs: int = 300, n_events: int = 400):
+    """(index, events Table with event_id) -- every attribute is absent
+    (null) in about 30 % of the events, plus a column no subscription uses."""
+    rng = np.random.default_rng(seed)
+    index = Index()
+    index.add_many([int(i) for i in rng.choice(10 ** 9, n_subs, replace=False)],
+                   [_expression(rng) for _ in range(n_subs)])
+    cols = {"event_id": pa.array(rng.choice(10 ** 12, n_events, replace=False), pa.int64())}
+    for a in NUMERIC:
+        cols[a] = pa.array(rng.integers(10, size=n_events), pa.int64(), mask=rng.random(n_events) < 0.3)
+    cols["color"] = pa.array(rng.choice(COLORS, n_events).tolist(), pa.string(), mask=rng.random(n_events) < 0.3)
+    cols["flag"] = pa.array(rng.random(n_events) < 0.5, pa.bool_(), mask=rng.random(n_events) < 0.3)
+    cols["payload"] = pa.array([f"p{i}" for i in range(n_events)])
+    return index, pa.table(cols)
+
+
+def expected_pairs(index: Index, events: pa.Table, event_id: str = "event_id") -> set:
+    result = index.match_batch(events.drop_columns([event_id]), output="arrow")
+    ids = events[event_id].to_numpy()
+    return set(zip(ids[result["event"].to_numpy()].tolist(), result["sub_id"].to_pylist()))
+
+
+def collected(df, event_id: str = "event_id") -> list:
+    return [(row[event_id], row["sub_id"]) for row in df.collect()]
+
+
+def to_spark(spark, table: pa.Table, partitions: int = 2):
+    return spark.createDataFrame(table).repartition(partitions)
+
+
+@pytest.fixture(scope="module")
+def workload():
+    return random_workload()
+
+
+# ------------------------------------------------------------------ modes
+
+def test_replicate_and_shard_equal_in_process(spark, workload):
+    from spark_integration import MatchStats, match_events
+
+    index, events = workload
+    expected = expected_pairs(index, events)
+    assert len(expected) > 500
+    df = to_spark(spark, events)
+
+    stats = MatchStats(spark)
+    pairs = collected(match_events(df, index, stats=stats))
+    assert len(pairs) == len(set(pairs)) and set(pairs) == expected
+    # shipped once, loaded once per Python worker that ran a task
+    assert set(stats.loads_per_index.values()) == {1}
+    assert 1 <= stats.loads <= 3 and stats.events == events.num_rows
+
+    stats = MatchStats(spark)
+    pairs = collected(match_events(df, index, mode="shard", shards=3, stats=stats))
+    assert len(pairs) == len(set(pairs)) and set(pairs) == expected
+    assert len({digest for (_h, _p, digest) in stats.loads_per_index}) == 3
+    assert stats.events == 3 * events.num_rows      # every event reached every shard
+
+
+def test_grouped_output_and_batch_size(spark, workload):
+    from spark_integration import MatchStats, match_events
+
+    index, events = workload
+    expected = {}
+    for event, sub in expected_pairs(index, events):
+        expected.setdefault(event, []).append(sub)
+    df = to_spark(spark, events)
+    stats = MatchStats(spark)
+    try:
+        rows = match_events(df, index, output="grouped", arrow_batch_size=50, stats=stats).collect()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert len(rows) == events.num_rows        # one row per event, matched or not
+    got = {row["event_id"]: row["sub_ids"] for row in rows}
+    for event in events["event_id"].to_pylist():
+        assert got[event] == sorted(expected.get(event, []))
+    assert stats.batches >= events.num_rows // 50
+
+    rows = match_events(df, index, mode="shard", shards=2, output="grouped").collect()
+    assert {row["event_id"]: row["sub_ids"] for row in rows} == got
+
+
+def test_map_layout_and_gpu_fallback(spark, workload):
+    """attrs map<string, long>; backend='cuda' on a machine without a usable
+    cuda backend falls back to cpu when asked to."""
+    from engine import available_backends
+    from spark_integration import MatchStats, match_events
+
+    index, events = workload
+    n = events.num_rows
+    keys, items, offsets = [], [], [0]
+    for row in range(n):
+        for a in NUMERIC:
+            value = events[a][row].as_py()
+            if value is not None:
+                keys.append(a)
+                items.append(value)
+        keys.append("unused_attribute")
+        items.append(1)
+        offsets.append(len(keys))
+    attrs = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys), pa.array(items, pa.int64()))
+    table = pa.table({"event_id": events["event_id"], "attrs": attrs})
+    numeric_only = events.select(["event_id"] + NUMERIC)
+    expected = expected_pairs(index, numeric_only)
+
+    stats = MatchStats(spark)
+    pairs = collected(match_events(to_spark(spark, table), index, backend="cuda", gpu_fallback=True,
+                                   stats=stats))
+    assert set(pairs) == expected and len(pairs) == len(expected)
+    if "cuda" not in available_backends():
+        assert stats.backends == {"cpu": stats.loads} and stats.fallbacks == stats.loads >= 1
+
+
+# ------------------------------------------------------------------ faults
+
+def test_corrupt_or_missing_index_fails_on_the_driver(spark, workload, tmp_path, capsys):
+    from spark_integration import match_events
+
+    index, events = workload
+    df = spark.createDataFrame(events.slice(0, 10))
+    good = tmp_path / "index.bexidx"
+    index.save(good)
+    data = good.read_bytes()
+    corrupt = tmp_path / "corrupt.bexidx"
+    corrupt.write_bytes(data[: len(data) // 2])
+    with pytest.raises(IndexFileError, match="corrupt.bexidx"):
+        match_events(df, str(corrupt))
+    with pytest.raises(FileNotFoundError, match="missing.bexidx"):
+        match_events(df, str(tmp_path / "missing.bexidx"))
+    # an array whose checksum does not match
+    tampered = tmp_path / "tampered.bexidx"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for item in src.infolist():
+            blob = src.read(item)
+            if item.filename == "sub_ids.npy":
+                blob = blob[:-8] + bytes(8)
+            dst.writestr(item, blob)
+    with pytest.raises(IndexFileError):
+        match_events(df, str(tampered))
+
+    from spark_integration.job import main
+
+    out = tmp_path / "out"
+    events_path = tmp_path / "events.parquet"
+    pq.write_table(events, events_path)
+    assert main(["--subs", str(corrupt), "--events", str(events_path), "--out", str(out)]) == 2
+    assert not out.exists()
+    error = capsys.readouterr().err
+    assert "corrupt.bexidx" in error and "bexmatch index" in error
+
+
+def _bad_events(events: pa.Table) -> tuple[pa.Table, set]:
+    """Event 7 has a NaN (a0 as double), event 11 an integer beyond 2**53."""
+    a0 = events["a0"].cast(pa.float64()).to_numpy(zero_copy_only=False).copy()
+    a1 = events["a1"].to_pylist()
+    ids = events["event_id"].to_pylist()
+    a0[7] = np.nan
+    a1[11] = 2 ** 60
+    table = events.set_column(events.schema.get_field_index("a0"), "a0", pa.array(a0, mask=np.isnan(a0) & (
+        np.arange(len(a0)) != 7)))
+    table = table.set_column(table.schema.get_field_index("a1"), "a1", pa.array(a1, pa.int64()))
+    return table, {ids[7], ids[11]}
+
+
+def test_bad_event_fails_naming_its_id(spark, workload):
+    from spark_integration import match_events
+
+    index, events = workload
+    table, bad = _bad_events(events.slice(0, 40))
+    with pytest.raises(Exception) as info:
+        match_events(to_spark(spark, table, 1), index).collect()
+    message = str(info.value)
+    assert "BadEventError" in message
+    assert any(f"event_id={b}" in message for b in bad)
+
+
+def test_bad_events_quarantined(spark, workload):
+    from spark_integration import MatchResult, match_events
+
+    index, events = workload
+    table, bad = _bad_events(events.slice(0, 60))
+    result = match_events(to_spark(spark, table, 2), index, on_bad_event="quarantine")
+    assert isinstance(result, MatchResult)
+    result.combined.persist()
+    try:
+        pairs = collected(result.matches)
+        refused = {row["event_id"]: row["error"] for row in result.quarantine.collect()}
+    finally:
+        result.combined.unpersist()
+    good = table.filter(pa.array(~np.isin(table["event_id"].to_numpy(), list(bad))))
+    assert set(pairs) == expected_pairs(index, good) and len(pairs) == len(set(pairs))
+    assert set(refused) == bad
+    assert all("numeric" in error for error in refused.values())
+
+
+# ------------------------------------------------------------------ streaming
+
+def test_streaming_restart_neither_loses_nor_duplicates(spark, workload, tmp_path):
+    from spark_integration import start_stream
+
+    index, events = workload
+    source, out, checkpoint = tmp_path / "in", tmp_path / "out", tmp_path / "checkpoint"
+    source.mkdir()
+    parts = [events.slice(i * 150, 150) for i in range(3)]
+
+    def run():
+        query = start_stream(spark, str(source), index, str(out), str(checkpoint), max_files_per_trigger=1)
+        query.awaitTermination(timeout=120)
+        assert query.exception() is None
+        return query
+
+    pq.write_table(parts[0], source / "part-0.parquet")
+    pq.write_table(parts[1], source / "part-1.parquet")
+    query = run()
+    assert query.lastProgress is not None
+    first = spark.read.parquet(str(out)).count()
+    assert first == len(expected_pairs(index, pa.concat_tables(parts[:2])))
+
+    # new files, and a crash after the sink committed the last batch but
+    # before the checkpoint did: the restarted query replays that batch
+    pq.write_table(parts[2], source / "part-2.parquet")
+    last = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+    for name in (str(last), f".{last}.crc"):
+        if (checkpoint / "commits" / name).exists():
+            os.remove(checkpoint / "commits" / name)
+    run()
+    table = spark.read.parquet(str(out)).collect()
+    pairs = [(row["event_id"], row["sub_id"]) for row in table]
+    assert len(pairs) == len(set(pairs))
+    assert set(pairs) == expected_pairs(index, pa.concat_tables(parts))
+
+
+# ------------------------------------------------------------------ the job
+
+def test_job_with_paths_shard_mode_and_retries(spark, workload, tmp_path, capsys):
+    """The job from saved index + events Parquet, in shard mode, with the
+    first attempt of every task failing after it emitted output: the
+    retried tasks write every match exactly once."""
+    from spark_integration.job import main
+
+    index, events = workload
+    saved = tmp_path / "index.bexidx"
+    index.save(saved)
+    events_path = tmp_path / "events.parquet"
+    pq.write_table(events, events_path)
+    out = tmp_path / "matches.parquet"
+    status = main(["--subs", str(saved), "--events", str(events_path), "--out", str(out), "--mode", "shard",
+                   "--shards", "2", "--inject-failure"])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    table = pq.read_table(out)
+    pairs = list(zip(table["event_id"].to_pylist(), table["sub_id"].to_pylist()))
+    expected = expected_pairs(index, events)
+    assert len(pairs) == len(set(pairs)) == len(expected) and set(pairs) == expected
+    assert f"{len(expected):,}" in printed and "shard" in printed
+
+
+def test_job_generates_a_workload(spark, tmp_path, capsys):
+    pytest.importorskip("engine.workloads")
+    from engine import workloads
+    from spark_integration.job import main
+
+    out = tmp_path / "out" / "matches.parquet"
+    argv = ["--scale", "0.0005", "--data-dir", str(tmp_path / "data"), "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    for word in ("subscriptions", "events", "matches", "events/s", "generate", "build index", "ship",
+                 "match+write"):
+        assert word in printed
+    (cache,) = (tmp_path / "data").iterdir()
+    workload = workloads.read_parquet(cache)
+    index = Index()
+    index.add_many(workload.subscriptions)
+    expected = expected_pairs(index, workload.events)
+    table = pq.read_table(out)
+    assert set(zip(table["event_id"].to_pylist(), table["sub_id"].to_pylist())) == expected
+    assert table.num_rows == len(expected)
+    # a second generation reuses the cached workload
+    from spark_integration.job import generate_workload
+    *_, cached, n_events = generate_workload("W1", 0.0005, 500, 0, str(tmp_path / "data"))
+    assert cached and n_events == 500
+
+
+def test_streaming_foreach_batch_quarantine_is_idempotent(spark, workload, tmp_path):
+    """sink='foreachBatch': matches and refused events per batch id; a
+    replayed batch overwrites its own output (shard mode, 2 shards)."""
+    from spark_integration import start_stream
+
+    index, events = workload
+    table, bad = _bad_events(events.slice(0, 80))
+    source, out, refused_out, checkpoint = (tmp_path / n for n in ("in", "out", "refused", "checkpoint"))
+    source.mkdir()
+    pq.write_table(table, source / "part-0.parquet")
+
+    def run():
+        query = start_stream(spark, str(source), index, str(out), str(checkpoint), sink="foreachBatch",
+                             quarantine_path=str(refused_out), on_bad_event="quarantine", mode="shard", shards=2)
+        query.awaitTermination(timeout=120)
+        assert query.exception() is None
+
+    run()
+    for name in ("0", ".0.crc"):         # crash before the checkpoint commit: batch 0 is replayed
+        if (checkpoint / "commits" / name).exists():
+            os.remove(checkpoint / "commits" / name)
+    run()
+    matches = pq.read_table(out)
+    pairs = list(zip(matches["event_id"].to_pylist(), matches["sub_id"].to_pylist()))
+    good = table.filter(pa.array(~np.isin(table["event_id"].to_numpy(), list(bad))))
+    assert len(pairs) == len(set(pairs)) and set(pairs) == expected_pairs(index, good)
+    refused = pq.read_table(refused_out)
+    assert sorted(refused["event_id"].to_pylist()) == sorted(bad)

@@ -1,0 +1,189 @@
+"""spark_integration pieces that need no running Spark: GPU selection (with
+faked task resources), event layouts and validation, index sharding, the
+job's environment set-up."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from engine import Index
+from engine.errors import BackendUnavailable
+from spark_integration import devices, layout
+from spark_integration.shipping import index_bytes, load_bytes, split_index
+
+
+# ------------------------------------------------------------------ devices
+
+class _Resource:
+    def __init__(self, addresses):
+        self.name = "gpu"
+        self.addresses = addresses
+
+
+class _FakeTask:
+    def __init__(self, resources):
+        self._resources = resources
+
+    def resources(self):
+        return self._resources
+
+
+def _loader(cuda_works: bool, calls: list):
+    def load(backend):
+        calls.append(backend)
+        if backend == "cuda" and not cuda_works:
+            raise BackendUnavailable("backend 'cuda' is not available here: no CUDA GPU is visible")
+        return f"index on {backend}"
+    return load
+
+
+def test_task_gpus_from_spark_resources_then_environment():
+    task = _FakeTask({"gpu": _Resource(["1"])})
+    assert devices.task_gpus(task, {}) == devices.TaskGpus(("1",), "spark-resources")
+    # Spark resources win over the environment
+    assert devices.task_gpus(task, {"CUDA_VISIBLE_DEVICES": "3"}).source == "spark-resources"
+    assert devices.task_gpus(_FakeTask({}), {"CUDA_VISIBLE_DEVICES": "2,3"}) == \
+        devices.TaskGpus(("2", "3"), "CUDA_VISIBLE_DEVICES")
+    for none in ("", "-1", "NoDevFiles"):
+        assert not devices.task_gpus(_FakeTask({}), {"CUDA_VISIBLE_DEVICES": none})
+    assert not devices.task_gpus(_FakeTask({"gpu": _Resource([])}), {})
+    assert not devices.task_gpus(_FakeTask({}), {})
+
+
+def test_choose_backend():
+    gpu = devices.TaskGpus(("0",), "spark-resources")
+    assert devices.choose_backend("auto", gpu) == "cuda"
+    assert devices.choose_backend("auto", devices.TaskGpus()) == "cpu"
+    assert devices.choose_backend("cpu", gpu) == "cpu"
+    assert devices.choose_backend("cuda", devices.TaskGpus()) == "cuda"
+    with pytest.raises(ValueError):
+        devices.choose_backend("tpu", gpu)
+
+
+def test_gpu_task_uses_cuda_and_selects_its_device():
+    gpu = devices.TaskGpus(("1",), "spark-resources")
+    calls, selected = [], []
+    index, choice = devices.load_for_task(_loader(True, calls), "auto", gpus=gpu,
+                                          select=lambda g: selected.append(g) or int(g.addresses[0]))
+    assert index == "index on cuda" and choice.backend == "cuda" and choice.device == 1
+    assert calls == ["cuda"] and selected == [gpu]
+
+
+def test_gpu_task_without_cuda_fails_clearly_unless_fallback():
+    gpu = devices.TaskGpus(("0",), "spark-resources")
+    with pytest.raises(devices.GpuUnavailable, match=r"holds GPU 0 .*gpu_fallback=True"):
+        devices.load_for_task(_loader(False, []), "auto", gpus=gpu, select=lambda g: 0)
+    calls = []
+    index, choice = devices.load_for_task(_loader(False, calls), "auto", gpus=gpu, gpu_fallback=True,
+                                          select=lambda g: 0)
+    assert index == "index on cpu" and choice.backend == "cpu" and "no CUDA GPU" in choice.fell_back
+    assert calls == ["cuda", "cpu"]
+
+
+def test_cpu_task_never_touches_cuda():
+    calls = []
+    _, choice = devices.load_for_task(_loader(False, calls), "auto", gpus=devices.TaskGpus(),
+                                      select=lambda g: pytest.fail("selected a GPU"))
+    assert calls == ["cpu"] and choice.backend == "cpu" and choice.fell_back is None
+
+
+def test_real_index_on_a_faked_gpu_task():
+    """engine.Index.load(backend='cuda') on this machine: a real load or a real BackendUnavailable."""
+    from engine import available_backends
+
+    index = Index()
+    index.add(1, "a = 1")
+    data = index_bytes(index)
+    gpu = devices.TaskGpus(("0",), "spark-resources")
+    if "cuda" in available_backends():
+        pytest.skip("a cuda backend is present: the fallback path is not reachable here")
+    with pytest.raises(devices.GpuUnavailable, match="cuda"):
+        devices.load_for_task(lambda b: load_bytes(data, backend=b), "auto", gpus=gpu, select=lambda g: 0)
+    loaded, choice = devices.load_for_task(lambda b: load_bytes(data, backend=b), "auto", gpus=gpu,
+                                           gpu_fallback=True, select=lambda g: 0)
+    assert choice.backend == "cpu" and loaded.match({"a": 1}).tolist() == [1]
+
+
+def test_bad_gpu_address_is_reported():
+    with pytest.raises(devices.GpuUnavailable, match="discovery script"):
+        devices.select_gpu(devices.TaskGpus(("GPU-abc",), "spark-resources"))
+    assert devices.select_gpu(devices.TaskGpus(("3",), "CUDA_VISIBLE_DEVICES")) is None
+
+
+# ------------------------------------------------------------------ layouts
+
+def test_map_to_wide_handles_slices_nulls_and_unknown_keys():
+    offsets = pa.array([0, 2, 2, 3, 3, 5], pa.int32())
+    keys = pa.array(["a", "b", "b", "zz", "a"])
+    items = pa.array([1, 2, 5, 9, None], pa.int64())
+    column = pa.MapArray.from_arrays(offsets, keys, items, mask=pa.array([False, True, False, False, False]))
+    wide = layout.map_to_wide(column.slice(1), {"a": "numeric", "b": "numeric"})
+    assert wide.num_rows == 4
+    assert wide.column("a").to_pylist() == [None, None, None, None]
+    assert wide.column("b").to_pylist() == [None, 5, None, None]
+    assert layout.map_to_wide(column.slice(0, 0), {"a": "numeric"}).num_rows == 0
+    empty = layout.map_to_wide(column.slice(1, 1), {"q": "numeric"})
+    assert empty.num_rows == 1 and empty.num_columns == 0
+
+
+def test_bad_rows_finds_every_refused_value():
+    table = pa.table({"x": pa.array([1.0, float("nan"), None, float("inf")]),
+                      "y": pa.array([1, 2 ** 60, 3, None], pa.int64()),
+                      "s": pa.array([1, 2, None, 4], pa.int64()),
+                      "unused": pa.array(["a", "b", "c", "d"]),
+                      "p": pa.array(["a", "b", "c", "d"])})
+    families = {"x": "numeric", "y": "numeric", "s": "string", "p": None}
+    problems = layout.bad_rows(table, families)
+    assert sorted(problems) == [0, 1, 3]     # s is numeric where a string is wanted; y beyond 2**53
+    assert "'s' is string, got 1" in problems[0]
+    # the engine refuses exactly these rows
+    index = Index()
+    index.add_many([1, 2, 3], ["x > 0", "y > 0", "s = 'q'"])
+    index.add(4, "p IS NULL")
+    for row in range(4):
+        one = table.slice(row, 1)
+        if row in problems:
+            with pytest.raises(Exception):
+                index.match_batch(one)
+        else:
+            index.match_batch(one)
+
+
+# ------------------------------------------------------------------ sharding
+
+def test_split_index_partitions_ids_and_matches():
+    rng = np.random.default_rng(3)
+    index = Index()
+    ids = rng.choice(10 ** 6, 200, replace=False)
+    index.add_many([int(i) for i in ids], [f"a {['<', '>=', '='][i % 3]} {i % 7} OR b = 'x{i % 3}'"
+                                           for i in range(200)])
+    events = [{"a": int(rng.integers(7)), "b": f"x{rng.integers(4)}"} for _ in range(50)]
+    full = index.match_batch(events)
+    shards = split_index(index, 3)
+    assert [len(s) for s in shards] == [67, 67, 66]
+    all_ids = np.concatenate([np.sort([i for i in ids if i in s]) for s in shards])
+    assert sorted(all_ids.tolist()) == sorted(ids.tolist())
+    assert max(max(i for i in ids if i in shards[0]), 0) < min(i for i in ids if i in shards[1])
+    parts = [s.match_batch(events) for s in shards]
+    for e in range(len(events)):
+        merged = np.sort(np.concatenate([p[e] for p in parts]))
+        assert merged.tolist() == full[e].tolist()
+    # a shard survives the trip through save/load
+    again = load_bytes(index_bytes(shards[1]))
+    assert len(again) == len(shards[1])
+
+
+# ------------------------------------------------------------------ the job's environment
+
+def test_find_java_home_prefers_the_set_one(tmp_path):
+    from spark_integration.job import find_java_home
+
+    assert find_java_home({"JAVA_HOME": "/opt/some-jdk"}) == "/opt/some-jdk"
+    home = tmp_path / "jdk17"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "java").write_text("#!/bin/sh\n")
+    (home / "bin" / "java").chmod(0o755)
+    (home / "release").write_text('JAVA_VERSION="17.0.9"\n')
+    assert find_java_home({"PATH": str(home / "bin")}) == str(home)
