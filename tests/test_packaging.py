@@ -36,6 +36,8 @@ PYPI_TO_CONDA = {
     "cupy-cuda12x": "cupy",
     "cudf-cu12": "cudf",
     "duckdb": "python-duckdb",
+    "nvidia-cuda-nvcc-cu12": "cuda-nvcc",
+    "nvidia-cuda-nvrtc-cu12": "cuda-nvrtc",
 }
 
 # Conda packages with no PyPI counterpart in pyproject.toml: the interpreter,
