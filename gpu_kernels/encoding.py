@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit, prange
 
-from gpu_kernels.opcodes import IN, IS_NULL, LIKE, NOT_IN, NOT_MATCHES, TRUE
-from gpu_kernels.predicates import predicate_truth
+from gpu_kernels.opcodes import IS_NULL, TRUE
+from gpu_kernels.predicates import entry_truth
 
 WORD_BITS = 64
 
@@ -70,20 +70,9 @@ def encode_bitmaps_kernel(ev_offsets, ev_attr, ev_value, ev_token, attr_bit_offs
             attr = ev_attr[k]
             if attr >= n_attrs:
                 continue
-            value = ev_value[k]
             for bit in range(attr_bit_offsets[attr], attr_bit_offsets[attr + 1]):
-                p = bit_predicate[bit]
-                op = pred_op[p]
-                pattern_hit = False
-                if op >= LIKE and op <= NOT_MATCHES:
-                    pattern_hit = pattern_truth[ev_token[k], pred_aux[p]] != 0
-                set_start = 0
-                set_stop = 0
-                if op == IN or op == NOT_IN:
-                    set_start = set_offsets[p]
-                    set_stop = set_offsets[p + 1]
-                truth = predicate_truth(op, pred_lo[p], pred_hi[p], set_values, set_start, set_stop,
-                                        pattern_hit, True, value)
+                truth = entry_truth(bit_predicate[bit], k, ev_value, ev_token, pred_op, pred_lo, pred_hi,
+                                    set_offsets, set_values, pred_aux, pattern_truth)
                 mask = np.uint64(1) << np.uint64(bit & (WORD_BITS - 1))
                 if truth == TRUE:
                     out[e, bit >> 6] |= mask

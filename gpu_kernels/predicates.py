@@ -95,9 +95,34 @@ def make_predicate_truth(contains):
     return predicate_truth
 
 
+def make_entry_truth(truth):
+    """Build the evaluator of distinct predicate ``p`` (a row of the
+    compiled predicate table) on the event entry at ``pos`` (-1 when the
+    event lacks the attribute) around the target's ``predicate_truth``:
+    the one place that reads a predicate row, its IN list and the batch's
+    LIKE/MATCHES table."""
+
+    def entry_truth(p, pos, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+                    pattern_truth):
+        op = pred_op[p]
+        present = pos >= 0
+        value = ev_value[pos] if present else 0.0
+        pattern_hit = False
+        if present and op >= LIKE and op <= NOT_MATCHES:
+            pattern_hit = pattern_truth[ev_token[pos], pred_aux[p]] != 0
+        set_start = 0
+        set_stop = 0
+        if op == IN or op == NOT_IN:
+            set_start = set_offsets[p]
+            set_stop = set_offsets[p + 1]
+        return truth(op, pred_lo[p], pred_hi[p], set_values, set_start, set_stop, pattern_hit, present, value)
+    return entry_truth
+
+
 find_attribute = njit(inline="always", nogil=True)(find_attribute_py)
 set_contains = njit(inline="always", nogil=True)(set_contains_py)
 predicate_truth = njit(inline="always", nogil=True)(make_predicate_truth(set_contains))
+entry_truth = njit(inline="always", nogil=True)(make_entry_truth(predicate_truth))
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -126,7 +151,8 @@ def cuda_device_functions() -> SimpleNamespace:
     find = cuda.jit(device=True)(find_attribute_py)
     contains = cuda.jit(device=True)(set_contains_py)
     truth = cuda.jit(device=True)(make_predicate_truth(contains))
-    return SimpleNamespace(find_attribute=find, set_contains=contains, predicate_truth=truth)
+    entry = cuda.jit(device=True)(make_entry_truth(truth))
+    return SimpleNamespace(find_attribute=find, set_contains=contains, predicate_truth=truth, entry_truth=entry)
 
 
 @functools.cache

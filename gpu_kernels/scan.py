@@ -14,17 +14,17 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels import cuda_support
-from gpu_kernels.opcodes import AND, FALSE, IN, LEAF, LIKE, NOT_IN, NOT_MATCHES, NULL, OR, TRUE, XOR
-from gpu_kernels.predicates import cuda_device_functions, find_attribute, predicate_truth
+from gpu_kernels.opcodes import AND, FALSE, LEAF, NULL, OR, TRUE, XOR
+from gpu_kernels.predicates import cuda_device_functions, entry_truth, find_attribute
 
 #: subscriptions per parallel task: large enough to amortise the task, small
 #: enough to balance one event over all cores
 SUBSCRIPTION_BLOCK = 256
 
 
-def make_run_program(find, truth):
+def make_run_program(find, entry_truth):
     """Evaluate one postfix program for one event; shared by the CPU and CUDA
-    kernels (``find``/``truth`` are the target's compiled helpers)."""
+    kernels (``find``/``entry_truth`` are the target's compiled helpers)."""
 
     def run_program(start, stop, prog_kind, prog_arg, ev_start, ev_stop, ev_attr, ev_value, ev_token,
                     pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
@@ -34,20 +34,9 @@ def make_run_program(find, truth):
             kind = prog_kind[pc]
             arg = prog_arg[pc]
             if kind == LEAF:
-                op = pred_op[arg]
                 pos = find(ev_attr, ev_start, ev_stop, pred_attr[arg])
-                present = pos >= 0
-                value = ev_value[pos] if present else 0.0
-                pattern_hit = False
-                if present and op >= LIKE and op <= NOT_MATCHES:
-                    pattern_hit = pattern_truth[ev_token[pos], pred_aux[arg]] != 0
-                set_start = 0
-                set_stop = 0
-                if op == IN or op == NOT_IN:
-                    set_start = set_offsets[arg]
-                    set_stop = set_offsets[arg + 1]
-                stack[top] = truth(op, pred_lo[arg], pred_hi[arg], set_values, set_start, set_stop,
-                                   pattern_hit, present, value)
+                stack[top] = entry_truth(arg, pos, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets,
+                                         set_values, pred_aux, pattern_truth)
                 top += 1
             elif kind == AND or kind == OR:
                 # Kleene: AND is FALSE if any FALSE, else NULL if any NULL;
@@ -78,7 +67,7 @@ def make_run_program(find, truth):
     return run_program
 
 
-run_program = njit(inline="always", nogil=True)(make_run_program(find_attribute, predicate_truth))
+run_program = njit(inline="always", nogil=True)(make_run_program(find_attribute, entry_truth))
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -139,7 +128,7 @@ def cuda_run_program():
     """``run_program`` as a CUDA device function (same source as the CPU one)."""
     device = cuda_device_functions()
     return cuda_support.load_cuda().jit(device=True)(
-        make_run_program(device.find_attribute, device.predicate_truth))
+        make_run_program(device.find_attribute, device.entry_truth))
 
 
 @functools.cache
