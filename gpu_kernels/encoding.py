@@ -18,13 +18,15 @@ NULL from the attribute's absence.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit, prange
 
+from gpu_kernels import cuda_support
 from gpu_kernels.opcodes import IS_NULL, TRUE
-from gpu_kernels.predicates import entry_truth
+from gpu_kernels.predicates import cuda_device_functions, entry_truth
 
 WORD_BITS = 64
 
@@ -58,9 +60,10 @@ class BitmapLayout:
 
 @njit(parallel=True, nogil=True, cache=True)
 def encode_bitmaps_kernel(ev_offsets, ev_attr, ev_value, ev_token, attr_bit_offsets, bit_predicate,
-                          pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, pattern_truth,
+                          pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, pattern_truth,
                           absent_words, out):
-    """``out[e]`` = the bitmap of event ``e`` (CPU twin: one event per task)."""
+    """``out[e]`` = the bitmap of event ``e`` (CPU twin: one event per task,
+    walking the event's attributes and their contiguous predicate bits)."""
     n_events = len(ev_offsets) - 1
     n_attrs = len(attr_bit_offsets) - 1
     for e in prange(n_events):
@@ -85,9 +88,61 @@ def encode_bitmaps(batch, table, layout: BitmapLayout, pattern_truth: np.ndarray
     PredicateTable."""
     out = np.empty((batch.n_events, layout.n_words), dtype=np.uint64)
     encode_bitmaps_kernel(batch.offsets, batch.attr, batch.value, batch.token, layout.attr_bit_offsets,
-                          layout.bit_predicate, table.op, table.lo, table.hi, table.set_offsets,
+                          layout.bit_predicate, table.attr, table.op, table.lo, table.hi, table.set_offsets,
                           table.set_values, table.aux, pattern_truth, layout.absent_words, out)
     return out
+
+
+# ---------------------------------------------------------------- CUDA twin
+cuda = None   # numba.cuda once the CUDA twin is built (see gpu_kernels.cuda_support)
+
+
+@functools.cache
+def _encode_bitmaps_kernel_cuda():
+    global cuda
+    cuda = cuda_support.load_cuda()
+    device = cuda_device_functions()
+    find, truth = device.find_attribute, device.entry_truth
+
+    def kernel(ev_offsets, ev_attr, ev_value, ev_token, attr_bit_offsets, bit_predicate,
+               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, pattern_truth,
+               absent_words, out):
+        # word-parallel: each thread assembles one 64-bit word of one event's
+        # bitmap and writes it once -- no atomics, coalesced stores along x.
+        # Absent attributes need no start value: entry_truth makes IS NULL
+        # TRUE and everything else not TRUE there.
+        n_bits = bit_predicate.shape[0]
+        n_words = out.shape[1]
+        x, y = cuda.grid(2)
+        sx, sy = cuda.gridsize(2)
+        for e in range(y, out.shape[0], sy):
+            start = ev_offsets[e]
+            stop = ev_offsets[e + 1]
+            for w in range(x, n_words, sx):
+                word = np.uint64(0)
+                for bit in range(w * WORD_BITS, min((w + 1) * WORD_BITS, n_bits)):
+                    p = bit_predicate[bit]
+                    pos = find(ev_attr, start, stop, pred_attr[p])
+                    if truth(p, pos, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values,
+                             pred_aux, pattern_truth) == TRUE:
+                        word |= np.uint64(1) << np.uint64(bit - w * WORD_BITS)
+                out[e, w] = word
+
+    return cuda.jit(kernel)
+
+
+def encode_bitmaps_kernel_cuda(ev_offsets, ev_attr, ev_value, ev_token, attr_bit_offsets, bit_predicate,
+                               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+                               pattern_truth, absent_words, out, *, launch=None):
+    """CUDA twin of :func:`encode_bitmaps_kernel` (same arguments, device
+    arrays in, ``out`` written on the device)."""
+    n_events, n_words = out.shape
+    if n_events == 0:
+        return
+    grid, block = (launch or cuda_support.default_launch()).grid(n_words, n_events)
+    _encode_bitmaps_kernel_cuda()[grid, block](ev_offsets, ev_attr, ev_value, ev_token, attr_bit_offsets,
+                                               bit_predicate, pred_attr, pred_op, pred_lo, pred_hi, set_offsets,
+                                               set_values, pred_aux, pattern_truth, absent_words, out)
 
 
 def bits_of(bitmaps: np.ndarray, layout: BitmapLayout) -> np.ndarray:
