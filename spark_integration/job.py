@@ -119,6 +119,9 @@ def prepare_environment(master: str) -> None:
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if root not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([root] + paths)
+        # a local Spark talks only to itself: keep driver and executors on
+        # loopback instead of the address the host name resolves to
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
