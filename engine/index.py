@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -61,7 +62,11 @@ class Index:
     schema : optional ``{attribute: "numeric" | "string" | "boolean"}``
         declaring type families up front.
     dnf_limit : the most conjunctions an AND-only algorithm may make of one
-        expression (DESIGN.md §3).
+        expression (DESIGN.md §3); an expression beyond it is refused at
+        ``add`` time with :class:`engine.errors.ExpressionTooLarge`.
+    options : algorithm parameters passed to its matcher, e.g.
+        ``{"variant": "bs"}`` for OpIndex-BS, ``{"segments": 64}``, or
+        ``{"event_log": batch}`` for OpIndex's pivot frequencies.
 
     Examples
     --------
@@ -72,11 +77,16 @@ class Index:
     """
 
     def __init__(self, algorithm: str | None = None, backend: str | None = None, *,
-                 schema: dict | None = None, dnf_limit: int = DEFAULT_DNF_LIMIT):
+                 schema: dict | None = None, dnf_limit: int = DEFAULT_DNF_LIMIT, options: dict | None = None):
         self.backend = resolve_backend(backend)
         self.algorithm = default_algorithm(self.backend) if algorithm is None else algorithm
         self._matcher_class = matcher_class(self.algorithm, self.backend)
         self.dnf_limit = dnf_limit
+        self.options = dict(options or {})
+        accepted = inspect.signature(self._matcher_class).parameters
+        unknown = set(self.options) - set(accepted)
+        if unknown:
+            raise TypeError(f"algorithm {self.algorithm!r} takes no option(s) {sorted(unknown)}")
         self._schema = Schema()
         for attr, family in (schema or {}).items():
             self._schema.declare(attr, family)
@@ -154,7 +164,7 @@ class Index:
         found[found] = (self._main.sub_ids[positions[found]] == ids[found]) & (self._main_alive[positions[found]] != 0)
         if not found.all():
             raise KeyError(f"subscription id {int(ids[~found][0])} is not in the index")
-        part = Index(algorithm=self.algorithm, backend=self.backend, dnf_limit=self.dnf_limit)
+        part = Index(algorithm=self.algorithm, backend=self.backend, dnf_limit=self.dnf_limit, options=self.options)
         part._schema = copy.deepcopy(self._schema)
         part._install_main(_without_unused_predicates(self._main.take(positions)))
         return part
@@ -189,6 +199,9 @@ class Index:
                     raise SchemaError(f"subscription {sub_id}: {attr!r} is {fixed[attr].value} in an earlier "
                                       f"subscription of this call, not {family.value}")
             self._check_fixed(fixed, sub_id)
+            check = getattr(self._matcher_class, "check_expression", None)
+            if check is not None:   # e.g. opindex: DNF/CNF within dnf_limit (ExpressionTooLarge)
+                check(node, self.dnf_limit)
             nodes.append((sub_id, node, preds))
         for sub_id, node, preds in nodes:
             self._schema.register(preds)
@@ -277,7 +290,7 @@ class Index:
         """(segment, alive, matcher) for the main segment and the delta."""
         self._main.predicates.recode(self._schema)
         if self._matcher is None:
-            self._matcher = self._matcher_class(self._main, self.backend)
+            self._matcher = self._matcher_class(self._main, self.backend, **self._matcher_options())
         out = [(self._main, self._main_alive, self._matcher)]
         if self._delta_nodes:
             if self._delta_cache is None:
@@ -291,6 +304,13 @@ class Index:
             self._delta_cache[0].predicates.recode(self._schema)
             out.append(self._delta_cache)
         return out
+
+    def _matcher_options(self) -> dict:
+        """The Index-wide settings a matcher declares it takes, plus the
+        caller's ``options``."""
+        accepted = inspect.signature(self._matcher_class).parameters
+        shared = {"schema": self._schema, "dnf_limit": self.dnf_limit}
+        return {**{k: v for k, v in shared.items() if k in accepted}, **self.options}
 
     def match(self, event) -> np.ndarray:
         """Ids of the subscriptions TRUE on one event (dict), ascending."""
@@ -352,7 +372,10 @@ class Index:
 
     # ------------------------------------------------------------- persistence
     def save(self, path) -> None:
-        """Write the index to ``path`` atomically (temp file + rename)."""
+        """Write the index to ``path`` atomically (temp file + rename).
+        Algorithm options that are plain values are saved with it; an
+        ``event_log`` (tuning only: it steers OpIndex's pivots, never the
+        results) is not, and is passed to ``load`` again if wanted."""
         self.merge()
         seg, preds = self._main, self._main.predicates
         arrays = {"sub_ids": seg.sub_ids, "prog_offsets": seg.prog_offsets, "prog_kind": seg.prog_kind,
@@ -361,6 +384,7 @@ class Index:
                   "set_offsets": self._schema.set_csr()[0], "set_keys": self._schema.set_csr()[1]}
         meta = {"magic": FILE_MAGIC, "version": FILE_VERSION, "algorithm": self.algorithm,
                 "backend": self.backend, "dnf_limit": self.dnf_limit, "max_depth": seg.max_depth,
+                "options": {k: v for k, v in self.options.items() if _json_safe(v)},
                 "schema": self._schema.to_json(),
                 "sha256": {name: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
                            for name, a in arrays.items()}}
@@ -380,7 +404,8 @@ class Index:
             raise
 
     @classmethod
-    def load(cls, path, *, backend: str | None = None, algorithm: str | None = None) -> "Index":
+    def load(cls, path, *, backend: str | None = None, algorithm: str | None = None,
+             options: dict | None = None) -> "Index":
         """Read an index written by :meth:`save`; a truncated, corrupt or
         foreign file raises :class:`engine.errors.IndexFileError`."""
         try:
@@ -403,8 +428,9 @@ class Index:
             raise
         except (zipfile.BadZipFile, KeyError, ValueError, EOFError, OSError, UnicodeDecodeError) as exc:
             raise IndexFileError(f"{path}: not a readable bexmatch index ({exc.__class__.__name__}: {exc})") from exc
+        saved_options = meta.get("options", {}) if (algorithm or meta["algorithm"]) == meta["algorithm"] else {}
         index = cls(algorithm=algorithm or meta["algorithm"], backend=backend or meta["backend"],
-                    dnf_limit=meta["dnf_limit"])
+                    dnf_limit=meta["dnf_limit"], options={**saved_options, **(options or {})})
         try:
             index._schema = Schema.from_json(meta["schema"])
             index._schema.restore_sets(arrays["set_offsets"], arrays["set_keys"])
@@ -420,6 +446,14 @@ class Index:
 
     def __repr__(self) -> str:
         return f"Index(algorithm={self.algorithm!r}, backend={self.backend!r}, subscriptions={len(self)})"
+
+
+def _json_safe(value) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def _without_unused_predicates(segment: Segment) -> Segment:

@@ -274,3 +274,8 @@ def test_ids_and_subset_split_an_index_without_changing_answers(index):
         index.subset([9])
     part.add(8, "price > 0")   # a subset is an independent index
     assert 8 in part and matches(index) == full
+
+
+def test_unknown_algorithm_options_are_refused():
+    with pytest.raises(TypeError, match="takes no option"):
+        Index(algorithm="scan", backend="cpu", options={"segments": 4})
