@@ -81,9 +81,13 @@ class PredicateTable:
 
     def pattern_pairs(self) -> np.ndarray:
         """Distinct (attribute id, pattern id) pairs of the LIKE/MATCHES
-        predicates: what a batch's pattern_truth must cover."""
-        rows = np.isin(self.op, PATTERN_CODES)
-        return np.unique(np.stack([self.attr[rows].astype(np.int64), self.aux[rows]], axis=1), axis=0)
+        predicates: what a batch's pattern_truth must cover.  Computed once
+        (the key columns of a table never change)."""
+        if getattr(self, "_pattern_pairs", None) is None:
+            rows = np.isin(self.op, PATTERN_CODES)
+            self._pattern_pairs = np.unique(np.stack([self.attr[rows].astype(np.int64), self.aux[rows]], axis=1),
+                                            axis=0)
+        return self._pattern_pairs
 
     @property
     def nbytes(self) -> int:

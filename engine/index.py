@@ -344,7 +344,8 @@ class Index:
 
     def _match_encoded(self, batch, device: bool = False) -> tuple[np.ndarray, np.ndarray]:
         matchers = self._matchers()
-        pairs = np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
+        pairs = matchers[0][0].predicates.pattern_pairs() if len(matchers) == 1 else \
+            np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
         truth = event_batches.pattern_truth(batch, self._schema, pairs)
         xp = array_namespace(self.backend) if device else np
         events, ids = [], []
@@ -357,6 +358,8 @@ class Index:
                 e, sub_ids = xp.asarray(e), xp.asarray(segment.sub_ids[positions])
             events.append(e)
             ids.append(sub_ids)
+        if len(matchers) == 1:
+            return events[0], ids[0]
         event_idx, sub_ids = xp.concatenate(events), xp.concatenate(ids)
         if len(matchers) > 1:
             order = xp.lexsort(xp.stack([sub_ids, event_idx]))

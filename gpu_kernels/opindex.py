@@ -1,0 +1,775 @@
+"""OpIndex kernels (opindex.txt §4-§6): building the two-level index and
+matching events against it by counting.
+
+Layout (built by :mod:`engine.algorithms.opindex`; every structure is a flat
+array):
+
+* **Level 1, pivot partitions.**  ``pivot_of_attr[attr]`` is the compact
+  pivot id of an attribute (-1: no subscription has it as pivot).  The
+  counters of partition ``p`` are ``[part_counter_start[p],
+  part_counter_start[p + 1])`` -- the paper's counter array ``V_{A_p}``,
+  one counter per (conjunction | CNF copy), initialised to
+  ``counter_init`` = its number of predicates (clauses for CNF) and
+  decremented by each matching predicate; a counter reaching 0 is a match.
+  CNF copies also own clause slots ``[part_slot_start[p], ...)``: the
+  paper's clause bitmap, one flag per clause (§6.1).
+* **Level 2, operator partitions.**  List ``l = p * N_LISTS + op`` holds the
+  predicates of partition ``p`` with list operator ``op`` (``=``, ``!=``,
+  ``<``, ``<=``, ``>``, ``>=``, VERIFY, PREFIX), sorted by (attribute,
+  operand).  Each list is split into ``2**k`` segments by attribute (the
+  segment directory: segment ``attr >> list_shift[l]``, bucket
+  ``list_bucket_base[l] + segment``), each segment with a ``w``-bit
+  signature ``bucket_sig`` (bit ``h(attr, operand)`` for ``=``, ``h(attr)``
+  otherwise).  Inside a segment the predicates of one attribute form a
+  *run* (``run_attr``, entries ``[run_start[r], run_start[r + 1])``);
+  entries hold the operand ``ent_val`` (``2 * rank + 1`` among the
+  distinct operands ``vals`` when ``use_rank``: 16 bits) and the counter pointer
+  ``ent_target``, relative to the partition (``>= 0``: counter
+  ``part_counter_start[p] + t``; ``< 0``: clause slot
+  ``part_slot_start[p] - t - 1``), 16 bits when partitions are small.
+  ``list_shift[l] < 0`` marks an empty list.
+* VERIFY lists hold the predicates no range scan decides (NOT IN, NOT
+  BETWEEN, LIKE, NOT LIKE, MATCHES, NOT MATCHES, IS NOT NULL, and BETWEEN
+  inside a CNF clause): found by attribute only, decided exactly by
+  :func:`gpu_kernels.predicates.predicate_truth` on the event's value.
+  PREFIX lists hold ``LIKE 'abc%'`` as the code range of the strings with
+  that prefix (§6.2), checked exactly with the batch's pattern results.
+  Their side arrays (``side_pid``, ``side_hi``) are indexed by entry +
+  ``list_side_base[l]``.
+* IS NULL cannot be found through an event's attributes: it is checked when
+  its conjunction's counter reaches 0 (``counter_post_start`` / ``post_attr``);
+  subscriptions with a conjunction made only of IS NULL tests (or too large
+  for DNF and CNF) are evaluated on every event (``always_pos``).
+
+Matching (Algorithm 2) is ``match_task`` (built by :func:`make_match_task`),
+a plain function of a range of events over these arrays plus per-thread
+scratch (counters, clause bits, the counters that reached 0, and a two-level
+bitmap of matched subscription positions that de-duplicates and orders the
+output); the CPU kernel runs it over ``prange`` tasks of events, a CUDA
+twin would run it per thread over its own events with the same arguments.
+Building is a few sequential passes (:func:`plain_units`,
+:func:`choose_pivots`, :func:`emit_entries`, :func:`counting_order`,
+:func:`sort_within_lists`, :func:`gather_sorted`, :func:`build_directory`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
+from gpu_kernels.predicates import predicate_truth
+from gpu_kernels.scan import run_program
+
+#: list operators (second-level partitions)
+L_EQ, L_NE, L_LT, L_LE, L_GT, L_GE, L_VERIFY, L_PREFIX = range(8)
+N_LISTS = 8
+
+_K1 = np.uint64(0x9E3779B97F4A7C15)
+_K2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_K3 = np.uint64(0x165667B19E3779F9)
+_DEBRUIJN_MUL = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN = np.zeros(64, dtype=np.int64)
+for _i in range(64):
+    _DEBRUIJN[((1 << _i) * 0x03F79D71B4CB0A89 & 0xFFFFFFFFFFFFFFFF) >> 58] = _i
+
+
+# --------------------------------------------------------------------------
+# shared scalar helpers (plain functions: compiled for the CPU below, and for
+# a CUDA twin with cuda.jit(device=True))
+# --------------------------------------------------------------------------
+def attr_bit_py(attr, w):
+    """Signature bit of a predicate on ``attr`` whose operator is not ``=``."""
+    h = (np.uint64(attr) + np.uint64(1)) * _K1
+    h = h ^ (h >> np.uint64(29))
+    return np.int64((h >> np.uint64(32)) & np.uint64(w - 1))
+
+
+def eq_bit_py(attr, value, w):
+    """Signature bit of ``attr = value`` (attribute and operand)."""
+    if value > 4.0e18:
+        value = 4.0e18
+    if value < -4.0e18:
+        value = -4.0e18
+    k = np.uint64(np.int64(value))
+    h = (np.uint64(attr) + np.uint64(1)) * _K1
+    h = (h ^ (k * _K2)) * _K3
+    h = h ^ (h >> np.uint64(31))
+    return np.int64((h >> np.uint64(32)) & np.uint64(w - 1))
+
+
+def ctz_py(bit):
+    """Index of the single set bit of ``bit`` (de Bruijn)."""
+    return _DEBRUIJN[np.int64((bit * _DEBRUIJN_MUL) >> np.uint64(58))]
+
+
+attr_bit = njit(inline="always", nogil=True)(attr_bit_py)
+eq_bit = njit(inline="always", nogil=True)(eq_bit_py)
+ctz = njit(inline="always", nogil=True)(ctz_py)
+
+
+# --------------------------------------------------------------------------
+# matching (Algorithm 2)
+#
+# The hot path is written out in one function: numba keeps reference-count
+# updates (atomic, shared between threads) around every call that passes
+# arrays, inlined helpers included, and those cost more than the work.
+# --------------------------------------------------------------------------
+def make_match_task(truth, run_prog, attr_bit_fn, eq_bit_fn, ctz_fn):
+    def match_task(e_first, e_last, out, base, cap, ev_count,
+                   ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
+                   pivot_of_attr, part_counter_start, part_slot_start,
+                   list_shift, list_bucket_base, list_side_base, bucket_run_start, bucket_sig, sig_bits, use_sig,
+                   run_attr, run_start, ent_val, vals, use_rank, ent_target, side_pid, side_hi,
+                   counter_init, counter_sub, counter_live, counter_post_start, post_attr, slot_counter,
+                   x_op, x_lo, x_hi, x_set_start, x_set_stop, set_values, x_aux,
+                   always_pos, prog_offsets, prog_kind, prog_arg,
+                   p_attr, p_op, p_lo, p_hi, p_set_offsets, p_set_values, p_aux,
+                   alive, counters, slots, hits, bm0, bm1, stack, result):
+        """Match events ``[e_first, e_last)``: write each event's alive TRUE
+        subscription positions, ascending, to ``out[base + used:]`` and
+        their number to ``ev_count[e]``.  When an event's positions do not
+        fit in ``cap``, stop: ``result = (that event, its count)``; else
+        ``result = (e_last, 0)``."""
+        n_attrs = len(pivot_of_attr)
+        has_post = len(counter_post_start) > 1     # (length 1: no IS NULL tests at all)
+        used = 0
+        result[0] = e_last
+        result[1] = 0
+        for e in range(e_first, e_last):
+            ev_start = ev_offsets[e]
+            ev_stop = ev_offsets[e + 1]
+            found = 0
+            # subscriptions no event attribute can find: evaluated on every event
+            for k in range(len(always_pos)):
+                pos = always_pos[k]
+                if alive[pos] != 0:
+                    if run_prog(prog_offsets[pos], prog_offsets[pos + 1], prog_kind, prog_arg, ev_start, ev_stop,
+                                ev_attr, ev_value, ev_token, p_attr, p_op, p_lo, p_hi, p_set_offsets,
+                                p_set_values, p_aux, pattern_truth, stack) == TRUE:
+                        word = pos >> 6
+                        mask = np.uint64(1) << np.uint64(pos & 63)
+                        if (bm0[word] & mask) == 0:
+                            bm0[word] |= mask
+                            bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                            found += 1
+            # Lemma 1: only the partitions of pivots the event carries
+            for j in range(ev_start, ev_stop):
+                pivot_attr = ev_attr[j]
+                if pivot_attr >= n_attrs:
+                    continue
+                p = pivot_of_attr[pivot_attr]
+                if p < 0:
+                    continue
+                # entries point at counters (>= 0) and clause slots (< 0) relative to the partition's
+                c_base = part_counter_start[p]
+                s_base = part_slot_start[p]
+                for c in range(c_base, part_counter_start[p + 1]):   # initialise V_{A_p}
+                    counters[c] = counter_init[c]
+                for c in range(s_base, part_slot_start[p + 1]):
+                    slots[c] = 0
+                n_hits = 0
+                for i in range(ev_start, ev_stop):
+                    attr = ev_attr[i]
+                    if attr >= n_attrs:
+                        continue
+                    v = ev_value[i]
+                    vq = v           # the value in the lists' operand domain
+                    if use_rank:     # operands stored as 2 * rank + 1 among the distinct operands
+                        lo = 0
+                        n = len(vals)
+                        while n > 0:
+                            half = n >> 1
+                            go = vals[lo + half] < v
+                            lo = lo + half + 1 if go else lo
+                            n = n - half - 1 if go else half
+                        vq = 2.0 * lo + (1.0 if lo < len(vals) and vals[lo] == v else 0.0)
+                    for op in range(8):
+                        l = p * 8 + op
+                        shift = list_shift[l]
+                        if shift < 0:
+                            continue
+                        # segment directory, then the segment's signature (Example 3)
+                        bucket = list_bucket_base[l] + (attr >> shift)
+                        if use_sig:
+                            bit = eq_bit_fn(attr, vq, sig_bits) if op == 0 else attr_bit_fn(attr, sig_bits)
+                            if ((bucket_sig[bucket] >> np.uint64(bit)) & np.uint64(1)) == 0:
+                                continue
+                        # the attribute's run in the segment
+                        lo = bucket_run_start[bucket]
+                        hi = bucket_run_start[bucket + 1]
+                        end = hi
+                        while lo < hi:
+                            mid = (lo + hi) >> 1
+                            if run_attr[mid] < attr:
+                                lo = mid + 1
+                            else:
+                                hi = mid
+                        if lo >= end or run_attr[lo] != attr:
+                            continue
+                        a = run_start[lo]
+                        b = run_start[lo + 1]
+                        # range scans of §4.2 (entries sorted by operand):
+                        # first >= v (lower) and first > v (upper)
+                        # (branch-free binary searches: the comparisons are unpredictable)
+                        lower = a
+                        upper = b
+                        if op != 2 and op != 5 and op != 7:
+                            lo = a
+                            n = b - a
+                            while n > 0:
+                                half = n >> 1
+                                go = ent_val[lo + half] < vq
+                                lo = lo + half + 1 if go else lo
+                                n = n - half - 1 if go else half
+                            lower = lo
+                        if op == 0 or op == 1 or op == 2 or op == 5 or op == 7:
+                            lo = lower
+                            n = b - lower
+                            while n > 0:
+                                half = n >> 1
+                                go = ent_val[lo + half] <= vq
+                                lo = lo + half + 1 if go else lo
+                                n = n - half - 1 if go else half
+                            upper = lo
+                        lo0 = a
+                        hi0 = b
+                        lo1 = b
+                        if op == 0:      # operand == v
+                            lo0 = lower
+                            hi0 = upper
+                        elif op == 1:    # operand != v
+                            hi0 = lower
+                            lo1 = upper
+                        elif op == 2:    # v < operand
+                            lo0 = upper
+                        elif op == 3:    # v <= operand
+                            lo0 = lower
+                        elif op == 4:    # v > operand
+                            hi0 = lower
+                        elif op == 5 or op == 7:    # v >= operand; PREFIX: interval starts at or below v
+                            hi0 = upper
+                        if op < 6:
+                            for half in range(2):
+                                k0 = lo0 if half == 0 else lo1
+                                k1 = hi0 if half == 0 else b
+                                for k in range(k0, k1):
+                                    t = np.int64(ent_target[k]) + c_base
+                                    if t < c_base:       # a CNF clause: its bit, once
+                                        slot = s_base - 1 - (t - c_base)
+                                        if slots[slot] != 0:
+                                            continue
+                                        slots[slot] = 1
+                                        t = slot_counter[slot]
+                                    x = counters[t] - 1
+                                    counters[t] = x
+                                    hits[n_hits] = t         # kept when the counter reached 0 (no branch)
+                                    n_hits += x == 0
+                            continue
+                        side = list_side_base[l]
+                        token = ev_token[i]
+                        for k in range(lo0, hi0):
+                            pid = side_pid[k + side]
+                            if op == 6:      # VERIFY: exact three-valued test on the present value
+                                pop = x_op[pid]
+                                hit = False
+                                if pop >= LIKE and pop <= NOT_MATCHES:
+                                    hit = pattern_truth[token, x_aux[pid]] != 0
+                                s0 = 0
+                                s1 = 0
+                                if pop == IN or pop == NOT_IN:
+                                    s0 = x_set_start[pid]
+                                    s1 = x_set_stop[pid]
+                                if truth(pop, x_lo[pid], x_hi[pid], set_values, s0, s1, hit, True, v) != TRUE:
+                                    continue
+                            else:            # PREFIX: interval end, then the exact pattern result
+                                if side_hi[k + side] < v or pattern_truth[token, x_aux[pid]] == 0:
+                                    continue
+                            t = np.int64(ent_target[k]) + c_base
+                            if t < c_base:
+                                slot = s_base - 1 - (t - c_base)
+                                if slots[slot] != 0:
+                                    continue
+                                slots[slot] = 1
+                                t = slot_counter[slot]
+                            x = counters[t] - 1
+                            counters[t] = x
+                            if x == 0:
+                                hits[n_hits] = t
+                                n_hits += 1
+                # counters that reached 0: their IS NULL tests, then the subscription
+                for h in range(n_hits):
+                    t = hits[h]
+                    if has_post:
+                        absent = True
+                        for q in range(counter_post_start[t], counter_post_start[t + 1]):
+                            want = post_attr[q]
+                            lo = ev_start
+                            hi = ev_stop
+                            while lo < hi:
+                                mid = (lo + hi) >> 1
+                                if ev_attr[mid] < want:
+                                    lo = mid + 1
+                                else:
+                                    hi = mid
+                            if lo < ev_stop and ev_attr[lo] == want:
+                                absent = False
+                                break
+                        if not absent:
+                            continue
+                    pos = counter_sub[t]
+                    # counter_live: alive per counter (next to the counters); empty: read alive
+                    if (counter_live[t] if len(counter_live) else alive[pos]) != 0:
+                        word = pos >> 6
+                        mask = np.uint64(1) << np.uint64(pos & 63)
+                        if (bm0[word] & mask) == 0:
+                            bm0[word] |= mask
+                            bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                            found += 1
+            # the marked positions, ascending (and the bitmap cleared)
+            write = used + found <= cap
+            at = base + used
+            for w1 in range(len(bm1)):
+                y1 = bm1[w1]
+                if y1 == 0:
+                    continue
+                bm1[w1] = np.uint64(0)
+                while y1 != 0:
+                    low = y1 & (~y1 + np.uint64(1))
+                    y1 ^= low
+                    w = w1 * 64 + ctz_fn(low)
+                    y = bm0[w]
+                    bm0[w] = np.uint64(0)
+                    while y != 0:
+                        lb = y & (~y + np.uint64(1))
+                        y ^= lb
+                        if write:
+                            out[at] = w * 64 + ctz_fn(lb)
+                            at += 1
+            if not write:
+                result[0] = e
+                result[1] = found
+                return
+            used += found
+            ev_count[e] = found
+    return match_task
+
+
+match_task = njit(nogil=True)(make_match_task(predicate_truth, run_program, attr_bit, eq_bit, ctz))
+
+
+def opindex_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions,
+                         ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
+                         pivot_of_attr, part_counter_start, part_slot_start,
+                         list_shift, list_bucket_base, list_side_base, bucket_run_start, bucket_sig, sig_bits,
+                         use_sig, run_attr, run_start, ent_val, vals, use_rank, ent_target, side_pid, side_hi,
+                         counter_init, counter_sub, counter_live, counter_post_start, post_attr, slot_counter,
+                         x_op, x_lo, x_hi, x_set_start, x_set_stop, set_values, x_aux,
+                         always_pos, prog_offsets, prog_kind, prog_arg,
+                         p_attr, p_op, p_lo, p_hi, p_set_offsets, p_set_values, p_aux, max_depth, alive):
+    """Match events ``[task_first[t], task_last[t])`` for every task ``t``
+    in parallel, with per-task counters, clause bits and output bitmap.
+    Task ``t`` writes its events' positions, ascending per event, to
+    ``out[t * cap:]`` and ``ev_count[e]``; when the next event does not fit
+    it stops there (``task_stop[t]``, ``task_need[t]`` = that event's match
+    count) so the caller can resume with more room."""
+    n_words = (n_positions + 63) >> 6
+    max_part = 0
+    for p in range(len(part_counter_start) - 1):
+        max_part = max(max_part, part_counter_start[p + 1] - part_counter_start[p])
+    for t in prange(len(task_first)):
+        counters = np.empty(len(counter_init), dtype=counter_init.dtype)
+        slots = np.zeros(max(len(slot_counter), 1), dtype=np.uint8)
+        bm0 = np.zeros(max(n_words, 1), dtype=np.uint64)
+        bm1 = np.zeros(max((n_words + 63) >> 6, 1), dtype=np.uint64)
+        stack = np.empty(max(max_depth, 1), dtype=np.int8)
+        hits = np.empty(max_part + 1, dtype=np.int64)
+        result = np.empty(2, dtype=np.int64)
+        match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count,
+                   ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
+                   pivot_of_attr, part_counter_start, part_slot_start,
+                   list_shift, list_bucket_base, list_side_base, bucket_run_start, bucket_sig, sig_bits,
+                   use_sig, run_attr, run_start, ent_val, vals, use_rank, ent_target, side_pid, side_hi,
+                   counter_init, counter_sub, counter_live, counter_post_start, post_attr, slot_counter,
+                   x_op, x_lo, x_hi, x_set_start, x_set_stop, set_values, x_aux,
+                   always_pos, prog_offsets, prog_kind, prog_arg,
+                   p_attr, p_op, p_lo, p_hi, p_set_offsets, p_set_values, p_aux,
+                   alive, counters, slots, hits, bm0, bm1, stack, result)
+        task_stop[t] = result[0]
+        task_need[t] = result[1]
+
+
+#: the CPU kernel: tasks over all cores
+opindex_match_kernel = njit(parallel=True, nogil=True, cache=True)(opindex_match_kernel_py)
+#: the same on the calling thread, for single events: waking the other
+#: threads for one task costs more than the task on a busy machine
+opindex_match_serial = njit(nogil=True, cache=True)(opindex_match_kernel_py)
+
+
+# --------------------------------------------------------------------------
+# building
+# --------------------------------------------------------------------------
+@njit(nogil=True, cache=True)
+def plain_conjunctions(prog_offsets, prog_kind, prog_arg):
+    """Per subscription: is its program a plain conjunction of predicates
+    (one LEAF, or k LEAFs followed by AND k)?"""
+    n = len(prog_offsets) - 1
+    out = np.zeros(n, dtype=np.bool_)
+    for s in range(n):
+        a = prog_offsets[s]
+        b = prog_offsets[s + 1]
+        if b - a == 1:
+            out[s] = prog_kind[a] == 0
+            continue
+        if prog_kind[b - 1] != 1 or prog_arg[b - 1] != b - a - 1:
+            continue
+        ok = True
+        for pc in range(a, b - 1):
+            if prog_kind[pc] != 0:
+                ok = False
+                break
+        out[s] = ok
+    return out
+
+
+@njit(nogil=True, cache=True)
+def plain_units(positions, prog_offsets, prog_kind, prog_arg):
+    """CSR (unit offsets, predicate ids) of plain conjunction programs: the
+    leaves of each program, duplicates removed."""
+    n = len(positions)
+    total = 0
+    for k in range(n):
+        s = positions[k]
+        total += prog_offsets[s + 1] - prog_offsets[s]
+    offsets = np.empty(n + 1, dtype=np.int64)
+    pids = np.empty(total, dtype=np.int64)
+    at = 0
+    offsets[0] = 0
+    for k in range(n):
+        s = positions[k]
+        start = at
+        for pc in range(prog_offsets[s], prog_offsets[s + 1]):
+            if prog_kind[pc] != 0:
+                continue
+            pid = prog_arg[pc]
+            dup = False
+            for q in range(start, at):
+                if pids[q] == pid:
+                    dup = True
+                    break
+            if not dup:
+                pids[at] = pid
+                at += 1
+        offsets[k + 1] = at
+    return offsets, pids[:at].copy()
+
+
+@njit(nogil=True, cache=True)
+def choose_pivots(unit_offsets, unit_pids, x_attr, findable, attr_key, weight):
+    """Pivot attribute of each conjunction (eq. 1): among the attributes of
+    its predicates that an event must carry (all but IS NULL), the one of
+    least frequency ``attr_key``, ties to the smaller attribute id; -1 when
+    there is none.  Also the counter's initial value: its number of
+    predicates after the §4.2 rewrites (``weight``: BETWEEN counts 2)."""
+    n = len(unit_offsets) - 1
+    pivot = np.full(n, -1, dtype=np.int64)
+    init = np.zeros(n, dtype=np.int64)
+    for u in range(n):
+        best = -1
+        best_key = np.int64(0)
+        total = 0
+        for k in range(unit_offsets[u], unit_offsets[u + 1]):
+            pid = unit_pids[k]
+            total += weight[pid]
+            if not findable[pid]:
+                continue
+            a = x_attr[pid]
+            key = attr_key[a]
+            if best < 0 or key < best_key or (key == best_key and a < best):
+                best = a
+                best_key = key
+        pivot[u] = best
+        init[u] = total
+    return pivot, init
+
+
+def pack_predicates(x_attr, x_op, prefix_ok, n_conj, n_cnf, rank_lo, rank_hi, x_set_start):
+    """What building reads of a predicate, in one 32-byte row (one cache
+    miss per predicate occurrence instead of six): attribute | operator <<
+    32 | prefix << 40; entries in a conjunction | in a CNF clause << 32;
+    operand rank; BETWEEN's high rank or the IN list's first value."""
+    info = np.empty((len(x_op), 4), dtype=np.int64)
+    info[:, 0] = x_attr.astype(np.int64) | (x_op.astype(np.int64) << 32) | (prefix_ok.astype(np.int64) << 40)
+    info[:, 1] = n_conj | (n_cnf << 32)
+    info[:, 2] = rank_lo
+    info[:, 3] = np.where(x_op == 6, x_set_start, rank_hi)
+    return info
+
+
+@njit(nogil=True, cache=True)
+def emit_entries(counter_item, n_units, part_counter_start, unit_offsets, unit_pids,
+                 copy_clause_offsets, clause_offsets, clause_pids, info, list_conj, list_cnf, set_rank):
+    """The index entries, partition by partition in counter order: one per
+    (counter, predicate) and per list the predicate is stored in -- ``=``
+    and the comparisons once, IN once per value (in ``=``), BETWEEN in a
+    conjunction as ``>= lo`` and ``<= hi`` (§4.2), the rest once in VERIFY
+    (or PREFIX).  A CNF copy's entries point at its clause slots.  Each
+    entry: list id ``part * 8 + list``, attribute, rank (the operand's rank
+    among all operands; the predicate id in VERIFY and PREFIX), counter
+    pointer relative to the partition.  Also the IS NULL tests of each
+    conjunction counter (CSR), each clause slot's counter and the
+    partitions' first slots.  ``info``: :func:`pack_predicates`."""
+    n_counters = len(counter_item)
+    n_parts = len(part_counter_start) - 1
+    low = np.int64(0xFFFFFFFF)
+    # pass 1: how many entries, IS NULL tests and slots per partition
+    part_entries = np.zeros(n_parts + 1, dtype=np.int64)
+    part_posts = np.zeros(n_parts + 1, dtype=np.int64)
+    part_slots = np.zeros(n_parts + 1, dtype=np.int64)
+    for part in range(n_parts):
+        ne = 0
+        npost = 0
+        ns = 0
+        for c in range(part_counter_start[part], part_counter_start[part + 1]):
+            item = counter_item[c]
+            if item < n_units:
+                for k in range(unit_offsets[item], unit_offsets[item + 1]):
+                    row = unit_pids[k]
+                    ne += info[row, 1] & low
+                    if list_conj[(info[row, 0] >> 32) & 255] < 0:
+                        npost += 1
+            else:
+                copy = item - n_units
+                for cl in range(copy_clause_offsets[copy], copy_clause_offsets[copy + 1]):
+                    ns += 1
+                    for k in range(clause_offsets[cl], clause_offsets[cl + 1]):
+                        ne += info[clause_pids[k], 1] >> 32
+        part_entries[part + 1] = part_entries[part] + ne
+        part_posts[part + 1] = part_posts[part] + npost
+        part_slots[part + 1] = part_slots[part] + ns
+    n_entries = part_entries[n_parts]
+    n_post = part_posts[n_parts]
+    n_slots = part_slots[n_parts]
+    e_list = np.empty(n_entries, dtype=np.int32)
+    e_attr = np.empty(n_entries, dtype=np.int32)
+    e_rank = np.empty(n_entries, dtype=np.int32)
+    e_target = np.empty(n_entries, dtype=np.int32)
+    post_start = np.zeros(n_counters + 1 if n_post else 1, dtype=np.int64)
+    post_attr = np.empty(n_post, dtype=np.int32)
+    slot_counter = np.empty(n_slots, dtype=np.int64)
+    # pass 2: fill
+    at = 0
+    pa = 0
+    slot = 0
+    for part in range(n_parts):
+        slot_base = part_slots[part]
+        base = part * 8
+        for c in range(part_counter_start[part], part_counter_start[part + 1]):
+            item = counter_item[c]
+            cnf = item >= n_units
+            local = c - part_counter_start[part]
+            k0 = unit_offsets[item] if not cnf else 0
+            k1 = unit_offsets[item + 1] if not cnf else 0
+            cl0 = 0
+            cl1 = 0
+            if cnf:
+                cl0 = copy_clause_offsets[item - n_units]
+                cl1 = copy_clause_offsets[item - n_units + 1]
+                k0 = clause_offsets[cl0]
+                k1 = clause_offsets[cl1]
+            cl = cl0
+            for k in range(k0, k1):
+                if cnf:
+                    while clause_offsets[cl + 1] <= k:      # the clause of occurrence k
+                        cl += 1
+                    pid = clause_pids[k]
+                else:
+                    pid = unit_pids[k]
+                w0 = info[pid, 0]
+                attr = np.int32(w0 & low)
+                op = (w0 >> 32) & 255
+                lst = list_cnf[op] if cnf else list_conj[op]
+                if lst < 0:              # IS NULL (conjunctions only): checked when the counter reaches 0
+                    post_attr[pa] = attr
+                    pa += 1
+                    continue
+                if op == 10 and (w0 >> 40) & 1:
+                    lst = L_PREFIX
+                m = info[pid, 1] >> 32 if cnf else info[pid, 1] & low
+                target = -(slot + (cl - cl0) - slot_base) - 1 if cnf else local
+                for j in range(m):
+                    e_attr[at] = attr
+                    e_target[at] = target
+                    if lst == L_VERIFY or lst == L_PREFIX:      # (sorted by the prefix's rank later)
+                        e_list[at] = base + lst
+                        e_rank[at] = pid
+                    elif op == 6:        # IN: one '=' entry per value
+                        e_list[at] = base + L_EQ
+                        e_rank[at] = set_rank[info[pid, 3] + j]
+                    elif op == 8 and j == 1:     # BETWEEN in a conjunction: >= lo and <= hi
+                        e_list[at] = base + L_LE
+                        e_rank[at] = info[pid, 3]
+                    else:
+                        e_list[at] = base + lst
+                        e_rank[at] = info[pid, 2]
+                    at += 1
+            for q in range(cl1 - cl0):
+                slot_counter[slot] = c
+                slot += 1
+            if n_post:
+                post_start[c + 1] = pa
+    return e_list, e_attr, e_rank, e_target, post_start, post_attr, slot_counter, part_slots
+
+
+@njit(nogil=True, cache=True)
+def counting_order(keys, n_keys):
+    """Stable counting sort permutation of small non-negative int keys, and
+    the bucket offsets."""
+    counts = np.zeros(n_keys + 1, dtype=np.int64)
+    for i in range(len(keys)):
+        counts[keys[i] + 1] += 1
+    for k in range(n_keys):
+        counts[k + 1] += counts[k]
+    offsets = counts.copy()
+    order = np.empty(len(keys), dtype=np.int64)
+    for i in range(len(keys)):
+        k = keys[i]
+        order[counts[k]] = i
+        counts[k] += 1
+    return order, offsets
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def sort_within_lists(list_offsets, order, e_attr, e_rank, n_rank, prefix_rank):
+    """Sort each list's slice of ``order`` by (attribute, operand rank),
+    stably (entries arrive in counter order, which ties keep); PREFIX
+    entries by their prefix's rank."""
+    n_lists = len(list_offsets) - 1
+    for l in prange(n_lists):
+        a = list_offsets[l]
+        b = list_offsets[l + 1]
+        if b - a < 2:
+            continue
+        idx = order[a:b].copy()
+        keys = np.empty(b - a, dtype=np.int64)
+        prefix = (l % 8) == L_PREFIX
+        for i in range(b - a):
+            r = np.int64(e_rank[idx[i]])
+            keys[i] = np.int64(e_attr[idx[i]]) * n_rank + (prefix_rank[r] if prefix else r)
+        perm = np.argsort(keys, kind="mergesort")
+        for i in range(b - a):
+            order[a + i] = idx[perm[i]]
+
+
+@njit(nogil=True, cache=True)
+def gather_sorted(order, list_offsets, e_list, e_attr, e_rank, e_target, vals, prefix_rank, prefix_hi, use_rank):
+    """The sorted entry arrays: attribute, operand (``2 * rank + 1`` with
+    ``use_rank``, else ``vals[rank]``; 0 in VERIFY), counter pointer; and
+    the side arrays (predicate id, interval end) of the VERIFY and PREFIX
+    entries, in entry order."""
+    n = len(order)
+    s_attr = np.empty(n, dtype=np.int32)
+    s_val = np.empty(n, dtype=np.float64)
+    s_target = np.empty(n, dtype=np.int32)
+    n_side = 0
+    for i in range(n):
+        if e_list[i] % 8 >= L_VERIFY:
+            n_side += 1
+    side_pid = np.empty(n_side, dtype=np.int64)
+    side_hi = np.empty(n_side, dtype=np.float64)
+    n_lists = len(list_offsets) - 1
+    list_side_base = np.zeros(n_lists, dtype=np.int64)
+    k = 0
+    for l in range(n_lists):
+        list_side_base[l] = k - list_offsets[l]
+        special = (l % 8) >= L_VERIFY
+        for i in range(list_offsets[l], list_offsets[l + 1]):
+            src = order[i]
+            s_attr[i] = e_attr[src]
+            s_target[i] = e_target[src]
+            rank = np.int64(e_rank[src])
+            if (l % 8) == L_VERIFY:
+                s_val[i] = 0.0
+            else:
+                if (l % 8) == L_PREFIX:
+                    rank = prefix_rank[rank]
+                s_val[i] = 2.0 * rank + 1.0 if use_rank else vals[rank]
+            if special:
+                pid = e_rank[src]
+                side_pid[k] = pid
+                side_hi[k] = prefix_hi[pid]
+                k += 1
+    return s_attr, s_val, s_target, side_pid, side_hi, list_side_base
+
+
+@njit(nogil=True, cache=True)
+def build_directory(list_offsets, s_attr, s_val, n_attrs, attr_bits, max_seg_log2, sig_bits, use_segments):
+    """Runs, segment directory and segment signatures of every list, over
+    entries already sorted by (list, attribute, operand).
+
+    A list with ``r`` distinct attributes gets ``2**k`` segments, ``k =
+    min(log2 b, floor(log2 r))`` (one segment for OpIndex-BS); segment of
+    attribute ``a`` is ``a >> (attr_bits - k)``, so a list sorted by
+    (attribute, operand) is also sorted by segment and every attribute lies
+    in one segment (§4.2)."""
+    n_lists = len(list_offsets) - 1
+    n = len(s_attr)
+    # runs: the entries of one attribute in one list
+    run_attr_all = np.empty(n, dtype=np.int32)
+    run_start_all = np.empty(n + 1, dtype=np.int64)
+    list_run_start = np.zeros(n_lists + 1, dtype=np.int64)
+    r = 0
+    for l in range(n_lists):
+        list_run_start[l] = r
+        for i in range(list_offsets[l], list_offsets[l + 1]):
+            if i == list_offsets[l] or s_attr[i] != s_attr[i - 1]:
+                run_attr_all[r] = s_attr[i]
+                run_start_all[r] = i
+                r += 1
+    list_run_start[n_lists] = r
+    n_runs = r
+    run_attr = run_attr_all[:n_runs].copy()
+    run_start = run_start_all[:n_runs + 1].copy()
+    run_start[n_runs] = n
+    # segments per list
+    list_shift = np.full(n_lists, -1, dtype=np.int8)
+    list_bucket_base = np.zeros(n_lists, dtype=np.int64)
+    n_buckets = 0
+    for l in range(n_lists):
+        nr = list_run_start[l + 1] - list_run_start[l]
+        if nr == 0:
+            continue
+        k = 0
+        if use_segments:
+            while k < max_seg_log2 and (2 << k) <= nr:
+                k += 1
+        if k > attr_bits:
+            k = attr_bits
+        list_shift[l] = attr_bits - k
+        list_bucket_base[l] = n_buckets
+        n_buckets += 1 << k
+    bucket_run_start = np.zeros(n_buckets + 1, dtype=np.int64)
+    bucket_sig = np.zeros(max(n_buckets, 1), dtype=np.uint64)
+    for l in range(n_lists):
+        if list_shift[l] < 0:
+            continue
+        shift = list_shift[l]
+        nseg = 1 << (attr_bits - shift)
+        base = list_bucket_base[l]
+        r = list_run_start[l]
+        r_end = list_run_start[l + 1]
+        for s in range(nseg):
+            bucket_run_start[base + s] = r
+            while r < r_end and (run_attr[r] >> shift) == s:
+                r += 1
+        op = l % 8
+        for rr in range(list_run_start[l], r_end):
+            a = run_attr[rr]
+            bucket = base + (a >> shift)
+            if op == 0:
+                for i in range(run_start[rr], run_start[rr + 1]):
+                    bucket_sig[bucket] |= np.uint64(1) << np.uint64(eq_bit(a, s_val[i], sig_bits))
+            else:
+                bucket_sig[bucket] |= np.uint64(1) << np.uint64(attr_bit(a, sig_bits))
+    bucket_run_start[n_buckets] = list_run_start[n_lists]
+    return run_attr, run_start, list_shift, list_bucket_base, bucket_run_start, bucket_sig
