@@ -91,6 +91,19 @@ DEFAULT_SCALE = 0.01
 
 
 # ------------------------------------------------------------------ helpers
+#: ablations measured next to the algorithms: bench name -> (algorithm, Index options)
+VARIANTS = {"opindex-bs": ("opindex", {"variant": "bs"})}   # OpIndex-BS: no segments, no signatures
+
+
+def _new_index(algorithm: str, backend: str) -> Index:
+    base, options = VARIANTS.get(algorithm, (algorithm, None))
+    return Index(algorithm=base, backend=backend, options=options)
+
+
+def _matcher_class(algorithm: str, backend: str):
+    return matcher_class(VARIANTS.get(algorithm, (algorithm,))[0], backend)
+
+
 def implemented_algorithms(backends=("cpu",)) -> list[str]:
     """The algorithms of :data:`ALGORITHMS` implemented on at least one of ``backends``."""
     found = []
@@ -183,7 +196,7 @@ class _Measurement:
 
 def _warm_up(algorithm, backend, subscriptions, events, dicts) -> None:
     """A small untimed build and match, so that numba compiles outside the timings."""
-    index = Index(algorithm=algorithm, backend=backend)
+    index = _new_index(algorithm, backend)
     index.add_many(_first_subscriptions(subscriptions, WARMUP_SUBS))
     index.merge()
     index.match_batch(events.slice(0, WARMUP_EVENTS), output="arrow")
@@ -199,7 +212,7 @@ def _measure(algorithm, backend, subscriptions, events, dicts, repeats, *, laten
         _warm_up(algorithm, backend, subscriptions, events, dicts)
     say("build")
     start = time.perf_counter()
-    index = Index(algorithm=algorithm, backend=backend)
+    index = _new_index(algorithm, backend)
     index.add_many(subscriptions)
     index.merge()
     index.match_batch(events.slice(0, 1), output="arrow")   # builds what the index builds lazily
@@ -354,7 +367,7 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
                         raise scan
                     measured = scan
                 else:
-                    matcher_class(algorithm, backend)   # BackendUnavailable before any work
+                    _matcher_class(algorithm, backend)   # BackendUnavailable before any work
                     measured = _measure(algorithm, backend, subscriptions, events, dicts, repeats,
                                         status=status(algorithm, backend))
             except BackendUnavailable as exc:
@@ -743,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--events", type=_positive(int), metavar="N",
                       help="events per workload (generated workloads: generate N; Parquet: the first N)")
     what.add_argument("--seed", type=int, default=0, help="generator seed (default %(default)s)")
-    what.add_argument("--algorithm", action="append", choices=(*ALGORITHMS, "all"),
+    what.add_argument("--algorithm", action="append", choices=(*ALGORITHMS, *VARIANTS, "all"),
                       help="algorithm (repeatable; 'all' for every name, unimplemented ones reported as "
                            "skipped; default every implemented algorithm)")
     what.add_argument("--backend", action="append", choices=("cpu", "cuda"),

@@ -300,3 +300,15 @@ def test_ingest_mode_reports_parse_and_ingestion_rates(capsys):
     assert rates["n_subscriptions"] == workload.n_subscriptions
     assert main(["--ingest", "--scale", "0.0005", "--repeats", "1"]) == 0
     assert "expressions/s" in capsys.readouterr().out
+
+
+def test_opindex_bs_ablation_is_benchmarked_next_to_opindex():
+    from engine.bench import run_benchmark
+    from engine.workloads import opindex_gen
+
+    workload = opindex_gen(300, 50, dims=50, cardinality=20, gamma_max=5, m=20, theta=0.4, zipf=None, seed=1)
+    rows = run_benchmark([workload], ["opindex", "opindex-bs"], ["cpu"], repeats=1, latency_samples=5,
+                         progress=False)
+    by_name = {r["algorithm"]: r for r in rows}
+    assert by_name["opindex-bs"]["status"] == "ok" and by_name["opindex-bs"]["correct"] is True
+    assert by_name["opindex"]["matches_per_event"] == by_name["opindex-bs"]["matches_per_event"]
