@@ -1,0 +1,91 @@
+"""spark_integration.bench_overhead at a tiny scale, on the session's local
+Spark (conftest.py's ``spark`` fixture): the Spark result equals the
+in-process one, each Python worker loads the index exactly once whatever the
+number of runs, and the report has every field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spark_integration import bench_overhead
+
+
+def test_wide_to_map_round_trips_through_the_map_layout():
+    """The benchmark's map form of the events is what match_events' map
+    layout turns back into the wide table (no Spark needed)."""
+    from engine import workloads
+    from spark_integration.layout import map_to_wide
+
+    events = workloads.standard("W1", scale=0.001, n_events=200).events
+    column = bench_overhead.wide_to_map(events)
+    assert len(column) == events.num_rows
+    back = map_to_wide(column, {name: "numeric" for name in events.column_names})
+    for name in events.column_names:
+        if name in back.column_names:
+            assert back[name].equals(events[name]), name
+        else:     # an attribute no event has: no key anywhere
+            assert events[name].null_count == events.num_rows, name
+
+
+def test_pairs_helper_sorts_lexicographically():
+    e, s = bench_overhead._pairs(np.array([2, 1, 2, 1]), np.array([5, 9, 3, 4]))
+    assert e.tolist() == [1, 1, 2, 2] and s.tolist() == [4, 9, 3, 5]
+
+
+@pytest.mark.spark
+def test_overhead_bench_tiny(spark):
+    result = bench_overhead.run(spark, workload="W1", scale=0.001, n_events=300, repeats=2, layout="map",
+                                profile=True)
+
+    assert set(result) == set(bench_overhead.FIELDS)
+    # None only: Spark's default Arrow batch size, and the wide layout's conversion (not measured here)
+    assert [k for k in bench_overhead.FIELDS if result[k] is None] == ["arrow_batch_size", "to_wide_s"]
+
+    # the workload and both sides agree
+    assert result["subscriptions"] == 1_000 and result["events"] == 300
+    assert result["matches"] > 0
+    assert result["verified"] is True and result["verified_pairs"] == result["matches"]
+    assert list(result["spark_layouts"]) == ["map"] and result["layout"] == "map"
+    figures = result["spark_layouts"]["map"]
+    assert figures["verified"] is True and figures["verified_pairs"] == result["matches"]
+    assert len(figures["runs"]) == 2 and figures["spark_s"] > 0 and figures["ratio"] > 0
+
+    # shipped once, loaded exactly once per Python worker despite a warm-up, 2 timed runs and the profile's runs
+    assert result["shipments"] == 1 and result["executors"] == 1
+    assert result["loads"] >= 1
+    assert set(result["loads_per_worker"].values()) == {1}
+    assert result["loads_per_worker_index"] == [1]
+    assert sum(result["loads_per_executor"].values()) == result["loads"] == len(result["loads_per_worker"])
+
+    # timings and machine facts
+    assert len(result["in_process_runs"]) == 2 and result["in_process_s"] > 0
+    assert result["ratio"] == pytest.approx(result["spark_s"] / result["in_process_s"])
+    assert result["spark_s"] == result["spark_layouts"]["map"]["spark_s"]
+    assert result["within_target"] == (result["ratio"] <= result["target_ratio"])
+    assert result["partitions"] == spark.sparkContext.defaultParallelism
+    machine = result["machine"]
+    assert machine["nproc"] >= 1 and machine["cpu_model"] and machine["date"]
+    assert set(result["profile"]) == {"map", "empty job"}
+    assert set(result["profile"]["map"]) == {"input only", "match, no output", "match_events() call",
+                                             "full match_events"}
+
+    report = bench_overhead.format_report(result, "python -m spark_integration.bench_overhead --scale 0.001")
+    assert "ratio spark (map) / in-process" in report and "loads per worker" in report
+    assert "profile (spark medians" in report
+
+
+@pytest.mark.spark
+def test_overhead_bench_wide_grouped_noop_restores_the_batch_size(spark):
+    key = bench_overhead.ARROW_BATCH_CONF
+    before = spark.conf.get(key, None)
+    result = bench_overhead.run(spark, scale=0.001, n_events=150, repeats=1, layout="wide", output="grouped",
+                                action="noop", arrow_batch_size=40)
+    assert spark.conf.get(key, None) == before
+    assert [k for k in bench_overhead.FIELDS if result[k] is None] == ["to_map_s", "profile"]
+    assert result["verified"] is True and result["verified_pairs"] == result["matches"] > 0
+    assert list(result["spark_layouts"]) == ["wide"] and result["layout"] == "wide"
+    assert set(result["loads_per_worker"].values()) <= {1}      # the index may already be loaded: no new load
+    assert result["loads_per_worker_index"] in ([], [1])
+    assert result["spark_batches"] >= 2 * (150 // 40)           # batches of at most 40 events, warm-up + 1 run
+    assert f"spark {spark.sparkContext.master} wide grouped+noop" in bench_overhead.format_report(result)
