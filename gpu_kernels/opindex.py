@@ -58,7 +58,7 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
-from gpu_kernels.predicates import predicate_truth
+from gpu_kernels.predicates import find_attribute, predicate_truth
 from gpu_kernels.scan import run_program
 
 #: list operators (second-level partitions)
@@ -115,7 +115,7 @@ ctz = njit(inline="always", nogil=True)(ctz_py)
 # updates (atomic, shared between threads) around every call that passes
 # arrays, inlined helpers included, and those cost more than the work.
 # --------------------------------------------------------------------------
-def make_match_task(truth, run_prog, attr_bit_fn, eq_bit_fn, ctz_fn):
+def make_match_task(truth, run_prog, attr_bit_fn, eq_bit_fn, ctz_fn, find):
     def match_task(e_first, e_last, out, base, cap, ev_count,
                    ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
                    pivot_of_attr, part_counter_start, part_slot_start,
@@ -196,16 +196,8 @@ def make_match_task(truth, run_prog, attr_bit_fn, eq_bit_fn, ctz_fn):
                             if ((bucket_sig[bucket] >> np.uint64(bit)) & np.uint64(1)) == 0:
                                 continue
                         # the attribute's run in the segment
-                        lo = bucket_run_start[bucket]
-                        hi = bucket_run_start[bucket + 1]
-                        end = hi
-                        while lo < hi:
-                            mid = (lo + hi) >> 1
-                            if run_attr[mid] < attr:
-                                lo = mid + 1
-                            else:
-                                hi = mid
-                        if lo >= end or run_attr[lo] != attr:
+                        lo = find(run_attr, bucket_run_start[bucket], bucket_run_start[bucket + 1], attr)
+                        if lo < 0:
                             continue
                         a = run_start[lo]
                         b = run_start[lo + 1]
@@ -303,16 +295,7 @@ def make_match_task(truth, run_prog, attr_bit_fn, eq_bit_fn, ctz_fn):
                     if has_post:
                         absent = True
                         for q in range(counter_post_start[t], counter_post_start[t + 1]):
-                            want = post_attr[q]
-                            lo = ev_start
-                            hi = ev_stop
-                            while lo < hi:
-                                mid = (lo + hi) >> 1
-                                if ev_attr[mid] < want:
-                                    lo = mid + 1
-                                else:
-                                    hi = mid
-                            if lo < ev_stop and ev_attr[lo] == want:
+                            if find(ev_attr, ev_start, ev_stop, post_attr[q]) >= 0:
                                 absent = False
                                 break
                         if not absent:
@@ -355,7 +338,8 @@ def make_match_task(truth, run_prog, attr_bit_fn, eq_bit_fn, ctz_fn):
     return match_task
 
 
-match_task = njit(nogil=True)(make_match_task(predicate_truth, run_program, attr_bit, eq_bit, ctz))
+match_task = njit(nogil=True)(make_match_task(predicate_truth, run_program, attr_bit, eq_bit, ctz,
+                                               find_attribute))
 
 
 def opindex_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions,
