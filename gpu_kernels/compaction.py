@@ -1,5 +1,9 @@
 """Result compaction: a dense hit matrix (events × subscriptions of one
 chunk) -> (event index, subscription position) pairs, ascending in both.
+The hit matrix holds one byte per cell (``scan``), or one *bit* per cell
+in uint64 words (``opindex`` on cuda, whose threads set hits with an atomic
+OR: eight times less memory to clear and read per event, and duplicates --
+a subscription found through two conjunctions -- collapse for free).
 
 Two passes, both parallel over events: count hits per event, then fill each
 event's slice of the output at its prefix-sum offset.  Deterministic: the
@@ -45,6 +49,56 @@ def fill_hits(hits, n_rows, row_base, offsets, out_row, out_col):
                 out_row[at] = row_base + row
                 out_col[at] = col
                 at += 1
+
+
+def popcount64_py(y):
+    """Set bits of a uint64 (SWAR; ``cuda.popc`` on the device)."""
+    y = y - ((y >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    y = (y & np.uint64(0x3333333333333333)) + ((y >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    y = (y + (y >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((y * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+popcount64 = njit(inline="always", nogil=True)(popcount64_py)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def count_bits(bits, n_rows):
+    """Twin of :func:`count_hits` over a bit matrix (uint64 words)."""
+    counts = np.zeros(n_rows, dtype=np.int64)
+    for row in prange(n_rows):
+        total = 0
+        for w in range(bits.shape[1]):
+            total += popcount64(bits[row, w])
+        counts[row] = total
+    return counts
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def fill_bits(bits, n_rows, row_base, offsets, out_row, out_col):
+    """Twin of :func:`fill_hits` over a bit matrix: column ``64 * w + b``
+    for bit ``b`` of word ``w``, ascending."""
+    for row in prange(n_rows):
+        at = offsets[row]
+        for w in range(bits.shape[1]):
+            y = bits[row, w]
+            while y != 0:
+                low = y & (~y + np.uint64(1))
+                y ^= low
+                out_row[at] = row_base + row
+                out_col[at] = w * 64 + popcount64(low - np.uint64(1))
+                at += 1
+
+
+def compact_bits(bits: np.ndarray, n_rows: int, row_base: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row_base + row, col) for every set bit of ``bits[row]``, row < n_rows."""
+    counts = count_bits(bits, n_rows)
+    offsets = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    out_row = np.empty(offsets[-1], dtype=np.int64)
+    out_col = np.empty(offsets[-1], dtype=np.int64)
+    fill_bits(bits, n_rows, row_base, offsets, out_row, out_col)
+    return out_row, out_col
 
 
 #: below this many cells a serial np.nonzero beats starting parallel threads
@@ -102,42 +156,83 @@ def _compaction_kernels():
                         out_col[at] = col
                         at += 1
 
-    return cuda.jit(count_kernel), cuda.jit(fill_kernel)
+    def count_bits_kernel(bits, n_rows, counts):
+        n_words = bits.shape[1]
+        n_tiles = counts.shape[1]
+        tile = (n_words + n_tiles - 1) // n_tiles
+        x, y = cuda.grid(2)
+        sx, sy = cuda.gridsize(2)
+        for row in range(y, n_rows, sy):
+            for t in range(x, n_tiles, sx):
+                total = 0
+                for w in range(t * tile, min(t * tile + tile, n_words)):
+                    total += cuda.popc(bits[row, w])
+                counts[row, t] = total
+
+    def fill_bits_kernel(bits, n_rows, row_base, offsets, out_row, out_col):
+        n_words = bits.shape[1]
+        n_tiles = offsets.shape[1]
+        tile = (n_words + n_tiles - 1) // n_tiles
+        x, y = cuda.grid(2)
+        sx, sy = cuda.gridsize(2)
+        for row in range(y, n_rows, sy):
+            for t in range(x, n_tiles, sx):
+                at = offsets[row, t]
+                for w in range(t * tile, min(t * tile + tile, n_words)):
+                    word = bits[row, w]
+                    while word != 0:
+                        low = word & (~word + np.uint64(1))
+                        word ^= low
+                        out_row[at] = row_base + row
+                        out_col[at] = w * 64 + cuda.popc(low - np.uint64(1))
+                        at += 1
+
+    return (cuda.jit(count_kernel), cuda.jit(fill_kernel), cuda.jit(count_bits_kernel),
+            cuda.jit(fill_bits_kernel))
 
 
-def n_tiles_for(n_cols: int, launch=None) -> int:
-    """Tiles per hit row under ``launch``'s ``compaction_tile`` width."""
+def n_tiles_for(n_cols: int, launch=None, bits: bool = False) -> int:
+    """Tiles per hit row under ``launch``'s ``compaction_tile`` width (in
+    cells; a bit matrix's ``n_cols`` are words of 64 cells)."""
     tile = (launch or cuda_support.default_launch()).compaction_tile
+    if bits:
+        tile = max(1, tile // 64)
     return max(1, -(-int(n_cols) // tile))
 
 
+def _is_bits(hits) -> bool:
+    return np.dtype(hits.dtype) == np.uint64
+
+
 def count_hits_cuda(hits, n_rows, counts, *, launch=None):
-    """CUDA twin of :func:`count_hits`; a kernel returns nothing, so the
-    counts go to ``counts`` (device int64 ``[n_rows, n_tiles]``, the tile
-    width being ``ceil(n_cols / n_tiles)``)."""
+    """CUDA twin of :func:`count_hits` (of :func:`count_bits` for a uint64
+    bit matrix); a kernel returns nothing, so the counts go to ``counts``
+    (device int64 ``[n_rows, n_tiles]``, the tile width being
+    ``ceil(n_cols / n_tiles)`` bytes or words)."""
     if n_rows <= 0:
         return
     grid, block = (launch or cuda_support.default_launch()).grid(counts.shape[1], n_rows)
-    _compaction_kernels()[0][grid, block](hits, np.int64(n_rows), counts)
+    _compaction_kernels()[2 if _is_bits(hits) else 0][grid, block](hits, np.int64(n_rows), counts)
 
 
 def fill_hits_cuda(hits, n_rows, row_base, offsets, out_row, out_col, *, launch=None):
-    """CUDA twin of :func:`fill_hits`, same arguments; ``offsets`` is the
-    device int64 ``[n_rows, n_tiles]`` exclusive prefix sum of the tile
-    counts (row-major)."""
+    """CUDA twin of :func:`fill_hits` (of :func:`fill_bits` for a bit
+    matrix), same arguments; ``offsets`` is the device int64 ``[n_rows,
+    n_tiles]`` exclusive prefix sum of the tile counts (row-major)."""
     if n_rows <= 0:
         return
     grid, block = (launch or cuda_support.default_launch()).grid(offsets.shape[1], n_rows)
-    _compaction_kernels()[1][grid, block](hits, np.int64(n_rows), np.int64(row_base), offsets, out_row, out_col)
+    _compaction_kernels()[3 if _is_bits(hits) else 1][grid, block](
+        hits, np.int64(n_rows), np.int64(row_base), offsets, out_row, out_col)
 
 
 def hit_offsets_cuda(hits, n_rows: int, *, launch=None):
     """Count pass + exclusive scan on the device: ``(offsets, n_tiles)``
     with ``offsets`` int64 of length ``n_rows * n_tiles + 1``; row ``r``'s
     hits go to ``offsets[r * n_tiles] : offsets[(r + 1) * n_tiles]`` and
-    ``offsets[-1]`` is the total."""
+    ``offsets[-1]`` is the total.  ``hits``: bytes, or uint64 bit words."""
     xp = cuda_support.array_module()
-    n_tiles = n_tiles_for(hits.shape[1], launch)
+    n_tiles = n_tiles_for(hits.shape[1], launch, _is_bits(hits))
     counts = xp.empty((max(n_rows, 1), n_tiles), dtype=np.int64)
     count_hits_cuda(hits, n_rows, counts, launch=launch)
     offsets = cuda_support.exclusive_cumsum(counts[:n_rows])
@@ -161,7 +256,8 @@ def fill_rows_cuda(hits, first: int, stop: int, row_base: int, offsets, n_tiles:
 
 
 def compact_hits_cuda(hits, n_rows: int, row_base: int, *, launch=None):
-    """CUDA twin of :func:`compact_hits`: count kernel, exclusive scan
-    (CuPy; NumPy in the simulator), fill kernel.  Returns device arrays."""
+    """CUDA twin of :func:`compact_hits` (and :func:`compact_bits`): count
+    kernel, exclusive scan (CuPy; NumPy in the simulator), fill kernel.
+    Returns device arrays."""
     offsets, n_tiles = hit_offsets_cuda(hits, n_rows, launch=launch)
     return fill_rows_cuda(hits, 0, n_rows, row_base, offsets, n_tiles, launch=launch)

@@ -146,14 +146,25 @@ PTX_CHECK = textwrap.dedent("""
     import numba.cuda.dispatcher as dispatcher
     # no GPU here: device functions compile for a stated compute capability
     dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
-    from gpu_kernels import compaction, encoding, predicates, scan
+    from gpu_kernels import compaction, encoding, opindex_cuda, predicates, scan
     A = lambda dt, nd=1, layout="C": T.Array(dt, nd, layout)
-    i64, i32, i8, u8, f64 = T.int64, T.int32, T.int8, T.uint8, T.float64
+    i64, i32, i16, i8, u8, u16, u64, f64 = T.int64, T.int32, T.int16, T.int8, T.uint8, T.uint16, T.uint64, T.float64
     scan_sig = (i64, i64, A(i64), A(i32), A(f64), A(i32), A(i64), A(i8), A(i32), A(u8), A(i32), A(i8), A(f64),
                 A(f64), A(i64), A(f64), A(i64), A(u8, 2), i64, A(u8, 2))
-    count, fill = compaction._compaction_kernels()
+    count, fill, count_bits, fill_bits = compaction._compaction_kernels()
     jobs = [(scan.build_scan_kernel_cuda(d), scan_sig) for d in scan.STACK_DEPTH_TIERS]
+    # OpIndex: 16-bit operand ranks and counter pointers, and their wide forms
+    for val, target, init in ((u16, i16, i8), (f64, i32, i32)):
+        jobs.append((opindex_cuda.build_opindex_kernel_cuda(256, scan.STACK_DEPTH_TIERS[0]),
+                     (i64, A(i64), A(i32), A(i64), A(i32), A(f64), A(i32), A(u8, 2), i64, A(i64), A(i64),
+                      A(i8), A(i64), A(i64), A(i64), A(u64), i64, T.boolean, A(i32), A(i64), A(val), A(f64),
+                      T.boolean, A(target), A(i32), A(f64), A(init), A(i32), A(i64), A(i32), A(i64),
+                      A(i8), A(f64), A(f64), A(i64), A(i64), A(f64), A(i64), A(i64), A(i64), A(i8), A(i32),
+                      A(i32), A(i8), A(f64), A(f64), A(i64), A(f64), A(i64), A(u8), A(i32), i64, i64,
+                      T.boolean, A(u64, 2))))
     jobs += [(count, (A(u8, 2), i64, A(i64, 2))), (fill, (A(u8, 2, "A"), i64, i64, A(i64, 2, "A"), A(i64), A(i64))),
+             (count_bits, (A(u64, 2), i64, A(i64, 2))),
+             (fill_bits, (A(u64, 2, "A"), i64, i64, A(i64, 2, "A"), A(i64), A(i64))),
              (predicates._predicate_truth_kernel(),
               (A(i8), A(f64), A(f64), A(i64), A(f64), A(u8), A(u8), A(f64), A(i8))),
              (encoding._encode_bitmaps_kernel_cuda(),
@@ -193,7 +204,7 @@ def test_backend_selection():
     assert resolve_backend("cuda") == "cuda"
     if SIMULATED:
         assert array_namespace("cuda") is np
-    assert Index(backend="cuda").algorithm == "scan"
+    assert Index(backend="cuda").algorithm == "opindex"
 
 
 @needs_cuda

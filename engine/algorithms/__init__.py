@@ -16,11 +16,12 @@ ALGORITHMS = ("scan", "opindex", "pstbloom", "psthash", "betree", "apcm", "atree
 def matcher_class(algorithm: str, backend: str):
     """The matcher class for ``algorithm`` on ``backend``, or a clear error."""
     from engine.algorithms.opindex import OpIndexMatcher
+    from engine.algorithms.opindex_cuda import OpIndexCudaMatcher
     from engine.algorithms.scan import ScanMatcher
     from engine.algorithms.scan_cuda import ScanCudaMatcher
 
     implemented = {("scan", "cpu"): ScanMatcher, ("scan", "cuda"): ScanCudaMatcher,
-                   ("opindex", "cpu"): OpIndexMatcher}
+                   ("opindex", "cpu"): OpIndexMatcher, ("opindex", "cuda"): OpIndexCudaMatcher}
     if algorithm not in ALGORITHMS:
         raise BackendUnavailable(f"unknown algorithm {algorithm!r}; algorithms are {', '.join(ALGORITHMS)}")
     found = implemented.get((algorithm, backend))

@@ -157,6 +157,12 @@ class DeviceSegment:
                                            self.set_offsets, self.set_values))
 
 
+def pattern_columns(segment: Segment) -> int:
+    """Columns of the pattern table a segment reads (its largest pattern id + 1)."""
+    patterns = segment.predicates.aux[np.isin(segment.predicates.op, PATTERN_CODES)]
+    return int(patterns.max()) + 1 if len(patterns) else 0
+
+
 def _empty_result(output: str):
     if output == "device":
         xp = cuda_support.array_module()
@@ -165,45 +171,33 @@ def _empty_result(output: str):
 
 
 # ------------------------------------------------------------------ matcher
-class ScanCudaMatcher:
-    """``scan`` on the device.
+class ChunkedCudaMatcher:
+    """What every cuda matcher shares: input checks, the pattern table and
+    ``alive`` flags copied over (or taken in place), and the walk over the
+    batch in chunks sized to the device memory budget, results copied back
+    chunk by chunk or kept on the device.  A subclass says what one event
+    of a chunk costs (:meth:`_event_bytes`), what a call holds besides
+    (:meth:`_fixed_bytes`), and matches one chunk (:meth:`_match_chunk`)."""
 
-    Parameters
-    ----------
-    segment : the compiled segment (its predicates recoded).
-    backend : ``"cuda"``.
-    launch : a :class:`gpu_kernels.cuda_support.LaunchConfig`; default
-        ``cuda_support.default_launch()`` (tiny under the simulator).
-    device_memory : bytes one match call may use on the device; default
-        ``engine.backend.DEVICE_MEMORY_FRACTION`` of the free memory (of
-        ``cuda_support.SIMULATED_FREE_MEMORY`` under the simulator).
-    """
+    segment: Segment
+    launch: cuda_support.LaunchConfig
+    device_memory: int | None
+    _n_patterns: int
 
-    name = "scan"
+    def _refresh(self) -> None:
+        """Bring the device copy of the index up to date (recoded strings)."""
 
-    def __init__(self, segment: Segment, backend: str = "cuda", *, launch=None, device_memory: int | None = None):
-        if backend != "cuda":
-            raise ValueError(f"ScanCudaMatcher runs on backend 'cuda', not {backend!r}")
-        resolve_backend("cuda")    # BackendUnavailable naming what is missing
-        if device_memory is not None and device_memory <= 0:
-            raise ValueError(f"device_memory must be a positive number of bytes, not {device_memory!r}")
-        self.segment = segment
-        self.backend = backend
-        self.launch = launch or cuda_support.default_launch()
-        self.device_memory = device_memory
-        self.stack_depth = check_program_depths(segment)
-        patterns = segment.predicates.aux[np.isin(segment.predicates.op, PATTERN_CODES)]
-        self._n_patterns = int(patterns.max()) + 1 if len(patterns) else 0
-        self.device = DeviceSegment(segment)
+    def _event_bytes(self) -> tuple[int, str]:
+        """Device scratch bytes of one event of a chunk besides its
+        attributes, and what they are (for the error message)."""
+        raise NotImplementedError
 
-    @property
-    def nbytes(self) -> int:
-        """Host bytes (the segment); see :attr:`device_nbytes` for the device copy."""
-        return self.segment.nbytes
+    def _fixed_bytes(self) -> int:
+        """Device scratch bytes a match call holds whatever the chunk size."""
+        return 0
 
-    @property
-    def device_nbytes(self) -> int:
-        return self.device.nbytes
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int):
+        raise NotImplementedError
 
     def match(self, batch, pattern_truth, alive, *, output: str = "numpy"):
         """(event index, subscription position) pairs, ascending by event
@@ -218,12 +212,12 @@ class ScanCudaMatcher:
         n_events = len(offsets) - 1
         if n_subs == 0 or n_events == 0:
             return _empty_result(output)
-        self.device.refresh()
+        self._refresh()
 
         # a batch with any field on the device is used in place (its host fields copied over whole);
         # a host batch is sliced per chunk
         on_device = any(cuda_support.is_device_array(getattr(batch, f)) for f in BATCH_DTYPES)
-        fixed = 0
+        fixed = self._fixed_bytes()
         if cuda_support.is_device_array(pattern_truth):
             truth_d = cuda_support.as_device(pattern_truth)
         else:
@@ -236,12 +230,12 @@ class ScanCudaMatcher:
             fixed += alive_d.nbytes
         if on_device:
             events_d = tuple(cuda_support.as_device(getattr(batch, f)) for f in BATCH_DTYPES)
-            row_bytes, entry_bytes = 0, 0
+            row_bytes, entry_bytes = 0, self._item_bytes()
         else:
             events_d = None
-            row_bytes, entry_bytes = OFFSET_BYTES, ENTRY_BYTES
-        n_tiles = n_tiles_for(n_subs, self.launch)
-        row_bytes += n_subs + 16 * n_tiles
+            row_bytes, entry_bytes = OFFSET_BYTES, ENTRY_BYTES + self._item_bytes()
+        event_bytes, what = self._event_bytes()
+        row_bytes += event_bytes
         cost = np.arange(n_events + 1, dtype=np.int64) * row_bytes + offsets * entry_bytes
         single = np.diff(cost)
         reserve = PAIR_BYTES * n_subs
@@ -256,11 +250,11 @@ class ScanCudaMatcher:
         if single[worst] > free:
             raise DeviceMemoryError(
                 f"event {worst} of the batch cannot fit the device memory budget: matching it against "
-                f"{n_subs} subscriptions needs {int(single[worst]) + reserve} bytes on the device (a hit row of "
-                f"{n_subs} bytes, {16 * n_tiles} for compaction, {int(single[worst]) - n_subs - 16 * n_tiles} "
-                f"for its attributes, up to {reserve} for its results), but the budget of {budget} bytes leaves "
-                f"{free + reserve} after {fixed} for the batch's pattern table and alive flags. Free device "
-                f"memory, raise device_memory, or shard the subscriptions over several indexes")
+                f"{n_subs} subscriptions needs {int(single[worst]) + reserve} bytes on the device ({what}, "
+                f"{int(single[worst]) - event_bytes} for its attributes, up to {reserve} for its results), but the "
+                f"budget of {budget} bytes leaves {free + reserve} after {fixed} for the batch's pattern table, "
+                f"alive flags and the matcher's scratch. Free device memory, raise device_memory, or shard the "
+                f"subscriptions over several indexes")
 
         results_row, results_col = [], []
         held = 0
@@ -288,30 +282,22 @@ class ScanCudaMatcher:
         xp = cuda_support.array_module() if output == "device" else np
         return xp.concatenate(results_row), xp.concatenate(results_col)
 
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int):
-        """Scan, count, scan-offsets and fill one chunk of events; yields
-        (event index, position) device arrays, split so that each piece's
-        results fit ``result_room`` bytes."""
-        xp = cuda_support.array_module()
-        dev, seg = self.device, self.segment
-        n_rows = stop - start
-        if events_d is None:    # host batch: this chunk's events only
+    def _item_bytes(self) -> int:
+        """Device scratch bytes per attribute entry besides the entry itself."""
+        return 0
+
+    def _chunk_events(self, batch, events_d, offsets, start: int, stop: int):
+        """The chunk's events on the device: (offsets, attr, value, token,
+        first event) -- a host batch's slice, or the device batch in place."""
+        if events_d is None:
             a, b = int(offsets[start]), int(offsets[stop])
-            ev_offsets = cuda_support.to_device(offsets[start:stop + 1] - a)
-            ev_attr = cuda_support.to_device(batch.attr[a:b])
-            ev_value = cuda_support.to_device(batch.value[a:b])
-            ev_token = cuda_support.to_device(batch.token[a:b])
-            event_start = 0
-        else:
-            ev_offsets, ev_attr, ev_value, ev_token = events_d
-            event_start = start
-        hits = xp.empty((n_rows, len(seg)), dtype=np.uint8)
-        scan_kernels.scan_kernel_cuda(event_start, n_rows, ev_offsets, ev_attr, ev_value, ev_token,
-                                      dev.prog_offsets, dev.prog_kind, dev.prog_arg, alive_d,
-                                      dev.pred_attr, dev.pred_op, dev.pred_lo, dev.pred_hi, dev.set_offsets,
-                                      dev.set_values, dev.pred_aux, truth_d, seg.max_depth, hits,
-                                      launch=self.launch)
-        del ev_offsets, ev_attr, ev_value, ev_token
+            return (cuda_support.to_device(offsets[start:stop + 1] - a), cuda_support.to_device(batch.attr[a:b]),
+                    cuda_support.to_device(batch.value[a:b]), cuda_support.to_device(batch.token[a:b]), 0)
+        return (*events_d, start)
+
+    def _compact(self, hits, n_rows: int, start: int, result_room: int):
+        """Pairs of the chunk's hit matrix (bytes or bit words), split so
+        that each piece's results fit ``result_room`` bytes."""
         hit_offsets, n_tiles = hit_offsets_cuda(hits, n_rows, launch=self.launch)
         total = int(hit_offsets[-1])
         if PAIR_BYTES * total <= result_room:
@@ -325,3 +311,69 @@ class ScanCudaMatcher:
                 bounds.append(min(max(int(np.searchsorted(row_ends, limit, side="right")) - 1, first + 1), n_rows))
         for first, last in zip(bounds[:-1], bounds[1:]):
             yield fill_rows_cuda(hits, first, last, start, hit_offsets, n_tiles, launch=self.launch)
+
+
+class ScanCudaMatcher(ChunkedCudaMatcher):
+    """``scan`` on the device.
+
+    Parameters
+    ----------
+    segment : the compiled segment (its predicates recoded).
+    backend : ``"cuda"``.
+    launch : a :class:`gpu_kernels.cuda_support.LaunchConfig`; default
+        ``cuda_support.default_launch()`` (tiny under the simulator).
+    device_memory : bytes one match call may use on the device; default
+        ``engine.backend.DEVICE_MEMORY_FRACTION`` of the free memory (of
+        ``cuda_support.SIMULATED_FREE_MEMORY`` under the simulator).
+    """
+
+    name = "scan"
+
+    def __init__(self, segment: Segment, backend: str = "cuda", *, launch=None, device_memory: int | None = None):
+        if backend != "cuda":
+            raise ValueError(f"ScanCudaMatcher runs on backend 'cuda', not {backend!r}")
+        resolve_backend("cuda")    # BackendUnavailable naming what is missing
+        if device_memory is not None and device_memory <= 0:
+            raise ValueError(f"device_memory must be a positive number of bytes, not {device_memory!r}")
+        self.segment = segment
+        self.backend = backend
+        self.launch = launch or cuda_support.default_launch()
+        self.device_memory = device_memory
+        self.stack_depth = check_program_depths(segment)
+        self._n_patterns = pattern_columns(segment)
+        self.device = DeviceSegment(segment)
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes (the segment); see :attr:`device_nbytes` for the device copy."""
+        return self.segment.nbytes
+
+    @property
+    def device_nbytes(self) -> int:
+        return self.device.nbytes
+
+    def _refresh(self) -> None:
+        self.device.refresh()
+
+    def _event_bytes(self) -> tuple[int, str]:
+        n_subs = len(self.segment)
+        n_tiles = n_tiles_for(n_subs, self.launch)
+        return n_subs + 16 * n_tiles, f"a hit row of {n_subs} bytes, {16 * n_tiles} for compaction"
+
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int):
+        """Scan, count, scan-offsets and fill one chunk of events; yields
+        (event index, position) device arrays, split so that each piece's
+        results fit ``result_room`` bytes."""
+        xp = cuda_support.array_module()
+        dev, seg = self.device, self.segment
+        n_rows = stop - start
+        ev_offsets, ev_attr, ev_value, ev_token, event_start = self._chunk_events(batch, events_d, offsets,
+                                                                                  start, stop)
+        hits = xp.empty((n_rows, len(seg)), dtype=np.uint8)
+        scan_kernels.scan_kernel_cuda(event_start, n_rows, ev_offsets, ev_attr, ev_value, ev_token,
+                                      dev.prog_offsets, dev.prog_kind, dev.prog_arg, alive_d,
+                                      dev.pred_attr, dev.pred_op, dev.pred_lo, dev.pred_hi, dev.set_offsets,
+                                      dev.set_values, dev.pred_aux, truth_d, seg.max_depth, hits,
+                                      launch=self.launch)
+        del ev_offsets, ev_attr, ev_value, ev_token
+        yield from self._compact(hits, n_rows, start, result_room)

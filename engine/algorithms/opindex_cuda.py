@@ -1,0 +1,221 @@
+"""``opindex`` on the ``cuda`` backend (DESIGN.md §5-§6).
+
+The index is built on the host, exactly as on ``cpu``
+(:class:`~engine.algorithms.opindex.OpIndexMatcher`: pivots, operator
+lists, segment directory, signatures, counters), and its arrays are copied
+to the device once -- again only when a grown string dictionary makes the
+host matcher rebuild.  Each match call walks the batch in chunks sized to
+the free device memory (:class:`~engine.algorithms.scan_cuda.ChunkedCudaMatcher`);
+per chunk:
+
+1. the *work items* -- one per (event, pivot partition the event carries),
+   Lemma 1 -- are listed with CuPy (a gather of ``pivot_of_attr`` over the
+   chunk's attribute entries, the nonzero ones, their events by
+   ``searchsorted``), plus one item per event for the always-checked
+   subscriptions when there are any;
+2. the OpIndex kernel (:mod:`gpu_kernels.opindex_cuda`) runs one block per
+   item: range scans, signature tests, counting, verification, and the
+   result bits of the chunk's bit matrix;
+3. the bit matrix is compacted into (event, position) pairs, ascending in
+   both (:mod:`gpu_kernels.compaction`).
+
+Counters live in shared memory for partitions whose counters and clause
+bits fit ``shared_memory`` bytes (40 KiB by default), in a global scratch
+otherwise (then the items of the two kinds are launched separately).
+Device memory per call: the global counter and clause-bit scratch of the
+resident blocks (``blocks × widest large partition × 4`` bytes), and per
+event of a chunk its bit row (``n_subs / 8`` bytes), compaction counts and offsets,
+and 16 bytes per attribute entry for its work item.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.algorithms.opindex import DEFAULT_SEGMENTS, DEFAULT_SIGNATURE_BITS, OpIndexMatcher, check_expression
+from engine.algorithms.scan_cuda import ChunkedCudaMatcher, check_program_depths, pattern_columns
+from engine.backend import resolve_backend
+from gpu_kernels import cuda_support
+from gpu_kernels.compaction import n_tiles_for
+from gpu_kernels.opindex_cuda import opindex_kernel_cuda
+from gpu_kernels.scan import cuda_stack_depth
+
+#: device bytes per attribute entry for its work item (event int64, partition int32, the gather's temporaries)
+ITEM_BYTES = 16
+#: most resident blocks on a real GPU (grid-stride beyond): enough to fill an H100's 132 SMs several times over
+MAX_BLOCKS = 8192
+#: threads per block on a real GPU (a power of two)
+GPU_THREADS = 256
+#: a partition's counters and clause bits go to shared memory when they fit
+#: this many bytes (48 KiB per block without an opt-in, less the kernel's static 4 KiB)
+SHARED_MEMORY = 40 << 10
+
+#: the host matcher's arrays copied to the device, by the dtype the kernel reads
+_INDEX_ARRAYS = ("pivot_of_attr", "part_counter_start", "part_slot_start", "list_shift", "list_bucket_base",
+                 "list_side_base", "bucket_run_start", "bucket_sig", "run_attr", "run_start", "ent_val", "vals",
+                 "ent_target", "side_pid", "side_hi", "counter_init", "counter_sub", "counter_post_start",
+                 "post_attr", "slot_counter", "always_pos")
+_PREDICATE_ARRAYS = ("op", "lo", "hi", "set_start", "set_stop", "aux")
+
+
+class OpIndexCudaMatcher(ChunkedCudaMatcher):
+    """OpIndex on the device (see the module docstring).
+
+    Takes the options of :class:`~engine.algorithms.opindex.OpIndexMatcher`
+    (``variant="bs"`` is OpIndex-BS) plus ``launch`` (a
+    :class:`~gpu_kernels.cuda_support.LaunchConfig`: its block's thread
+    count is the kernel's block, a power of two; its ``max_grid[0]`` caps
+    the blocks) and ``device_memory`` (bytes one match call may use)."""
+
+    name = "opindex"
+    check_expression = staticmethod(check_expression)
+
+    def __init__(self, segment, backend: str = "cuda", *, schema=None, event_log=None, dnf_limit: int | None = None,
+                 segments: int = DEFAULT_SEGMENTS, signature_bits: int = DEFAULT_SIGNATURE_BITS,
+                 variant: str | None = None, operand_ranks: bool | None = None, launch=None,
+                 device_memory: int | None = None, shared_memory: int = SHARED_MEMORY):
+        if backend != "cuda":
+            raise ValueError(f"OpIndexCudaMatcher runs on backend 'cuda', not {backend!r}")
+        resolve_backend("cuda")    # BackendUnavailable naming what is missing
+        if device_memory is not None and device_memory <= 0:
+            raise ValueError(f"device_memory must be a positive number of bytes, not {device_memory!r}")
+        self.host = OpIndexMatcher(segment, "cpu", schema=schema, event_log=event_log, dnf_limit=dnf_limit,
+                                   segments=segments, signature_bits=signature_bits, variant=variant,
+                                   operand_ranks=operand_ranks)
+        self.segment = segment
+        self.backend = backend
+        self.variant = self.host.variant
+        self.launch = launch or cuda_support.default_launch()
+        self.threads = self.launch.block[0] * self.launch.block[1] if cuda_support.simulated() else GPU_THREADS
+        if launch is not None:
+            self.threads = launch.block[0] * launch.block[1]
+        if self.threads < 2 or self.threads & (self.threads - 1):
+            raise ValueError(f"the OpIndex kernel needs a power-of-two number of threads per block (>= 2), "
+                             f"not {self.threads}")
+        self.device_memory = device_memory
+        if shared_memory < 0:
+            raise ValueError(f"shared_memory must be a number of bytes >= 0, not {shared_memory!r}")
+        self.shared_memory = int(shared_memory)
+        self._n_patterns = pattern_columns(segment)
+        self._uploaded_from = None
+        self._refresh()
+
+    # ------------------------------------------------------------ device copy
+    def _refresh(self) -> None:
+        host = self.host
+        host._current()       # rebuilds on the host when recoded strings moved its operands
+        if self._uploaded_from is host.ent_target:
+            return
+        dev = cuda_support.to_device
+        self.d = {name: dev(getattr(host, name)) for name in _INDEX_ARRAYS}
+        self.d.update({f"x_{name}": dev(host._x[name]) for name in _PREDICATE_ARRAYS})
+        self.d["set_values"] = dev(host.set_values, np.float64)
+        seg, preds = self.segment, self.segment.predicates
+        self.d.update(prog_offsets=dev(seg.prog_offsets, np.int64), prog_kind=dev(seg.prog_kind, np.int8),
+                      prog_arg=dev(seg.prog_arg, np.int32), p_attr=dev(preds.attr, np.int32),
+                      p_op=dev(preds.op, np.int8), p_lo=dev(preds.lo, np.float64), p_hi=dev(preds.hi, np.float64),
+                      p_set_offsets=dev(preds.set_offsets, np.int64),
+                      p_set_values=dev(preds.set_values, np.float64), p_aux=dev(preds.aux, np.int64))
+        self.n_always = len(host.always_pos)
+        # the always-checked programs run on a per-thread stack (only they need one)
+        self.stack_depth = check_program_depths(seg) if self.n_always else cuda_stack_depth(1)
+        # partitions whose counters and clause bits fit shared memory, and the
+        # widths of the two scratch layouts (shared; global, per block)
+        n_counters = np.diff(host.part_counter_start)
+        n_slots = np.diff(host.part_slot_start)
+        in_shared = 4 * (n_counters + n_slots) <= self.shared_memory
+        self.layouts = {True: (int(n_counters[in_shared].max(initial=0)), int(n_slots[in_shared].max(initial=0))),
+                        False: (int(n_counters[~in_shared].max(initial=0)), int(n_slots[~in_shared].max(initial=0)))}
+        self.all_shared = bool(in_shared.all())
+        self.d["part_in_shared"] = dev(in_shared, np.bool_)
+        self._uploaded_from = host.ent_target
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes of the index; see :attr:`device_nbytes` for the device copy."""
+        return self.host.nbytes
+
+    @property
+    def device_nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.d.values())
+
+    # ------------------------------------------------------------- chunking
+    def _blocks(self) -> int:
+        return max(1, min(self.launch.max_grid[0], MAX_BLOCKS))
+
+    def _fixed_bytes(self) -> int:
+        return 0 if self.all_shared else self._blocks() * 4 * (sum(self.layouts[False]) or 1)
+
+    def _event_bytes(self) -> tuple[int, str]:
+        n_words = -(-len(self.segment) // 64)
+        n_tiles = n_tiles_for(n_words, self.launch, bits=True)
+        return 8 * n_words + 16 * n_tiles + ITEM_BYTES, \
+            f"a result bit row of {8 * n_words} bytes, {16 * n_tiles} for compaction"
+
+    def _item_bytes(self) -> int:
+        return ITEM_BYTES
+
+    # -------------------------------------------------------------- matching
+    def _work_items(self, ev_offsets, ev_attr, n_rows: int):
+        """(event, partition) of every work item of a chunk: each attribute
+        entry whose attribute is a pivot, and (partition -1) one per event
+        for the always-checked subscriptions."""
+        xp = cuda_support.array_module()
+        pivot_of_attr = self.d["pivot_of_attr"]
+        n_attrs = self.host.n_attrs
+        first = int(ev_offsets[0])
+        attr = ev_attr[first:int(ev_offsets[n_rows])]
+        part = pivot_of_attr[xp.minimum(attr, n_attrs - 1)]
+        part = xp.where(attr < n_attrs, part, -1)
+        entries = xp.flatnonzero(part >= 0)
+        events = xp.searchsorted(ev_offsets[1:n_rows + 1], entries + first, side="right")
+        item_event, item_part = events.astype(np.int64), part[entries].astype(np.int32)
+        if self.n_always:
+            item_event = xp.concatenate((item_event, xp.arange(n_rows, dtype=np.int64)))
+            item_part = xp.concatenate((item_part, xp.full(n_rows, -1, dtype=np.int32)))
+        return item_event, item_part
+
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int):
+        xp = cuda_support.array_module()
+        d, host = self.d, self.host
+        n_rows = stop - start
+        ev_offsets, ev_attr, ev_value, ev_token, event_start = self._chunk_events(batch, events_d, offsets,
+                                                                                  start, stop)
+        if event_start:      # a device batch in place: this chunk's offsets, events renumbered from 0
+            ev_offsets = ev_offsets[event_start:stop + 1]
+        item_event, item_part = self._work_items(ev_offsets, ev_attr, n_rows)
+        bits = xp.zeros((n_rows, -(-len(self.segment) // 64)), dtype=np.uint64)
+        if item_event.shape[0] and not self.all_shared:     # items of large partitions: counters in global memory
+            shared = self.d["part_in_shared"][xp.maximum(item_part, 0)] | (item_part < 0)
+            groups = [(True, xp.flatnonzero(shared)), (False, xp.flatnonzero(~shared))]
+            groups = [(mode, item_event[k], item_part[k]) for mode, k in groups if k.shape[0]]
+        else:
+            groups = [(True, item_event, item_part)] if item_event.shape[0] else []
+        for in_shared, events, parts in groups:
+            n_items = int(events.shape[0])
+            counter_width, slot_width = self.layouts[in_shared]
+            block_width = counter_width + slot_width
+            n_blocks = min(self._blocks(), n_items)
+            scratch = xp.empty(1 if in_shared else n_blocks * max(block_width, 1), dtype=np.int32)
+            opindex_kernel_cuda(
+                n_blocks, self.threads, self.stack_depth, 4 * block_width if in_shared else 0,
+                np.int64(n_items), events, parts, ev_offsets, ev_attr, ev_value, ev_token, truth_d,
+                np.int64(host.n_attrs), d["part_counter_start"], d["part_slot_start"],
+                d["list_shift"], d["list_bucket_base"], d["list_side_base"], d["bucket_run_start"], d["bucket_sig"],
+                np.int64(host.signature_bits), host.variant == "full",
+                d["run_attr"], d["run_start"], d["ent_val"], d["vals"], host.use_rank, d["ent_target"],
+                d["side_pid"], d["side_hi"],
+                d["counter_init"], d["counter_sub"], d["counter_post_start"], d["post_attr"], d["slot_counter"],
+                d["x_op"], d["x_lo"], d["x_hi"], d["x_set_start"], d["x_set_stop"], d["set_values"], d["x_aux"],
+                d["always_pos"], d["prog_offsets"], d["prog_kind"], d["prog_arg"],
+                d["p_attr"], d["p_op"], d["p_lo"], d["p_hi"], d["p_set_offsets"], d["p_set_values"], d["p_aux"],
+                alive_d, scratch, np.int64(counter_width), np.int64(block_width), in_shared, bits)
+            del scratch
+        del item_event, item_part, groups
+        yield from self._compact(bits, n_rows, start, result_room)
+
+    def __repr__(self) -> str:
+        return repr(self.host).replace("OpIndexMatcher", type(self).__name__, 1)
+
+
+__all__ = ["OpIndexCudaMatcher"]

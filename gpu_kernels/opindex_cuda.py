@@ -1,0 +1,320 @@
+"""CUDA twin of OpIndex matching (:mod:`gpu_kernels.opindex`, Algorithm 2
+of opindex.txt) over the very arrays the CPU build makes.
+
+The CPU kernel gives each thread a range of events and walks, per event,
+the pivot partitions the event carries (Lemma 1) with private counters.  A
+GPU thread cannot hold a partition's counters, so the unit of GPU work is
+one **(event, pivot partition)** pair -- a *work item* -- handled by one
+thread block:
+
+1. **Counters** ``V_{A_p}`` (and the CNF clause bits) live in the block's
+   shared memory when the partition's fit (dynamic shared memory sized to
+   the widest such partition), else in the block's slice of a scratch
+   matrix in global memory; the block's threads initialise them.  The
+   caller launches the two kinds of items separately.
+2. **Range scans and signature tests, in parallel.**  Each of the event's
+   attributes meets each of the partition's eight operator lists: a *unit*.
+   Per round, every thread takes half a unit (a unit yields at most two
+   entry ranges: ``!=`` is everything but the ``=`` run): segment directory,
+   the segment's w-bit signature (Example 3), the attribute's run, then the
+   two binary searches of §4.2 -- exactly the CPU's ranges.
+3. **Counting, load-balanced.**  A block-wide inclusive scan (Hillis-Steele
+   in shared memory) of the range lengths flattens them, and the block's
+   threads stride over the flattened entries: each decrements its entry's
+   counter with an atomic subtraction (a CNF clause's first satisfied
+   predicate -- an atomic max on its clause bit -- decrements the copy's
+   counter once).  VERIFY and PREFIX entries are first decided exactly
+   (``predicate_truth``; prefix interval end and pattern result).
+4. **Results.**  The thread whose decrement takes a counter to 0 checks the
+   conjunction's IS NULL tests and ``alive``, and sets the subscription's
+   bit in the event's row of a bit matrix (atomic OR).  The bit matrix
+   de-duplicates (a DNF subscription found through two conjunctions, a CNF
+   subscription through two pivots) and orders: its compaction
+   (:mod:`gpu_kernels.compaction`) gives pairs ascending by event then
+   position -- the CPU matcher's exact output.
+
+Subscriptions no event attribute can find (``always_pos``) are one more
+work item per event whose threads run their postfix programs
+(:func:`gpu_kernels.scan.make_run_program`).
+
+Counting uses atomics rather than a sort-and-segment count: with one block
+per item, contention is limited to one partition's counters and the
+decrements need no extra memory; a sort would move every matching entry
+twice.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+
+from gpu_kernels import cuda_support
+from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
+from gpu_kernels.opindex import attr_bit_py, eq_bit_py
+from gpu_kernels.predicates import cuda_device_functions
+from gpu_kernels.scan import cuda_run_program
+
+cuda = None   # numba.cuda once the CUDA twin is built (a module global: see cuda_support)
+
+
+def make_list_ranges(find, attr_bit_fn, eq_bit_fn):
+    """The entry ranges of one list for one event attribute (§4.2): the
+    segment directory and signature test, the attribute's run, then
+    ``[lo0, hi0)`` and ``[lo1, hi1)`` of the entries whose predicate the
+    value satisfies (``=``: the run of equal operands; ``!=``: the run's
+    entries before and after it; comparisons: a prefix or suffix of the
+    run; VERIFY: the whole run; PREFIX: the intervals starting at or below
+    the value).  Same ranges as the CPU kernel's inline code."""
+
+    def list_ranges(l, op, attr, vq, list_shift, list_bucket_base, bucket_run_start, bucket_sig, sig_bits,
+                    use_sig, run_attr, run_start, ent_val):
+        none = np.int64(0)
+        shift = list_shift[l]
+        if shift < 0:
+            return none, none, none, none
+        bucket = list_bucket_base[l] + (attr >> shift)
+        if use_sig:
+            bit = eq_bit_fn(attr, vq, sig_bits) if op == 0 else attr_bit_fn(attr, sig_bits)
+            if ((bucket_sig[bucket] >> np.uint64(bit)) & np.uint64(1)) == 0:
+                return none, none, none, none
+        r = find(run_attr, bucket_run_start[bucket], bucket_run_start[bucket + 1], attr)
+        if r < 0:
+            return none, none, none, none
+        a = np.int64(run_start[r])
+        b = np.int64(run_start[r + 1])
+        lower = a
+        upper = b
+        if op != 2 and op != 5 and op != 7:      # first operand >= v
+            lo = a
+            n = b - a
+            while n > 0:
+                half = n >> 1
+                if ent_val[lo + half] < vq:
+                    lo = lo + half + 1
+                    n = n - half - 1
+                else:
+                    n = half
+            lower = lo
+        if op == 0 or op == 1 or op == 2 or op == 5 or op == 7:     # first operand > v
+            lo = lower
+            n = b - lower
+            while n > 0:
+                half = n >> 1
+                if ent_val[lo + half] <= vq:
+                    lo = lo + half + 1
+                    n = n - half - 1
+                else:
+                    n = half
+            upper = lo
+        lo0 = a
+        hi0 = b
+        lo1 = b
+        if op == 0:      # operand == v
+            lo0 = lower
+            hi0 = upper
+        elif op == 1:    # operand != v
+            hi0 = lower
+            lo1 = upper
+        elif op == 2:    # v < operand
+            lo0 = upper
+        elif op == 3:    # v <= operand
+            lo0 = lower
+        elif op == 4:    # v > operand
+            hi0 = lower
+        elif op == 5 or op == 7:     # v >= operand; PREFIX: interval starts at or below v
+            hi0 = upper
+        return lo0, hi0, lo1, b
+
+    return list_ranges
+
+
+def _wrapping(fn):
+    """``fn`` with NumPy's overflow warnings off (simulator only)."""
+    @functools.wraps(fn)
+    def quiet(*args):
+        with np.errstate(over="ignore"):
+            return fn(*args)
+    return quiet
+
+
+@functools.cache
+def build_opindex_kernel_cuda(threads: int, stack_depth: int):
+    """The raw OpIndex kernel for blocks of ``threads`` threads (a power of
+    two >= 2) and a ``stack_depth``-slot stack for the always-checked
+    programs."""
+    if threads < 2 or threads & (threads - 1):
+        raise ValueError(f"the OpIndex kernel needs a power-of-two block of at least 2 threads, not {threads}")
+    global cuda
+    cuda = cuda_support.load_cuda()
+    device = cuda_device_functions()
+    find = device.find_attribute
+    truth = device.predicate_truth
+    run = cuda_run_program()
+    hashes = (attr_bit_py, eq_bit_py)
+    if cuda_support.simulated():     # plain Python there: NumPy warns where uint64 hashing wraps around on purpose
+        hashes = tuple(_wrapping(fn) for fn in hashes)
+    ranges = cuda.jit(device=True)(make_list_ranges(find, cuda.jit(device=True)(hashes[0]),
+                                                    cuda.jit(device=True)(hashes[1])))
+    n_threads = int(threads)
+    depth = int(stack_depth)
+
+    def kernel(n_items, item_event, item_part, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
+               n_attrs, part_counter_start, part_slot_start,
+               list_shift, list_bucket_base, list_side_base, bucket_run_start, bucket_sig, sig_bits, use_sig,
+               run_attr, run_start, ent_val, vals, use_rank, ent_target, side_pid, side_hi,
+               counter_init, counter_sub, counter_post_start, post_attr, slot_counter,
+               x_op, x_lo, x_hi, x_set_start, x_set_stop, set_values, x_aux,
+               always_pos, prog_offsets, prog_kind, prog_arg,
+               p_attr, p_op, p_lo, p_hi, p_set_offsets, p_set_values, p_aux,
+               alive, scratch, counter_width, block_width, in_shared, bits):
+        tid = cuda.threadIdx.x
+        blk = cuda.blockIdx.x
+        # counters at [0, counter_width) of the block's scratch, clause bits after them
+        shared = cuda.shared.array(0, numba.int32)     # (a numba type: the simulator needs one here)
+        if in_shared:
+            area = shared
+            c_off = 0
+        else:
+            area = scratch
+            c_off = blk * block_width
+        s_off = c_off + counter_width
+        r_begin = cuda.shared.array(n_threads, np.int64)   # a range's first entry
+        r_incl = cuda.shared.array(n_threads, np.int64)    # inclusive scan of the range lengths
+        stack = cuda.local.array(depth, np.int8)
+        has_post = counter_post_start.shape[0] > 1
+        half_block = n_threads >> 1
+        for item in range(blk, n_items, cuda.gridDim.x):
+            e = item_event[item]
+            p = item_part[item]
+            ev_start = ev_offsets[e]
+            ev_stop = ev_offsets[e + 1]
+            if p < 0:
+                # the always-checked subscriptions: their programs, one per thread
+                for k in range(tid, always_pos.shape[0], n_threads):
+                    pos = always_pos[k]
+                    if alive[pos] != 0:
+                        if run(prog_offsets[pos], prog_offsets[pos + 1], prog_kind, prog_arg, ev_start, ev_stop,
+                               ev_attr, ev_value, ev_token, p_attr, p_op, p_lo, p_hi, p_set_offsets,
+                               p_set_values, p_aux, pattern_truth, stack) == TRUE:
+                            cuda.atomic.or_(bits, (e, pos >> 6), np.uint64(1) << np.uint64(pos & 63))
+                continue
+            c_base = part_counter_start[p]
+            s_base = part_slot_start[p]
+            for c in range(tid, part_counter_start[p + 1] - c_base, n_threads):     # initialise V_{A_p}
+                area[c_off + c] = counter_init[c_base + c]
+            for c in range(tid, part_slot_start[p + 1] - s_base, n_threads):
+                area[s_off + c] = 0
+            n_units = (ev_stop - ev_start) * 8
+            for u0 in range(0, n_units, half_block):
+                # range scans: thread tid takes half tid & 1 of unit u0 + tid / 2
+                u = u0 + (tid >> 1)
+                begin = np.int64(0)
+                length = np.int64(0)
+                if u < n_units:
+                    i = ev_start + (u >> 3)
+                    op = u & 7
+                    attr = ev_attr[i]
+                    if attr < n_attrs:
+                        v = ev_value[i]
+                        vq = v       # the value in the lists' operand domain (2 * rank [+ 1])
+                        if use_rank:
+                            lo = 0
+                            n = vals.shape[0]
+                            while n > 0:
+                                half = n >> 1
+                                if vals[lo + half] < v:
+                                    lo = lo + half + 1
+                                    n = n - half - 1
+                                else:
+                                    n = half
+                            vq = 2.0 * lo + (1.0 if lo < vals.shape[0] and vals[lo] == v else 0.0)
+                        lo0, hi0, lo1, hi1 = ranges(p * 8 + op, op, attr, vq, list_shift, list_bucket_base,
+                                                    bucket_run_start, bucket_sig, sig_bits, use_sig, run_attr,
+                                                    run_start, ent_val)
+                        if tid & 1 == 0:
+                            begin = lo0
+                            length = hi0 - lo0
+                        else:
+                            begin = lo1
+                            length = hi1 - lo1
+                r_begin[tid] = begin
+                r_incl[tid] = length
+                cuda.syncthreads()
+                d = 1
+                while d < n_threads:     # Hillis-Steele inclusive scan
+                    add = r_incl[tid - d] if tid >= d else np.int64(0)
+                    cuda.syncthreads()
+                    r_incl[tid] += add
+                    cuda.syncthreads()
+                    d *= 2
+                total = r_incl[n_threads - 1]
+                for k in range(tid, total, n_threads):
+                    # the range holding flattened entry k: first j with r_incl[j] > k
+                    lo = 0
+                    n = n_threads
+                    while n > 0:
+                        half = n >> 1
+                        if r_incl[lo + half] <= k:
+                            lo = lo + half + 1
+                            n = n - half - 1
+                        else:
+                            n = half
+                    j = lo
+                    before = r_incl[j - 1] if j > 0 else np.int64(0)
+                    ent = r_begin[j] + (k - before)
+                    unit = u0 + (j >> 1)
+                    i = ev_start + (unit >> 3)
+                    op = unit & 7
+                    if op >= 6:
+                        side = list_side_base[p * 8 + op]
+                        pid = side_pid[ent + side]
+                        v = ev_value[i]
+                        if op == 6:      # VERIFY: exact three-valued test on the present value
+                            pop = x_op[pid]
+                            hit = False
+                            if pop >= LIKE and pop <= NOT_MATCHES:
+                                hit = pattern_truth[ev_token[i], x_aux[pid]] != 0
+                            s0 = np.int64(0)
+                            s1 = np.int64(0)
+                            if pop == IN or pop == NOT_IN:
+                                s0 = x_set_start[pid]
+                                s1 = x_set_stop[pid]
+                            if truth(pop, x_lo[pid], x_hi[pid], set_values, s0, s1, hit, True, v) != TRUE:
+                                continue
+                        else:            # PREFIX: interval end, then the exact pattern result
+                            if side_hi[ent + side] < v or pattern_truth[ev_token[i], x_aux[pid]] == 0:
+                                continue
+                    t = np.int64(ent_target[ent])
+                    if t < 0:            # a CNF clause: its bit, once
+                        slot = -1 - t
+                        if cuda.atomic.max(area, s_off + slot, 1) != 0:
+                            continue
+                        t = slot_counter[s_base + slot] - c_base
+                    if cuda.atomic.sub(area, c_off + t, 1) != 1:
+                        continue
+                    # this decrement took the counter to 0: IS NULL tests, alive, the result bit
+                    c = c_base + t
+                    if has_post:
+                        absent = True
+                        for q in range(counter_post_start[c], counter_post_start[c + 1]):
+                            if find(ev_attr, ev_start, ev_stop, post_attr[q]) >= 0:
+                                absent = False
+                                break
+                        if not absent:
+                            continue
+                    pos = counter_sub[c]
+                    if alive[pos] != 0:
+                        cuda.atomic.or_(bits, (e, pos >> 6), np.uint64(1) << np.uint64(pos & 63))
+                cuda.syncthreads()      # the shared ranges are rewritten by the next round
+
+    return cuda.jit(kernel)
+
+
+def opindex_kernel_cuda(n_blocks: int, threads: int, stack_depth: int, shared_bytes: int, *args):
+    """Launch the OpIndex kernel over ``n_blocks`` blocks of ``threads``
+    (grid-stride over the work items) with ``shared_bytes`` of dynamic
+    shared memory; ``args`` as the kernel takes them."""
+    kernel = build_opindex_kernel_cuda(int(threads), int(stack_depth))
+    kernel[int(n_blocks), int(threads), 0, int(shared_bytes)](*args)
