@@ -4,7 +4,7 @@
 #   make run   [ARGS=...]          the Spark main job (local Spark, generated workload)
 #   make test  [PYTEST_ARGS=...]   the test suite, e.g. PYTEST_ARGS='-m "not slow"'
 #   make bench [ARGS=...]          benchmarks on the CPU backend
-#   make bench-gpu [ARGS=...]      benchmarks W1-W4 on the CUDA backend (needs a GPU)
+#   make bench-gpu [ARGS=...]      W1-W4, scan and opindex on cpu and cuda, and the ratios (needs a GPU)
 #   make clean                     remove the venv and every build or run output
 
 PYTHON ?= python3
@@ -17,7 +17,6 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 
 ARGS ?=
 PYTEST_ARGS ?=
-BENCH_GPU_ARGS ?= --backend cuda --workload W1 --workload W2 --workload W3 --workload W4
 
 # Spark needs a Java runtime (Spark 4: Java 17). Use JAVA_HOME when set, else
 # the JDK behind the `java` on PATH.
@@ -57,7 +56,7 @@ bench: $(STAMP)
 	$(VENV)/bin/bexmatch bench $(ARGS)
 
 bench-gpu: $(STAMP)
-	$(VENV)/bin/bexmatch bench $(BENCH_GPU_ARGS) $(ARGS)
+	$(VPY) -m engine.bench_gpu $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis \

@@ -1,0 +1,151 @@
+"""The GPU benchmark (``make bench-gpu``, ``python -m engine.bench_gpu``).
+
+Runs the standard workloads (default W1-W4 at full scale) for ``scan`` and
+``opindex`` on ``cpu`` and on ``cuda`` in one run with
+:func:`engine.bench.run_benchmark` (answers checked against ``scan`` on
+cpu), then prints, per workload and algorithm, events/s on each backend and
+their ratio -- the ``cpu`` rows with ``--cpu-threads`` numba threads (2: the
+project's 2-core reference machine) -- and the share of the cuda time spent
+in host<->device copies: one batch matched from host arrays with results
+copied back, against the same batch already on the device with results left
+there (both after the host-side event encoding, which is the same on every
+backend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numba
+import numpy as np
+
+from engine import Index
+from engine import events as event_batches
+from engine.backend import available_backends
+from engine.bench import format_table, run_benchmark, write_csv
+from gpu_kernels import cuda_support
+
+ALGORITHMS = ("scan", "opindex")
+
+
+def synchronize() -> None:
+    if not cuda_support.simulated():
+        cuda_support.load_cuda().synchronize()
+
+
+def copy_share(workload, algorithm: str = "opindex", repeats: int = 3) -> dict:
+    """Median seconds of one batch on cuda from host arrays (events copied
+    in, results copied out) and from device arrays (neither), and the share
+    of the first spent in the copies."""
+    index = Index(algorithm=algorithm, backend="cuda")
+    index.add_many(workload.subscriptions)
+    index.merge()
+    index.match_batch(workload.events.slice(0, 1), output="arrow")      # builds the matcher
+    segment, alive, matcher = index._matchers()[0]
+    batch = event_batches.encode_events(workload.events, index.schema)
+    truth = event_batches.pattern_truth(batch, index.schema, segment.predicates.pattern_pairs())
+    device_batch = event_batches.EventBatch(*(cuda_support.to_device(getattr(batch, f))
+                                              for f in ("offsets", "attr", "value", "token")), batch.strings)
+    device_truth, device_alive = cuda_support.to_device(truth), cuda_support.to_device(alive)
+
+    def timed(run) -> float:
+        run()
+        synchronize()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    with_copies = timed(lambda: matcher.match(batch, truth, alive))
+    on_device = timed(lambda: matcher.match(device_batch, device_truth, device_alive, output="device"))
+    return {"workload": workload.name, "algorithm": algorithm, "events": batch.n_events,
+            "host_io_s": with_copies, "device_io_s": on_device,
+            "copy_share": max(0.0, 1.0 - on_device / with_copies) if with_copies else None,
+            "device_events_per_s": batch.n_events / on_device if on_device else None}
+
+
+def ratios(rows) -> list[dict]:
+    """Per (workload, algorithm): cpu and cuda events/s and cuda / cpu."""
+    out = []
+    by_key = {(r["workload"], r["algorithm"], r["backend"]): r for r in rows if r.get("status") == "ok"}
+    for workload, algorithm in dict.fromkeys((r["workload"], r["algorithm"]) for r in rows):
+        cpu, gpu = by_key.get((workload, algorithm, "cpu")), by_key.get((workload, algorithm, "cuda"))
+        out.append({"workload": workload, "algorithm": algorithm,
+                    "cpu_events_per_s": cpu and cpu["events_per_s"], "cuda_events_per_s": gpu and gpu["events_per_s"],
+                    "cuda_over_cpu": gpu["events_per_s"] / cpu["events_per_s"]
+                    if cpu and gpu and cpu["events_per_s"] else None})
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return str(v)
+
+
+def _table(dicts, keys) -> str:
+    cells = [list(keys)] + [[_fmt(d.get(k)) for k in keys] for d in dicts]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(keys))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.bench_gpu", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", action="append", help="standard workload (repeatable; default W1-W4)")
+    parser.add_argument("--scale", type=float, default=1.0, help="workload scale (default 1.0: full)")
+    parser.add_argument("--events", type=int, default=None, help="events per workload (default: the workload's)")
+    parser.add_argument("--algorithm", action="append", choices=(*ALGORITHMS, "opindex-bs"),
+                        help="repeatable; default scan and opindex")
+    parser.add_argument("--cpu-events", type=int, default=None,
+                        help="time the cpu rows on the first N events only (default: all)")
+    parser.add_argument("--cpu-threads", type=int, default=2, help="numba threads for the cpu rows (default 2)")
+    parser.add_argument("--no-copy-share", action="store_true", help="skip the host<->device copy measurement")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency-samples", type=int, default=50)
+    parser.add_argument("--csv", help="write the bench rows as CSV")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    if "cuda" not in available_backends():
+        print("bench-gpu: the cuda backend is not available here (no GPU with CuPy, no simulator)", file=sys.stderr)
+        return 2
+    from engine.workloads import standard
+
+    algorithms = args.algorithm or list(ALGORITHMS)
+    rows, shares = [], []
+    all_threads = numba.get_num_threads()
+    device = cuda_support.device_name()
+    for name in args.workload or ["W1", "W2", "W3", "W4"]:
+        workload = standard(name, scale=args.scale, n_events=args.events)
+        for backend in ("cpu", "cuda"):
+            numba.set_num_threads(min(args.cpu_threads, all_threads) if backend == "cpu" else all_threads)
+            rows += run_benchmark([workload], algorithms, [backend], repeats=args.repeats,
+                                  events_limit=args.cpu_events if backend == "cpu" else None,
+                                  latency_samples=args.latency_samples, progress=not args.quiet)
+        numba.set_num_threads(all_threads)
+        if "opindex" in algorithms and not args.no_copy_share:
+            shares.append(copy_share(workload, "opindex", args.repeats))
+        print(f"\n== {name} (scale {args.scale:g}) on {device}; cpu rows with {args.cpu_threads} numba threads "
+              f"of {all_threads}", flush=True)
+        print(format_table([r for r in rows if r["workload"] == workload.name]), flush=True)
+        if args.csv:
+            write_csv(rows, args.csv)
+    print(f"\n== cuda / cpu ({device}; cpu = {args.cpu_threads} numba threads)")
+    print(_table(ratios(rows), ("workload", "algorithm", "cpu_events_per_s", "cuda_events_per_s", "cuda_over_cpu")))
+    if shares:
+        print("\n== host<->device copies (opindex on cuda, one batch, after event encoding)")
+        print(_table(shares, ("workload", "events", "host_io_s", "device_io_s", "copy_share",
+                              "device_events_per_s")))
+    bad = [r for r in rows if r.get("status") == "ok" and r.get("correct") is False]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
