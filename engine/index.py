@@ -5,8 +5,10 @@ a small *delta* of subscriptions added since the last merge (A-PCM's update
 scheme, DESIGN.md §4): the delta is compiled and matched alongside the main
 segment, removals are tombstones (a cleared ``alive`` flag) until the next
 merge, and a merge rebuilds the main segment when the delta or the
-tombstones grow.  A batch's result never depends on where a subscription
-sits.
+tombstones grow.  The algorithm's structures need not be rebuilt with it:
+a matcher with a ``merged(segment, old_to_new, added)`` method (opindex) is
+derived from the last one at the next match (see :meth:`Index.merge`).  A
+batch's result never depends on where a subscription sits.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from engine.columnar import compile_columnar
 from engine.compile import (PATTERN_CODES, SET_CODES, PredicateTable, Segment, compile_expressions,
                             concat_segments, program_depths)
 from engine.errors import IndexFileError, SchemaError
-from engine.expr import Node, predicates
+from engine.expr import Family, Node, predicates
 from engine.schema import Schema
 
 FILE_MAGIC = "bexmatch-index"
@@ -95,6 +97,7 @@ class Index:
         self._main_order = np.zeros(0, dtype=np.int64)   # argsort of main ids, for lookups
         self._main_dead = 0
         self._matcher = None
+        self._pending = None          # (matcher, position map) to derive the next matcher from (merge)
         self._delta_ids: list[int] = []
         self._delta_nodes: dict[int, Node] = {}
         self._delta_segments: list[Segment] = []        # columnar adds waiting for the merge
@@ -265,21 +268,52 @@ class Index:
             self.merge()
 
     def merge(self) -> None:
-        """Fold the delta into the main segment and drop tombstones."""
-        parts = [self._main.take(np.flatnonzero(self._main_alive))] if self._main_dead else [self._main]
+        """Fold the delta into the main segment and drop tombstones.
+
+        The main segment is rebuilt (ids ascending, unused predicates
+        dropped); the algorithm's structures need not be: when the matcher
+        has a ``merged(segment, old_to_new, added)`` method (the merge
+        protocol, e.g. opindex), the next match derives the new matcher
+        from the old one -- ``old_to_new[p]``: the new position of the
+        subscription at old position ``p`` (-1: removed), ``added``: the
+        positions of the others -- instead of building it from scratch."""
+        if not (self._main_dead or self._delta_nodes or self._delta_segments):
+            return                          # nothing to fold: keep the matcher
+        kept = np.flatnonzero(self._main_alive)
+        parts = [self._main.take(kept)] if self._main_dead else [self._main]
         parts += self._delta_segments
         if self._delta_nodes:
             parts.append(compile_expressions(self._delta_ids, [self._delta_nodes[i] for i in self._delta_ids],
                                              self._schema))
         merged = concat_segments(parts)
+        position = np.arange(len(merged), dtype=np.int64)     # of each concatenated row in the merged segment
         order = np.argsort(merged.sub_ids, kind="stable")
         if len(order) and (order[1:] < order[:-1]).any():
             merged = merged.take(order)
-        self._install_main(_without_unused_predicates(merged))
+            position[order] = np.arange(len(order))
+        old_to_new = np.full(len(self._main), -1, dtype=np.int64)
+        old_to_new[kept] = position[:len(kept)]   # (the surviving main rows come first in the concatenation)
+        source = _rows_of(merged.predicates, self._main.predicates)
+        segment, rows = _compact_predicates(merged)
+        _carry_codes(segment.predicates, source[rows], self._main.predicates, self._schema)
+        self._install_main(segment, old_to_new)
         self._delta_ids, self._delta_nodes, self._delta_segments = [], {}, []
         self._delta_cache = None
 
-    def _install_main(self, segment: Segment) -> None:
+    def _install_main(self, segment: Segment, old_to_new: np.ndarray | None = None) -> None:
+        """Make ``segment`` the main segment.  With ``old_to_new`` (a merge),
+        a matcher that follows the merge protocol is kept, with the position
+        map from its segment, to derive the next one from."""
+        follow = None
+        if old_to_new is not None:
+            if self._matcher is not None and callable(getattr(self._matcher, "merged", None)):
+                follow = (self._matcher, old_to_new)
+            elif self._pending is not None:     # merges since the matcher was last used: compose the maps
+                matcher, earlier = self._pending
+                composed = np.full(len(earlier), -1, dtype=np.int64)
+                composed[earlier >= 0] = old_to_new[earlier[earlier >= 0]]
+                follow = (matcher, composed)
+        self._pending = follow
         self._main = segment
         self._main_alive = np.ones(len(segment), dtype=np.uint8)
         self._main_dead = 0
@@ -290,7 +324,14 @@ class Index:
         """(segment, alive, matcher) for the main segment and the delta."""
         self._main.predicates.recode(self._schema)
         if self._matcher is None:
-            self._matcher = self._matcher_class(self._main, self.backend, **self._matcher_options())
+            if self._pending is not None:   # derived from the matcher of the last main segment
+                matcher, old_to_new = self._pending
+                fresh = np.ones(len(self._main), dtype=bool)
+                fresh[old_to_new[old_to_new >= 0]] = False
+                self._matcher = matcher.merged(self._main, old_to_new, np.flatnonzero(fresh))
+            else:
+                self._matcher = self._matcher_class(self._main, self.backend, **self._matcher_options())
+            self._pending = None
         out = [(self._main, self._main_alive, self._matcher)]
         if self._delta_nodes:
             if self._delta_cache is None:
@@ -461,16 +502,68 @@ def _json_safe(value) -> bool:
 
 def _without_unused_predicates(segment: Segment) -> Segment:
     """Drop predicates no program refers to any more (after removals)."""
+    return _compact_predicates(segment)[0]
+
+
+def _compact_predicates(segment: Segment) -> tuple[Segment, np.ndarray]:
+    """:func:`_without_unused_predicates`, and the rows of the old table the
+    new one keeps."""
+    n = len(segment.predicates)
     leaves = segment.prog_kind == 0
-    used = np.zeros(len(segment.predicates), dtype=bool)
-    used[segment.prog_arg[leaves]] = True
+    args = segment.prog_arg.take(np.flatnonzero(leaves)) if n else segment.prog_arg[:0]
+    used = np.zeros(n, dtype=bool)
+    used[args] = True
     if used.all():
-        return segment
-    new_id = np.cumsum(used) - 1
-    args = segment.prog_arg.copy()
-    args[leaves] = new_id[args[leaves]]
+        return segment, np.arange(n)
+    rows = np.flatnonzero(used)
+    new_id = (np.cumsum(used) - 1).astype(segment.prog_arg.dtype)
+    # (non-leaf arguments are arities: clipped into range, then left as they are)
+    args = np.where(leaves, new_id.take(segment.prog_arg, mode="clip"), segment.prog_arg)
     return Segment(segment.sub_ids, segment.prog_offsets, segment.prog_kind, args,
-                   segment.predicates.take(np.flatnonzero(used)), segment.max_depth)
+                   segment.predicates.take(rows), segment.max_depth), rows
+
+
+def _rows_of(table: PredicateTable, old: PredicateTable) -> np.ndarray:
+    """Per row of ``table`` (a merge's concatenation), the row of ``old`` (the
+    previous main table) it is, else -1.  The concatenation keeps the first
+    segment's distinct rows first and in order; checked, not assumed."""
+    source = np.full(len(table), -1, dtype=np.int64)
+    n = len(old)
+    if table is old or (len(table) >= n and all(np.array_equal(new[:n], before)
+                                                for new, before in zip(table.key_columns(), old.key_columns()))):
+        source[:n] = np.arange(n)
+    return source
+
+
+def _carry_codes(table: PredicateTable, source: np.ndarray, old: PredicateTable, schema: Schema) -> None:
+    """Give ``table`` its kernel codes (:meth:`PredicateTable.recode`) without
+    recoding the rows it shares with ``old`` (``source``: the row of ``old``
+    each row is, or -1): a row's codes depend only on its keys and the
+    schema, so a row keeps them when ``old`` was coded under the current
+    dictionary, and a row of a non-string attribute under any dictionary.
+    Recoding every row of a merge costs more than merging the matcher."""
+    if table is old or old.lo is None or old.set_offsets is None or not (source >= 0).any():
+        return                                     # recode() codes what it must when it is needed
+    if old.coded_version != schema.version:       # string codes may have moved since
+        string_attr = np.array([schema.families.get(name) is Family.STRING for name in schema.attr_names])
+        source = np.where((source >= 0) & ~string_attr[table.attr], source, -1)
+    carried, fresh = np.flatnonzero(source >= 0), np.flatnonzero(source < 0)
+    src = source[carried]
+    recoded = table.take(fresh)
+    recoded.recode(schema)
+    n = len(table)
+    lo, hi = np.empty(n), np.empty(n)
+    lo[carried], lo[fresh] = old.lo[src], recoded.lo
+    hi[carried], hi[fresh] = old.hi[src], recoded.hi
+    # IN lists: each row's sorted codes, gathered from either table into one CSR
+    lengths, starts = np.empty(n, np.int64), np.empty(n, np.int64)
+    lengths[carried], lengths[fresh] = np.diff(old.set_offsets)[src], np.diff(recoded.set_offsets)
+    starts[carried], starts[fresh] = old.set_offsets[src], recoded.set_offsets[:-1] + len(old.set_values)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    values = np.concatenate((old.set_values, recoded.set_values))
+    table.lo, table.hi, table.set_offsets = lo, hi, offsets
+    table.set_values = values[np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]))]
+    table.coded_version = schema.version
 
 
 def _validate_segment(segment: Segment, schema: Schema) -> None:

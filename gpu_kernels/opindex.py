@@ -49,7 +49,11 @@ output); the CPU kernel runs it over ``prange`` tasks of events, a CUDA
 twin would run it per thread over its own events with the same arguments.
 Building is a few sequential passes (:func:`plain_units`,
 :func:`choose_pivots`, :func:`emit_entries`, :func:`counting_order`,
-:func:`sort_within_lists`, :func:`gather_sorted`, :func:`build_directory`).
+:func:`sort_within_lists`, :func:`gather_sorted`, :func:`build_directory`);
+a merge (DESIGN.md §4) merges the entries of added subscriptions into an
+old index's lists in one linear pass (:func:`merge_entries`, with
+:func:`sort_runs` for runs whose keys moved) before
+:func:`build_directory`.
 """
 
 from __future__ import annotations
@@ -757,3 +761,198 @@ def build_directory(list_offsets, s_attr, s_val, n_attrs, attr_bits, max_seg_log
                 bucket_sig[bucket] |= np.uint64(1) << np.uint64(attr_bit(a, sig_bits))
     bucket_run_start[n_buckets] = list_run_start[n_lists]
     return run_attr, run_start, list_shift, list_bucket_base, bucket_run_start, bucket_sig
+
+
+# --------------------------------------------------------------------------
+# updates: a merged index from an old one plus a few added subscriptions
+# --------------------------------------------------------------------------
+@njit(inline="always", nogil=True)
+def _before(l0, a0, k0, l1, a1, k1):
+    """(list, attribute, key) ``0`` sorts strictly before ``1``."""
+    return l0 < l1 or (l0 == l1 and (a0 < a1 or (a0 == a1 and k0 < k1)))
+
+
+@njit(nogil=True, cache=True)
+def merge_entries(old_list_offsets, old_run_attr, old_run_start, old_val, old_target, old_side_pid,
+                  old_list_side_base, old_part_counter_start, old_part_slot_start,
+                  part_map, counter_map, slot_map, part_counter_start, part_slot_start,
+                  old_use_rank, enc_plain, enc_string, string_attr, code_map, vals, use_rank,
+                  x_map, prefix_val, prefix_hi,
+                  add_list, add_attr, add_val, add_key, add_target, add_pid, n_lists):
+    """The entries of a merged index in one linear pass: the old entries
+    (already sorted by (list, attribute, operand)) with their dead counters
+    dropped and everything else renumbered, merged with the added entries
+    (sorted the same way) -- the merge of two sorted runs per list, added
+    entries after old ones on ties.
+
+    Old entries: partition ``part_map[p]`` (-1: gone), counter pointers
+    through ``counter_map`` / ``slot_map`` (old global -> new global, -1:
+    dropped) made relative to the new partition starts; operands re-encoded
+    among the new distinct operands ``vals``: with ``old_use_rank`` through
+    the tables ``enc_plain`` / ``enc_string`` (old rank -> new stored
+    operand; ``enc_string`` for string attributes, whose codes move when
+    the dictionary grows), else from the raw value (string codes through
+    ``code_map``: old dictionary rank -> new code, empty when codes did not
+    move); VERIFY and PREFIX entries by their predicate ``x_map[pid]``
+    (PREFIX operand ``prefix_val``, interval end ``prefix_hi``).  The sort
+    key is the stored operand, the predicate id in VERIFY.
+
+    Returns the sorted attribute, operand and counter pointer arrays, the
+    side arrays (predicate id, interval end) of the VERIFY and PREFIX
+    entries, the list offsets, and whether some old run was no longer
+    sorted under the new keys (PREFIX intervals that were tied before the
+    dictionary grew, a predicate renumbering that is not monotone): then
+    :func:`sort_runs` restores the order."""
+    n_add = len(add_list)
+    cap = len(old_target) + n_add
+    s_attr = np.empty(cap, dtype=np.int32)
+    s_val = np.empty(cap, dtype=np.float64)
+    s_target = np.empty(cap, dtype=np.int32)
+    side_pid = np.empty(len(old_side_pid) + n_add, dtype=np.int64)
+    side_hi = np.empty(len(old_side_pid) + n_add, dtype=np.float64)
+    counts = np.zeros(n_lists + 1, dtype=np.int64)
+    at = 0
+    n_side = 0
+    j = 0
+    r = 0
+    unsorted = False
+    prev_l = -1
+    prev_a = -1
+    prev_k = 0.0
+    remap_codes = len(code_map) > 0
+    for l_old in range(len(old_list_offsets) - 1):
+        k0 = old_list_offsets[l_old]
+        k1 = old_list_offsets[l_old + 1]
+        if k0 == k1:
+            continue
+        p_old = l_old >> 3
+        op = l_old & 7
+        p = part_map[p_old]
+        if p < 0:                 # every counter of the partition is gone
+            continue
+        l = p * 8 + op
+        c_old = old_part_counter_start[p_old]
+        sl_old = old_part_slot_start[p_old]
+        c_new = part_counter_start[p]
+        sl_new = part_slot_start[p]
+        side = old_list_side_base[l_old]
+        for k in range(k0, k1):
+            while old_run_start[r + 1] <= k:
+                r += 1
+            t = np.int64(old_target[k])
+            if t >= 0:
+                c = counter_map[c_old + t]
+                if c < 0:
+                    continue
+                t = c - c_new
+            else:
+                s = slot_map[sl_old - t - 1]
+                if s < 0:
+                    continue
+                t = -(s - sl_new) - 1
+            a = old_run_attr[r]
+            pid = -1
+            if op == L_VERIFY:
+                pid = x_map[old_side_pid[k + side]]
+                v = 0.0
+                key = np.float64(pid)
+            elif op == L_PREFIX:
+                pid = x_map[old_side_pid[k + side]]
+                v = prefix_val[pid]
+                key = v
+            else:
+                if old_use_rank:
+                    rank = (np.int64(old_val[k]) - 1) >> 1
+                    v = enc_string[rank] if string_attr[a] else enc_plain[rank]
+                else:
+                    v = np.float64(old_val[k])
+                    if remap_codes and string_attr[a]:
+                        v = code_map[(np.int64(v) - 1) >> 1]
+                    if use_rank:
+                        lo = 0
+                        n = len(vals)
+                        while n > 0:
+                            half = n >> 1
+                            if vals[lo + half] < v:
+                                lo = lo + half + 1
+                                n = n - half - 1
+                            else:
+                                n = half
+                        v = 2.0 * lo + 1.0
+                key = v
+            if l == prev_l and a == prev_a and key < prev_k:
+                unsorted = True
+            prev_l = l
+            prev_a = a
+            prev_k = key
+            # the added entries that sort before this one
+            while j < n_add and _before(add_list[j], add_attr[j], add_key[j], l, a, key):
+                s_attr[at] = add_attr[j]
+                s_val[at] = add_val[j]
+                s_target[at] = add_target[j]
+                counts[add_list[j] + 1] += 1
+                if (add_list[j] & 7) >= L_VERIFY:
+                    side_pid[n_side] = add_pid[j]
+                    side_hi[n_side] = prefix_hi[add_pid[j]]
+                    n_side += 1
+                at += 1
+                j += 1
+            s_attr[at] = a
+            s_val[at] = v
+            s_target[at] = t
+            counts[l + 1] += 1
+            if op >= L_VERIFY:
+                side_pid[n_side] = pid
+                side_hi[n_side] = prefix_hi[pid]
+                n_side += 1
+            at += 1
+    while j < n_add:
+        s_attr[at] = add_attr[j]
+        s_val[at] = add_val[j]
+        s_target[at] = add_target[j]
+        counts[add_list[j] + 1] += 1
+        if (add_list[j] & 7) >= L_VERIFY:
+            side_pid[n_side] = add_pid[j]
+            side_hi[n_side] = prefix_hi[add_pid[j]]
+            n_side += 1
+        at += 1
+        j += 1
+    for l in range(n_lists):
+        counts[l + 1] += counts[l]
+    return (s_attr[:at], s_val[:at], s_target[:at], side_pid[:n_side], side_hi[:n_side], counts, unsorted)
+
+
+@njit(nogil=True, cache=True)
+def sort_runs(list_offsets, list_side_base, s_attr, s_val, s_target, side_pid, side_hi):
+    """Restore the (attribute, operand) order inside every run that lost it
+    (see :func:`merge_entries`), stably; runs already sorted are only read."""
+    for l in range(len(list_offsets) - 1):
+        verify = (l & 7) == L_VERIFY
+        special = (l & 7) >= L_VERIFY
+        side = list_side_base[l]
+        a = list_offsets[l]
+        end = list_offsets[l + 1]
+        while a < end:
+            b = a + 1
+            while b < end and s_attr[b] == s_attr[a]:
+                b += 1
+            keys = np.empty(b - a, dtype=np.float64)
+            ordered = True
+            for i in range(a, b):
+                keys[i - a] = np.float64(side_pid[i + side]) if verify else s_val[i]
+                if i > a and keys[i - a] < keys[i - a - 1]:
+                    ordered = False
+            if not ordered:
+                perm = np.argsort(keys, kind="mergesort")
+                val = s_val[a:b].copy()
+                target = s_target[a:b].copy()
+                for i in range(b - a):
+                    s_val[a + i] = val[perm[i]]
+                    s_target[a + i] = target[perm[i]]
+                if special:
+                    pid = side_pid[a + side:b + side].copy()
+                    hi = side_hi[a + side:b + side].copy()
+                    for i in range(b - a):
+                        side_pid[a + side + i] = pid[perm[i]]
+                        side_hi[a + side + i] = hi[perm[i]]
+            a = b

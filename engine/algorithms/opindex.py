@@ -56,22 +56,35 @@ over all cores (``prange``), each with its own counters; single events run
 on the calling thread.  Output per event is de-duplicated and ordered by a
 two-level bitmap of positions.
 
-Updates: the :class:`~engine.index.Index` matches new subscriptions in a
-small delta by scan and tombstones removals through ``alive`` (copied per
-counter, next to the counters, when it changes); a merge builds a new
-matcher (a few linear passes and one sort per list).
+Updates (DESIGN.md §4): the :class:`~engine.index.Index` matches new
+subscriptions in a small delta by scan and tombstones removals through
+``alive`` (copied per counter, next to the counters, when it changes); a
+merge derives the next matcher from this one (:meth:`OpIndexMatcher.merged`,
+the Index's merge protocol) instead of building it: removed subscriptions'
+counters and entries dropped, survivors renumbered (pivots, counters and
+entries kept), added subscriptions built as a full build builds them --
+pivots from the attribute frequencies of the last full build, as the
+paper's inserts (Algorithm 1) -- and their entries merged into the sorted
+lists (:func:`~gpu_kernels.opindex.merge_entries`, one linear pass), then
+the segment directories and signatures rebuilt.  Operands are re-encoded
+among the grown ``vals`` (float64 once beyond 16-bit ranks), string codes
+followed through the grown dictionary (which is also how a matcher follows
+new strings between merges).  A full build takes over once the churn since
+the last one exceeds :attr:`OpIndexMatcher.REBUILD_SHARE`.
 :func:`check_expression` is the add-time refusal of expressions too large
 for both normal forms.
 """
 
 from __future__ import annotations
 
+import copy
+
 import numba
 import numpy as np
 
 from engine.compile import OP_OF_CODE, OPCODE, Segment
 from engine.errors import BackendUnavailable, ExpressionTooLarge
-from engine.expr import And, Node, Or, Pred, Xnor, Xor, to_cnf, to_dnf
+from engine.expr import And, Family, Node, Or, Pred, Xnor, Xor, to_cnf, to_dnf
 from gpu_kernels import opcodes
 from gpu_kernels import opindex as K
 
@@ -92,6 +105,10 @@ _LIST_CONJ[opcodes.IS_NULL] = -1
 #: ... and inside a CNF clause (BETWEEN is one predicate there: VERIFY)
 _LIST_CNF = _LIST_CONJ.copy()
 _LIST_CNF[opcodes.BETWEEN] = K.L_VERIFY
+#: operators whose operands are range-scanned (the lists' sort key)
+_VALUED = (opcodes.EQ, opcodes.NE, opcodes.LT, opcodes.LE, opcodes.GT, opcodes.GE, opcodes.BETWEEN)
+#: how each subscription is indexed (§6.1), ``_sub_form`` codes
+FORMS = ("plain", "dnf", "cnf", "always", "never")
 
 
 def check_expression(node: Node, limit: int = DEFAULT_LIMIT) -> None:
@@ -200,79 +217,184 @@ class OpIndexMatcher:
 
     # ------------------------------------------------------------------ build
     def _build(self) -> None:
+        """A whole index from the segment (§4): normal forms, pivots,
+        counters, entries sorted per list, segment directories."""
         seg = self.segment
+        self._code_predicates()
         preds = seg.predicates
+        n_subs = len(seg)
+        self._start_table()
+        self.n_attrs = n_attrs = int(preds.attr.max()) + 1 if len(preds) else 1
+        self._string_attr = self._string_attributes(n_attrs)
+        # Δ(A) from the subscriptions: predicates on A after the §4.2
+        # rewrites (an IN list counts its values, BETWEEN two comparisons)
+        self._sub_freq = self._predicate_frequency(seg, np.arange(n_subs), n_attrs)
+        self._attr_key = self._frequency_key(self._sub_freq)
+        conj = self._conjunctions(np.arange(n_subs, dtype=np.int64), whole=True)
+        self._finish_extension()
+        rows = self._row_arrays(None)
+        units = self._place(conj, rows)
+        self.always_pos = units["always"]
+        self._sub_form = conj["form"]
+        self._count_forms()
+
+        # ---- counters (V_{A}): grouped by pivot partition
+        used = np.bincount(units["pivot"], minlength=n_attrs) > 0
+        compact = np.cumsum(used) - 1
+        n_parts = int(used.sum())
+        counter_item, part_counter_start = K.counting_order(compact[units["pivot"]], n_parts)
+        self.part_counter_start = part_counter_start
+        self.pivot_of_attr = np.where(used, compact, -1).astype(np.int32)
+        self._set_counters(units["init"][counter_item], units["sub"][counter_item])
+
+        # ---- operand ranks (the lists' sort key)
+        prefix_ok, prefix_lo, prefix_hi = self._prefix_bounds(None)
+        self._vals_plain, self._vals_string = self._operands(None)
+        vals = self._set_vals(prefix_lo[prefix_ok])
+        info, set_rank, prefix_rank = self._pack(rows, vals, prefix_ok, prefix_lo)
+        vals = np.concatenate((vals, [0.0]))        # (ranks of unused rows may point one past the end)
+
+        # ---- entries, sorted by (list, attribute, operand)
+        (e_list, e_attr, e_rank, e_target, self.counter_post_start, self.post_attr, self.slot_counter,
+         self.part_slot_start) = K.emit_entries(
+            counter_item, units["n_units"], part_counter_start, units["unit_off"], units["unit_pids"],
+            units["copy_clause_off"], units["clause_off"], units["clause_pids"], info, _LIST_CONJ, _LIST_CNF,
+            set_rank)
+        n_lists = n_parts * K.N_LISTS
+        order, list_offsets = K.counting_order(e_list, n_lists)
+        K.sort_within_lists(list_offsets, order, e_attr, e_rank, max(len(vals), len(rows["op"])) + 1, prefix_rank)
+        s_attr, s_val, s_target, side_pid, self.side_hi, self.list_side_base = K.gather_sorted(
+            order, list_offsets, e_list, e_attr, e_rank, e_target, vals, prefix_rank, prefix_hi, self.use_rank)
+        del e_list, e_attr, e_rank, e_target, order
+        self._set_lists(list_offsets, s_attr, s_val, s_target, side_pid)
+        self._has_prefix = bool(prefix_ok.any())
+        # the update bookkeeping (see merged)
+        self.merges = 0
+        self._built_subs = n_subs
+        self._churn = 0
+
+    def _code_predicates(self) -> None:
+        preds = self.segment.predicates
         if preds.lo is None or preds.set_offsets is None:
             if self.schema is None:
                 raise ValueError("the segment's predicates are not coded yet: recode them or pass schema=")
             preds.recode(self.schema)
         self._coded = (preds.coded_version, preds.lo, preds.hi, preds.set_values)
-        n_subs = len(seg)
-        # the distinct-predicate table, extended by negations the normal forms need
+        # the dictionary the string codes of this index come from: its first
+        # _n_strings strings (ids are stable, the dictionary only grows);
+        # unknown (None) when the predicates were coded under another version
+        schema = self.schema
+        self._n_strings = len(schema.strings) if schema is not None and preds.coded_version == schema.version \
+            else None
+
+    def _start_table(self) -> None:
+        """The distinct-predicate table, to be extended by the negations the
+        normal forms need (:meth:`_pid`)."""
+        preds = self.segment.predicates
         self._x = {"attr": preds.attr.astype(np.int32, copy=False), "op": preds.op.astype(np.int8, copy=False),
                    "lo": preds.lo, "hi": preds.hi, "aux": preds.aux,
                    "set_start": preds.set_offsets[:-1], "set_stop": preds.set_offsets[1:]}
         self._extra = {k: [] for k in self._x}
         self._negated: dict[int, int] = {}
-        n_attrs = int(preds.attr.max()) + 1 if len(preds) else 1
-        self.n_attrs = n_attrs
-        # Δ(A) from the subscriptions: predicates on A after the §4.2
-        # rewrites (an IN list counts its values, BETWEEN two comparisons)
-        leaves = seg.prog_arg[seg.prog_kind == opcodes.LEAF]
-        rewritten = np.ones(len(preds), np.int64)
-        rewritten[preds.op == opcodes.IN] = np.diff(preds.set_offsets)[preds.op == opcodes.IN]
-        rewritten[preds.op == opcodes.BETWEEN] = 2
-        sub_freq = np.bincount(preds.attr[leaves].astype(np.int64), weights=rewritten[leaves],
-                               minlength=n_attrs)[:n_attrs].astype(np.int64)
-        if self.event_log is not None:
-            ev_freq = _attr_frequency(self.event_log, n_attrs)
-            attr_key = ev_freq * (int(sub_freq.max(initial=0)) + 1) + sub_freq
-        else:
-            attr_key = sub_freq.astype(np.int64)
-        self._attr_key = attr_key
 
-        plain = K.plain_conjunctions(seg.prog_offsets, seg.prog_kind, seg.prog_arg) if n_subs else \
+    def _string_attributes(self, n_attrs: int) -> np.ndarray:
+        """Per attribute id: is it a string attribute (its codes move when the
+        dictionary grows)?  All False without a schema."""
+        out = np.zeros(n_attrs, dtype=np.bool_)
+        schema = self.schema
+        if schema is not None:
+            names = schema.attr_names[:n_attrs]
+            out[:len(names)] = [schema.families.get(name) is Family.STRING for name in names]
+        return out
+
+    def _predicate_frequency(self, seg: Segment, positions: np.ndarray, n_attrs: int) -> np.ndarray:
+        """Predicates per attribute in the programs of ``positions``, after
+        the §4.2 rewrites."""
+        preds = seg.predicates
+        if len(positions) == len(seg):
+            leaves = seg.prog_arg[seg.prog_kind == opcodes.LEAF]
+        else:
+            part = seg.take(positions)
+            leaves = part.prog_arg[part.prog_kind == opcodes.LEAF]
+        rewritten = np.ones(len(preds), np.int64)
+        is_in = preds.op == opcodes.IN
+        rewritten[is_in] = np.diff(preds.set_offsets)[is_in]
+        rewritten[preds.op == opcodes.BETWEEN] = 2
+        return np.bincount(preds.attr[leaves].astype(np.int64), weights=rewritten[leaves],
+                           minlength=n_attrs)[:n_attrs].astype(np.int64)
+
+    def _frequency_key(self, sub_freq: np.ndarray) -> np.ndarray:
+        """Δ(A) as one sortable key: the event log's frequency, subscription
+        frequency breaking ties; the subscriptions' alone without a log."""
+        if self.event_log is None:
+            return sub_freq.astype(np.int64)
+        ev_freq = _attr_frequency(self.event_log, len(sub_freq))
+        return ev_freq * (int(sub_freq.max(initial=0)) + 1) + sub_freq
+
+    def _conjunctions(self, positions: np.ndarray, whole: bool = False) -> dict:
+        """The simple subscriptions of the subscriptions at ``positions``
+        (§6.1): plain conjunctions as they are, other expressions through
+        their DNF (one unit per conjunction) or CNF (one copy per pivot of
+        the pivot set, clauses in CSR), or always checked.  Unit and clause
+        predicate ids are rows of the extended table."""
+        seg = self.segment
+        part = seg if whole else seg.take(positions)
+        plain = K.plain_conjunctions(part.prog_offsets, part.prog_kind, part.prog_arg) if len(part) else \
             np.zeros(0, bool)
-        plain_pos = np.flatnonzero(plain)
-        u_off, u_pids = K.plain_units(plain_pos, seg.prog_offsets, seg.prog_kind, seg.prog_arg)
-        unit_sub = [plain_pos]
-        unit_lists = [(u_off, u_pids)]
-        # ---- general expressions: DNF or CNF (§6.1)
+        plain_local = np.flatnonzero(plain)
+        u_off, u_pids = K.plain_units(plain_local, part.prog_offsets, part.prog_kind, part.prog_arg)
+        form = np.zeros(len(positions), np.int8)          # FORMS index; plain = 0
         always = []
-        cnf_copies = []            # (sub position, pivot attr, [clause pid arrays])
-        self.form_counts = {"plain": len(plain_pos), "dnf": 0, "cnf": 0, "always": 0, "never": 0}
         g_sub, g_off, g_pids = [], [0], []
-        for pos in np.flatnonzero(~plain):
-            form, parts = self._normal_form(int(pos))
-            self.form_counts[form] += 1
-            if form == "dnf":
+        copy_sub, copy_pivot, copy_clause_off, clause_off, clause_pids = [], [], [0], [0], []
+        for local in np.flatnonzero(~plain):
+            pos = int(positions[local])
+            kind, parts = self._normal_form(pos)
+            form[local] = FORMS.index(kind)
+            if kind == "dnf":
                 for conj in parts:
                     g_sub.append(pos)
                     g_pids.extend(conj)
                     g_off.append(len(g_pids))
-            elif form == "cnf":
+            elif kind == "cnf":
                 pivots, clauses = parts
                 for attr in pivots:
-                    cnf_copies.append((int(pos), int(attr), clauses))
-            elif form == "always":
-                always.append(int(pos))
-        self._finish_extension()
-        x = self._x
-        if g_sub:
-            unit_sub.append(np.array(g_sub, np.int64))
-            unit_lists.append((np.array(g_off, np.int64), np.array(g_pids, np.int64)))
-        unit_sub = np.concatenate(unit_sub)
-        off_parts, pid_parts, base = [np.zeros(1, np.int64)], [], 0
-        for off, pids in unit_lists:
-            off_parts.append(off[1:] + base)
-            pid_parts.append(pids)
-            base += len(pids)
-        unit_off = np.concatenate(off_parts)
-        unit_pids = np.concatenate(pid_parts) if pid_parts else np.zeros(0, np.int64)
+                    copy_sub.append(pos)
+                    copy_pivot.append(int(attr))
+                    for clause in clauses:
+                        clause_pids.extend(clause)
+                        clause_off.append(len(clause_pids))
+                    copy_clause_off.append(len(clause_off) - 1)
+            elif kind == "always":
+                always.append(pos)
+        unit_sub = np.concatenate((positions[plain_local], np.array(g_sub, np.int64)))
+        unit_off = np.concatenate((u_off, np.array(g_off[1:], np.int64) + len(u_pids)))
+        unit_pids = np.concatenate((u_pids, np.array(g_pids, np.int64)))
+        return {"form": form, "always": always, "unit_sub": unit_sub.astype(np.int64), "unit_off": unit_off,
+                "unit_pids": unit_pids, "copy_sub": np.array(copy_sub, np.int64),
+                "copy_pivot": np.array(copy_pivot, np.int64), "copy_clause_off": np.array(copy_clause_off, np.int64),
+                "clause_off": np.array(clause_off, np.int64), "clause_pids": np.array(clause_pids, np.int64)}
 
-        # ---- per-predicate entry counts (§4.2 rewrites) and counter weights
-        op = x["op"].astype(np.int64)
-        set_len = (x["set_stop"] - x["set_start"]).astype(np.int64)
+    def _row_arrays(self, rows) -> dict:
+        """What building reads of the extended-table rows ``rows`` (None:
+        every row), indexed by their place in ``rows``: entry counts per
+        predicate after the §4.2 rewrites (in a conjunction, in a CNF
+        clause), counter weights, findability, and IN lists (``set_start``
+        into ``set_values``)."""
+        x = self._x
+        if rows is None:
+            r = {key: x[key] for key in ("attr", "op", "lo", "hi")}
+            r["set_start"], r["set_values"] = x["set_start"], self.set_values
+            set_len = (x["set_stop"] - x["set_start"]).astype(np.int64)
+        else:
+            r = {key: x[key][rows] for key in ("attr", "op", "lo", "hi")}
+            set_len = (x["set_stop"][rows] - x["set_start"][rows]).astype(np.int64)
+            # the rows' IN lists, gathered into their own CSR
+            starts = x["set_start"][rows]
+            r["set_start"] = np.concatenate(([0], np.cumsum(set_len)[:-1])).astype(np.int64)
+            r["set_values"] = self.set_values[np.repeat(starts - r["set_start"], set_len)
+                                              + np.arange(int(set_len.sum()))]
+        op = r["op"].astype(np.int64)
         n_conj = np.ones(len(op), np.int64)
         n_conj[op == opcodes.IN] = set_len[op == opcodes.IN]
         n_conj[op == opcodes.BETWEEN] = 2
@@ -282,102 +404,399 @@ class OpIndexMatcher:
         weight = np.ones(len(op), np.int64)
         weight[op == opcodes.BETWEEN] = 2
         weight[op == opcodes.IS_NULL] = 0
-        findable = op != opcodes.IS_NULL
+        r.update(n_conj=n_conj, n_cnf=n_cnf, weight=weight, findable=op != opcodes.IS_NULL)
+        return r
 
-        # ---- pivots of the conjunctions; a subscription with a conjunction
-        # no event attribute can find is checked on every event
-        pivot, init = K.choose_pivots(unit_off, unit_pids, x["attr"], findable, attr_key, weight)
-        if (pivot < 0).any():
-            always.extend(unit_sub[pivot < 0].tolist())
-        always_arr = np.unique(np.array(always, np.int64))
-        if len(always_arr):
-            keep = np.flatnonzero(~np.isin(unit_sub, always_arr))
+    def _place(self, conj: dict, rows: dict) -> dict:
+        """Pivots and counters of the simple subscriptions (§4.1): each
+        conjunction's pivot (eq. 1) and initial count; a subscription with
+        a conjunction no event attribute can find is checked on every event
+        instead.  (A CNF subscription has pivots by construction: its
+        clauses hold no IS NULL.)  Predicate ids in ``conj`` are indexes of
+        ``rows``."""
+        unit_sub, unit_off, unit_pids = conj["unit_sub"], conj["unit_off"], conj["unit_pids"]
+        pivot, init = K.choose_pivots(unit_off, unit_pids, rows["attr"], rows["findable"], self._attr_key,
+                                      rows["weight"])
+        always = np.unique(np.concatenate((np.array(conj["always"], np.int64), unit_sub[pivot < 0])))
+        if len(always):
+            keep = np.flatnonzero(~np.isin(unit_sub, always))
             lens = np.diff(unit_off)[keep]
             gather = np.repeat(unit_off[:-1][keep] - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) \
                 + np.arange(int(lens.sum()))
             unit_pids = unit_pids[gather]
             unit_off = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
             unit_sub, pivot, init = unit_sub[keep], pivot[keep], init[keep]
-            always_set = set(always_arr.tolist())
-            cnf_copies = [c for c in cnf_copies if c[0] not in always_set]
-        self.always_pos = always_arr
-        self.form_counts["always"] = len(always_arr)
-        n_units = len(unit_sub)
+        copy_clause_off = conj["copy_clause_off"]
+        return {"always": always, "n_units": len(unit_sub), "unit_off": unit_off, "unit_pids": unit_pids,
+                "copy_clause_off": copy_clause_off, "clause_off": conj["clause_off"],
+                "clause_pids": conj["clause_pids"],
+                # one counter per unit, then per CNF copy (its count: clauses)
+                "pivot": np.concatenate((pivot, conj["copy_pivot"])),
+                "init": np.concatenate((init, np.diff(copy_clause_off))),
+                "sub": np.concatenate((unit_sub, conj["copy_sub"]))}
 
-        # ---- CNF copies (one per pivot of the pivot set), clauses in CSR
-        copy_clause_off = np.zeros(len(cnf_copies) + 1, np.int64)
-        clause_off, clause_pids = [0], []
-        for k, (_, _, clauses) in enumerate(cnf_copies):
-            for clause in clauses:
-                clause_pids.extend(clause)
-                clause_off.append(len(clause_pids))
-            copy_clause_off[k + 1] = len(clause_off) - 1
-        clause_off = np.array(clause_off, np.int64)
-        clause_pids = np.array(clause_pids, np.int64)
+    def _count_forms(self) -> None:
+        counts = np.bincount(self._sub_form, minlength=len(FORMS))
+        self.form_counts = {name: int(n) for name, n in zip(FORMS, counts)}
+        # (a conjunction of IS NULL tests puts a plain or DNF subscription there too)
+        self.form_counts["always"] = len(self.always_pos)
 
-        # ---- counters (V_{A}): grouped by pivot partition
-        all_pivot = np.concatenate((pivot, np.array([c[1] for c in cnf_copies], np.int64)))
-        all_init = np.concatenate((init, np.diff(copy_clause_off)))
-        all_sub = np.concatenate((unit_sub, np.array([c[0] for c in cnf_copies], np.int64)))
-        used = np.bincount(all_pivot, minlength=n_attrs) > 0
-        compact = np.cumsum(used) - 1
-        n_parts = int(used.sum())
-        counter_item, part_counter_start = K.counting_order(compact[all_pivot], n_parts)
-        self.part_counter_start = part_counter_start
-        self.pivot_of_attr = np.where(used, compact, -1).astype(np.int32)
-        top = all_init.max(initial=0)     # counters as narrow as the largest conjunction allows
+    def _set_counters(self, init: np.ndarray, sub: np.ndarray) -> None:
+        top = init.max(initial=0)     # counters as narrow as the largest conjunction allows
         dtype = np.int8 if top <= np.iinfo(np.int8).max else np.int16 if top <= np.iinfo(np.int16).max \
             else np.int32
-        self.counter_init = all_init[counter_item].astype(dtype)
-        self.counter_sub = all_sub[counter_item].astype(np.int32 if n_subs < 2 ** 31 else np.int64)
+        self.counter_init = init.astype(dtype)
+        self.counter_sub = sub.astype(np.int32 if len(self.segment) < 2 ** 31 else np.int64)
+        self.n_counters = len(init)
 
-        # ---- operand ranks (the lists' sort key)
-        prefix_ok, prefix_lo, prefix_hi = self._prefix_bounds()
-        valued = np.isin(op, (opcodes.EQ, opcodes.NE, opcodes.LT, opcodes.LE, opcodes.GT, opcodes.GE,
-                              opcodes.BETWEEN))
-        vals = np.unique(np.concatenate((x["lo"][valued], x["hi"][op == opcodes.BETWEEN], self.set_values,
-                                         prefix_lo[prefix_ok])))
-        rank_lo = np.searchsorted(vals, x["lo"]).astype(np.int64)
-        rank_hi = np.searchsorted(vals, x["hi"]).astype(np.int64)
-        set_rank = np.searchsorted(vals, self.set_values).astype(np.int64)
-        prefix_rank = np.searchsorted(vals, prefix_lo).astype(np.int64)
+    def _operands(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct range-scanned operands of the extended-table rows
+        ``rows`` (None: all), those of non-string and of string attributes
+        apart: string codes move when the dictionary grows, values do not."""
+        x = self._x
+        if rows is None:
+            op, attr, lo, hi = x["op"], x["attr"], x["lo"], x["hi"]
+            set_values = self.set_values
+            base = self.segment.predicates
+            set_attr = np.repeat(base.attr, np.diff(base.set_offsets))
+        else:
+            op, attr, lo, hi = x["op"][rows], x["attr"][rows], x["lo"][rows], x["hi"][rows]
+            is_set = np.isin(op, (opcodes.IN, opcodes.NOT_IN))
+            lens = (x["set_stop"][rows] - x["set_start"][rows])[is_set]
+            starts = x["set_start"][rows][is_set]
+            set_values = self.set_values[np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
+                                         + np.arange(int(lens.sum()))]
+            set_attr = np.repeat(attr[is_set], lens)
+        valued = np.isin(op, _VALUED)
+        between = op == opcodes.BETWEEN
+        values = np.concatenate((lo[valued], hi[between], set_values))
+        string = self._string_attr[np.concatenate((attr[valued], attr[between], set_attr)).astype(np.int64)]
+        return np.unique(values[~string]), np.unique(values[string])
+
+    def _set_vals(self, prefix_lo: np.ndarray) -> np.ndarray:
+        """The distinct operands ``vals`` and whether entries store them as
+        ranks: operands as 2 * rank + 1 among the distinct operands (an
+        event value becomes 2 * #operands below it, + 1 if it is one): exact
+        comparisons in 16 bits; raw float64 operands beyond 32767 of them."""
+        vals = np.unique(np.concatenate((self._vals_plain, self._vals_string, prefix_lo)))
+        fits = 2 * len(vals) + 1 <= np.iinfo(np.uint16).max
+        self.use_rank = fits if self.operand_ranks is None else bool(self.operand_ranks) and fits
         self.vals = vals
-        # operands as 2 * rank + 1 among the distinct operands (an event value
-        # becomes 2 * #operands below it, + 1 if it is one): exact comparisons
-        # in 16 bits; raw float64 operands beyond 32767 distinct ones
-        use_rank = 2 * len(vals) + 1 <= np.iinfo(np.uint16).max if self.operand_ranks is None else \
-            bool(self.operand_ranks) and 2 * len(vals) + 1 <= np.iinfo(np.uint16).max
-        vals = np.concatenate((vals, [0.0]))        # (ranks of unused rows may point one past the end)
+        return vals
 
-        # ---- entries, sorted by (list, attribute, operand)
-        (e_list, e_attr, e_rank, e_target, self.counter_post_start, self.post_attr, self.slot_counter,
-         self.part_slot_start) = K.emit_entries(
-            counter_item, n_units, part_counter_start, unit_off, unit_pids, copy_clause_off,
-            clause_off, clause_pids,
-            K.pack_predicates(x["attr"], x["op"], prefix_ok, n_conj, n_cnf, rank_lo, rank_hi, x["set_start"]),
-            _LIST_CONJ, _LIST_CNF, set_rank)
-        n_lists = n_parts * K.N_LISTS
-        order, list_offsets = K.counting_order(e_list, n_lists)
-        K.sort_within_lists(list_offsets, order, e_attr, e_rank, max(len(vals), len(op)) + 1, prefix_rank)
-        s_attr, s_val, self.ent_target, side_pid, self.side_hi, self.list_side_base = K.gather_sorted(
-            order, list_offsets, e_list, e_attr, e_rank, e_target, vals, prefix_rank, prefix_hi, use_rank)
-        del e_list, e_attr, e_rank, e_target, order
-        self.side_pid = side_pid.astype(np.int32 if len(op) < 2 ** 31 else np.int64)
+    def _pack(self, rows: dict, vals: np.ndarray, prefix_ok, prefix_lo):
+        """:func:`~gpu_kernels.opindex.pack_predicates` of the rows, the
+        ranks of their IN-list values and of their prefix intervals."""
+        rank_lo = np.searchsorted(vals, rows["lo"]).astype(np.int64)
+        rank_hi = np.searchsorted(vals, rows["hi"]).astype(np.int64)
+        set_rank = np.searchsorted(vals, rows["set_values"]).astype(np.int64)
+        prefix_rank = np.searchsorted(vals, prefix_lo).astype(np.int64)
+        info = K.pack_predicates(rows["attr"], rows["op"], prefix_ok, rows["n_conj"], rows["n_cnf"], rank_lo, rank_hi,
+                                 rows["set_start"])
+        return info, set_rank, prefix_rank
+
+    def _set_lists(self, list_offsets, s_attr, s_val, s_target, side_pid) -> None:
+        """The sorted entries in their final form, and the segment directory
+        and signatures over them (§4.2)."""
+        self._list_offsets = list_offsets
+        self.side_pid = side_pid.astype(np.int32 if len(self._x["op"]) < 2 ** 31 else np.int64)
         # counter pointers relative to the partition: 16 bits when partitions are small
-        widest = max(int(np.diff(part_counter_start).max(initial=0)), int(np.diff(self.part_slot_start).max(initial=0)))
-        if widest < np.iinfo(np.int16).max:
-            self.ent_target = self.ent_target.astype(np.int16)
-        attr_bits = int(n_attrs - 1).bit_length()
+        widest = max(int(np.diff(self.part_counter_start).max(initial=0)),
+                     int(np.diff(self.part_slot_start).max(initial=0)))
+        self.ent_target = s_target.astype(np.int16) if widest < np.iinfo(np.int16).max else s_target
+        attr_bits = int(self.n_attrs - 1).bit_length()
         max_log2 = int(self.n_segments).bit_length() - 1
         (self.run_attr, self.run_start, self.list_shift, self.list_bucket_base, self.bucket_run_start,
-         self.bucket_sig) = K.build_directory(list_offsets, s_attr, s_val, n_attrs, attr_bits, max_log2,
+         self.bucket_sig) = K.build_directory(list_offsets, s_attr, s_val, self.n_attrs, attr_bits, max_log2,
                                               self.signature_bits, self.variant == "full")
-        self.use_rank = bool(use_rank)
-        self.ent_val = s_val.astype(np.uint16) if use_rank else s_val
+        self.ent_val = s_val.astype(np.uint16) if self.use_rank else s_val
         self.n_entries = len(s_val)
-        self.n_counters = len(self.counter_init)
-        self.n_partitions = n_parts
-        self._has_prefix = bool(prefix_ok.any())
+        self.n_partitions = len(self.part_counter_start) - 1
+
+    # ---------------------------------------------------------------- updates
+    #: a merge rebuilds the whole index once the subscriptions added and
+    #: removed since the last full build exceed this share of that build's
+    #: subscriptions: pivots keep the attribute frequencies of that build
+    #: (§4.1, as the paper's inserts do), and dropped operands stay in ``vals``
+    REBUILD_SHARE = 0.5
+
+    def merged(self, segment: Segment, old_to_new, added) -> "OpIndexMatcher":
+        """The matcher of ``segment``, the Index's next main segment, derived
+        from this one (the Index's merge protocol, DESIGN.md §4).
+
+        ``old_to_new[p]`` is the position in ``segment`` of the subscription
+        at position ``p`` of this matcher's segment (-1: removed), whose
+        program is unchanged but for predicate ids; ``added`` are the
+        positions of the other subscriptions of ``segment``.  Removed
+        subscriptions lose their counters and entries; survivors keep their
+        pivots, renumbered; added ones are built as a full build builds them
+        (pivots from the frozen frequencies) and their entries merged into
+        the sorted lists, whose directories and signatures are then rebuilt
+        (one linear pass).  Returns a new matcher (this one is unchanged):
+        derived, or built from scratch when deriving is not worth it or not
+        possible -- the churn since the last full build beyond
+        :attr:`REBUILD_SHARE`, an empty side, or no schema to follow the
+        string dictionary with.  ``merges`` counts the derivations since the
+        last full build."""
+        old_to_new = np.asarray(old_to_new, dtype=np.int64)
+        added = np.asarray(added, dtype=np.int64)
+        if len(old_to_new) != len(self.segment):
+            raise ValueError(f"old_to_new has {len(old_to_new)} positions, the segment {len(self.segment)}")
+        n_removed = int((old_to_new < 0).sum())
+        churn = self._churn + len(added) + n_removed
+        if self.schema is not None and self._n_strings is not None and len(self.segment) and len(segment) \
+                and churn <= self.REBUILD_SHARE * self._built_subs:
+            segment.predicates.recode(self.schema)
+            derived = self._derive(segment, old_to_new, added, churn)
+            if derived is not None:
+                derived.merges = self.merges + 1
+                return derived
+        return type(self)(segment, self.backend, schema=self.schema, event_log=self.event_log,
+                          dnf_limit=self.dnf_limit, segments=self.n_segments, signature_bits=self.signature_bits,
+                          variant=self.variant, operand_ranks=self.operand_ranks)
+
+    def _derive(self, segment: Segment, old_to_new: np.ndarray, added: np.ndarray, churn: int):
+        """:meth:`merged`'s derivation; None when the old index cannot be
+        followed (a surviving program that changed)."""
+        new = copy.copy(self)
+        new.segment = segment
+        new._live = None
+        new._code_predicates()
+        preds = segment.predicates
+        n_attrs = new.n_attrs = max(self.n_attrs, int(preds.attr.max()) + 1 if len(preds) else 1)
+        new._string_attr = new._string_attributes(n_attrs)
+        new._start_table()
+        x_map = self._x_map(new, old_to_new)
+        if x_map is None:
+            return None
+        # ---- Δ(A) stays that of the last full build; attributes it did not see
+        # get their frequency among the added subscriptions
+        sub_freq = np.zeros(n_attrs, np.int64)
+        sub_freq[:len(self._sub_freq)] = self._sub_freq
+        new._sub_freq = np.where(sub_freq > 0, sub_freq, new._predicate_frequency(segment, added, n_attrs))
+        new._attr_key = new._frequency_key(new._sub_freq)
+
+        # ---- the added subscriptions' simple subscriptions, over the rows they use
+        conj = new._conjunctions(added)
+        new._finish_extension()
+        pids = np.unique(np.concatenate((conj["unit_pids"], conj["clause_pids"])))
+        rows = new._row_arrays(pids)
+        conj["unit_pids"] = np.searchsorted(pids, conj["unit_pids"])
+        conj["clause_pids"] = np.searchsorted(pids, conj["clause_pids"])
+        units = new._place(conj, rows)
+        old_always = old_to_new[self.always_pos]
+        new.always_pos = np.unique(np.concatenate((old_always[old_always >= 0], units["always"])))
+        form = np.zeros(len(segment), np.int8)
+        kept = np.flatnonzero(old_to_new >= 0)
+        form[old_to_new[kept]] = self._sub_form[kept]
+        form[added] = conj["form"]
+        new._sub_form = form
+        new._count_forms()
+
+        # ---- counters: the survivors, in their order, then the added ones,
+        # per partition (so the survivors' partition-relative pointers only
+        # shift by the removed counters before them); partitions in attribute order
+        n_old_parts = len(self.part_counter_start) - 1
+        part_attr = np.flatnonzero(self.pivot_of_attr >= 0)     # (ids ascend with the attribute)
+        part_of_counter = np.repeat(np.arange(n_old_parts), np.diff(self.part_counter_start))
+        keep = np.flatnonzero(old_to_new[self.counter_sub] >= 0)
+        used = np.zeros(n_attrs, bool)
+        used[part_attr[part_of_counter[keep]]] = True
+        used[units["pivot"]] = True
+        compact = np.cumsum(used) - 1
+        n_parts = int(used.sum())
+        part_map = np.where(used[part_attr], compact[part_attr], -1).astype(np.int64)
+        key_old = part_map[part_of_counter[keep]]
+        key_add = compact[units["pivot"]].astype(np.int64)
+        order, new.part_counter_start = K.counting_order(np.concatenate((key_old, key_add)), n_parts)
+        new_id = np.empty(len(order), np.int64)
+        new_id[order] = np.arange(len(order))
+        counter_map = np.full(self.n_counters, -1, np.int64)
+        counter_map[keep] = new_id[:len(keep)]
+        new.pivot_of_attr = np.where(used, compact, -1).astype(np.int32)
+        new._set_counters(np.concatenate((self.counter_init[keep].astype(np.int64), units["init"]))[order],
+                          np.concatenate((old_to_new[self.counter_sub[keep]], units["sub"]))[order])
+
+        # ---- operands: the old ones (string codes moved to the current
+        # dictionary) and the added subscriptions'; PREFIX intervals afresh
+        code_map = self._code_map()
+        vals_string = self._vals_string
+        if len(code_map):
+            vals_string = code_map[((vals_string - 1) // 2).astype(np.int64)]
+        add_plain, add_string = new._operands(pids)
+        new._vals_plain = np.union1d(self._vals_plain, add_plain)
+        new._vals_string = np.union1d(vals_string, add_string)
+        old_prefix = x_map[self._side_pids(K.L_PREFIX)]
+        old_prefix = np.unique(old_prefix[old_prefix >= 0])
+        old_ok, old_lo, old_hi = new._prefix_bounds(old_prefix)
+        add_ok, add_lo, add_hi = new._prefix_bounds(pids)
+        vals = new._set_vals(np.concatenate((old_lo[old_ok], add_lo[add_ok])))
+        info, set_rank, _ = new._pack(rows, vals, add_ok, add_lo)
+        # per row of the new table: PREFIX operands and interval ends (side_hi)
+        n_x = len(new._x["op"])
+        prefix_val, prefix_hi = np.zeros(n_x), np.zeros(n_x)
+        for where, ok, lo, hi in ((old_prefix, old_ok, old_lo, old_hi), (pids, add_ok, add_lo, add_hi)):
+            prefix_val[where[ok]] = new._stored(lo[ok])
+            prefix_hi[where[ok]] = hi[ok]
+        new._has_prefix = bool(old_ok.any() or add_ok.any())
+
+        # ---- the added entries, in the merged partitions
+        add_item, add_part_start = K.counting_order(key_add, n_parts)
+        (e_list, e_attr, e_rank, e_target, post_start, post_attr, slot_counter, part_slots) = K.emit_entries(
+            add_item, units["n_units"], add_part_start, units["unit_off"], units["unit_pids"],
+            units["copy_clause_off"], units["clause_off"], units["clause_pids"], info, _LIST_CONJ, _LIST_CNF,
+            set_rank)
+        add_counter = new_id[len(keep):][add_item]      # merged id of each emitted counter
+
+        # ---- clause slots: as counters, survivors first per partition
+        part_of_slot = np.repeat(np.arange(n_old_parts), np.diff(self.part_slot_start))
+        slot_keep = np.flatnonzero(counter_map[self.slot_counter] >= 0)
+        slot_key_old = part_map[part_of_slot[slot_keep]]
+        slot_order, new.part_slot_start = K.counting_order(
+            np.concatenate((slot_key_old, np.repeat(np.arange(n_parts), np.diff(part_slots)))), n_parts)
+        slot_id = np.empty(len(slot_order), np.int64)
+        slot_id[slot_order] = np.arange(len(slot_order))
+        slot_map = np.full(len(self.slot_counter), -1, np.int64)
+        slot_map[slot_keep] = slot_id[:len(slot_keep)]
+        new.slot_counter = np.concatenate((counter_map[self.slot_counter[slot_keep]],
+                                           add_counter[slot_counter]))[slot_order].astype(np.int64)
+        # added pointers come after the partition's survivors
+        e_part = e_list.astype(np.int64) >> 3
+        e_target = np.where(e_target >= 0, e_target + np.bincount(key_old, minlength=n_parts)[e_part],
+                            e_target - np.bincount(slot_key_old, minlength=n_parts)[e_part])
+
+        # ---- IS NULL tests per counter, in the merged counter order
+        self._merge_posts(new, keep, order, add_item, post_start, post_attr)
+
+        # ---- entries: the added ones sorted, then merged into the old lists
+        special = (e_list & 7) >= K.L_VERIFY
+        add_pid = np.where(special, pids[np.where(special, e_rank, 0)] if len(pids) else -1, -1).astype(np.int64)
+        stored = np.where(special, 0.0, new._stored_rank(np.where(special, 0, e_rank)))
+        stored = np.where((e_list & 7) == K.L_PREFIX, prefix_val[np.maximum(add_pid, 0)], stored)
+        add_key = np.where((e_list & 7) == K.L_VERIFY, add_pid.astype(np.float64), stored)
+        first = np.lexsort((add_key, e_attr, e_list))
+        if self.use_rank:
+            old_vals = self.vals
+            enc_plain = new._stored(old_vals)
+            enc_string = enc_plain
+            if len(code_map):
+                k = (old_vals - 1) // 2
+                odd = (old_vals == np.floor(old_vals)) & (k >= 0) & (k < len(code_map))
+                moved = old_vals.copy()
+                moved[odd] = code_map[k[odd].astype(np.int64)]
+                enc_string = new._stored(moved)
+        else:
+            enc_plain = enc_string = np.zeros(1)
+        n_lists = n_parts * K.N_LISTS
+        s_attr, s_val, s_target, side_pid, side_hi, list_offsets, unsorted = K.merge_entries(
+            self._list_offsets, self.run_attr, self.run_start, self.ent_val, self.ent_target, self.side_pid,
+            self.list_side_base, self.part_counter_start, self.part_slot_start,
+            part_map, counter_map, slot_map, new.part_counter_start, new.part_slot_start,
+            self.use_rank, enc_plain, enc_string, new._string_attr, code_map, vals, new.use_rank,
+            x_map, prefix_val, prefix_hi,
+            e_list[first].astype(np.int64), e_attr[first], stored[first], add_key[first],
+            e_target[first].astype(np.int64), add_pid[first], n_lists)
+        sizes = np.diff(list_offsets)
+        side_sizes = np.where((np.arange(n_lists) & 7) >= K.L_VERIFY, sizes, 0)
+        new.list_side_base = np.concatenate(([0], np.cumsum(side_sizes)[:-1])).astype(np.int64) - list_offsets[:-1] \
+            if n_lists else np.zeros(0, np.int64)
+        if unsorted:
+            K.sort_runs(list_offsets, new.list_side_base, s_attr, s_val, s_target, side_pid, side_hi)
+        new.side_hi = side_hi
+        new._set_lists(list_offsets, s_attr, s_val, s_target, side_pid)
+        new._churn = churn
+        return new
+
+    def _x_map(self, new: "OpIndexMatcher", old_to_new: np.ndarray):
+        """Old extended-table row -> the new matcher's row (-1: not needed),
+        for the rows surviving VERIFY and PREFIX entries name -- the only
+        entries that name predicates.  Read off the programs of their
+        subscriptions, old and new side by side (the same programs but for
+        predicate ids); their negations are re-created in the new table.
+        None when a program differs."""
+        x_map = np.full(len(self._x["op"]), -1, np.int64)
+        subs = np.unique(self.counter_sub[self._entry_counters(self._special_entries())])
+        subs = subs[old_to_new[subs] >= 0]
+        if not len(subs):
+            return x_map
+        before, after = self.segment.take(subs), new.segment.take(old_to_new[subs])
+        if not (np.array_equal(before.prog_offsets, after.prog_offsets)
+                and np.array_equal(before.prog_kind, after.prog_kind)):
+            return None
+        leaves = before.prog_kind == opcodes.LEAF
+        old_pids, new_pids = before.prog_arg[leaves], after.prog_arg[leaves]
+        for old_column, new_column in zip(self.segment.predicates.key_columns(), new.segment.predicates.key_columns()):
+            if not np.array_equal(old_column[old_pids], new_column[new_pids]):
+                return None
+        x_map[old_pids] = new_pids
+        for base, row in sorted(self._negated.items(), key=lambda item: item[1]):
+            if x_map[base] >= 0:
+                x_map[row] = new._negation(int(x_map[base]), int(self._x["op"][row]))
+        return x_map
+
+    def _special_entries(self, lst: int | None = None) -> np.ndarray:
+        """Entry indexes of the VERIFY and PREFIX lists (or of list operator ``lst``)."""
+        starts, stops = self._list_offsets[:-1], self._list_offsets[1:]
+        ops = np.arange(len(starts)) & 7
+        chosen = np.flatnonzero((ops >= K.L_VERIFY) if lst is None else (ops == lst))
+        lens = (stops - starts)[chosen]
+        return np.repeat(starts[chosen] - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) \
+            + np.arange(int(lens.sum()))
+
+    def _side_pids(self, lst: int) -> np.ndarray:
+        """The predicate ids of the entries of list operator ``lst`` (VERIFY or PREFIX)."""
+        entries = self._special_entries(lst)
+        lists = np.searchsorted(self._list_offsets, entries, side="right") - 1
+        return self.side_pid[entries + self.list_side_base[lists]].astype(np.int64)
+
+    def _entry_counters(self, entries: np.ndarray) -> np.ndarray:
+        """The counter each entry decrements (a clause slot's counter for CNF)."""
+        part = (np.searchsorted(self._list_offsets, entries, side="right") - 1) >> 3
+        t = self.ent_target[entries].astype(np.int64)
+        out = np.empty(len(entries), np.int64)
+        conj = t >= 0
+        out[conj] = self.part_counter_start[part[conj]] + t[conj]
+        out[~conj] = self.slot_counter[self.part_slot_start[part[~conj]] - t[~conj] - 1]
+        return out
+
+    def _code_map(self) -> np.ndarray:
+        """Rank of a string in the dictionary this index was coded with ->
+        its code now; empty when no such code moved."""
+        n_old = self._n_strings
+        if n_old == len(self.schema.strings):
+            return np.zeros(0)
+        code_map = np.sort(self.schema.codes_of_string_ids(np.arange(n_old)))
+        if np.array_equal(code_map, 2.0 * np.arange(n_old) + 1.0):
+            return np.zeros(0)
+        return code_map
+
+    def _stored(self, values: np.ndarray) -> np.ndarray:
+        """Operand values as the entries store them (2 * rank + 1, or raw)."""
+        values = np.asarray(values, dtype=np.float64)
+        return 2.0 * np.searchsorted(self.vals, values) + 1.0 if self.use_rank else values
+
+    def _stored_rank(self, ranks: np.ndarray) -> np.ndarray:
+        """Ranks among ``vals`` as the entries store them."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        return 2.0 * ranks + 1.0 if self.use_rank else np.concatenate((self.vals, [0.0]))[ranks]
+
+    def _merge_posts(self, new, keep, order, add_item, post_start, post_attr) -> None:
+        """The merged IS NULL tests (CSR per counter): the survivors' and the
+        added counters', in the merged counter order."""
+        has_old, has_add = len(self.counter_post_start) > 1, len(post_start) > 1
+        if not (has_old or has_add):
+            new.counter_post_start, new.post_attr = np.zeros(1, np.int64), np.zeros(0, np.int32)
+            return
+        old_start = self.counter_post_start if has_old else np.zeros(self.n_counters + 1, np.int64)
+        add_start = post_start if has_add else np.zeros(len(add_item) + 1, np.int64)
+        emitted = np.empty(len(add_item), np.int64)        # emitted index of each added counter
+        emitted[add_item] = np.arange(len(add_item))
+        starts = np.concatenate((old_start[keep], add_start[emitted] + len(self.post_attr)))[order]
+        lens = np.concatenate((np.diff(old_start)[keep], np.diff(add_start)[emitted]))[order]
+        offsets = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+        values = np.concatenate((self.post_attr, post_attr)).astype(np.int32)
+        new.post_attr = values[np.repeat(starts - offsets[:-1], lens) + np.arange(int(offsets[-1]))]
+        new.counter_post_start = offsets
 
     # ------------------------------------------------------ normal forms (§6.1)
     def _tree(self, pos: int) -> Node:
@@ -407,6 +826,11 @@ class OpIndexMatcher:
         code = OPCODE[pred.op]
         if code == int(self._x["op"][pid]):
             return pid
+        return self._negation(pid, code)
+
+    def _negation(self, pid: int, code: int) -> int:
+        """The extended-table row of predicate ``pid`` under operator ``code``
+        (its negation), appended on first use."""
         found = self._negated.get(pid)
         if found is None:
             found = len(self._x["op"]) + len(self._extra["op"])
@@ -487,28 +911,46 @@ class OpIndexMatcher:
         return "always", None
 
     # ---------------------------------------------------------- prefix (§6.2)
-    def _prefix_bounds(self):
-        """Per predicate: is it a prefix LIKE with a code interval, and the
-        interval [lo, hi] of the codes of the strings with that prefix."""
+    def _prefix_bounds(self, rows):
+        """Per extended-table row of ``rows`` (None: all): is it a prefix
+        LIKE with a code interval, and the interval [lo, hi] of the codes of
+        the strings with that prefix (under the current dictionary)."""
         x = self._x
-        n = len(x["op"])
+        op = x["op"] if rows is None else x["op"][rows]
+        aux = x["aux"] if rows is None else x["aux"][rows]
+        n = len(op)
         ok = np.zeros(n, dtype=np.bool_)
         lo = np.zeros(n)
         hi = np.zeros(n)
         schema = self.schema
-        rows = np.flatnonzero(x["op"] == opcodes.LIKE)
-        if schema is None or not len(rows):
+        like = np.flatnonzero(op == opcodes.LIKE)
+        if schema is None or not len(like):
             return ok, lo, hi
-        for row in rows:
-            kind, text = schema.patterns[int(x["aux"][row])]
+        patterns, inverse = np.unique(aux[like], return_inverse=True)
+        p_ok = np.zeros(len(patterns), np.bool_)
+        p_lo = np.zeros(len(patterns))
+        p_hi = np.full(len(patterns), np.inf)
+        prefixes, successors, with_successor = [], [], []
+        for k, pattern_id in enumerate(patterns):
+            kind, text = schema.patterns[int(pattern_id)]
             prefix = _like_prefix(text)
             if kind != "like" or prefix is None:
                 continue
+            p_ok[k] = True
+            prefixes.append((k, prefix))
             succ = _successor(prefix)
-            codes = schema.encode_strings([prefix] if succ is None else [prefix, succ])
-            ok[row] = True
-            lo[row] = codes[0]
-            hi[row] = np.inf if succ is None else 2.0 * (int(codes[1]) >> 1)
+            if succ is not None:
+                successors.append(succ)
+                with_successor.append(k)
+        if prefixes:
+            at, texts = zip(*prefixes)
+            p_lo[list(at)] = schema.encode_strings(list(texts))
+        if successors:
+            # strings below the successor: codes up to the even code just under it
+            p_hi[with_successor] = 2.0 * (schema.encode_strings(successors).astype(np.int64) >> 1)
+        ok[like] = p_ok[inverse]
+        lo[like] = np.where(ok[like], p_lo[inverse], 0.0)
+        hi[like] = np.where(ok[like], p_hi[inverse], 0.0)
         return ok, lo, hi
 
     # ------------------------------------------------------------------ match
@@ -517,11 +959,13 @@ class OpIndexMatcher:
         own = (self.vals, self.pivot_of_attr, self.part_counter_start, self.part_slot_start, self.list_shift,
                self.list_bucket_base, self.list_side_base, self.bucket_run_start, self.bucket_sig, self.run_attr,
                self.run_start, self.ent_val, self.ent_target, self.side_pid, self.side_hi, self.counter_init,
-               self.counter_sub, self.counter_post_start, self.post_attr, self.slot_counter, self.always_pos)
+               self.counter_sub, self.counter_post_start, self.post_attr, self.slot_counter, self.always_pos,
+               # kept for merges
+               self._list_offsets, self._sub_form, self._vals_plain, self._vals_string, self._sub_freq)
         return self.segment.nbytes + sum(a.nbytes for a in own) + self._extended_bytes
 
     def _current(self) -> None:
-        """Rebuild when the string dictionary grew and moved codes this
+        """Follow the string dictionary when it grew and moved codes this
         index holds (predicate operands, or prefix intervals)."""
         preds = self.segment.predicates
         version, lo, hi, set_values = self._coded
@@ -530,10 +974,18 @@ class OpIndexMatcher:
         same = (np.array_equal(lo, preds.lo) and np.array_equal(hi, preds.hi)
                 and np.array_equal(set_values, preds.set_values))
         if same and not self._has_prefix:
-            self._coded = (preds.coded_version, preds.lo, preds.hi, preds.set_values)
+            self._code_predicates()     # (nothing moved: the codes are those of the grown dictionary too)
             return
         self._live = None
-        self._build()
+        # moved: re-encode the operands and PREFIX intervals (a derivation that
+        # adds and removes nothing; old runs re-sorted where ties split)
+        derived = None
+        if self.schema is not None and self._n_strings is not None and len(self.segment):
+            derived = self._derive(self.segment, np.arange(len(self.segment)), np.zeros(0, np.int64), self._churn)
+        if derived is None:
+            self._build()
+        else:
+            self.__dict__.update(derived.__dict__)
 
     def _counter_live(self, alive: np.ndarray, n_events: int) -> np.ndarray:
         """``alive`` per counter (a counter's subscription position lies far
