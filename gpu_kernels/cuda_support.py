@@ -47,8 +47,15 @@ SIMULATED_FREE_MEMORY = 64 << 20
 def load_cuda():
     """``numba.cuda`` (the simulator's under ``NUMBA_ENABLE_CUDASIM=1``);
     imported on first call.  Raises ImportError where numba-cuda or the CUDA
-    Python bindings are missing."""
-    from numba import cuda
+    Python bindings are missing.
+
+    numba warns about every launch of fewer blocks than the GPU has SMs;
+    small batches and single events launch small grids on purpose, so the
+    warning is turned off unless ``NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS`` says
+    otherwise."""
+    from numba import config, cuda
+    if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
+        config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
     return cuda
 
 

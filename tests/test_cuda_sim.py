@@ -110,11 +110,11 @@ def compiled(expressions=EXPRESSIONS, events=EVENTS):
 def test_import_engine_never_touches_cuda():
     """``import engine`` and every kernel module import without numba.cuda
     (so without a GPU, CUDA bindings or driver, and at no import cost)."""
-    code = ("import sys, engine, engine.algorithms.scan_cuda, gpu_kernels.scan, gpu_kernels.compaction, "
-            "gpu_kernels.predicates, gpu_kernels.cuda_support; "
+    code = ("import sys, engine, engine.algorithms.scan_cuda, engine.algorithms.opindex_cuda, gpu_kernels.scan, "
+            "gpu_kernels.compaction, gpu_kernels.predicates, gpu_kernels.opindex_cuda, gpu_kernels.cuda_support; "
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda was imported'; print('ok')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
@@ -131,7 +131,7 @@ def test_cuda_backend_without_gpu_or_simulator_says_what_is_missing():
                 print("refused:", exc)
     """)
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     if "has-gpu" in done.stdout:

@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from engine import Index
 from engine.algorithms.opindex import OpIndexMatcher
+from engine.parse import parse
+from engine.reference import matches
 from gpu_kernels import cuda_support
 from gpu_kernels.compaction import compact_bits, compact_hits_cuda
 from gpu_kernels.cuda_support import LaunchConfig
@@ -193,6 +195,24 @@ def test_grown_dictionary_reaches_the_device(tmp_path):
     on_cpu = Index.load(path, backend="cpu")
     assert on_cpu.backend == "cpu"
     assert [m.tolist() for m in on_cpu.match_batch([{"s": "l"}])] == [[2, 3]]
+
+
+def test_merges_derive_the_device_index_from_the_last_one(monkeypatch):
+    """Adds and removals folded by a merge reach the device through the
+    host index's derivation (no full rebuild), with the reference's answers."""
+    exprs = EXPRESSIONS[:8]
+    index = merged_index("cuda", exprs)
+    first = index._matcher
+    events = EVENTS[:4]
+    monkeypatch.setattr(OpIndexMatcher, "_build", lambda self: pytest.fail("full rebuild"))
+    index.remove(2)
+    index.add_many([20, 21], [EXPRESSIONS[9], "n0 >= 1 AND s0 LIKE 'c%'"])
+    index.merge()
+    got = [m.tolist() for m in index.match_batch(events)]
+    assert index._matcher is not first and index._matcher.host.merges == 1
+    ids = [i for i in range(8) if i != 2] + [20, 21]
+    texts = [exprs[i] for i in range(8) if i != 2] + [EXPRESSIONS[9], "n0 >= 1 AND s0 LIKE 'c%'"]
+    assert got == [sorted(i for i, t in zip(ids, texts) if matches(parse(t), e)) for e in events]
 
 
 def test_cuda_path_errors_are_the_cpu_ones():

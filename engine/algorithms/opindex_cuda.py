@@ -30,6 +30,8 @@ and 16 bytes per attribute entry for its work item.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from engine.algorithms.opindex import DEFAULT_SEGMENTS, DEFAULT_SIGNATURE_BITS, OpIndexMatcher, check_expression
@@ -79,12 +81,12 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         resolve_backend("cuda")    # BackendUnavailable naming what is missing
         if device_memory is not None and device_memory <= 0:
             raise ValueError(f"device_memory must be a positive number of bytes, not {device_memory!r}")
-        self.host = OpIndexMatcher(segment, "cpu", schema=schema, event_log=event_log, dnf_limit=dnf_limit,
-                                   segments=segments, signature_bits=signature_bits, variant=variant,
-                                   operand_ranks=operand_ranks)
-        self.segment = segment
+        if shared_memory < 0:
+            raise ValueError(f"shared_memory must be a number of bytes >= 0, not {shared_memory!r}")
+        host = OpIndexMatcher(segment, "cpu", schema=schema, event_log=event_log, dnf_limit=dnf_limit,
+                              segments=segments, signature_bits=signature_bits, variant=variant,
+                              operand_ranks=operand_ranks)
         self.backend = backend
-        self.variant = self.host.variant
         self.launch = launch or cuda_support.default_launch()
         self.threads = self.launch.block[0] * self.launch.block[1] if cuda_support.simulated() else GPU_THREADS
         if launch is not None:
@@ -93,24 +95,40 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             raise ValueError(f"the OpIndex kernel needs a power-of-two number of threads per block (>= 2), "
                              f"not {self.threads}")
         self.device_memory = device_memory
-        if shared_memory < 0:
-            raise ValueError(f"shared_memory must be a number of bytes >= 0, not {shared_memory!r}")
         self.shared_memory = int(shared_memory)
-        self._n_patterns = pattern_columns(segment)
+        self._attach(host)
+
+    def _attach(self, host: OpIndexMatcher) -> None:
+        """Serve ``host``'s index (and its segment) from the device."""
+        self.host = host
+        self.segment = host.segment
+        self.variant = host.variant
+        self._n_patterns = pattern_columns(host.segment)
         self._uploaded_from = None
         self._refresh()
+
+    def merged(self, segment, old_to_new, added) -> "OpIndexCudaMatcher":
+        """The Index's merge protocol (see
+        :meth:`~engine.algorithms.opindex.OpIndexMatcher.merged`): the host
+        index is derived from this one's, then copied to the device."""
+        derived = copy.copy(self)
+        derived._attach(self.host.merged(segment, old_to_new, added))
+        return derived
 
     # ------------------------------------------------------------ device copy
     def _refresh(self) -> None:
         host = self.host
-        host._current()       # rebuilds on the host when recoded strings moved its operands
-        if self._uploaded_from is host.ent_target:
+        host._current()       # re-encodes on the host when recoded strings moved its operands
+        preds = self.segment.predicates
+        source = (host.ent_target, host.ent_val, host.vals, host.side_hi, host._x["lo"], host._x["hi"],
+                  host.set_values, preds.lo, preds.hi, preds.set_values)
+        if self._uploaded_from is not None and all(a is b for a, b in zip(source, self._uploaded_from)):
             return
         dev = cuda_support.to_device
         self.d = {name: dev(getattr(host, name)) for name in _INDEX_ARRAYS}
         self.d.update({f"x_{name}": dev(host._x[name]) for name in _PREDICATE_ARRAYS})
         self.d["set_values"] = dev(host.set_values, np.float64)
-        seg, preds = self.segment, self.segment.predicates
+        seg = self.segment
         self.d.update(prog_offsets=dev(seg.prog_offsets, np.int64), prog_kind=dev(seg.prog_kind, np.int8),
                       prog_arg=dev(seg.prog_arg, np.int32), p_attr=dev(preds.attr, np.int32),
                       p_op=dev(preds.op, np.int8), p_lo=dev(preds.lo, np.float64), p_hi=dev(preds.hi, np.float64),
@@ -128,7 +146,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
                         False: (int(n_counters[~in_shared].max(initial=0)), int(n_slots[~in_shared].max(initial=0)))}
         self.all_shared = bool(in_shared.all())
         self.d["part_in_shared"] = dev(in_shared, np.bool_)
-        self._uploaded_from = host.ent_target
+        self._uploaded_from = source
 
     @property
     def nbytes(self) -> int:
