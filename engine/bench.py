@@ -732,6 +732,48 @@ def ingest_rates(workload, n_texts: int = 20_000, repeats: int = 3) -> dict:
             "ingest_per_s": _n_subscriptions(workload) / statistics.median(ingest_s)}
 
 
+def update_costs(workload, n: int = 1000, repeats: int = 3) -> dict:
+    """What a merge costs opindex (DESIGN.md §4): ``n`` removals and ``n``
+    new subscriptions (columnar, new ids; their rows copied from random
+    subscriptions of the workload) folded into the main index, up to the
+    first match after it -- with the matcher derived from the last one, and
+    with a full rebuild forced (``REBUILD_SHARE = 0``).  Alternating runs,
+    medians of ``repeats`` each."""
+    from engine.algorithms.opindex import OpIndexMatcher
+
+    subs = workload.subscriptions
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many(subs)
+    index.merge()
+    index.match({})
+    rng = np.random.default_rng(0)
+    source_ids = np.unique(subs["sub_id"].to_numpy())
+    next_id = int(source_ids.max()) + 1
+    share = OpIndexMatcher.REBUILD_SHARE
+    times = {"incremental": [], "full": []}
+    try:
+        for k in range(2 * repeats):
+            mode = "incremental" if k % 2 == 0 else "full"
+            OpIndexMatcher.REBUILD_SHARE = share if mode == "incremental" else 0.0
+            gone = rng.choice(index.ids(), n, replace=False)
+            copied = np.sort(rng.choice(source_ids, n, replace=False))
+            rows = subs.filter(pc.is_in(subs["sub_id"], value_set=pa.array(copied)))
+            new_ids = next_id + np.searchsorted(copied, rows["sub_id"].to_numpy())
+            next_id += n
+            rows = rows.set_column(rows.schema.get_field_index("sub_id"), "sub_id", pa.array(new_ids, pa.int64()))
+            started = time.perf_counter()
+            for sub_id in gone:
+                index.remove(int(sub_id))
+            index.add_many(rows)            # a columnar add merges at once
+            index.match({})                 # derives (or rebuilds) the matcher
+            times[mode].append(time.perf_counter() - started)
+            assert (index._matcher.merges > 0) == (mode == "incremental")
+    finally:
+        OpIndexMatcher.REBUILD_SHARE = share
+    return {"workload": workload.name, "n_subscriptions": len(index), "n": n,
+            "incremental_s": statistics.median(times["incremental"]), "full_s": statistics.median(times["full"])}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bexmatch bench",
@@ -781,6 +823,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "W1 for begen, subscriptions times --scale)")
     swp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a base parameter of the sweep's generator (repeatable)")
+    what.add_argument("--updates", type=_positive(int), metavar="N",
+                      help="time N removals + N adds merged into opindex, derived vs fully rebuilt")
     what.add_argument("--ingest", action="store_true",
                       help="measure the ways in instead: text parse rate and columnar ingestion rate")
     out = parser.add_argument_group("output")
@@ -823,6 +867,16 @@ def main(argv=None) -> int:
     else:
         if args.values or args.param:
             parser.error("--values and --param go with --sweep")
+        if args.updates:
+            from engine.workloads import standard
+            for name in args.workload or ["W1"]:
+                cost = update_costs(standard(name, scale=args.scale, n_events=10, seed=args.seed), args.updates,
+                                    repeats=args.repeats)
+                print(f"{cost['workload']} ({cost['n_subscriptions']:,} subscriptions): {cost['n']:,} removals + "
+                      f"{cost['n']:,} adds, merged and matched: {cost['incremental_s']:.3f} s with opindex's "
+                      f"derived matcher, {cost['full_s']:.3f} s with a full rebuild "
+                      f"({cost['full_s'] / cost['incremental_s']:.1f}x)")
+            return 0
         if args.ingest:
             from engine.workloads import standard
             for name in args.workload or ["W1"]:

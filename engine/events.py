@@ -1,6 +1,7 @@
 """Events -> columnar event batches (CSR: event offsets, attribute ids,
 value codes), from a list of dicts, a pyarrow Table/RecordBatch (one row per
-event, null = absent) or a pandas DataFrame.
+event, null = absent; a ``map<string, V>`` column holds attributes by name,
+for sparse events over many attributes) or a pandas DataFrame.
 
 Values are coded exactly like predicate operands (engine.schema): numbers as
 float64, booleans as 0/1, strings as order-preserving codes.  Strings also
@@ -53,7 +54,8 @@ def _check_errors_mode(errors: str) -> None:
         raise ValueError(f"errors must be 'raise' or 'null', not {errors!r}")
 
 
-def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_positions, string_values) -> EventBatch:
+def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_positions, string_values,
+              check_repeats: bool = False) -> EventBatch:
     event_idx = np.asarray(event_idx, dtype=np.int64)
     attr = np.asarray(attr, dtype=np.int32)
     value = np.asarray(value, dtype=np.float64)
@@ -66,6 +68,13 @@ def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_posi
     else:
         distinct = np.zeros(0, dtype=StringArray)
     order = np.lexsort((attr, event_idx))
+    if check_repeats and len(order) > 1:     # a map key and a column naming the same attribute
+        e, a = event_idx[order], attr[order]
+        twice = np.flatnonzero((e[1:] == e[:-1]) & (a[1:] == a[:-1]))
+        if len(twice):
+            k = int(twice[0])
+            raise ValueError(f"event {int(e[k])}: attribute {schema.attr_names[int(a[k])]!r} is given twice "
+                             f"(a column and a map key)")
     counts = np.bincount(event_idx, minlength=n_events) if len(event_idx) else np.zeros(n_events, np.int64)
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     return EventBatch(offsets, attr[order], value[order], token[order], distinct)
@@ -136,12 +145,37 @@ def from_arrow(table, schema: Schema, errors: str = "raise") -> EventBatch:
     n_events = table.num_rows
     event_idx, attrs, values, string_positions, string_values = [], [], [], [], []
     size = 0
+    has_map = False
     for name in table.column_names:
+        column = table[name]
+        if pa.types.is_map(column.type):
+            cells = _map_cells(column, schema, errors)
+            event_idx.append(cells[0])
+            attrs.append(cells[1])
+            values.append(cells[2])
+            string_positions.append(size + cells[3])
+            string_values.append(cells[4])
+            size += len(cells[0])
+            has_map = True
+            continue
         attr = schema.attr_ids.get(name)
         if attr is None:
             continue
-        column = table[name]
+        if column.null_count == len(column):
+            continue                    # absent from every event (wide, sparse tables: most columns)
         family = schema.families[name]
+        if family is Family.NUMERIC and _plain_number_type(column.type):
+            rows, codes = _numbers_of(column)
+            bad = _bad_numbers(codes)
+            if bad.any():
+                if errors == "raise":
+                    raise _family_error(int(rows[bad][0]), name, family, codes[bad][0].item())
+                rows, codes = rows[~bad], codes[~bad]
+            event_idx.append(rows)
+            attrs.append(np.full(len(rows), attr, np.int32))
+            values.append(codes.astype(np.float64, copy=False))
+            size += len(rows)
+            continue
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         rows = np.flatnonzero(valid)
         if family is None:
@@ -179,7 +213,117 @@ def from_arrow(table, schema: Schema, errors: str = "raise") -> EventBatch:
     positions = np.concatenate(string_positions) if string_positions else np.zeros(0, np.int64)
     strings = np.concatenate(string_values) if string_values else []
     return _assemble(schema, n_events, np.concatenate(event_idx), np.concatenate(attrs),
-                     np.concatenate(values), positions, strings)
+                     np.concatenate(values), positions, strings, check_repeats=has_map)
+
+
+#: Family -> small int, for vectorised family checks of map entries
+_FAMILY_CODE = {None: 0, Family.NUMERIC: 1, Family.STRING: 2, Family.BOOLEAN: 3}
+
+
+def _map_cells(column, schema: Schema, errors: str):
+    """The cells of a ``map<string, V>`` column (key = attribute name, null
+    map or value = absent; a key repeated in one map: the last one wins, as
+    in Spark's map layout): (event rows, attribute ids, codes, string
+    positions among the cells, their strings) -- vectorised over all
+    entries, whatever the number of distinct keys."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    value_type = column.type.item_type
+    value_family = _arrow_family(value_type)
+    if value_family is None:
+        raise TypeError(f"a map column of events must have numeric, string or boolean values, not {value_type}")
+    n = len(column)
+    offsets = column.offsets.to_numpy()
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+    keys = column.keys.slice(lo, hi - lo)
+    items = column.items.slice(lo, hi - lo)
+    if pa.types.is_dictionary(value_type):
+        items = items.cast(value_type.value_type)
+    names = pa.array(schema.attr_names, pa.string())
+    attr = pc.fill_null(pc.index_in(pc.cast(keys, pa.string()), value_set=names), -1).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    keep = attr >= 0
+    if column.null_count:
+        keep &= column.is_valid().to_numpy(zero_copy_only=False)[rows]
+    if items.null_count:
+        keep &= items.is_valid().to_numpy(zero_copy_only=False)
+    # the last of a key repeated within one event's map
+    entry = np.flatnonzero(keep)
+    order = np.lexsort((entry, attr[entry], rows[entry]))
+    entry = entry[order]
+    last = np.ones(len(entry), bool)
+    last[:-1] = (rows[entry[1:]] != rows[entry[:-1]]) | (attr[entry[1:]] != attr[entry[:-1]])
+    entry = np.sort(entry[last])
+    rows, attr = rows[entry], attr[entry]
+    family = np.array([_FAMILY_CODE[schema.families[a]] for a in schema.attr_names], np.int8)[attr] \
+        if len(schema.attr_names) else np.zeros(0, np.int8)
+    wrong = (family != 0) & (family != _FAMILY_CODE[value_family])
+    values = items.take(pa.array(entry))
+    if value_family is Family.STRING:
+        codes = np.zeros(len(entry))
+        strings = pc.cast(values, pa.large_string()).to_numpy(zero_copy_only=False)
+        bad = np.zeros(len(entry), bool)
+    else:
+        if value_family is Family.BOOLEAN or not pa.types.is_integer(values.type):
+            raw = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
+        else:
+            raw = values.to_numpy(zero_copy_only=False)        # int64 exact until the ±2**53 check
+        bad = _bad_numbers(raw) & (family != 0) if value_family is Family.NUMERIC else np.zeros(len(entry), bool)
+        codes = raw.astype(np.float64)
+        strings = np.zeros(0, dtype=object)
+    problem = wrong | bad
+    if problem.any():
+        if errors == "raise":
+            k = int(np.flatnonzero(problem)[0])
+            name = schema.attr_names[int(attr[k])]
+            raise _family_error(int(rows[k]), name, schema.families[name], values[k].as_py())
+        ok = ~problem
+        rows, attr, family, codes = rows[ok], attr[ok], family[ok], codes[ok]
+        if value_family is Family.STRING:
+            strings = strings[ok]
+    codes[family == 0] = 0.0                 # attributes only IS [NOT] NULL reads: presence is all
+    if value_family is not Family.STRING:
+        return rows, attr.astype(np.int32), codes, np.zeros(0, np.int64), np.zeros(0, dtype=object)
+    string_at = np.flatnonzero(family == 2)
+    return rows, attr.astype(np.int32), codes, string_at, strings[string_at]
+
+
+_BIT_INDEX = np.arange(8, dtype=np.int64)
+
+
+def _plain_number_type(dtype: pa.DataType) -> bool:
+    """int64, int32... and float64/float32: columns read straight from their buffers."""
+    return (pa.types.is_integer(dtype) or pa.types.is_float32(dtype) or pa.types.is_float64(dtype)) \
+        and dtype.bit_width in (8, 16, 32, 64)
+
+
+def _numbers_of(column) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, values) of the valid cells of a plain numeric column, read
+    from its Arrow buffers (validity bitmap, values) without compute
+    kernels: a wide table has thousands of mostly-null columns, and a
+    kernel call per column costs more than the cells."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    dtype = column.type.to_pandas_dtype()
+    rows, values, base = [], [], 0
+    for chunk in chunks:
+        n, offset = len(chunk), chunk.offset
+        validity, data = chunk.buffers()[:2]
+        cells = np.frombuffer(data, dtype=dtype, count=offset + n)[offset:] if n else np.zeros(0, dtype)
+        if chunk.null_count == 0:
+            at = np.arange(n, dtype=np.int64)
+        else:   # the set bits of the validity bitmap, found a byte at a time (mostly-null columns)
+            packed = np.frombuffer(validity, np.uint8, count=(offset + n + 7) // 8)
+            full = np.flatnonzero(packed)
+            bits = np.unpackbits(packed[full][:, None], axis=1, bitorder="little").astype(bool)
+            at = (full[:, None] * 8 + _BIT_INDEX)[bits] - offset
+            at = at[(at >= 0) & (at < n)]
+        rows.append(at + base)
+        values.append(cells[at])
+        base += n
+    if len(rows) == 1:
+        return rows[0], values[0]
+    return np.concatenate(rows), np.concatenate(values)
 
 
 def _bad_numbers(values: np.ndarray) -> np.ndarray:

@@ -312,3 +312,18 @@ def test_opindex_bs_ablation_is_benchmarked_next_to_opindex():
     by_name = {r["algorithm"]: r for r in rows}
     assert by_name["opindex-bs"]["status"] == "ok" and by_name["opindex-bs"]["correct"] is True
     assert by_name["opindex"]["matches_per_event"] == by_name["opindex-bs"]["matches_per_event"]
+
+
+def test_update_costs_time_both_merge_paths():
+    """``bench --updates``: removals and adds folded by a derived matcher and
+    by a forced full rebuild (the function asserts which path each run took),
+    the rebuild share restored afterwards."""
+    from engine.algorithms.opindex import OpIndexMatcher
+    from engine.bench import update_costs
+    from engine.workloads import standard
+
+    share = OpIndexMatcher.REBUILD_SHARE
+    cost = update_costs(standard("W1", scale=0.003, n_events=5), n=20, repeats=1)
+    assert cost["n"] == 20 and cost["n_subscriptions"] == 3000
+    assert cost["incremental_s"] > 0 and cost["full_s"] > 0
+    assert OpIndexMatcher.REBUILD_SHARE == share

@@ -279,3 +279,72 @@ def test_ids_and_subset_split_an_index_without_changing_answers(index):
 def test_unknown_algorithm_options_are_refused():
     with pytest.raises(TypeError, match="takes no option"):
         Index(algorithm="scan", backend="cpu", options={"segments": 4})
+
+
+def test_arrow_numbers_read_from_buffers_equal_the_dict_path():
+    """Numeric columns are read straight from their Arrow buffers: sliced
+    arrays (offsets inside a bitmap byte), several chunks, narrow int and
+    float types, all-null columns -- the same batch as from dicts; bad
+    numbers raise or (errors="null") become absent, as on the dict path."""
+    from engine import events as event_batches
+    from engine.schema import Schema
+
+    rng = np.random.default_rng(3)
+    n = 45
+    cols = {"i64": pa.array([int(v) if rng.random() < 0.3 else None for v in rng.integers(-9, 9, n)], pa.int64()),
+            "i8": pa.array([int(v) if rng.random() < 0.6 else None for v in rng.integers(-9, 9, n)], pa.int8()),
+            "f32": pa.array([float(v) if rng.random() < 0.5 else None for v in rng.random(n)], pa.float32()),
+            "f64": pa.array([None] * n, pa.float64()),
+            "dense": pa.array(rng.random(n), pa.float64())}
+    table = pa.table(cols).slice(3, 40)                      # offsets that are not byte-aligned
+    chunked = pa.concat_tables([table.slice(0, 13), table.slice(13)])
+    schema = Schema()
+    for name in cols:
+        schema.declare(name, "numeric")
+    dicts = [{k: v for k, v in row.items() if v is not None} for row in table.to_pylist()]
+    want = event_batches.from_dicts(dicts, schema)
+    for t in (table, chunked):
+        got = event_batches.from_arrow(t, schema)
+        assert got.offsets.tolist() == want.offsets.tolist() and got.attr.tolist() == want.attr.tolist()
+        assert np.array_equal(got.value, want.value)
+    bad = pa.table({"i64": pa.array([1, 2 ** 60, None], pa.int64()), "f64": pa.array([0.5, None, float("nan")])})
+    with pytest.raises(SchemaError, match="i64"):
+        event_batches.from_arrow(bad, schema)
+    kept = event_batches.from_arrow(bad, schema, errors="null")
+    assert kept.offsets.tolist() == [0, 2, 2, 2] and kept.value.tolist() == [1.0, 0.5]
+
+
+def test_map_columns_hold_sparse_events_by_attribute_name():
+    """A ``map<string, V>`` column gives attributes by name (Spark's map
+    layout): the same answers as dicts; null maps, null values and unknown
+    keys are absent; a key repeated in one map: the last one wins; sliced
+    and chunked map columns; wrong families raise or (errors="null") drop."""
+    idx = Index(algorithm="opindex", backend="cpu", schema={"s": "string", "flag": "boolean"})
+    idx.add_many([1, 2, 3, 4, 5], ["a > 1 AND s = 'x'", "a IS NULL OR s LIKE 'y%'", "flag = TRUE",
+                                   "z IS NOT NULL", "a BETWEEN 0 AND 2 AND flag = FALSE"])
+    idx.merge()
+    dicts = [{"a": 5, "s": "x"}, {"s": "yes"}, {"a": 0, "flag": True}, {"z": 3}, {"a": 2, "flag": False}, {}]
+    want = [m.tolist() for m in idx.match_batch(dicts)]
+    nums = pa.array([[("a", 5)], [], [("a", 9), ("a", 0)], [("z", 3), ("unknown", 1)], [("a", 2)], None],
+                    pa.map_(pa.string(), pa.int64()))
+    strs = pa.array([[("s", "x")], [("s", "yes")], None, [], [("s", None)], []], pa.map_(pa.string(), pa.string()))
+    bools = pa.array([[], [], [("flag", True)], [], [("flag", False)], []], pa.map_(pa.string(), pa.bool_()))
+    table = pa.table({"n": nums, "s_map": strs, "b": bools})
+    assert [m.tolist() for m in idx.match_batch(table)] == want
+    chunked = pa.concat_tables([table.slice(0, 3), table.slice(3)])
+    assert [m.tolist() for m in idx.match_batch(chunked)] == want
+    assert [m.tolist() for m in idx.match_batch(table.slice(2, 3))] == want[2:5]
+    # wrong families and bad numbers
+    wrong = pa.table({"m": pa.array([[("a", "text")]], pa.map_(pa.string(), pa.string()))})
+    with pytest.raises(SchemaError, match="event 0: attribute 'a' is numeric"):
+        idx.match_batch(wrong)
+    assert [m.tolist() for m in idx.match_batch(wrong, errors="null")] == [[2]]
+    huge = pa.table({"m": pa.array([[("a", 2 ** 60)]], pa.map_(pa.string(), pa.int64()))})
+    with pytest.raises(SchemaError, match="attribute 'a'"):
+        idx.match_batch(huge)
+    twice = pa.table({"a": pa.array([1.0]), "m": pa.array([[("a", 2.0)]], pa.map_(pa.string(), pa.float64()))})
+    with pytest.raises(ValueError, match="attribute 'a' is given twice"):
+        idx.match_batch(twice)
+    nested = pa.table({"m": pa.array([[("a", [1])]], pa.map_(pa.string(), pa.list_(pa.int64())))})
+    with pytest.raises(TypeError, match="map column of events must have numeric, string or boolean values"):
+        idx.match_batch(nested)
