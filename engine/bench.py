@@ -136,6 +136,10 @@ def _event_dicts(events: pa.Table, n: int) -> list[dict]:
         column = table[name]
         if column.null_count == len(column):
             continue
+        if pa.types.is_map(column.type):      # sparse events: attribute name -> value
+            for row, pairs in enumerate(column.to_pylist()):
+                dicts[row].update((k, v) for k, v in pairs or () if v is not None)
+            continue
         rows = np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
         for row, value in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
             dicts[row][name] = value

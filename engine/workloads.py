@@ -316,8 +316,29 @@ def _events_table(event_idx, attr, value, n_events: int) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=[f"{ATTR_PREFIX}{a}" for a in used.tolist()])
 
 
-def _dense_events(attr_mat: np.ndarray, value_mat: np.ndarray, present: np.ndarray) -> pa.Table:
+#: the map column of events in the map layout
+EVENTS_MAP_COLUMN = "attributes"
+
+
+def _events_map(event_idx, attr, value, n_events: int, dims: int) -> pa.Table:
+    """One ``map<string, int64>`` column, attribute name -> value: the
+    layout for sparse events over many attributes (a dense table of 20,000
+    mostly-null columns costs more to build and to read than its cells)."""
+    event_idx = np.asarray(event_idx, np.int64)
+    order = np.lexsort((np.asarray(attr, np.int64), event_idx))
+    counts = np.bincount(event_idx, minlength=n_events)
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+    names = pa.array([f"{ATTR_PREFIX}{a}" for a in range(dims)], pa.string())
+    keys = names.take(pa.array(np.asarray(attr, np.int64)[order]))
+    items = pa.array(np.asarray(value, np.int64)[order], pa.int64())
+    return pa.table({EVENTS_MAP_COLUMN: pa.MapArray.from_arrays(pa.array(offsets), keys, items)})
+
+
+def _dense_events(attr_mat: np.ndarray, value_mat: np.ndarray, present: np.ndarray, layout: str = "wide",
+                  dims: int = 0) -> pa.Table:
     rows, cols = np.nonzero(present)
+    if layout == "map":
+        return _events_map(rows, attr_mat[rows, cols], value_mat[rows, cols], attr_mat.shape[0], dims)
     return _events_table(rows, attr_mat[rows, cols], value_mat[rows, cols], attr_mat.shape[0])
 
 
@@ -655,7 +676,8 @@ def begen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 400, c
 # --------------------------------------------------------- OpIndex generator
 def opindex_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 20000, cardinality: int = 50,
                 gamma_max: int = 8, m: int = 40, theta: float = 0.4, zipf: float | None = None,
-                fixed_event_size: bool = False, seed: int = 0, name: str = "opindex") -> Workload:
+                fixed_event_size: bool = False, event_layout: str = "map", seed: int = 0,
+                name: str = "opindex") -> Workload:
     """OpIndex synthetic workload (OpIndex §7.1).
 
     ``n_subs`` (N) subscriptions of ``Γ ~ U[1, gamma_max]`` predicates on
@@ -663,7 +685,10 @@ def opindex_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 
     (σ values); operator '=' with probability ``theta`` (θ1), else '<=' or
     '>=' with equal probability; ``zipf`` None/0 for uniform attributes and
     operands, else the Zipf exponent of both.  Events: ``U[1, m]`` pairs
-    (exactly ``m`` with ``fixed_event_size``), same distributions."""
+    (exactly ``m`` with ``fixed_event_size``), same distributions; as one
+    ``map<string, int64>`` column (``event_layout="map"``, the default:
+    events are sparse over ``dims`` attributes) or one column per attribute
+    (``"wide"``)."""
     n_subs = _positive_int(n_subs, "n_subs")
     n_events = max(100, n_subs // 100) if n_events is None else _positive_int(n_events, "n_events", zero=True)
     dims = _positive_int(dims, "dims")
@@ -676,6 +701,8 @@ def opindex_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 
         raise ValueError(f"theta must be in [0, 1], not {theta}")
     if zipf is not None and zipf < 0:
         raise ValueError(f"zipf must be None or >= 0, not {zipf}")
+    if event_layout not in ("map", "wide"):
+        raise ValueError(f"event_layout must be 'map' or 'wide', not {event_layout!r}")
     sub_seq, event_seq = np.random.SeedSequence(seed).spawn(2)
     attr_w, value_w = _weights(dims, zipf), _weights(card, zipf)
 
@@ -698,11 +725,11 @@ def opindex_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 
     ev_attr = _distinct_rows(rng, ev_sizes, m, dims, attr_w)
     ev_present = np.arange(m)[None, :] < ev_sizes[:, None]
     ev_val = _draw(rng, n_events * m, card, value_w).reshape(n_events, m)
-    events = _dense_events(ev_attr, ev_val, ev_present)
+    events = _dense_events(ev_attr, ev_val, ev_present, event_layout, dims)
 
     params = dict(generator="opindex", n_subs=n_subs, n_events=n_events, dims=dims, cardinality=card,
                   gamma_max=gamma_max, m=m, theta=theta, zipf=zipf, fixed_event_size=bool(fixed_event_size),
-                  seed=seed)
+                  event_layout=event_layout, seed=seed)
     return Workload(name, subscriptions, events, _jsonable(params))
 
 

@@ -22,7 +22,12 @@ def small():
 
 
 def dense_events(events: pa.Table) -> np.ndarray:
-    """(events x attributes) int64, -1 = absent, columns by attribute number."""
+    """(events x attributes) int64, -1 = absent, columns by attribute number
+    (events in the map layout are spread into columns first)."""
+    if events.num_columns == 1 and pa.types.is_map(events.schema.types[0]):
+        rows = events.column(0).to_pylist()
+        names = sorted({k for pairs in rows for k, _ in pairs}, key=lambda k: int(k[1:]))
+        events = pa.table({k: pa.array([dict(pairs).get(k) for pairs in rows], pa.int64()) for k in names})
     dims = max(int(name[1:]) for name in events.column_names) + 1
     out = np.full((events.num_rows, dims), -1, dtype=np.int64)
     for name in events.column_names:
@@ -89,8 +94,12 @@ def test_shapes_and_dtypes(small, name):
     pairs = sub_id * (dims + 1) + attrs
     assert len(np.unique(pairs)) == len(pairs)
 
-    assert all(t == pa.int64() for t in events.schema.types)
-    assert all(name.startswith("a") for name in events.column_names)
+    if w.params.get("event_layout") == "map":     # sparse events: one map column, attribute name -> value
+        assert events.column_names == [W.EVENTS_MAP_COLUMN]
+        assert events.schema.types[0] == pa.map_(pa.string(), pa.int64())
+    else:
+        assert all(t == pa.int64() for t in events.schema.types)
+        assert all(name.startswith("a") for name in events.column_names)
     dense = dense_events(events)
     sizes = (dense >= 0).sum(axis=1)
     if w.params["generator"] == "begen":
@@ -236,6 +245,12 @@ def test_opindex_equality_share(theta):
     assert event_sizes.min() >= 1 and event_sizes.max() <= 40
     fixed = W.opindex_gen(100, 20, dims=2000, m=40, fixed_event_size=True)
     assert ((dense_events(fixed.events) >= 0).sum(axis=1) == 40).all()
+    # the two event layouts hold the same events and match the same subscriptions
+    wide = W.opindex_gen(100, 20, dims=2000, m=40, fixed_event_size=True, event_layout="wide")
+    assert fixed.events.num_columns == 1 and wide.events.num_columns > 40
+    assert np.array_equal(dense_events(fixed.events), dense_events(wide.events))
+    with pytest.raises(ValueError, match="event_layout"):
+        W.opindex_gen(10, event_layout="long")
 
 
 # ------------------------------------------------------------ determinism, IO
