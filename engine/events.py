@@ -220,6 +220,22 @@ def from_arrow(table, schema: Schema, errors: str = "raise") -> EventBatch:
 _FAMILY_CODE = {None: 0, Family.NUMERIC: 1, Family.STRING: 2, Family.BOOLEAN: 3}
 
 
+_last_codes: list = [None, None]     # (families array, its codes): the schema caches the array until it changes
+
+
+def _family_codes(families: np.ndarray) -> np.ndarray:
+    """:data:`_FAMILY_CODE` of each attribute (``families`` from
+    :meth:`Schema.attribute_arrays`)."""
+    if _last_codes[0] is families:
+        return _last_codes[1]
+    codes = np.zeros(len(families), np.int8)
+    for family, code in _FAMILY_CODE.items():
+        if family is not None:
+            codes[families == family] = code
+    _last_codes[:] = [families, codes]
+    return codes
+
+
 def _map_cells(column, schema: Schema, errors: str):
     """The cells of a ``map<string, V>`` column (key = attribute name, null
     map or value = absent; a key repeated in one map: the last one wins, as
@@ -240,7 +256,7 @@ def _map_cells(column, schema: Schema, errors: str):
     items = column.items.slice(lo, hi - lo)
     if pa.types.is_dictionary(value_type):
         items = items.cast(value_type.value_type)
-    names = pa.array(schema.attr_names, pa.string())
+    names, families = schema.attribute_arrays()
     attr = pc.fill_null(pc.index_in(pc.cast(keys, pa.string()), value_set=names), -1).to_numpy(
         zero_copy_only=False).astype(np.int64)
     keep = attr >= 0
@@ -256,8 +272,7 @@ def _map_cells(column, schema: Schema, errors: str):
     last[:-1] = (rows[entry[1:]] != rows[entry[:-1]]) | (attr[entry[1:]] != attr[entry[:-1]])
     entry = np.sort(entry[last])
     rows, attr = rows[entry], attr[entry]
-    family = np.array([_FAMILY_CODE[schema.families[a]] for a in schema.attr_names], np.int8)[attr] \
-        if len(schema.attr_names) else np.zeros(0, np.int8)
+    family = _family_codes(families)[attr]
     wrong = (family != 0) & (family != _FAMILY_CODE[value_family])
     values = items.take(pa.array(entry))
     if value_family is Family.STRING:

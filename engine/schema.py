@@ -83,6 +83,9 @@ class Schema:
     _set_chunks: list = field(default_factory=list, repr=False)
     _set_csr: tuple | None = field(default=None, repr=False)
     n_sets: int = 0
+    # bumped whenever an attribute or its family is added (attribute_arrays' cache key)
+    _attr_version: int = field(default=0, repr=False)
+    _attr_arrays: tuple | None = field(default=None, repr=False)
 
     # ---------------------------------------------------------------- attributes
     def declare(self, attr: str, family) -> None:
@@ -92,6 +95,20 @@ class Schema:
             raise SchemaError(f"attribute {attr!r} is already {known.name.lower()}, cannot declare it {family.name.lower()}")
         self._add_attr(attr, family)
         self.families[attr] = family
+        self._attr_version += 1
+
+    def attribute_arrays(self) -> tuple:
+        """(attribute names as a pyarrow string array, family of each as a
+        NumPy array of ``Family`` members or None) in attribute-id order,
+        cached until an attribute or a family is added: vectorised event
+        encoding looks names up in bulk."""
+        cached = self._attr_arrays
+        if cached is None or cached[0] != self._attr_version:
+            import pyarrow as pa
+            families = np.empty(len(self.attr_names), dtype=object)
+            families[:] = [self.families[name] for name in self.attr_names]
+            cached = self._attr_arrays = (self._attr_version, pa.array(self.attr_names, pa.string()), families)
+        return cached[1], cached[2]
 
     def _add_attr(self, attr: str, family: Family | None) -> int:
         # family None: only IS [NOT] NULL has used the attribute so far, which
@@ -100,6 +117,7 @@ class Schema:
             self.attr_ids[attr] = len(self.attr_names)
             self.attr_names.append(attr)
             self.families[attr] = family
+            self._attr_version += 1
         return self.attr_ids[attr]
 
     def check_predicates(self, preds, where: str = "expression") -> dict[str, Family]:
@@ -147,6 +165,7 @@ class Schema:
             self._add_attr(pred.attr, family)
             if family is not None and self.families[pred.attr] is None:
                 self.families[pred.attr] = family
+                self._attr_version += 1
             if pred.op in PATTERN_OPS:
                 kind = "like" if pred.op in (Op.LIKE, Op.NOT_LIKE) else "regex"
                 self.pattern_id(kind, pred.values[0])

@@ -494,7 +494,7 @@ def pack_predicates(x_attr, x_op, prefix_ok, n_conj, n_cnf, rank_lo, rank_hi, x_
     return info
 
 
-@njit(nogil=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def emit_entries(counter_item, n_units, part_counter_start, unit_offsets, unit_pids,
                  copy_clause_offsets, clause_offsets, clause_pids, info, list_conj, list_cnf, set_rank):
     """The index entries, partition by partition in counter order: one per
@@ -514,7 +514,7 @@ def emit_entries(counter_item, n_units, part_counter_start, unit_offsets, unit_p
     part_entries = np.zeros(n_parts + 1, dtype=np.int64)
     part_posts = np.zeros(n_parts + 1, dtype=np.int64)
     part_slots = np.zeros(n_parts + 1, dtype=np.int64)
-    for part in range(n_parts):
+    for part in prange(n_parts):       # (partitions are independent: counted, then filled, in parallel)
         ne = 0
         npost = 0
         ns = 0
@@ -532,9 +532,13 @@ def emit_entries(counter_item, n_units, part_counter_start, unit_offsets, unit_p
                     ns += 1
                     for k in range(clause_offsets[cl], clause_offsets[cl + 1]):
                         ne += info[clause_pids[k], 1] >> 32
-        part_entries[part + 1] = part_entries[part] + ne
-        part_posts[part + 1] = part_posts[part] + npost
-        part_slots[part + 1] = part_slots[part] + ns
+        part_entries[part + 1] = ne
+        part_posts[part + 1] = npost
+        part_slots[part + 1] = ns
+    for part in range(n_parts):
+        part_entries[part + 1] += part_entries[part]
+        part_posts[part + 1] += part_posts[part]
+        part_slots[part + 1] += part_slots[part]
     n_entries = part_entries[n_parts]
     n_post = part_posts[n_parts]
     n_slots = part_slots[n_parts]
@@ -545,11 +549,11 @@ def emit_entries(counter_item, n_units, part_counter_start, unit_offsets, unit_p
     post_start = np.zeros(n_counters + 1 if n_post else 1, dtype=np.int64)
     post_attr = np.empty(n_post, dtype=np.int32)
     slot_counter = np.empty(n_slots, dtype=np.int64)
-    # pass 2: fill
-    at = 0
-    pa = 0
-    slot = 0
-    for part in range(n_parts):
+    # pass 2: fill, each partition at its own offsets
+    for part in prange(n_parts):
+        at = part_entries[part]
+        pa = part_posts[part]
+        slot = part_slots[part]
         slot_base = part_slots[part]
         base = part * 8
         for c in range(part_counter_start[part], part_counter_start[part + 1]):

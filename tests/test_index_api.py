@@ -348,3 +348,19 @@ def test_map_columns_hold_sparse_events_by_attribute_name():
     nested = pa.table({"m": pa.array([[("a", [1])]], pa.map_(pa.string(), pa.list_(pa.int64())))})
     with pytest.raises(TypeError, match="map column of events must have numeric, string or boolean values"):
         idx.match_batch(nested)
+
+
+def test_map_columns_follow_families_fixed_later():
+    """An attribute first seen in IS NULL (no family yet) takes any value in
+    a map; once a predicate fixes its family, a value of another family is
+    refused (the schema's cached attribute arrays follow the change)."""
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add(1, "a IS NOT NULL")
+    event = pa.table({"m": pa.array([[("a", "text")]], pa.map_(pa.string(), pa.string()))})
+    assert [m.tolist() for m in idx.match_batch(event)] == [[1]]
+    idx.add(2, "a > 1")
+    with pytest.raises(SchemaError, match="attribute 'a' is numeric"):
+        idx.match_batch(event)
+    idx.add(3, "b = 'x'")                      # a new attribute reaches the map lookup too
+    both = pa.table({"m": pa.array([[("a", "5"), ("b", "x")]], pa.map_(pa.string(), pa.string()))})
+    assert [m.tolist() for m in idx.match_batch(both, errors="null")] == [[3]]
