@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+import numba
+from numba import njit, prange
 
 from engine.errors import SchemaError
 from engine.expr import And, Family, Node, Op, Or, Pred, Xnor, Xor, predicates, to_nnf
@@ -137,8 +138,99 @@ def distinct_rows(columns) -> tuple[np.ndarray, np.ndarray]:
     # float keys compared by bit pattern, with -0.0 folded into 0.0
     lo_bits = (np.asarray(lo_key, np.float64) + 0.0).view(np.int64)
     hi_bits = (np.asarray(hi_key, np.float64) + 0.0).view(np.int64)
-    return _factorize_predicates(np.asarray(attr, np.int32), np.asarray(op, np.int8), lo_bits, hi_bits,
-                                 np.asarray(aux, np.int64))
+    factorize = _factorize_predicates if len(attr) < PARALLEL_ROWS or numba.get_num_threads() == 1 \
+        else _factorize_predicates_parallel
+    return factorize(np.asarray(attr, np.int32), np.asarray(op, np.int8), lo_bits, hi_bits,
+                     np.asarray(aux, np.int64))
+
+
+#: rows from which predicate de-duplication runs on every core
+PARALLEL_ROWS = 1 << 16
+#: hash partitions of the parallel de-duplication: 2 ** DEDUP_BITS
+DEDUP_BITS = 8
+
+
+@njit(inline="always", nogil=True)
+def _row_hash(attr, op, lo, hi, aux, i):
+    h = mix64(np.uint64(0), (np.int64(attr[i]) << 8) | np.int64(op[i]))
+    h = mix64(h, lo[i])
+    h = mix64(h, hi[i])
+    return mix64(h, aux[i])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _factorize_predicates_parallel(attr, op, lo, hi, aux):
+    """:func:`_factorize_predicates` on every core, same result: rows are
+    hashed in parallel and split by the hash's top bits into partitions
+    (equal rows share a hash, so a partition holds all copies of its
+    rows), each partition de-duplicated by its own open-addressing table
+    over its rows in ascending order, and the distinct rows numbered by
+    first appearance at the end."""
+    n = len(attr)
+    n_parts = 1 << DEDUP_BITS
+    shift = np.uint64(64 - DEDUP_BITS)
+    hashes = np.empty(n, dtype=np.uint64)
+    for i in prange(n):
+        hashes[i] = _row_hash(attr, op, lo, hi, aux, i)
+    # rows grouped by partition, ascending within each (a stable counting sort)
+    bounds = np.zeros(n_parts + 1, dtype=np.int64)
+    for i in range(n):
+        bounds[np.int64(hashes[i] >> shift) + 1] += 1
+    for p in range(n_parts):
+        bounds[p + 1] += bounds[p]
+    cursor = bounds[:-1].copy()
+    order = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        p = np.int64(hashes[i] >> shift)
+        order[cursor[p]] = i
+        cursor[p] += 1
+    local = np.empty(n, dtype=np.int64)           # distinct id of each row within its partition
+    firsts = np.empty(n, dtype=np.int64)          # partition p's distinct rows' first rows at bounds[p]...
+    n_distinct = np.zeros(n_parts + 1, dtype=np.int64)
+    for p in prange(n_parts):
+        a = bounds[p]
+        b = bounds[p + 1]
+        capacity = 16
+        while capacity < 2 * (b - a):
+            capacity *= 2
+        slots = np.full(capacity, -1, dtype=np.int64)
+        nd = 0
+        for k in range(a, b):
+            i = order[k]
+            h = hashes[i]
+            slot = np.int64(h & np.uint64(capacity - 1))
+            while True:
+                d = slots[slot]
+                if d == -1:
+                    slots[slot] = nd
+                    firsts[a + nd] = i
+                    local[i] = nd
+                    nd += 1
+                    break
+                row = firsts[a + d]
+                if hashes[row] == h and attr[row] == attr[i] and op[row] == op[i] and lo[row] == lo[i] \
+                        and hi[row] == hi[i] and aux[row] == aux[i]:
+                    local[i] = d
+                    break
+                slot = (slot + 1) & (capacity - 1)
+        n_distinct[p + 1] = nd
+    for p in range(n_parts):
+        n_distinct[p + 1] += n_distinct[p]
+    total = n_distinct[n_parts]
+    first_rows = np.empty(total, dtype=np.int64)
+    for p in prange(n_parts):
+        for d in range(n_distinct[p + 1] - n_distinct[p]):
+            first_rows[n_distinct[p] + d] = firsts[bounds[p] + d]
+    # number the distinct rows by first appearance
+    by_first = np.argsort(first_rows)
+    number = np.empty(total, dtype=np.int64)
+    for k in prange(total):
+        number[by_first[k]] = k
+    inverse = np.empty(n, dtype=np.int64)
+    for i in prange(n):
+        p = np.int64(hashes[i] >> shift)
+        inverse[i] = number[n_distinct[p] + local[i]]
+    return first_rows[by_first], inverse
 
 
 @njit(inline="always", nogil=True)
@@ -166,10 +258,7 @@ def _factorize_predicates(attr, op, lo, hi, aux):
     first = np.empty(n, dtype=np.int64)
     n_distinct = 0
     for i in range(n):
-        h = mix64(np.uint64(0), (np.int64(attr[i]) << 8) | np.int64(op[i]))
-        h = mix64(h, lo[i])
-        h = mix64(h, hi[i])
-        h = mix64(h, aux[i])
+        h = _row_hash(attr, op, lo, hi, aux, i)
         slot = np.int64(h & np.uint64(capacity - 1))
         while True:
             d = slots[slot]
