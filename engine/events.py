@@ -165,48 +165,40 @@ def from_arrow(table, schema: Schema, errors: str = "raise") -> EventBatch:
             continue                    # absent from every event (wide, sparse tables: most columns)
         family = schema.families[name]
         if family is Family.NUMERIC and _plain_number_type(column.type):
-            rows, codes = _numbers_of(column)
+            rows, codes = _numbers_of(column)      # straight from the Arrow buffers
+        else:
+            valid = column.is_valid().to_numpy(zero_copy_only=False)
+            rows = np.flatnonzero(valid)
+            if family is None:
+                codes = np.zeros(len(rows))
+            elif _arrow_family(column.type) is not family:
+                if len(rows) == 0:
+                    continue
+                if errors == "raise":
+                    first = column[int(rows[0])].as_py()
+                    raise _family_error(int(rows[0]), name, family, first)
+                continue
+            elif family is Family.STRING:
+                codes = np.zeros(len(rows))
+                string_positions.append(size + np.arange(len(rows)))
+                string_values.append(pc.cast(column, pa.large_string()).filter(pa.array(valid)).to_numpy(
+                    zero_copy_only=False))
+            else:
+                if pa.types.is_dictionary(column.type):
+                    column = column.cast(column.type.value_type)
+                if pa.types.is_integer(column.type):   # keep int64 exact until the ±2**53 check
+                    codes = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)[rows]
+                else:
+                    codes = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)[rows]
+        if family is Family.NUMERIC:
             bad = _bad_numbers(codes)
             if bad.any():
                 if errors == "raise":
                     raise _family_error(int(rows[bad][0]), name, family, codes[bad][0].item())
                 rows, codes = rows[~bad], codes[~bad]
-            event_idx.append(rows)
-            attrs.append(np.full(len(rows), attr, np.int32))
-            values.append(codes.astype(np.float64, copy=False))
-            size += len(rows)
-            continue
-        valid = column.is_valid().to_numpy(zero_copy_only=False)
-        rows = np.flatnonzero(valid)
-        if family is None:
-            codes = np.zeros(len(rows))
-        elif _arrow_family(column.type) is not family:
-            if len(rows) == 0:
-                continue
-            if errors == "raise":
-                first = column[int(rows[0])].as_py()
-                raise _family_error(int(rows[0]), name, family, first)
-            continue
-        elif family is Family.STRING:
-            codes = np.zeros(len(rows))
-            string_positions.append(size + np.arange(len(rows)))
-            string_values.append(pc.cast(column, pa.large_string()).filter(pa.array(valid)).to_numpy(zero_copy_only=False))
-        else:
-            if pa.types.is_dictionary(column.type):
-                column = column.cast(column.type.value_type)
-            if pa.types.is_integer(column.type):   # keep int64 exact until the ±2**53 check
-                codes = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)[rows]
-            else:
-                codes = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)[rows]
-            bad = _bad_numbers(codes) if family is Family.NUMERIC else np.zeros(len(codes), bool)
-            if bad.any():
-                if errors == "raise":
-                    raise _family_error(int(rows[bad][0]), name, family, codes[bad][0].item())
-                rows, codes = rows[~bad], codes[~bad]
-            codes = codes.astype(np.float64)
         event_idx.append(rows)
         attrs.append(np.full(len(rows), attr, np.int32))
-        values.append(codes)
+        values.append(codes.astype(np.float64, copy=False))
         size += len(rows)
     if not attrs:
         return _assemble(schema, n_events, [], [], [], np.zeros(0, np.int64), [])
