@@ -88,9 +88,9 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
                               operand_ranks=operand_ranks)
         self.backend = backend
         self.launch = launch or cuda_support.default_launch()
-        self.threads = self.launch.block[0] * self.launch.block[1] if cuda_support.simulated() else GPU_THREADS
-        if launch is not None:
-            self.threads = launch.block[0] * launch.block[1]
+        # a given launch (or the simulator's tiny default) sets the block; a GPU runs GPU_THREADS
+        self.threads = self.launch.block[0] * self.launch.block[1] \
+            if launch is not None or cuda_support.simulated() else GPU_THREADS
         if self.threads < 2 or self.threads & (self.threads - 1):
             raise ValueError(f"the OpIndex kernel needs a power-of-two number of threads per block (>= 2), "
                              f"not {self.threads}")
