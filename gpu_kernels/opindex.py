@@ -776,21 +776,6 @@ def _before(l0, a0, k0, l1, a1, k1):
     return l0 < l1 or (l0 == l1 and (a0 < a1 or (a0 == a1 and k0 < k1)))
 
 
-@njit(inline="always", nogil=True)
-def _put_entry(at, n_side, l, a, v, t, pid, s_attr, s_val, s_target, counts, side_pid, side_hi, prefix_hi):
-    """Write entry ``at`` of list ``l`` (and its side record in VERIFY and
-    PREFIX); returns the next entry and side positions."""
-    s_attr[at] = a
-    s_val[at] = v
-    s_target[at] = t
-    counts[l + 1] += 1
-    if (l & 7) >= L_VERIFY:
-        side_pid[n_side] = pid
-        side_hi[n_side] = prefix_hi[pid]
-        n_side += 1
-    return at + 1, n_side
-
-
 @njit(nogil=True, cache=True)
 def merge_entries(old_list_offsets, old_run_attr, old_run_start, old_val, old_target, old_side_pid,
                   old_list_side_base, old_part_counter_start, old_part_slot_start,
@@ -906,14 +891,35 @@ def merge_entries(old_list_offsets, old_run_attr, old_run_start, old_val, old_ta
             prev_k = key
             # the added entries that sort before this one
             while j < n_add and _before(add_list[j], add_attr[j], add_key[j], l, a, key):
-                at, n_side = _put_entry(at, n_side, add_list[j], add_attr[j], add_val[j], add_target[j], add_pid[j],
-                                        s_attr, s_val, s_target, counts, side_pid, side_hi, prefix_hi)
+                s_attr[at] = add_attr[j]
+                s_val[at] = add_val[j]
+                s_target[at] = add_target[j]
+                counts[add_list[j] + 1] += 1
+                if (add_list[j] & 7) >= L_VERIFY:
+                    side_pid[n_side] = add_pid[j]
+                    side_hi[n_side] = prefix_hi[add_pid[j]]
+                    n_side += 1
+                at += 1
                 j += 1
-            at, n_side = _put_entry(at, n_side, l, a, v, t, pid, s_attr, s_val, s_target, counts, side_pid, side_hi,
-                                    prefix_hi)
+            s_attr[at] = a
+            s_val[at] = v
+            s_target[at] = t
+            counts[l + 1] += 1
+            if op >= L_VERIFY:
+                side_pid[n_side] = pid
+                side_hi[n_side] = prefix_hi[pid]
+                n_side += 1
+            at += 1
     while j < n_add:
-        at, n_side = _put_entry(at, n_side, add_list[j], add_attr[j], add_val[j], add_target[j], add_pid[j],
-                                s_attr, s_val, s_target, counts, side_pid, side_hi, prefix_hi)
+        s_attr[at] = add_attr[j]
+        s_val[at] = add_val[j]
+        s_target[at] = add_target[j]
+        counts[add_list[j] + 1] += 1
+        if (add_list[j] & 7) >= L_VERIFY:
+            side_pid[n_side] = add_pid[j]
+            side_hi[n_side] = prefix_hi[add_pid[j]]
+            n_side += 1
+        at += 1
         j += 1
     for l in range(n_lists):
         counts[l + 1] += counts[l]
