@@ -9,12 +9,14 @@ project's 2-core reference machine) -- and the share of the cuda time spent
 in host<->device copies: one batch matched from host arrays with results
 copied back, against the same batch already on the device with results left
 there (both after the host-side event encoding, which is the same on every
-backend).
+backend) -- and, for ``opindex``, the device-resident batch once more with
+sort-and-segment counting, the alternative to atomic decrements.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -31,15 +33,12 @@ from gpu_kernels import cuda_support
 ALGORITHMS = ("scan", "opindex")
 
 
-def synchronize() -> None:
-    if not cuda_support.simulated():
-        cuda_support.load_cuda().synchronize()
-
-
-def copy_share(workload, algorithm: str = "opindex", repeats: int = 3) -> dict:
+def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting: bool = True) -> dict:
     """Median seconds of one batch on cuda from host arrays (events copied
     in, results copied out) and from device arrays (neither), and the share
-    of the first spent in the copies."""
+    of the first spent in the copies.  With ``counting`` (opindex), the
+    device-resident batch again with sort-and-segment counting instead of
+    atomic decrements (results checked equal)."""
     index = Index(algorithm=algorithm, backend="cuda")
     index.add_many(workload.subscriptions)
     index.merge()
@@ -53,21 +52,37 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3) -> dict:
 
     def timed(run) -> float:
         run()
-        synchronize()
+        cuda_support.synchronize()
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             run()
-            synchronize()
+            cuda_support.synchronize()
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
     with_copies = timed(lambda: matcher.match(batch, truth, alive))
     on_device = timed(lambda: matcher.match(device_batch, device_truth, device_alive, output="device"))
-    return {"workload": workload.name, "algorithm": algorithm, "events": batch.n_events,
-            "host_io_s": with_copies, "device_io_s": on_device,
-            "copy_share": max(0.0, 1.0 - on_device / with_copies) if with_copies else None,
-            "device_events_per_s": batch.n_events / on_device if on_device else None}
+    row = {"workload": workload.name, "algorithm": algorithm, "events": batch.n_events,
+           "pairs": int(matcher.match(device_batch, device_truth, device_alive, output="device")[0].shape[0]),
+           "host_io_s": with_copies, "device_io_s": on_device,
+           "copy_share": max(0.0, 1.0 - on_device / with_copies) if with_copies else None,
+           "device_events_per_s": batch.n_events / on_device if on_device else None}
+    matcher.phases = cuda_support.PhaseTimer()      # one more host-array run, each phase synchronised
+    matcher.match(batch, truth, alive)
+    row["phases"] = matcher.phases.times
+    del matcher.phases                               # back to the class's disabled timer
+    if counting and getattr(matcher, "counting", None) == "atomic":
+        sorter = copy.copy(matcher)       # the same device index, counted by sort-and-segment
+        sorter.counting = "sort"
+        same = [cuda_support.to_host(a) for a in matcher.match(device_batch, device_truth, device_alive,
+                                                               output="device")]
+        got = [cuda_support.to_host(a) for a in sorter.match(device_batch, device_truth, device_alive,
+                                                             output="device")]
+        sorted_s = timed(lambda: sorter.match(device_batch, device_truth, device_alive, output="device"))
+        row.update(sort_counting_s=sorted_s, atomic_over_sort=sorted_s / on_device if on_device else None,
+                   sort_agrees=all(np.array_equal(a, b) for a, b in zip(same, got)))
+    return row
 
 
 def ratios(rows) -> list[dict]:
@@ -108,6 +123,8 @@ def main(argv=None) -> int:
                         help="time the cpu rows on the first N events only (default: all)")
     parser.add_argument("--cpu-threads", type=int, default=2, help="numba threads for the cpu rows (default 2)")
     parser.add_argument("--no-copy-share", action="store_true", help="skip the host<->device copy measurement")
+    parser.add_argument("--no-counting", action="store_true",
+                        help="skip timing opindex's sort-and-segment counting against its atomic counting")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency-samples", type=int, default=50)
     parser.add_argument("--csv", help="write the bench rows as CSV")
@@ -131,7 +148,7 @@ def main(argv=None) -> int:
                                   latency_samples=args.latency_samples, progress=not args.quiet)
         numba.set_num_threads(all_threads)
         if "opindex" in algorithms and not args.no_copy_share:
-            shares.append(copy_share(workload, "opindex", args.repeats))
+            shares.append(copy_share(workload, "opindex", args.repeats, counting=not args.no_counting))
         print(f"\n== {name} (scale {args.scale:g}) on {device}; cpu rows with {args.cpu_threads} numba threads "
               f"of {all_threads}", flush=True)
         print(format_table([r for r in rows if r["workload"] == workload.name]), flush=True)
@@ -141,9 +158,17 @@ def main(argv=None) -> int:
     print(_table(ratios(rows), ("workload", "algorithm", "cpu_events_per_s", "cuda_events_per_s", "cuda_over_cpu")))
     if shares:
         print("\n== host<->device copies (opindex on cuda, one batch, after event encoding)")
-        print(_table(shares, ("workload", "events", "host_io_s", "device_io_s", "copy_share",
+        print(_table(shares, ("workload", "events", "pairs", "host_io_s", "device_io_s", "copy_share",
                               "device_events_per_s")))
+        print("\n== where the host-array batch's time goes (opindex on cuda; phases synchronised, seconds)")
+        for r in shares:
+            print(f"{r['workload']}: " + ", ".join(f"{name} {t:.4g}" for name, t in r["phases"].items()))
+        if any("sort_counting_s" in r for r in shares):
+            print("\n== opindex counting on cuda, device-resident: atomic decrements vs sort-and-segment")
+            print(_table(shares, ("workload", "events", "device_io_s", "sort_counting_s", "atomic_over_sort",
+                                  "sort_agrees")))
     bad = [r for r in rows if r.get("status") == "ok" and r.get("correct") is False]
+    bad += [r for r in shares if r.get("sort_agrees") is False]
     return 1 if bad else 0
 
 

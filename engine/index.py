@@ -392,8 +392,9 @@ class Index:
         events, ids = [], []
         for segment, alive, matcher in matchers:
             if device and matcher is self._matcher:
-                e, positions = matcher.match(batch, truth, alive, output="device")
-                sub_ids = self._device_sub_ids()[positions]
+                e, sub_ids = matcher.match(batch, truth, alive, output="device", ids=self._device_sub_ids())
+            elif getattr(matcher, "maps_ids", False):     # a cuda matcher maps positions while copying back
+                e, sub_ids = matcher.match(batch, truth, alive, ids=segment.sub_ids)
             else:   # the small delta is matched on the host
                 e, positions = matcher.match(batch, truth, alive)
                 e, sub_ids = xp.asarray(e), xp.asarray(segment.sub_ids[positions])

@@ -239,14 +239,16 @@ def hit_offsets_cuda(hits, n_rows: int, *, launch=None):
     return offsets, n_tiles
 
 
-def fill_rows_cuda(hits, first: int, stop: int, row_base: int, offsets, n_tiles: int, *, launch=None):
+def fill_rows_cuda(hits, first: int, stop: int, row_base: int, offsets, n_tiles: int, *, launch=None,
+                   col_dtype=np.int64):
     """Pairs of rows ``[first, stop)`` of ``hits`` (device arrays), given
-    :func:`hit_offsets_cuda`'s offsets; rows are reported as ``row_base + row``."""
+    :func:`hit_offsets_cuda`'s offsets; rows are reported as ``row_base + row``,
+    columns as ``col_dtype`` (int32 halves what a copy to the host moves)."""
     xp = cuda_support.array_module()
     begin = int(offsets[first * n_tiles])
     end = int(offsets[stop * n_tiles])
     out_row = xp.empty(max(end - begin, 1), dtype=np.int64)
-    out_col = xp.empty(max(end - begin, 1), dtype=np.int64)
+    out_col = xp.empty(max(end - begin, 1), dtype=col_dtype)
     if end > begin:
         local = offsets[first * n_tiles: stop * n_tiles].reshape(stop - first, n_tiles)
         if begin:

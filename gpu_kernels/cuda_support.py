@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,6 +166,41 @@ def to_host(x) -> np.ndarray:
     if hasattr(x, "get"):       # CuPy
         return x.get()
     return np.asarray(x)
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work (nothing to wait for under the simulator)."""
+    if not simulated():
+        load_cuda().synchronize()
+
+
+class PhaseTimer:
+    """Seconds spent per named phase of device work, each phase bracketed
+    by device synchronisations -- for benchmarks only: the
+    synchronisations cost overlap.  ``with timer("kernel"): ...``; a
+    disabled timer (``None`` times) does nothing."""
+
+    def __init__(self, enabled: bool = True):
+        self.times: dict[str, float] | None = {} if enabled else None
+
+    def __call__(self, name: str):
+        return _Phase(self, name)
+
+
+class _Phase:
+    def __init__(self, timer: PhaseTimer, name: str):
+        self.timer, self.name = timer, name
+
+    def __enter__(self):
+        if self.timer.times is not None:
+            synchronize()
+            self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        if self.timer.times is not None:
+            synchronize()
+            self.timer.times[self.name] = self.timer.times.get(self.name, 0.0) + time.perf_counter() - self.start
+        return False
 
 
 def exclusive_cumsum(counts):

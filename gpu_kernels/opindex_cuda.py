@@ -37,10 +37,23 @@ Subscriptions no event attribute can find (``always_pos``) are one more
 work item per event whose threads run their postfix programs
 (:func:`gpu_kernels.scan.make_run_program`).
 
-Counting uses atomics rather than a sort-and-segment count: with one block
-per item, contention is limited to one partition's counters and the
-decrements need no extra memory; a sort would move every matching entry
-twice.
+**Counting: atomics, or sort-and-segment.**  The kernel is built in one of
+three modes (a compile-time constant, so each is its own machine code):
+
+- ``"atomic"`` -- steps 1-4 above (the default, chosen by measurement:
+  BENCHMARKS.md, machine G1);
+- ``"count"`` and ``"emit"`` -- the two passes of the *sort-and-segment*
+  count: ``count`` only runs the range scans and writes each item's number
+  of entries; ``emit`` writes, at the item's offset, one int64 key per
+  entry -- ``item * key_stride + counter`` (``counter_width + slot`` for a
+  CNF clause; -1 for a VERIFY/PREFIX entry whose exact test fails).  The
+  keys are then sorted and segmented on the device
+  (:func:`sort_and_segment`): a counter whose run of keys is as long as
+  its initial value is satisfied (a clause's repeated keys collapse to one
+  decrement first), and :func:`finish_kernel` applies the IS NULL tests and
+  ``alive`` and sets the result bits.  Every hit of a counter comes from
+  the one item of its (event, partition), so groups of items can be sorted
+  independently -- the keys of one group at a time fit device memory.
 """
 
 from __future__ import annotations
@@ -139,13 +152,19 @@ def _wrapping(fn):
     return quiet
 
 
+#: the kernel's counting modes (see the module docstring)
+MODES = ("atomic", "count", "emit")
+
+
 @functools.cache
-def build_opindex_kernel_cuda(threads: int, stack_depth: int):
+def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomic"):
     """The raw OpIndex kernel for blocks of ``threads`` threads (a power of
-    two >= 2) and a ``stack_depth``-slot stack for the always-checked
-    programs."""
+    two >= 2), a ``stack_depth``-slot stack for the always-checked
+    programs, counting in ``mode`` (one of :data:`MODES`)."""
     if threads < 2 or threads & (threads - 1):
         raise ValueError(f"the OpIndex kernel needs a power-of-two block of at least 2 threads, not {threads}")
+    if mode not in MODES:
+        raise ValueError(f"the OpIndex kernel's counting mode is one of {MODES}, not {mode!r}")
     global cuda
     cuda = cuda_support.load_cuda()
     device = cuda_device_functions()
@@ -159,6 +178,9 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int):
                                                     cuda.jit(device=True)(hashes[1])))
     n_threads = int(threads)
     depth = int(stack_depth)
+    atomic = mode == "atomic"     # constants of the closure: numba compiles the other modes' code away
+    emit = mode == "emit"
+    scans_only = mode == "count"
 
     def kernel(n_items, item_event, item_part, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
                n_attrs, part_counter_start, part_slot_start,
@@ -168,7 +190,8 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int):
                x_op, x_lo, x_hi, x_set_start, x_set_stop, set_values, x_aux,
                always_pos, prog_offsets, prog_kind, prog_arg,
                p_attr, p_op, p_lo, p_hi, p_set_offsets, p_set_values, p_aux,
-               alive, scratch, counter_width, block_width, in_shared, bits):
+               alive, scratch, counter_width, block_width, in_shared, bits,
+               item_hits, item_first, keys, key_stride):
         tid = cuda.threadIdx.x
         blk = cuda.blockIdx.x
         # counters at [0, counter_width) of the block's scratch, clause bits after them
@@ -202,10 +225,15 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int):
                 continue
             c_base = part_counter_start[p]
             s_base = part_slot_start[p]
-            for c in range(tid, part_counter_start[p + 1] - c_base, n_threads):     # initialise V_{A_p}
-                area[c_off + c] = counter_init[c_base + c]
-            for c in range(tid, part_slot_start[p + 1] - s_base, n_threads):
-                area[s_off + c] = 0
+            if atomic:
+                for c in range(tid, part_counter_start[p + 1] - c_base, n_threads):     # initialise V_{A_p}
+                    area[c_off + c] = counter_init[c_base + c]
+                for c in range(tid, part_slot_start[p + 1] - s_base, n_threads):
+                    area[s_off + c] = 0
+            emitted = np.int64(0)     # sort-and-segment: the item's entries of earlier rounds
+            key_base = np.int64(0)
+            if emit:
+                key_base = item_first[item]
             n_units = (ev_stop - ev_start) * 8
             for u0 in range(0, n_units, half_block):
                 # range scans: thread tid takes half tid & 1 of unit u0 + tid / 2
@@ -250,6 +278,10 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int):
                     cuda.syncthreads()
                     d *= 2
                 total = r_incl[n_threads - 1]
+                if scans_only:
+                    emitted += total
+                    cuda.syncthreads()      # the shared ranges are rewritten by the next round
+                    continue
                 for k in range(tid, total, n_threads):
                     # the range holding flattened entry k: first j with r_incl[j] > k
                     lo = 0
@@ -272,6 +304,8 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int):
                         pid = side_pid[ent + side]
                         v = ev_value[i]
                         if op == 6:      # VERIFY: exact three-valued test on the present value
+                            if emit:
+                                keys[key_base + emitted + k] = -1
                             pop = x_op[pid]
                             hit = False
                             if pop >= LIKE and pop <= NOT_MATCHES:
@@ -284,9 +318,14 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int):
                             if truth(pop, x_lo[pid], x_hi[pid], set_values, s0, s1, hit, True, v) != TRUE:
                                 continue
                         else:            # PREFIX: interval end, then the exact pattern result
+                            if emit:
+                                keys[key_base + emitted + k] = -1
                             if side_hi[ent + side] < v or pattern_truth[ev_token[i], x_aux[pid]] == 0:
                                 continue
                     t = np.int64(ent_target[ent])
+                    if emit:             # the entry's counter, or its clause after every counter
+                        keys[key_base + emitted + k] = item * key_stride + (t if t >= 0 else counter_width - 1 - t)
+                        continue
                     if t < 0:            # a CNF clause: its bit, once
                         slot = -1 - t
                         if cuda.atomic.max(area, s_off + slot, 1) != 0:
@@ -307,14 +346,93 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int):
                     pos = counter_sub[c]
                     if alive[pos] != 0:
                         cuda.atomic.or_(bits, (e, pos >> 6), np.uint64(1) << np.uint64(pos & 63))
+                emitted += total
                 cuda.syncthreads()      # the shared ranges are rewritten by the next round
+            if scans_only and tid == 0:
+                item_hits[item] = emitted
 
     return cuda.jit(kernel)
 
 
-def opindex_kernel_cuda(n_blocks: int, threads: int, stack_depth: int, shared_bytes: int, *args):
+def opindex_kernel_cuda(n_blocks: int, threads: int, stack_depth: int, shared_bytes: int, *args,
+                        mode: str = "atomic"):
     """Launch the OpIndex kernel over ``n_blocks`` blocks of ``threads``
     (grid-stride over the work items) with ``shared_bytes`` of dynamic
     shared memory; ``args`` as the kernel takes them."""
-    kernel = build_opindex_kernel_cuda(int(threads), int(stack_depth))
+    kernel = build_opindex_kernel_cuda(int(threads), int(stack_depth), mode)
     kernel[int(n_blocks), int(threads), 0, int(shared_bytes)](*args)
+
+
+# ------------------------------------------------------- sort-and-segment
+def sort_and_segment(keys, key_stride: int, counter_width: int, item_part, part_counter_start, part_slot_start,
+                     slot_counter, counter_init):
+    """The satisfied counters of a group of work items from the ``emit``
+    pass's keys (device arrays; CuPy's radix sort on a GPU): ``(item,
+    global counter)`` of every counter whose run of keys is exactly as
+    long as its initial value.  A CNF clause's keys collapse to one key of
+    the clause's counter first (a clause counts once, however many of its
+    predicates hold)."""
+    xp = cuda_support.array_module()
+    keys = xp.sort(keys[keys >= 0])
+    first = xp.ones(keys.shape[0], dtype=np.bool_)
+    if keys.shape[0] > 1:
+        first[1:] = keys[1:] != keys[:-1]
+    is_slot = keys % key_stride >= counter_width
+    if bool(is_slot.any()):
+        clauses = keys[is_slot & first]
+        item = clauses // key_stride
+        part = item_part[item]
+        slot = clauses - item * key_stride - counter_width
+        local = slot_counter[part_slot_start[part] + slot] - part_counter_start[part]
+        keys = xp.sort(xp.concatenate((keys[~is_slot], item * key_stride + local)))
+        first = xp.ones(keys.shape[0], dtype=np.bool_)
+        if keys.shape[0] > 1:
+            first[1:] = keys[1:] != keys[:-1]
+    starts = xp.flatnonzero(first)
+    lengths = xp.diff(xp.concatenate((starts, xp.full(1, keys.shape[0], dtype=starts.dtype))))
+    run_keys = keys[starts]
+    item = run_keys // key_stride
+    counter = part_counter_start[item_part[item]] + (run_keys - item * key_stride)
+    done = lengths == counter_init[counter]
+    return item[done], counter[done]
+
+
+@functools.cache
+def _finish_kernel():
+    global cuda
+    cuda = cuda_support.load_cuda()
+    find = cuda_device_functions().find_attribute
+
+    def finish_kernel(n, sat_event, sat_counter, ev_offsets, ev_attr, counter_post_start, post_attr, counter_sub,
+                      alive, bits):
+        x, y = cuda.grid(2)
+        sx, sy = cuda.gridsize(2)
+        has_post = counter_post_start.shape[0] > 1
+        for k in range(y * sx + x, n, sx * sy):
+            e = sat_event[k]
+            c = sat_counter[k]
+            if has_post:      # the conjunction's IS NULL tests: none of its attributes present
+                absent = True
+                for q in range(counter_post_start[c], counter_post_start[c + 1]):
+                    if find(ev_attr, ev_offsets[e], ev_offsets[e + 1], post_attr[q]) >= 0:
+                        absent = False
+                        break
+                if not absent:
+                    continue
+            pos = counter_sub[c]
+            if alive[pos] != 0:
+                cuda.atomic.or_(bits, (e, pos >> 6), np.uint64(1) << np.uint64(pos & 63))
+
+    return cuda.jit(finish_kernel)
+
+
+def finish_cuda(sat_event, sat_counter, ev_offsets, ev_attr, counter_post_start, post_attr, counter_sub, alive,
+                bits, *, launch=None):
+    """Result bits of the satisfied counters (``sat_event``, ``sat_counter``:
+    device int64): their IS NULL tests, ``alive``, an atomic OR."""
+    n = int(sat_event.shape[0])
+    if n == 0:
+        return
+    grid, block = (launch or cuda_support.default_launch()).grid(n, 1)
+    _finish_kernel()[grid, block](np.int64(n), sat_event, sat_counter, ev_offsets, ev_attr, counter_post_start,
+                                  post_attr, counter_sub, alive, bits)

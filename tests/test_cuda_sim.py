@@ -153,15 +153,18 @@ PTX_CHECK = textwrap.dedent("""
                 A(f64), A(i64), A(f64), A(i64), A(u8, 2), i64, A(u8, 2))
     count, fill, count_bits, fill_bits = compaction._compaction_kernels()
     jobs = [(scan.build_scan_kernel_cuda(d), scan_sig) for d in scan.STACK_DEPTH_TIERS]
-    # OpIndex: 16-bit operand ranks and counter pointers, and their wide forms
-    for val, target, init in ((u16, i16, i8), (f64, i32, i32)):
-        jobs.append((opindex_cuda.build_opindex_kernel_cuda(256, scan.STACK_DEPTH_TIERS[0]),
+    # OpIndex: 16-bit operand ranks and counter pointers, and their wide forms; every counting mode
+    modes = ("atomic", "atomic", "count", "emit")
+    for mode, (val, target, init) in zip(modes, ((u16, i16, i8), (f64, i32, i32), (u16, i16, i8), (f64, i32, i32))):
+        jobs.append((opindex_cuda.build_opindex_kernel_cuda(256, scan.STACK_DEPTH_TIERS[0], mode),
                      (i64, A(i64), A(i32), A(i64), A(i32), A(f64), A(i32), A(u8, 2), i64, A(i64), A(i64),
                       A(i8), A(i64), A(i64), A(i64), A(u64), i64, T.boolean, A(i32), A(i64), A(val), A(f64),
                       T.boolean, A(target), A(i32), A(f64), A(init), A(i32), A(i64), A(i32), A(i64),
                       A(i8), A(f64), A(f64), A(i64), A(i64), A(f64), A(i64), A(i64), A(i64), A(i8), A(i32),
                       A(i32), A(i8), A(f64), A(f64), A(i64), A(f64), A(i64), A(u8), A(i32), i64, i64,
-                      T.boolean, A(u64, 2))))
+                      T.boolean, A(u64, 2), A(i64), A(i64), A(i64), i64)))
+    jobs.append((opindex_cuda._finish_kernel(), (i64, A(i64), A(i64), A(i64), A(i32), A(i64), A(i32), A(i32),
+                                                 A(u8), A(u64, 2))))
     jobs += [(count, (A(u8, 2), i64, A(i64, 2))), (fill, (A(u8, 2, "A"), i64, i64, A(i64, 2, "A"), A(i64), A(i64))),
              (count_bits, (A(u64, 2), i64, A(i64, 2))),
              (fill_bits, (A(u64, 2, "A"), i64, i64, A(i64, 2, "A"), A(i64), A(i64))),
@@ -386,6 +389,66 @@ def test_matcher_chunks_small_budgets_and_returns_device_arrays(monkeypatch):
                                      batch.token, batch.strings)
     e, p = _matcher(seg).match(mixed, truth, _to_device_input(alive))
     assert (e.tolist(), p.tolist()) == want
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_positions_cross_to_the_host_through_double_buffered_staging(dtype):
+    """``transfer.positions_to_host`` in slices of a few elements (so the
+    two staging buffers alternate many times) gives the positions, or the
+    ids they index, as int64; ``expand_rows`` rebuilds the event column."""
+    from gpu_kernels import transfer
+    rng = np.random.default_rng(7)
+    positions = rng.integers(0, 50, size=37).astype(dtype)
+    ids = rng.integers(-10**12, 10**12, size=50).astype(np.int64)
+    for staging in (4 * np.dtype(dtype).itemsize, 3, 1 << 20):     # many slices, sub-element, one slice
+        out = np.full(37, -1, np.int64)
+        transfer.positions_to_host(dev(positions), out, staging_bytes=staging)
+        assert out.tolist() == positions.tolist()
+        transfer.positions_to_host(dev(positions), out, ids, staging_bytes=staging)
+        assert out.tolist() == ids[positions].tolist()
+    with pytest.raises(ValueError, match="out must be int64 of length 37"):
+        transfer.positions_to_host(dev(positions), np.empty(36, np.int64))
+    row_ends = np.array([0, 2, 2, 5, 6], np.int64)
+    rows = np.empty(6, np.int64)
+    transfer.expand_rows(row_ends, np.int64(10), rows)
+    assert rows.tolist() == [10, 10, 12, 12, 12, 13]
+
+
+@needs_cuda
+def test_matcher_maps_ids_and_copies_int32_positions_back(monkeypatch):
+    """Host results: positions cross as int32 through the staging buffers
+    (tiny here) and come out int64; ``ids`` maps them on the way, on both
+    outputs; several result pieces are concatenated in order."""
+    from engine.algorithms import scan_cuda
+    from gpu_kernels import transfer
+    seg, batch, truth = compiled()
+    n_subs = len(seg)
+    alive = np.ones(n_subs, np.uint8)
+    want_e, want_p = _cpu_pairs(seg, batch, truth, alive)
+    ids = (np.arange(n_subs, dtype=np.int64) * 7 - 3)[::-1].copy()
+    crossed = []
+    real = transfer.positions_to_host
+    monkeypatch.setattr(scan_cuda.transfer, "positions_to_host",
+                        lambda d, out, table=None: crossed.append(np.dtype(d.dtype)) or
+                        real(d, out, table, staging_bytes=8))
+    e, p = _matcher(seg).match(batch, truth, alive)
+    assert (e.dtype, p.dtype) == (np.int64, np.int64)
+    assert (e.tolist(), p.tolist()) == (want_e, want_p)
+    assert crossed and set(crossed) == {np.dtype(np.int32)}
+    e, sub = _matcher(seg).match(batch, truth, alive, ids=ids)
+    assert (e.tolist(), sub.tolist()) == (want_e, ids[want_p].tolist())
+    # a budget that splits the results into one piece per event
+    costs = _event_costs(batch, n_subs)
+    budget = truth.nbytes + n_subs + 16 * n_subs + int(costs.max())
+    e, sub = _matcher(seg, device_memory=budget).match(batch, truth, alive, ids=ids)
+    assert (e.tolist(), sub.tolist()) == (want_e, ids[want_p].tolist())
+    e, sub = _matcher(seg).match(batch, truth, alive, output="device", ids=_to_device_input(ids))
+    assert (host(e).tolist(), host(sub).tolist()) == (want_e, ids[want_p].tolist())
+    with pytest.raises(ValueError, match=f"ids must be an int64 array of the segment's {n_subs}"):
+        _matcher(seg).match(batch, truth, alive, ids=ids[:-1])
+    with pytest.raises(ValueError, match="ids must be an int64 array"):
+        _matcher(seg).match(batch, truth, alive, ids=ids.astype(np.int32))
 
 
 def _to_device_input(x):

@@ -124,6 +124,60 @@ def test_opindex_cuda_runs_every_route_of_the_paper_example():
     assert (e.tolist(), p.tolist()) == cpu_pairs(seg, batch, truth, alive, dnf_limit=2)
 
 
+def test_sort_and_segment_counting_gives_the_atomic_pairs(monkeypatch):
+    """``counting="sort"`` (count pass, emit pass, device sort, segments):
+    the CPU kernel's pairs on every route -- plain, DNF, CNF clauses that
+    several predicates satisfy, IS NULL, always-checked, PREFIX/VERIFY --
+    with tombstones, and with a room so small that every work item is
+    sorted as a group of its own."""
+    from engine.algorithms import opindex_cuda
+    exprs = EXPRESSIONS + ["n0 IS NULL", "s1 LIKE 'ab%' AND n1 IS NULL",
+                           "(n0 = 1 OR n1 = 1) AND (s0 = 'ab' OR s1 = 'zb')"]
+    seg, batch, truth = compiled(exprs)
+    alive = np.ones(len(seg), np.uint8)
+    for build in ({"variant": "bs"}, {"dnf_limit": 2}):
+        want = cpu_pairs(seg, batch, truth, alive, **build)
+        e, p = cuda_matcher(seg, counting="sort", **build).match(batch, truth, alive)
+        assert (e.tolist(), p.tolist()) == want, build
+    assert len(want[0]) > 10
+    seg, batch, truth = compiled(exprs, EVENTS[:2])
+    matcher = cuda_matcher(seg, counting="sort", dnf_limit=2)
+    assert matcher.host.form_counts["cnf"] and len(matcher.host.always_pos) and len(matcher.host.post_attr)
+    groups = []
+    real = opindex_cuda.sort_and_segment
+    monkeypatch.setattr(opindex_cuda, "sort_and_segment", lambda keys, *a: groups.append(len(a[2])) or real(keys, *a))
+    monkeypatch.setattr(opindex_cuda, "SORT_BYTES_PER_KEY", 1 << 40)
+    alive[[0, 3, 7]] = 0
+    e, p = matcher.match(batch, truth, alive)
+    assert (e.tolist(), p.tolist()) == cpu_pairs(seg, batch, truth, alive, dnf_limit=2)
+    assert len(groups) > 3 and set(groups) == {1}
+    with pytest.raises(ValueError, match="counting must be one of 'atomic', 'sort'"):
+        cuda_matcher(seg, counting="radix")
+
+
+def test_sort_and_segment_counts_runs_and_collapses_clauses():
+    """The glue alone: keys of two items over counters of widths 3 (+2
+    clause slots); a counter is satisfied when its run is as long as its
+    initial value, a clause's repeated keys count once, -1 keys are
+    dropped."""
+    from gpu_kernels.opindex_cuda import sort_and_segment
+    dev = cuda_support.to_device
+    counter_width, stride = 3, 5
+    part_counter_start = np.array([0, 3, 6], np.int64)
+    part_slot_start = np.array([0, 2, 4], np.int32)
+    slot_counter = np.array([1, 1, 3, 5], np.int32)       # clause slots -> global counters
+    counter_init = np.array([2, 2, 1, 1, 3, 2], np.int32)
+    item_part = np.array([0, 1], np.int32)
+    keys = np.array([-1, 0, 0, 1, 3, 3, 4,                # item 0: counter 0 twice, counter 1 once, clause 0 x2, 1
+                     5 + 0, 5 + 3, 5 + 4, 5 + 4, 5 + 2, -1], np.int64)  # item 1: counter 3 once, clauses 2 and 3
+    items, counters = sort_and_segment(dev(keys), stride, counter_width, dev(item_part), dev(part_counter_start),
+                                       dev(part_slot_start), dev(slot_counter), dev(counter_init))
+    # item 0: counter 0 (2 of 2), counter 1 (1 direct + clause 0 + clause 1 = 3 > 2: not exactly -> no)
+    # item 1: counter 3 (1 of 1), counter 5 (local 2 direct + clause 3 -> 2 of 2); clause 2 -> counter 3 again (2 != 1)
+    got = sorted(zip(host(items).tolist(), host(counters).tolist()))
+    assert got == [(0, 0), (1, 5)]
+
+
 # ============================================================ differential
 @settings(max_examples=8, **HYPOTHESIS)
 @given(exprs=st.lists(strategies.expressions(max_leaves=6, with_not_matches=True), min_size=1, max_size=8),
@@ -139,7 +193,7 @@ def test_opindex_cuda_agrees_with_cpu_reference_and_duckdb(exprs, events, data):
     assert [m.tolist() for m in on_cuda.match_batch(table)] == expected
     seg = on_cuda._main
     # OpIndex-BS, the CNF and always-checked routes, collisions in 2-bit signatures
-    build = data.draw(st.sampled_from([{"variant": "bs"}, {"dnf_limit": 2},
+    build = data.draw(st.sampled_from([{"variant": "bs"}, {"dnf_limit": 2}, {"dnf_limit": 2, "counting": "sort"},
                                        {"segments": 1, "signature_bits": 2, "operand_ranks": False}]))
     assert run_matcher(cuda_matcher(seg, schema=on_cuda.schema, launch=TINY, **build), on_cuda, events) == expected
     removed = data.draw(st.sets(st.integers(0, len(exprs) - 1), max_size=len(exprs) - 1))
@@ -251,13 +305,14 @@ class TestFullSize:
         from engine.workloads import standard
         workload = standard(name, scale=scale, n_events=3000)
         results = {}
-        for backend in ("cpu", "cuda"):
-            index = Index(algorithm="opindex", backend=backend)
+        for backend, options in (("cpu", {}), ("cuda", {}), ("cuda-sort", {"counting": "sort"})):
+            index = Index(algorithm="opindex", backend=backend.split("-")[0], options=options)
             index.add_many(workload.subscriptions)
             index.merge()
             results[backend] = index.match_batch(workload.events, output="arrow")
         assert results["cpu"].num_rows > 0
         assert results["cuda"].equals(results["cpu"])
+        assert results["cuda-sort"].equals(results["cpu"])
 
     def test_random_expressions_in_chunks(self):
         rng = np.random.default_rng(12)
@@ -273,4 +328,6 @@ class TestFullSize:
         assert len(want[0]) > n_events
         for budget in (None, 4 << 20, 1 << 20):
             e, p = cuda_matcher(seg, device_memory=budget).match(batch, truth, alive)
+            assert (e.tolist(), p.tolist()) == want
+            e, p = cuda_matcher(seg, device_memory=budget, counting="sort").match(batch, truth, alive)
             assert (e.tolist(), p.tolist()) == want

@@ -26,6 +26,11 @@ Device memory per call: the global counter and clause-bit scratch of the
 resident blocks (``blocks × widest large partition × 4`` bytes), and per
 event of a chunk its bit row (``n_subs / 8`` bytes), compaction counts and offsets,
 and 16 bytes per attribute entry for its work item.
+
+With ``counting="sort"`` the chunk's items are counted by a scans-only
+pass, then emitted, sorted and segmented in groups whose keys take at most
+the room left for results (``SORT_BYTES_PER_KEY`` bytes a key); the
+always-checked items still run their programs in the atomic kernel.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from engine.algorithms.scan_cuda import ChunkedCudaMatcher, check_program_depths
 from engine.backend import resolve_backend
 from gpu_kernels import cuda_support
 from gpu_kernels.compaction import n_tiles_for
-from gpu_kernels.opindex_cuda import opindex_kernel_cuda
+from gpu_kernels.opindex_cuda import finish_cuda, opindex_kernel_cuda, sort_and_segment
 from gpu_kernels.scan import cuda_stack_depth
 
 #: device bytes per attribute entry for its work item (event int64, partition int32, the gather's temporaries)
@@ -51,6 +56,13 @@ GPU_THREADS = 256
 #: a partition's counters and clause bits go to shared memory when they fit
 #: this many bytes (48 KiB per block without an opt-in, less the kernel's static 4 KiB)
 SHARED_MEMORY = 40 << 10
+#: counting strategies (gpu_kernels.opindex_cuda): atomic decrements, or sort-and-segment
+COUNTINGS = ("atomic", "sort")
+#: device bytes per key of sort-and-segment counting: the key, the sort's
+#: output and temporaries, the run starts and lengths
+SORT_BYTES_PER_KEY = 48
+#: most keys sorted at once: CuPy's boolean-mask indexing counts in 32-bit integers
+MAX_SORT_KEYS = 1 << 30
 
 #: the host matcher's arrays copied to the device, by the dtype the kernel reads
 _INDEX_ARRAYS = ("pivot_of_attr", "part_counter_start", "part_slot_start", "list_shift", "list_bucket_base",
@@ -67,7 +79,10 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
     (``variant="bs"`` is OpIndex-BS) plus ``launch`` (a
     :class:`~gpu_kernels.cuda_support.LaunchConfig`: its block's thread
     count is the kernel's block, a power of two; its ``max_grid[0]`` caps
-    the blocks) and ``device_memory`` (bytes one match call may use)."""
+    the blocks), ``device_memory`` (bytes one match call may use),
+    ``shared_memory`` (see the module docstring) and ``counting``:
+    ``"atomic"`` (the default; BENCHMARKS.md has the measurement that
+    chose it) or ``"sort"`` (sort-and-segment, same results)."""
 
     name = "opindex"
     check_expression = staticmethod(check_expression)
@@ -75,7 +90,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
     def __init__(self, segment, backend: str = "cuda", *, schema=None, event_log=None, dnf_limit: int | None = None,
                  segments: int = DEFAULT_SEGMENTS, signature_bits: int = DEFAULT_SIGNATURE_BITS,
                  variant: str | None = None, operand_ranks: bool | None = None, launch=None,
-                 device_memory: int | None = None, shared_memory: int = SHARED_MEMORY):
+                 device_memory: int | None = None, shared_memory: int = SHARED_MEMORY, counting: str = "atomic"):
         if backend != "cuda":
             raise ValueError(f"OpIndexCudaMatcher runs on backend 'cuda', not {backend!r}")
         resolve_backend("cuda")    # BackendUnavailable naming what is missing
@@ -83,6 +98,8 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             raise ValueError(f"device_memory must be a positive number of bytes, not {device_memory!r}")
         if shared_memory < 0:
             raise ValueError(f"shared_memory must be a number of bytes >= 0, not {shared_memory!r}")
+        if counting not in COUNTINGS:
+            raise ValueError(f"counting must be one of {', '.join(map(repr, COUNTINGS))}, not {counting!r}")
         host = OpIndexMatcher(segment, "cpu", schema=schema, event_log=event_log, dnf_limit=dnf_limit,
                               segments=segments, signature_bits=signature_bits, variant=variant,
                               operand_ranks=operand_ranks)
@@ -96,6 +113,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
                              f"not {self.threads}")
         self.device_memory = device_memory
         self.shared_memory = int(shared_memory)
+        self.counting = counting
         self._attach(host)
 
     def _attach(self, host: OpIndexMatcher) -> None:
@@ -145,6 +163,11 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         self.layouts = {True: (int(n_counters[in_shared].max(initial=0)), int(n_slots[in_shared].max(initial=0))),
                         False: (int(n_counters[~in_shared].max(initial=0)), int(n_slots[~in_shared].max(initial=0)))}
         self.all_shared = bool(in_shared.all())
+        # sort-and-segment keys: item * key_stride + (counter, or counter_width + clause slot)
+        widest_counters = int(n_counters.max(initial=0))
+        self.sort_widths = (widest_counters, max(widest_counters + int(n_slots.max(initial=0)), 1))
+        self._dummy = dev(np.zeros(1, np.int64))
+        self._dummy_i32 = dev(np.zeros(1, np.int32))
         self.d["part_in_shared"] = dev(in_shared, np.bool_)
         self._uploaded_from = source
 
@@ -193,44 +216,104 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             item_part = xp.concatenate((item_part, xp.full(n_rows, -1, dtype=np.int32)))
         return item_event, item_part
 
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int):
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
+                     col_dtype=np.int64):
         xp = cuda_support.array_module()
-        d, host = self.d, self.host
         n_rows = stop - start
         ev_offsets, ev_attr, ev_value, ev_token, event_start = self._chunk_events(batch, events_d, offsets,
                                                                                   start, stop)
         if event_start:      # a device batch in place: this chunk's offsets, events renumbered from 0
             ev_offsets = ev_offsets[event_start:stop + 1]
-        item_event, item_part = self._work_items(ev_offsets, ev_attr, n_rows)
-        bits = xp.zeros((n_rows, -(-len(self.segment) // 64)), dtype=np.uint64)
-        if item_event.shape[0] and not self.all_shared:     # items of large partitions: counters in global memory
+        events = (ev_offsets, ev_attr, ev_value, ev_token, truth_d, alive_d)
+        with self.phases("work items"):
+            item_event, item_part = self._work_items(ev_offsets, ev_attr, n_rows)
+            bits = xp.zeros((n_rows, -(-len(self.segment) // 64)), dtype=np.uint64)
+        with self.phases("counting"):
+            if self.counting == "sort":
+                always = item_part < 0
+                if self.n_always:
+                    self._count_atomic(item_event[always], item_part[always], events, bits)
+                self._count_sorted(item_event[~always], item_part[~always], events, bits, result_room)
+            else:
+                self._count_atomic(item_event, item_part, events, bits)
+        del item_event, item_part
+        yield from self._compact(bits, n_rows, start, result_room, col_dtype)
+
+    def _launch(self, mode: str, in_shared: bool, events, parts, chunk_events, bits, n_blocks: int,
+                scratch, counter_width: int, block_width: int, sorting=None):
+        """One launch of the OpIndex kernel over items (``events``, ``parts``)."""
+        d, host = self.d, self.host
+        ev_offsets, ev_attr, ev_value, ev_token, truth_d, alive_d = chunk_events
+        item_hits, item_first, keys, key_stride = sorting or (self._dummy, self._dummy, self._dummy, 0)
+        opindex_kernel_cuda(
+            n_blocks, self.threads, self.stack_depth, 4 * block_width if in_shared and mode == "atomic" else 0,
+            np.int64(events.shape[0]), events, parts, ev_offsets, ev_attr, ev_value, ev_token, truth_d,
+            np.int64(host.n_attrs), d["part_counter_start"], d["part_slot_start"],
+            d["list_shift"], d["list_bucket_base"], d["list_side_base"], d["bucket_run_start"], d["bucket_sig"],
+            np.int64(host.signature_bits), host.variant == "full",
+            d["run_attr"], d["run_start"], d["ent_val"], d["vals"], host.use_rank, d["ent_target"],
+            d["side_pid"], d["side_hi"],
+            d["counter_init"], d["counter_sub"], d["counter_post_start"], d["post_attr"], d["slot_counter"],
+            d["x_op"], d["x_lo"], d["x_hi"], d["x_set_start"], d["x_set_stop"], d["set_values"], d["x_aux"],
+            d["always_pos"], d["prog_offsets"], d["prog_kind"], d["prog_arg"],
+            d["p_attr"], d["p_op"], d["p_lo"], d["p_hi"], d["p_set_offsets"], d["p_set_values"], d["p_aux"],
+            alive_d, scratch, np.int64(counter_width), np.int64(block_width), in_shared, bits,
+            item_hits, item_first, keys, np.int64(key_stride), mode=mode)
+
+    def _count_atomic(self, item_event, item_part, chunk_events, bits) -> None:
+        """Counting with atomic decrements; items of partitions whose
+        counters fit shared memory and the others in separate launches."""
+        xp = cuda_support.array_module()
+        if not item_event.shape[0]:
+            return
+        if not self.all_shared:     # items of large partitions: counters in global memory
             shared = self.d["part_in_shared"][xp.maximum(item_part, 0)] | (item_part < 0)
             groups = [(True, xp.flatnonzero(shared)), (False, xp.flatnonzero(~shared))]
             groups = [(mode, item_event[k], item_part[k]) for mode, k in groups if k.shape[0]]
         else:
-            groups = [(True, item_event, item_part)] if item_event.shape[0] else []
+            groups = [(True, item_event, item_part)]
         for in_shared, events, parts in groups:
-            n_items = int(events.shape[0])
             counter_width, slot_width = self.layouts[in_shared]
             block_width = counter_width + slot_width
-            n_blocks = min(self._blocks(), n_items)
+            n_blocks = min(self._blocks(), int(events.shape[0]))
             scratch = xp.empty(1 if in_shared else n_blocks * max(block_width, 1), dtype=np.int32)
-            opindex_kernel_cuda(
-                n_blocks, self.threads, self.stack_depth, 4 * block_width if in_shared else 0,
-                np.int64(n_items), events, parts, ev_offsets, ev_attr, ev_value, ev_token, truth_d,
-                np.int64(host.n_attrs), d["part_counter_start"], d["part_slot_start"],
-                d["list_shift"], d["list_bucket_base"], d["list_side_base"], d["bucket_run_start"], d["bucket_sig"],
-                np.int64(host.signature_bits), host.variant == "full",
-                d["run_attr"], d["run_start"], d["ent_val"], d["vals"], host.use_rank, d["ent_target"],
-                d["side_pid"], d["side_hi"],
-                d["counter_init"], d["counter_sub"], d["counter_post_start"], d["post_attr"], d["slot_counter"],
-                d["x_op"], d["x_lo"], d["x_hi"], d["x_set_start"], d["x_set_stop"], d["set_values"], d["x_aux"],
-                d["always_pos"], d["prog_offsets"], d["prog_kind"], d["prog_arg"],
-                d["p_attr"], d["p_op"], d["p_lo"], d["p_hi"], d["p_set_offsets"], d["p_set_values"], d["p_aux"],
-                alive_d, scratch, np.int64(counter_width), np.int64(block_width), in_shared, bits)
-            del scratch
-        del item_event, item_part, groups
-        yield from self._compact(bits, n_rows, start, result_room)
+            self._launch("atomic", in_shared, events, parts, chunk_events, bits, n_blocks, scratch,
+                         counter_width, block_width)
+
+    def _count_sorted(self, item_event, item_part, chunk_events, bits, room: int) -> None:
+        """Sort-and-segment counting: the ``count`` pass sizes each item's
+        keys, then groups of items whose keys (and the sort's copies) fit
+        ``room`` bytes are emitted, sorted and segmented in turn."""
+        xp = cuda_support.array_module()
+        n_items = int(item_event.shape[0])
+        if not n_items:
+            return
+        d = self.d
+        n_blocks = min(self._blocks(), n_items)
+        item_hits = xp.zeros(n_items, dtype=np.int64)
+        self._launch("count", True, item_event, item_part, chunk_events, bits, n_blocks, self._dummy_i32, 0, 0,
+                     (item_hits, self._dummy, self._dummy, 0))
+        item_first = cuda_support.exclusive_cumsum(item_hits)
+        ends = cuda_support.to_host(item_first)
+        per_group = max(1, min(room // SORT_BYTES_PER_KEY, MAX_SORT_KEYS))
+        counter_width, key_stride = self.sort_widths
+        ev_offsets, ev_attr = chunk_events[0], chunk_events[1]
+        lo = 0
+        while lo < n_items:
+            hi = min(max(int(np.searchsorted(ends, ends[lo] + per_group, side="right")) - 1, lo + 1), n_items)
+            events, parts = item_event[lo:hi], item_part[lo:hi]
+            keys = xp.empty(max(int(ends[hi] - ends[lo]), 1), dtype=np.int64)
+            keys[:] = -1
+            first = item_first[lo:hi] - int(ends[lo])
+            self._launch("emit", True, events, parts, chunk_events, bits, min(n_blocks, hi - lo), self._dummy_i32,
+                         counter_width, 0, (self._dummy, first, keys, key_stride))
+            sat_item, sat_counter = sort_and_segment(keys, key_stride, counter_width, parts,
+                                                     d["part_counter_start"], d["part_slot_start"],
+                                                     d["slot_counter"], d["counter_init"])
+            del keys
+            finish_cuda(events[sat_item], sat_counter, ev_offsets, ev_attr, d["counter_post_start"], d["post_attr"],
+                        d["counter_sub"], chunk_events[5], bits, launch=self.launch)
+            lo = hi
 
     def __repr__(self) -> str:
         return repr(self.host).replace("OpIndexMatcher", type(self).__name__, 1)

@@ -30,7 +30,7 @@ import numpy as np
 from engine.backend import DeviceMemoryError, cuda_simulated, device_memory_budget, resolve_backend
 from engine.compile import PATTERN_CODES, Segment, program_depths
 from engine.errors import ExpressionTooLarge
-from gpu_kernels import cuda_support
+from gpu_kernels import cuda_support, transfer
 from gpu_kernels import scan as scan_kernels
 from gpu_kernels.compaction import fill_rows_cuda, hit_offsets_cuda, n_tiles_for
 
@@ -179,6 +179,11 @@ class ChunkedCudaMatcher:
     of a chunk costs (:meth:`_event_bytes`), what a call holds besides
     (:meth:`_fixed_bytes`), and matches one chunk (:meth:`_match_chunk`)."""
 
+    #: :meth:`match` takes ``ids`` (the Index passes its subscription ids)
+    maps_ids = True
+    #: per-phase device times when a benchmark sets an enabled
+    #: :class:`~gpu_kernels.cuda_support.PhaseTimer` here (off by default: it synchronises)
+    phases = cuda_support.PhaseTimer(enabled=False)
     segment: Segment
     launch: cuda_support.LaunchConfig
     device_memory: int | None
@@ -196,18 +201,24 @@ class ChunkedCudaMatcher:
         """Device scratch bytes a match call holds whatever the chunk size."""
         return 0
 
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int):
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
+                     col_dtype=np.int64):
+        """Match events ``[start, stop)``; yields :meth:`_compact`'s pieces."""
         raise NotImplementedError
 
-    def match(self, batch, pattern_truth, alive, *, output: str = "numpy"):
+    def match(self, batch, pattern_truth, alive, *, output: str = "numpy", ids=None):
         """(event index, subscription position) pairs, ascending by event
         then position -- NumPy int64 arrays, or device arrays (CuPy; NumPy
         under the simulator) with ``output="device"``.  The batch's arrays
-        may be host arrays or already on the device."""
+        may be host arrays or already on the device.  With ``ids`` (int64,
+        one per subscription position; host or device) the second array
+        holds ``ids[position]`` instead, mapped on the way back."""
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {output!r}")
         seg = self.segment
         n_subs = len(seg)
+        if ids is not None and (getattr(ids, "shape", None) != (n_subs,) or np.dtype(ids.dtype) != np.int64):
+            raise ValueError(f"ids must be an int64 array of the segment's {n_subs} subscription ids")
         offsets = check_batch(batch, pattern_truth, alive, n_subs, self._n_patterns)
         n_events = len(offsets) - 1
         if n_subs == 0 or n_events == 0:
@@ -256,6 +267,9 @@ class ChunkedCudaMatcher:
                 f"alive flags and the matcher's scratch. Free device memory, raise device_memory, or shard the "
                 f"subscriptions over several indexes")
 
+        # positions travel to the host as int32 when they fit (see gpu_kernels.transfer)
+        col_dtype = np.int64 if output == "device" or n_subs > np.iinfo(np.int32).max else np.int32
+        host_ids = None if ids is None or output == "device" else cuda_support.to_host(ids)
         results_row, results_col = [], []
         held = 0
         start = 0
@@ -267,20 +281,30 @@ class ChunkedCudaMatcher:
                     f"budget for event {start}; use output='numpy' (results copied back chunk by chunk)")
             stop = plan_chunk(cost, start, free)
             pieces = self._match_chunk(batch, events_d, offsets, start, stop, truth_d, alive_d,
-                                       free + reserve - int(cost[stop] - cost[start]))
-            for rows, cols in pieces:
+                                       free + reserve - int(cost[stop] - cost[start]), col_dtype)
+            for first_row, row_ends, rows, cols in pieces:
                 if output == "device":
                     held += PAIR_BYTES * int(rows.shape[0])
                     results_row.append(rows)
                     results_col.append(cols)
-                else:
-                    results_row.append(cuda_support.to_host(rows))
-                    results_col.append(cuda_support.to_host(cols))
+                else:       # rows rebuilt from the per-event counts; positions through pinned staging
+                    with self.phases("copy-back"):
+                        n_pairs = int(row_ends[-1])
+                        host_rows = np.empty(n_pairs, np.int64)
+                        transfer.expand_rows(row_ends, np.int64(first_row), host_rows)
+                        host_cols = np.empty(n_pairs, np.int64)
+                        transfer.positions_to_host(cols, host_cols, host_ids)
+                    results_row.append(host_rows)
+                    results_col.append(host_cols)
             start = stop
         if not results_row:
             return _empty_result(output)
         xp = cuda_support.array_module() if output == "device" else np
-        return xp.concatenate(results_row), xp.concatenate(results_col)
+        rows, cols = (results_row[0], results_col[0]) if len(results_row) == 1 else \
+            (xp.concatenate(results_row), xp.concatenate(results_col))
+        if output == "device" and ids is not None:
+            cols = cuda_support.as_device(ids)[cols]
+        return rows, cols
 
     def _item_bytes(self) -> int:
         """Device scratch bytes per attribute entry besides the entry itself."""
@@ -291,26 +315,33 @@ class ChunkedCudaMatcher:
         first event) -- a host batch's slice, or the device batch in place."""
         if events_d is None:
             a, b = int(offsets[start]), int(offsets[stop])
-            return (cuda_support.to_device(offsets[start:stop + 1] - a), cuda_support.to_device(batch.attr[a:b]),
-                    cuda_support.to_device(batch.value[a:b]), cuda_support.to_device(batch.token[a:b]), 0)
+            with self.phases("events-in"):
+                return (cuda_support.to_device(offsets[start:stop + 1] - a), cuda_support.to_device(batch.attr[a:b]),
+                        cuda_support.to_device(batch.value[a:b]), cuda_support.to_device(batch.token[a:b]), 0)
         return (*events_d, start)
 
-    def _compact(self, hits, n_rows: int, start: int, result_room: int):
-        """Pairs of the chunk's hit matrix (bytes or bit words), split so
-        that each piece's results fit ``result_room`` bytes."""
-        hit_offsets, n_tiles = hit_offsets_cuda(hits, n_rows, launch=self.launch)
-        total = int(hit_offsets[-1])
+    def _compact(self, hits, n_rows: int, start: int, result_room: int, col_dtype=np.int64):
+        """Pieces of the chunk's hit matrix (bytes or bit words), split so
+        that each piece's results fit ``result_room`` bytes: (first event
+        index, the piece's row ends on the host -- ascending from 0, one
+        more than its rows --, event indices, positions as ``col_dtype``)."""
+        with self.phases("compaction"):
+            hit_offsets, n_tiles = hit_offsets_cuda(hits, n_rows, launch=self.launch)
+            row_ends = cuda_support.to_host(hit_offsets[::n_tiles])
+        total = int(row_ends[-1])
         if PAIR_BYTES * total <= result_room:
             bounds = [0, n_rows]
         else:   # too many results for the room left: fill (and hand back) a few rows at a time
-            row_ends = cuda_support.to_host(hit_offsets[::n_tiles])
             bounds = [0]
             while bounds[-1] < n_rows:
                 first = bounds[-1]
                 limit = row_ends[first] + result_room // PAIR_BYTES
                 bounds.append(min(max(int(np.searchsorted(row_ends, limit, side="right")) - 1, first + 1), n_rows))
         for first, last in zip(bounds[:-1], bounds[1:]):
-            yield fill_rows_cuda(hits, first, last, start, hit_offsets, n_tiles, launch=self.launch)
+            with self.phases("compaction"):
+                rows, cols = fill_rows_cuda(hits, first, last, start, hit_offsets, n_tiles, launch=self.launch,
+                                            col_dtype=col_dtype)
+            yield start + first, row_ends[first:last + 1] - row_ends[first], rows, cols
 
 
 class ScanCudaMatcher(ChunkedCudaMatcher):
@@ -360,20 +391,21 @@ class ScanCudaMatcher(ChunkedCudaMatcher):
         n_tiles = n_tiles_for(n_subs, self.launch)
         return n_subs + 16 * n_tiles, f"a hit row of {n_subs} bytes, {16 * n_tiles} for compaction"
 
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int):
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
+                     col_dtype=np.int64):
         """Scan, count, scan-offsets and fill one chunk of events; yields
-        (event index, position) device arrays, split so that each piece's
-        results fit ``result_room`` bytes."""
+        :meth:`_compact`'s pieces, each one's results fitting ``result_room`` bytes."""
         xp = cuda_support.array_module()
         dev, seg = self.device, self.segment
         n_rows = stop - start
         ev_offsets, ev_attr, ev_value, ev_token, event_start = self._chunk_events(batch, events_d, offsets,
                                                                                   start, stop)
         hits = xp.empty((n_rows, len(seg)), dtype=np.uint8)
-        scan_kernels.scan_kernel_cuda(event_start, n_rows, ev_offsets, ev_attr, ev_value, ev_token,
-                                      dev.prog_offsets, dev.prog_kind, dev.prog_arg, alive_d,
-                                      dev.pred_attr, dev.pred_op, dev.pred_lo, dev.pred_hi, dev.set_offsets,
-                                      dev.set_values, dev.pred_aux, truth_d, seg.max_depth, hits,
-                                      launch=self.launch)
+        with self.phases("scan kernel"):
+            scan_kernels.scan_kernel_cuda(event_start, n_rows, ev_offsets, ev_attr, ev_value, ev_token,
+                                          dev.prog_offsets, dev.prog_kind, dev.prog_arg, alive_d,
+                                          dev.pred_attr, dev.pred_op, dev.pred_lo, dev.pred_hi, dev.set_offsets,
+                                          dev.set_values, dev.pred_aux, truth_d, seg.max_depth, hits,
+                                          launch=self.launch)
         del ev_offsets, ev_attr, ev_value, ev_token
-        yield from self._compact(hits, n_rows, start, result_room)
+        yield from self._compact(hits, n_rows, start, result_room, col_dtype)
