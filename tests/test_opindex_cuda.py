@@ -98,24 +98,17 @@ def test_opindex_kernel_matches_cpu_twin_on_every_route(launch, builds):
 
 def test_counters_in_shared_or_global_memory_give_the_same_pairs():
     """Partitions whose counters fit shared memory, partitions that do not
-    (counters in the global scratch: a launch of their own), the mix, and
-    several shared-memory classes (a launch per class)."""
+    (counters in the global scratch: a second launch), and the mix."""
     seg, batch, truth = compiled()
     alive = np.ones(len(seg), np.uint8)
     want = cpu_pairs(seg, batch, truth, alive, dnf_limit=2)
-    for limit, classes, globals_ in ((0, (), "all"), (16, (), "some"), (64, (8, 12, 16), "none"),
-                                     (1 << 10, (8,), "none")):
-        matcher = cuda_matcher(seg, dnf_limit=2, shared_memory=limit, shared_classes=classes)
+    for limit in (0, 16):
+        matcher = cuda_matcher(seg, dnf_limit=2, shared_memory=limit)
         n_parts = len(matcher.host.part_counter_start) - 1
-        part_class = host(matcher.d["part_class"])[:n_parts]
-        n_global = int((part_class == len(matcher.scratch_classes) - 1).sum())
-        assert {"all": n_global == n_parts, "some": 0 < n_global < n_parts, "none": n_global == 0}[globals_]
-        if classes:      # partitions in two or more shared-memory classes, each launched apart
-            assert len(set(part_class.tolist()) - {len(matcher.scratch_classes) - 1}) >= 2
+        in_shared = int(host(matcher.d["part_in_shared"])[:n_parts].sum())
+        assert (in_shared == 0) if limit == 0 else (0 < in_shared < n_parts)
         e, p = matcher.match(batch, truth, alive)
         assert (e.tolist(), p.tolist()) == want, limit
-    with pytest.raises(ValueError, match="shared_classes must be byte counts > 0"):
-        cuda_matcher(seg, shared_classes=(0,))
 
 
 def test_opindex_cuda_runs_every_route_of_the_paper_example():

@@ -21,10 +21,7 @@ per chunk:
 
 Counters live in shared memory for partitions whose counters and clause
 bits fit ``shared_memory`` bytes (40 KiB by default), in a global scratch
-otherwise.  Items are launched per *scratch class* -- partitions up to
-8 KiB, up to 16 KiB (``shared_classes``), up to ``shared_memory``, larger
--- each launch's blocks taking the shared memory its widest partition needs,
-so the many small partitions are not given blocks sized for the largest.
+otherwise (then the items of the two kinds are launched separately).
 Device memory per call: the global counter and clause-bit scratch of the
 resident blocks (``blocks × widest large partition × 4`` bytes), and per
 event of a chunk its bit row (``n_subs / 8`` bytes), compaction counts and offsets,
@@ -59,10 +56,6 @@ GPU_THREADS = 256
 #: a partition's counters and clause bits go to shared memory when they fit
 #: this many bytes (48 KiB per block without an opt-in, less the kernel's static 4 KiB)
 SHARED_MEMORY = 40 << 10
-#: smaller shared-memory classes: a block's dynamic shared memory is sized to
-#: the widest partition of its launch, so partitions of a few KiB are launched
-#: apart from those of tens of KiB (more resident blocks per SM for them)
-SHARED_CLASSES = (8 << 10, 16 << 10)
 #: counting strategies (gpu_kernels.opindex_cuda): atomic decrements, or sort-and-segment
 COUNTINGS = ("atomic", "sort")
 #: device bytes per key of sort-and-segment counting: the key, the sort's
@@ -87,8 +80,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
     :class:`~gpu_kernels.cuda_support.LaunchConfig`: its block's thread
     count is the kernel's block, a power of two; its ``max_grid[0]`` caps
     the blocks), ``device_memory`` (bytes one match call may use),
-    ``shared_memory`` and ``shared_classes`` (see the module docstring) and
-    ``counting``:
+    ``shared_memory`` (see the module docstring) and ``counting``:
     ``"atomic"`` (the default; BENCHMARKS.md has the measurement that
     chose it) or ``"sort"`` (sort-and-segment, same results)."""
 
@@ -98,8 +90,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
     def __init__(self, segment, backend: str = "cuda", *, schema=None, event_log=None, dnf_limit: int | None = None,
                  segments: int = DEFAULT_SEGMENTS, signature_bits: int = DEFAULT_SIGNATURE_BITS,
                  variant: str | None = None, operand_ranks: bool | None = None, launch=None,
-                 device_memory: int | None = None, shared_memory: int = SHARED_MEMORY,
-                 shared_classes: tuple = SHARED_CLASSES, counting: str = "atomic"):
+                 device_memory: int | None = None, shared_memory: int = SHARED_MEMORY, counting: str = "atomic"):
         if backend != "cuda":
             raise ValueError(f"OpIndexCudaMatcher runs on backend 'cuda', not {backend!r}")
         resolve_backend("cuda")    # BackendUnavailable naming what is missing
@@ -107,8 +98,6 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             raise ValueError(f"device_memory must be a positive number of bytes, not {device_memory!r}")
         if shared_memory < 0:
             raise ValueError(f"shared_memory must be a number of bytes >= 0, not {shared_memory!r}")
-        if any(not isinstance(limit, (int, np.integer)) or limit <= 0 for limit in shared_classes):
-            raise ValueError(f"shared_classes must be byte counts > 0, not {shared_classes!r}")
         if counting not in COUNTINGS:
             raise ValueError(f"counting must be one of {', '.join(map(repr, COUNTINGS))}, not {counting!r}")
         host = OpIndexMatcher(segment, "cpu", schema=schema, event_log=event_log, dnf_limit=dnf_limit,
@@ -124,7 +113,6 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
                              f"not {self.threads}")
         self.device_memory = device_memory
         self.shared_memory = int(shared_memory)
-        self.shared_classes = tuple(int(limit) for limit in shared_classes)
         self.counting = counting
         self._attach(host)
 
@@ -167,24 +155,20 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         self.n_always = len(host.always_pos)
         # the always-checked programs run on a per-thread stack (only they need one)
         self.stack_depth = check_program_depths(seg) if self.n_always else cuda_stack_depth(1)
-        # scratch classes: partitions whose counters and clause bits fit each
-        # shared-memory class limit (a launch per class, sized to its widest
-        # partition), and the rest in global memory (the last class)
+        # partitions whose counters and clause bits fit shared memory, and the
+        # widths of the two scratch layouts (shared; global, per block)
         n_counters = np.diff(host.part_counter_start)
         n_slots = np.diff(host.part_slot_start)
-        limits = [int(limit) for limit in sorted(self.shared_classes) if limit < self.shared_memory]
-        limits.append(self.shared_memory)
-        part_class = np.searchsorted(np.array(limits), 4 * (n_counters + n_slots), side="left")
-        self.scratch_classes = [(c < len(limits), int(n_counters[part_class == c].max(initial=0)),
-                                 int(n_slots[part_class == c].max(initial=0))) for c in range(len(limits) + 1)]
-        in_shared = part_class < len(limits)
+        in_shared = 4 * (n_counters + n_slots) <= self.shared_memory
+        self.layouts = {True: (int(n_counters[in_shared].max(initial=0)), int(n_slots[in_shared].max(initial=0))),
+                        False: (int(n_counters[~in_shared].max(initial=0)), int(n_slots[~in_shared].max(initial=0)))}
         self.all_shared = bool(in_shared.all())
-        self.d["part_class"] = dev(part_class, np.int32)
         # sort-and-segment keys: item * key_stride + (counter, or counter_width + clause slot)
         widest_counters = int(n_counters.max(initial=0))
         self.sort_widths = (widest_counters, max(widest_counters + int(n_slots.max(initial=0)), 1))
         self._dummy = dev(np.zeros(1, np.int64))
         self._dummy_i32 = dev(np.zeros(1, np.int32))
+        self.d["part_in_shared"] = dev(in_shared, np.bool_)
         self._uploaded_from = source
 
     @property
@@ -201,7 +185,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         return max(1, min(self.launch.max_grid[0], MAX_BLOCKS))
 
     def _fixed_bytes(self) -> int:
-        return 0 if self.all_shared else self._blocks() * 4 * (sum(self.scratch_classes[-1][1:]) or 1)
+        return 0 if self.all_shared else self._blocks() * 4 * (sum(self.layouts[False]) or 1)
 
     def _event_bytes(self) -> tuple[int, str]:
         n_words = -(-len(self.segment) // 64)
@@ -277,30 +261,21 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             item_hits, item_first, keys, np.int64(key_stride), mode=mode)
 
     def _count_atomic(self, item_event, item_part, chunk_events, bits) -> None:
-        """Counting with atomic decrements: one launch per scratch class
-        that has items (the always-checked items need no counters and go
-        with the smallest class)."""
+        """Counting with atomic decrements; items of partitions whose
+        counters fit shared memory and the others in separate launches."""
         xp = cuda_support.array_module()
-        n_items = int(item_event.shape[0])
-        if not n_items:
+        if not item_event.shape[0]:
             return
-        n_classes = len(self.scratch_classes)
-        klass = None
-        if n_classes > 1:
-            klass = xp.where(item_part < 0, 0, self.d["part_class"][xp.maximum(item_part, 0)])
-            sizes = cuda_support.to_host(xp.bincount(klass, minlength=n_classes))
+        if not self.all_shared:     # items of large partitions: counters in global memory
+            shared = self.d["part_in_shared"][xp.maximum(item_part, 0)] | (item_part < 0)
+            groups = [(True, xp.flatnonzero(shared)), (False, xp.flatnonzero(~shared))]
+            groups = [(mode, item_event[k], item_part[k]) for mode, k in groups if k.shape[0]]
         else:
-            sizes = np.array([n_items])
-        for c, (in_shared, counter_width, slot_width) in enumerate(self.scratch_classes):
-            if not sizes[c]:
-                continue
-            if sizes[c] == n_items:
-                events, parts = item_event, item_part
-            else:
-                k = xp.flatnonzero(klass == c)
-                events, parts = item_event[k], item_part[k]
+            groups = [(True, item_event, item_part)]
+        for in_shared, events, parts in groups:
+            counter_width, slot_width = self.layouts[in_shared]
             block_width = counter_width + slot_width
-            n_blocks = min(self._blocks(), int(sizes[c]))
+            n_blocks = min(self._blocks(), int(events.shape[0]))
             scratch = xp.empty(1 if in_shared else n_blocks * max(block_width, 1), dtype=np.int32)
             self._launch("atomic", in_shared, events, parts, chunk_events, bits, n_blocks, scratch,
                          counter_width, block_width)
