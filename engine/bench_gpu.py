@@ -33,12 +33,14 @@ from gpu_kernels import cuda_support
 ALGORITHMS = ("scan", "opindex")
 
 
-def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting: bool = True) -> dict:
+def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting: bool = True,
+               block_sizes=()) -> dict:
     """Median seconds of one batch on cuda from host arrays (events copied
     in, results copied out) and from device arrays (neither), and the share
     of the first spent in the copies.  With ``counting`` (opindex), the
     device-resident batch again with sort-and-segment counting instead of
-    atomic decrements (results checked equal)."""
+    atomic decrements (results checked equal), and at each of
+    ``block_sizes`` threads per block instead of the per-chunk choice."""
     index = Index(algorithm=algorithm, backend="cuda")
     index.add_many(workload.subscriptions)
     index.merge()
@@ -82,6 +84,19 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
         sorted_s = timed(lambda: sorter.match(device_batch, device_truth, device_alive, output="device"))
         row.update(sort_counting_s=sorted_s, atomic_over_sort=sorted_s / on_device if on_device else None,
                    sort_agrees=all(np.array_equal(a, b) for a, b in zip(same, got)))
+    if block_sizes and hasattr(matcher, "thread_range"):
+        want = [cuda_support.to_host(a) for a in matcher.match(device_batch, device_truth, device_alive,
+                                                               output="device")]
+        row["block_sizes"] = {}
+        for threads in block_sizes:
+            fixed = copy.copy(matcher)       # the same device index, one block size for every chunk
+            fixed.thread_range = (threads, threads)
+            got = [cuda_support.to_host(a) for a in fixed.match(device_batch, device_truth, device_alive,
+                                                                output="device")]
+            if not all(np.array_equal(a, b) for a, b in zip(want, got)):
+                raise AssertionError(f"{workload.name}: {threads} threads a block changed the results")
+            row["block_sizes"][threads] = timed(lambda: fixed.match(device_batch, device_truth, device_alive,
+                                                                    output="device"))
     return row
 
 
@@ -123,6 +138,9 @@ def main(argv=None) -> int:
                         help="time the cpu rows on the first N events only (default: all)")
     parser.add_argument("--cpu-threads", type=int, default=2, help="numba threads for the cpu rows (default 2)")
     parser.add_argument("--no-copy-share", action="store_true", help="skip the host<->device copy measurement")
+    parser.add_argument("--block-sizes", default="",
+                        help="comma-separated threads per block to time opindex's device-resident batch at "
+                             "(e.g. 128,256,512; default: none)")
     parser.add_argument("--no-counting", action="store_true",
                         help="skip timing opindex's sort-and-segment counting against its atomic counting")
     parser.add_argument("--repeats", type=int, default=3)
@@ -136,6 +154,10 @@ def main(argv=None) -> int:
     from engine.workloads import standard
 
     algorithms = args.algorithm or list(ALGORITHMS)
+    try:
+        block_sizes = [int(t) for t in args.block_sizes.split(",") if t.strip()]
+    except ValueError:
+        parser.error(f"--block-sizes takes comma-separated integers, not {args.block_sizes!r}")
     rows, shares = [], []
     all_threads = numba.get_num_threads()
     device = cuda_support.device_name()
@@ -148,7 +170,8 @@ def main(argv=None) -> int:
                                   latency_samples=args.latency_samples, progress=not args.quiet)
         numba.set_num_threads(all_threads)
         if "opindex" in algorithms and not args.no_copy_share:
-            shares.append(copy_share(workload, "opindex", args.repeats, counting=not args.no_counting))
+            shares.append(copy_share(workload, "opindex", args.repeats, counting=not args.no_counting,
+                                     block_sizes=block_sizes))
         print(f"\n== {name} (scale {args.scale:g}) on {device}; cpu rows with {args.cpu_threads} numba threads "
               f"of {all_threads}", flush=True)
         print(format_table([r for r in rows if r["workload"] == workload.name]), flush=True)
@@ -163,6 +186,11 @@ def main(argv=None) -> int:
         print("\n== where the host-array batch's time goes (opindex on cuda; phases synchronised, seconds)")
         for r in shares:
             print(f"{r['workload']}: " + ", ".join(f"{name} {t:.4g}" for name, t in r["phases"].items()))
+        if any(r.get("block_sizes") for r in shares):
+            print("\n== opindex on cuda, device-resident, by threads per block (seconds; 'chosen' = per chunk)")
+            for r in shares:
+                print(f"{r['workload']}: chosen {r['device_io_s']:.4g}, " +
+                      ", ".join(f"{t} {sec:.4g}" for t, sec in r.get("block_sizes", {}).items()))
         if any("sort_counting_s" in r for r in shares):
             print("\n== opindex counting on cuda, device-resident: atomic decrements vs sort-and-segment")
             print(_table(shares, ("workload", "events", "device_io_s", "sort_counting_s", "atomic_over_sort",

@@ -23,7 +23,7 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
 
     monkeypatch.setattr(workloads, "standard", toy)
     rc = bench_gpu.main(["--workload", "W1", "--events", "2", "--cpu-events", "2", "--repeats", "1",
-                         "--latency-samples", "0", "--quiet"])
+                         "--latency-samples", "0", "--block-sizes", "2,8", "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0, out
     ratios = out.split("== cuda / cpu")[1].split("==")[0].splitlines()
@@ -35,3 +35,5 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
     assert header == ["workload", "events", "device_io_s", "sort_counting_s", "atomic_over_sort", "sort_agrees"]
     assert row[0] == "W1-toy" and row[1] == "2" and row[-1] == "True"
     assert float(row[2]) > 0 and float(row[3]) > 0
+    blocks = out.split("by threads per block")[1].splitlines()[1]
+    assert blocks.startswith("W1-toy: chosen ") and ", 2 " in blocks and ", 8 " in blocks

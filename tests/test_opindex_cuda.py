@@ -111,6 +111,37 @@ def test_counters_in_shared_or_global_memory_give_the_same_pairs():
         assert (e.tolist(), p.tolist()) == want, limit
 
 
+def test_block_threads_follow_the_chunk_event_width():
+    """The block size per chunk: enough threads for the 90th-percentile
+    event's units in one round (16 per attribute), within the bounds."""
+    from engine.algorithms.opindex_cuda import GPU_THREADS, block_threads
+    assert block_threads(np.full(100, 15), *GPU_THREADS) == 256        # W1's events
+    assert block_threads(np.full(100, 30), *GPU_THREADS) == 512        # W2's events
+    assert block_threads(np.full(100, 200), *GPU_THREADS) == 512
+    assert block_threads(np.array([1] * 95 + [40] * 5), *GPU_THREADS) == 256
+    assert block_threads(np.zeros(0, np.int64), *GPU_THREADS) == 256
+    assert block_threads(np.full(3, 30), 64, 64) == 64
+
+
+def test_block_size_chosen_per_chunk_gives_the_same_pairs(monkeypatch):
+    """With a (low, high) thread range, a batch of narrow events and one of
+    wide events launch different block sizes -- the CPU's pairs either way."""
+    from engine.algorithms import opindex_cuda
+    sizes = []
+    real = opindex_cuda.opindex_kernel_cuda
+    monkeypatch.setattr(opindex_cuda, "opindex_kernel_cuda", lambda *a, **k: sizes.append(a[1]) or real(*a, **k))
+    for events, threads in (([{"n0": 1}, {"s0": "ab"}], 16), (EVENTS, 32)):   # 1 attribute; p90 of 4
+        seg, batch, truth = compiled(EXPRESSIONS, events)
+        alive = np.ones(len(seg), np.uint8)
+        sizes.clear()
+        e, p = cuda_matcher(seg, dnf_limit=2, threads=(4, 32)).match(batch, truth, alive)
+        assert (e.tolist(), p.tolist()) == cpu_pairs(seg, batch, truth, alive, dnf_limit=2)
+        assert set(sizes) == {threads}
+    for bad in (3, (8, 4), 2048, (1, 4)):
+        with pytest.raises(ValueError, match="power-of-two number of threads per block"):
+            cuda_matcher(seg, threads=bad)
+
+
 def test_opindex_cuda_runs_every_route_of_the_paper_example():
     """The routes are really taken: the segment has plain, DNF, CNF and
     always-checked subscriptions, IS NULL tests and prefix entries."""

@@ -51,8 +51,26 @@ from gpu_kernels.scan import cuda_stack_depth
 ITEM_BYTES = 16
 #: most resident blocks on a real GPU (grid-stride beyond): enough to fill an H100's 132 SMs several times over
 MAX_BLOCKS = 8192
-#: threads per block on a real GPU (a power of two)
-GPU_THREADS = 256
+#: threads per block on a real GPU, chosen per chunk within these bounds by
+#: :func:`block_threads`: on the H200, W1 (15 attributes an event) ran fastest
+#: with 256 (128: 6 % slower, 512: 5 %), W2 (30) with 512 (1.57× faster than 256)
+GPU_THREADS = (256, 512)
+#: threads per event attribute: its eight operator lists, two halves each
+THREADS_PER_ATTRIBUTE = 16
+
+
+def block_threads(widths: np.ndarray, low: int, high: int) -> int:
+    """Threads per block for a chunk whose events carry ``widths``
+    attributes: the power of two from ``low`` up to ``high`` that lets the
+    90th-percentile event's units all be scanned in one round (wider
+    events take several rounds; with more threads than units, the rest
+    idle through the range scans)."""
+    threads = low
+    if high > low and len(widths):
+        want = THREADS_PER_ATTRIBUTE * int(np.percentile(widths, 90))
+        while threads < want and threads < high:
+            threads *= 2
+    return threads
 #: a partition's counters and clause bits go to shared memory when they fit
 #: this many bytes (48 KiB per block without an opt-in, less the kernel's static 4 KiB)
 SHARED_MEMORY = 40 << 10
@@ -77,9 +95,11 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
 
     Takes the options of :class:`~engine.algorithms.opindex.OpIndexMatcher`
     (``variant="bs"`` is OpIndex-BS) plus ``launch`` (a
-    :class:`~gpu_kernels.cuda_support.LaunchConfig`: its block's thread
-    count is the kernel's block, a power of two; its ``max_grid[0]`` caps
-    the blocks), ``device_memory`` (bytes one match call may use),
+    :class:`~gpu_kernels.cuda_support.LaunchConfig`: its ``max_grid[0]``
+    caps the blocks, and its block's thread count is the kernel's block),
+    ``threads`` (overrides that: a power of two, or a ``(low, high)`` range
+    chosen from per chunk by :func:`block_threads`; a real GPU's default is
+    :data:`GPU_THREADS`), ``device_memory`` (bytes one match call may use),
     ``shared_memory`` (see the module docstring) and ``counting``:
     ``"atomic"`` (the default; BENCHMARKS.md has the measurement that
     chose it) or ``"sort"`` (sort-and-segment, same results)."""
@@ -90,7 +110,8 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
     def __init__(self, segment, backend: str = "cuda", *, schema=None, event_log=None, dnf_limit: int | None = None,
                  segments: int = DEFAULT_SEGMENTS, signature_bits: int = DEFAULT_SIGNATURE_BITS,
                  variant: str | None = None, operand_ranks: bool | None = None, launch=None,
-                 device_memory: int | None = None, shared_memory: int = SHARED_MEMORY, counting: str = "atomic"):
+                 device_memory: int | None = None, shared_memory: int = SHARED_MEMORY, counting: str = "atomic",
+                 threads=None):
         if backend != "cuda":
             raise ValueError(f"OpIndexCudaMatcher runs on backend 'cuda', not {backend!r}")
         resolve_backend("cuda")    # BackendUnavailable naming what is missing
@@ -105,12 +126,14 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
                               operand_ranks=operand_ranks)
         self.backend = backend
         self.launch = launch or cuda_support.default_launch()
-        # a given launch (or the simulator's tiny default) sets the block; a GPU runs GPU_THREADS
-        self.threads = self.launch.block[0] * self.launch.block[1] \
-            if launch is not None or cuda_support.simulated() else GPU_THREADS
-        if self.threads < 2 or self.threads & (self.threads - 1):
-            raise ValueError(f"the OpIndex kernel needs a power-of-two number of threads per block (>= 2), "
-                             f"not {self.threads}")
+        if threads is None:     # a given launch (or the simulator's tiny default) sets the block
+            fixed = launch is not None or cuda_support.simulated()
+            threads = self.launch.block[0] * self.launch.block[1] if fixed else GPU_THREADS
+        low, high = (threads, threads) if isinstance(threads, (int, np.integer)) else tuple(threads)
+        if any(t < 2 or t > 1024 or t & (t - 1) for t in (low, high)) or low > high:
+            raise ValueError(f"the OpIndex kernel needs a power-of-two number of threads per block in [2, 1024] "
+                             f"(or a (low, high) range of them), not {threads!r}")
+        self.thread_range = (int(low), int(high))
         self.device_memory = device_memory
         self.shared_memory = int(shared_memory)
         self.counting = counting
@@ -225,6 +248,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         if event_start:      # a device batch in place: this chunk's offsets, events renumbered from 0
             ev_offsets = ev_offsets[event_start:stop + 1]
         events = (ev_offsets, ev_attr, ev_value, ev_token, truth_d, alive_d)
+        threads = block_threads(np.diff(offsets[start:stop + 1]), *self.thread_range)
         with self.phases("work items"):
             item_event, item_part = self._work_items(ev_offsets, ev_attr, n_rows)
             bits = xp.zeros((n_rows, -(-len(self.segment) // 64)), dtype=np.uint64)
@@ -232,21 +256,21 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             if self.counting == "sort":
                 always = item_part < 0
                 if self.n_always:
-                    self._count_atomic(item_event[always], item_part[always], events, bits)
-                self._count_sorted(item_event[~always], item_part[~always], events, bits, result_room)
+                    self._count_atomic(item_event[always], item_part[always], events, bits, threads)
+                self._count_sorted(item_event[~always], item_part[~always], events, bits, result_room, threads)
             else:
-                self._count_atomic(item_event, item_part, events, bits)
+                self._count_atomic(item_event, item_part, events, bits, threads)
         del item_event, item_part
         yield from self._compact(bits, n_rows, start, result_room, col_dtype)
 
-    def _launch(self, mode: str, in_shared: bool, events, parts, chunk_events, bits, n_blocks: int,
+    def _launch(self, mode: str, in_shared: bool, events, parts, chunk_events, bits, n_blocks: int, threads: int,
                 scratch, counter_width: int, block_width: int, sorting=None):
         """One launch of the OpIndex kernel over items (``events``, ``parts``)."""
         d, host = self.d, self.host
         ev_offsets, ev_attr, ev_value, ev_token, truth_d, alive_d = chunk_events
         item_hits, item_first, keys, key_stride = sorting or (self._dummy, self._dummy, self._dummy, 0)
         opindex_kernel_cuda(
-            n_blocks, self.threads, self.stack_depth, 4 * block_width if in_shared and mode == "atomic" else 0,
+            n_blocks, threads, self.stack_depth, 4 * block_width if in_shared and mode == "atomic" else 0,
             np.int64(events.shape[0]), events, parts, ev_offsets, ev_attr, ev_value, ev_token, truth_d,
             np.int64(host.n_attrs), d["part_counter_start"], d["part_slot_start"],
             d["list_shift"], d["list_bucket_base"], d["list_side_base"], d["bucket_run_start"], d["bucket_sig"],
@@ -260,7 +284,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             alive_d, scratch, np.int64(counter_width), np.int64(block_width), in_shared, bits,
             item_hits, item_first, keys, np.int64(key_stride), mode=mode)
 
-    def _count_atomic(self, item_event, item_part, chunk_events, bits) -> None:
+    def _count_atomic(self, item_event, item_part, chunk_events, bits, threads: int) -> None:
         """Counting with atomic decrements; items of partitions whose
         counters fit shared memory and the others in separate launches."""
         xp = cuda_support.array_module()
@@ -277,10 +301,10 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             block_width = counter_width + slot_width
             n_blocks = min(self._blocks(), int(events.shape[0]))
             scratch = xp.empty(1 if in_shared else n_blocks * max(block_width, 1), dtype=np.int32)
-            self._launch("atomic", in_shared, events, parts, chunk_events, bits, n_blocks, scratch,
+            self._launch("atomic", in_shared, events, parts, chunk_events, bits, n_blocks, threads, scratch,
                          counter_width, block_width)
 
-    def _count_sorted(self, item_event, item_part, chunk_events, bits, room: int) -> None:
+    def _count_sorted(self, item_event, item_part, chunk_events, bits, room: int, threads: int) -> None:
         """Sort-and-segment counting: the ``count`` pass sizes each item's
         keys, then groups of items whose keys (and the sort's copies) fit
         ``room`` bytes are emitted, sorted and segmented in turn."""
@@ -291,8 +315,8 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         d = self.d
         n_blocks = min(self._blocks(), n_items)
         item_hits = xp.zeros(n_items, dtype=np.int64)
-        self._launch("count", True, item_event, item_part, chunk_events, bits, n_blocks, self._dummy_i32, 0, 0,
-                     (item_hits, self._dummy, self._dummy, 0))
+        self._launch("count", True, item_event, item_part, chunk_events, bits, n_blocks, threads, self._dummy_i32,
+                     0, 0, (item_hits, self._dummy, self._dummy, 0))
         item_first = cuda_support.exclusive_cumsum(item_hits)
         ends = cuda_support.to_host(item_first)
         per_group = max(1, min(room // SORT_BYTES_PER_KEY, MAX_SORT_KEYS))
@@ -305,8 +329,8 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             keys = xp.empty(max(int(ends[hi] - ends[lo]), 1), dtype=np.int64)
             keys[:] = -1
             first = item_first[lo:hi] - int(ends[lo])
-            self._launch("emit", True, events, parts, chunk_events, bits, min(n_blocks, hi - lo), self._dummy_i32,
-                         counter_width, 0, (self._dummy, first, keys, key_stride))
+            self._launch("emit", True, events, parts, chunk_events, bits, min(n_blocks, hi - lo), threads,
+                         self._dummy_i32, counter_width, 0, (self._dummy, first, keys, key_stride))
             sat_item, sat_counter = sort_and_segment(keys, key_stride, counter_width, parts,
                                                      d["part_counter_start"], d["part_slot_start"],
                                                      d["slot_counter"], d["counter_init"])
@@ -319,4 +343,4 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         return repr(self.host).replace("OpIndexMatcher", type(self).__name__, 1)
 
 
-__all__ = ["OpIndexCudaMatcher"]
+__all__ = ["OpIndexCudaMatcher", "block_threads"]
