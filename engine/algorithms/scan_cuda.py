@@ -10,7 +10,10 @@ one byte a cell), the count kernel and an exclusive scan give every
 the (event index, subscription position) pairs, ascending in both -- the
 CPU matcher's exact output.  Host event batches are sliced per chunk (only
 a chunk's events are on the device at a time); batches already on the
-device are used in place.
+device are used in place.  Results wanted as NumPy come back through
+:mod:`gpu_kernels.transfer`: int32 positions through pinned staging, the
+event column rebuilt from per-event counts, subscription ids mapped on the
+way when the caller passes them.
 
 Memory: a chunk of ``r`` events over ``S`` subscriptions needs
 ``r * (S + 16 * tiles + 8) + 16 * entries`` bytes of scratch (hit rows,
