@@ -314,6 +314,21 @@ def test_arrow_numbers_read_from_buffers_equal_the_dict_path():
     assert kept.offsets.tolist() == [0, 2, 2, 2] and kept.value.tolist() == [1.0, 0.5]
 
 
+def test_event_attribute_order_is_lexsorts_stable_order():
+    """The one-key stable sort that orders event entries gives exactly
+    ``np.lexsort((attr, event))`` -- repeated (event, attribute) pairs kept
+    in their input order, which is how a map's last repeated key wins --
+    for entries arriving event by event (maps) and column by column (wide)."""
+    from engine.events import _event_attr_order
+    rng = np.random.default_rng(3)
+    for n, by_event in ((0, True), (1, True), (500, True), (500, False), (5000, False)):
+        event = rng.integers(0, 40, n)
+        if by_event:
+            event.sort()
+        attr = rng.integers(0, 7, n).astype(np.int32)
+        assert _event_attr_order(event, attr).tolist() == np.lexsort((attr, event)).tolist()
+
+
 def test_map_columns_hold_sparse_events_by_attribute_name():
     """A ``map<string, V>`` column gives attributes by name (Spark's map
     layout): the same answers as dicts; null maps, null values and unknown
