@@ -239,41 +239,49 @@ def _family_codes(families: np.ndarray) -> np.ndarray:
     return codes
 
 
+def map_entries(column, names):
+    """The entries of a ``map<string, V>`` column that the engine reads:
+    keys found in ``names`` (a string array), in a non-null map, with a
+    non-null value, and of a key repeated within one map only the last (as
+    in Spark's map layout).  Returns ``(rows, key index into names, entry
+    positions into items, items)``, entries ordered by (row, key); ``items``
+    is the column's value array for its slice (dictionaries decoded)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    offsets = column.offsets.to_numpy()
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    rows = np.repeat(np.arange(len(column), dtype=np.int64), np.diff(offsets))
+    keys = column.keys.slice(lo, hi - lo)
+    items = column.items.slice(lo, hi - lo)
+    if pa.types.is_dictionary(items.type):
+        items = items.dictionary_decode()
+    key = pc.fill_null(pc.index_in(pc.cast(keys, pa.string()), value_set=names), -1).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    keep = key >= 0
+    if column.null_count:
+        keep &= column.is_valid().to_numpy(zero_copy_only=False)[rows]
+    if items.null_count:
+        keep &= items.is_valid().to_numpy(zero_copy_only=False)
+    entry = np.flatnonzero(keep)
+    entry = entry[_event_attr_order(rows[entry], key[entry])]     # stable: repeats stay in map order
+    last = np.ones(len(entry), bool)
+    last[:-1] = (rows[entry[1:]] != rows[entry[:-1]]) | (key[entry[1:]] != key[entry[:-1]])
+    entry = entry[last]
+    return rows[entry], key[entry], entry, items
+
+
 def _map_cells(column, schema: Schema, errors: str):
     """The cells of a ``map<string, V>`` column (key = attribute name, null
     map or value = absent; a key repeated in one map: the last one wins, as
     in Spark's map layout): (event rows, attribute ids, codes, string
     positions among the cells, their strings) -- vectorised over all
     entries, whatever the number of distinct keys."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    value_type = column.type.item_type
-    value_family = _arrow_family(value_type)
+    value_family = _arrow_family(column.type.item_type)
     if value_family is None:
-        raise TypeError(f"a map column of events must have numeric, string or boolean values, not {value_type}")
-    n = len(column)
-    offsets = column.offsets.to_numpy()
-    lo, hi = int(offsets[0]), int(offsets[-1])
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
-    keys = column.keys.slice(lo, hi - lo)
-    items = column.items.slice(lo, hi - lo)
-    if pa.types.is_dictionary(value_type):
-        items = items.cast(value_type.value_type)
+        raise TypeError(f"a map column of events must have numeric, string or boolean values, not "
+                        f"{column.type.item_type}")
     names, families = schema.attribute_arrays()
-    attr = pc.fill_null(pc.index_in(pc.cast(keys, pa.string()), value_set=names), -1).to_numpy(
-        zero_copy_only=False).astype(np.int64)
-    keep = attr >= 0
-    if column.null_count:
-        keep &= column.is_valid().to_numpy(zero_copy_only=False)[rows]
-    if items.null_count:
-        keep &= items.is_valid().to_numpy(zero_copy_only=False)
-    # the last of a key repeated within one event's map
-    entry = np.flatnonzero(keep)
-    entry = entry[_event_attr_order(rows[entry], attr[entry])]     # stable: repeats stay in map order
-    last = np.ones(len(entry), bool)
-    last[:-1] = (rows[entry[1:]] != rows[entry[:-1]]) | (attr[entry[1:]] != attr[entry[:-1]])
-    entry = np.sort(entry[last])
-    rows, attr = rows[entry], attr[entry]
+    rows, attr, entry, items = map_entries(column, names)
     family = _family_codes(families)[attr]
     wrong = (family != 0) & (family != _FAMILY_CODE[value_family])
     values = items.take(pa.array(entry))

@@ -9,8 +9,9 @@ Two layouts of an events DataFrame are understood (auto-detected):
   any atomic type (for attributes of different families in one map use a
   string-valued map only if the attributes are strings, or the wide layout).
 
-Worker side, a map batch becomes a wide Arrow table (one column per
-attribute the index knows), which :meth:`engine.Index.match_batch` takes.
+Worker side, a map batch goes to :meth:`engine.Index.match_batch` as it
+is (the engine reads ``map<string, V>`` columns entry by entry, vectorised,
+however many distinct keys there are).
 
 Bad events: a value whose type family is not its attribute's, a NaN or
 infinity, or an integer beyond ±2**53 (DESIGN.md §2) -- what the engine's
@@ -24,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from engine.events import map_entries
 
 MAX_EXACT_INT = 2 ** 53
 LAYOUTS = ("auto", "wide", "map")
@@ -65,46 +68,6 @@ def detect_layout(df, *, layout: str, attrs_column: str, event_id: str, attribut
 
 # ------------------------------------------------------------------ worker
 
-def map_to_wide(column, attributes) -> pa.Table:
-    """A ``map<string, V>`` Arrow column -> a table with one column per key
-    that is in ``attributes`` (null where the event lacks it)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    n = len(column)
-    offsets = column.offsets.to_numpy()
-    lo, hi = int(offsets[0]), int(offsets[-1])
-    lengths = np.diff(offsets)
-    parent = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    keys = column.keys.slice(lo, hi - lo)
-    items = column.items.slice(lo, hi - lo)
-    keep = np.ones(hi - lo, dtype=bool)
-    if column.null_count:
-        keep &= column.is_valid().to_numpy(zero_copy_only=False)[parent]
-    if items.null_count:
-        keep &= items.is_valid().to_numpy(zero_copy_only=False)
-    encoded = pc.dictionary_encode(keys)
-    names = encoded.dictionary.to_pylist()
-    key_index = encoded.indices.to_numpy(zero_copy_only=False)
-    out = {}
-    for k, name in enumerate(names):
-        if name not in attributes:
-            continue
-        rows_mask = keep & (key_index == k)
-        positions = np.flatnonzero(rows_mask)
-        take = np.full(n, -1, dtype=np.int64)
-        take[parent[positions]] = positions            # a repeated key: the last one wins
-        indices = pa.array(take, mask=take < 0)
-        out[name] = pc.take(items, indices)
-    if not out:
-        return _empty_table(n)
-    return pa.table(out)
-
-
-def _empty_table(n: int) -> pa.Table:
-    """A table of ``n`` rows and no columns (events without attributes)."""
-    return pa.table({"_": pa.nulls(n, pa.int64())}).drop_columns(["_"])
-
-
 def _arrow_family(dtype: pa.DataType) -> str | None:
     if pa.types.is_dictionary(dtype):
         dtype = dtype.value_type
@@ -120,9 +83,14 @@ def _arrow_family(dtype: pa.DataType) -> str | None:
 def bad_rows(table: pa.Table, attributes: dict) -> dict[int, str]:
     """{row: what is wrong} for every event the engine would refuse with
     ``errors="raise"``; ``attributes`` maps attribute -> family name (or
-    None for an attribute only tested with IS [NOT] NULL)."""
+    None for an attribute only tested with IS [NOT] NULL).  Wide columns
+    and ``map<string, V>`` columns alike."""
     problems: dict[int, str] = {}
     for name in table.column_names:
+        if pa.types.is_map(table[name].type):
+            for row, problem in _bad_map_rows(table[name], attributes).items():
+                problems.setdefault(row, problem)
+            continue
         if name not in attributes:
             continue
         family = attributes[name]
@@ -151,4 +119,34 @@ def bad_rows(table: pa.Table, attributes: dict) -> dict[int, str]:
         for row in rows.tolist():
             if row not in problems:
                 problems[row] = f"attribute {name!r} is {family}, got {column[row].as_py()!r}"
+    return problems
+
+
+def _bad_map_rows(column, attributes: dict) -> dict[int, str]:
+    """:func:`bad_rows` for one ``map<string, V>`` column, vectorised over
+    the entries the engine reads (:func:`engine.events.map_entries`)."""
+    value_type = column.type.item_type
+    if pa.types.is_dictionary(value_type):
+        value_type = value_type.value_type
+    actual = _arrow_family(value_type)
+    names = [name for name, family in attributes.items() if family is not None]
+    if not names:
+        return {}
+    rows, key, entry, items = map_entries(column, pa.array(names, pa.string()))
+    families = np.array([attributes[name] for name in names], dtype=object)[key]
+    bad = families != actual
+    if actual == "numeric" and len(entry):
+        values = items.take(pa.array(entry))
+        if pa.types.is_integer(values.type):
+            out_of_range = np.abs(values.to_numpy(zero_copy_only=False).astype(np.float64)) > MAX_EXACT_INT
+        else:
+            with np.errstate(invalid="ignore"):
+                out_of_range = ~np.isfinite(pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False))
+        bad |= (families == "numeric") & out_of_range
+    problems: dict[int, str] = {}
+    for k in np.flatnonzero(bad).tolist():
+        row = int(rows[k])
+        if row not in problems:
+            name = names[int(key[k])]
+            problems[row] = f"attribute {name!r} is {attributes[name]}, got {items[int(entry[k])].as_py()!r}"
     return problems

@@ -123,8 +123,8 @@ class _BatchMatcher:
 
     # -- one Arrow batch
     def events_table(self, batch) -> pa.Table:
-        if self.layout == "map":
-            return layouts.map_to_wide(batch.column(self.attrs_column), self.shipped.attributes)
+        if self.layout == "map":      # the engine reads the map column itself
+            return pa.table({self.attrs_column: batch.column(self.attrs_column)})
         names = [n for n in batch.schema.names if n != self.event_id]
         return pa.Table.from_batches([batch]).select(names)
 

@@ -6,26 +6,29 @@ number of runs, and the report has every field."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from spark_integration import bench_overhead
 
 
 def test_wide_to_map_round_trips_through_the_map_layout():
-    """The benchmark's map form of the events is what match_events' map
-    layout turns back into the wide table (no Spark needed)."""
+    """The benchmark's map form of the events is what the engine reads as
+    the wide table: the same encoded batch (no Spark needed)."""
     from engine import workloads
-    from spark_integration.layout import map_to_wide
+    from engine import events as event_batches
+    from engine.schema import Schema
 
     events = workloads.standard("W1", scale=0.001, n_events=200).events
     column = bench_overhead.wide_to_map(events)
     assert len(column) == events.num_rows
-    back = map_to_wide(column, {name: "numeric" for name in events.column_names})
+    schema = Schema()
     for name in events.column_names:
-        if name in back.column_names:
-            assert back[name].equals(events[name]), name
-        else:     # an attribute no event has: no key anywhere
-            assert events[name].null_count == events.num_rows, name
+        schema.declare(name, "numeric")
+    wide = event_batches.encode_events(events, schema)
+    mapped = event_batches.encode_events(pa.table({"attrs": column}), schema)
+    for field in ("offsets", "attr", "value"):
+        assert np.array_equal(getattr(wide, field), getattr(mapped, field)), field
 
 
 def test_pairs_helper_sorts_lexicographically():

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from engine import Index
-from engine.errors import BackendUnavailable
+from engine.errors import BackendUnavailable, SchemaError
 from spark_integration import devices, layout
 from spark_integration.shipping import index_bytes, load_bytes, split_index
 
@@ -114,18 +114,35 @@ def test_bad_gpu_address_is_reported():
 
 # ------------------------------------------------------------------ layouts
 
-def test_map_to_wide_handles_slices_nulls_and_unknown_keys():
-    offsets = pa.array([0, 2, 2, 3, 3, 5], pa.int32())
-    keys = pa.array(["a", "b", "b", "zz", "a"])
-    items = pa.array([1, 2, 5, 9, None], pa.int64())
-    column = pa.MapArray.from_arrays(offsets, keys, items, mask=pa.array([False, True, False, False, False]))
-    wide = layout.map_to_wide(column.slice(1), {"a": "numeric", "b": "numeric"})
-    assert wide.num_rows == 4
-    assert wide.column("a").to_pylist() == [None, None, None, None]
-    assert wide.column("b").to_pylist() == [None, 5, None, None]
-    assert layout.map_to_wide(column.slice(0, 0), {"a": "numeric"}).num_rows == 0
-    empty = layout.map_to_wide(column.slice(1, 1), {"q": "numeric"})
-    assert empty.num_rows == 1 and empty.num_columns == 0
+def test_bad_rows_of_a_map_column_are_the_rows_the_engine_refuses():
+    """A map column's bad rows, found vectorised: a value of the wrong
+    family, NaN/infinity, an integer beyond 2**53 -- of a key the index
+    knows, in a non-null map, the last of a repeated key only (the one the
+    engine reads); unknown keys, null values and IS NULL-only attributes
+    are never bad.  Each row is refused by the engine exactly when flagged,
+    map columns sliced included."""
+    index = Index()
+    index.add_many([1, 2, 3], ["x > 0", "y > 0", "s = 'q'"])
+    index.add(4, "p IS NULL")
+    families = {"x": "numeric", "y": "numeric", "s": "string", "p": None}
+    maps = [[("x", 1.0)],                          # fine
+            [("x", float("nan"))],                 # NaN
+            [("y", 2.0 ** 60)],                    # a float beyond 2**53 is still finite: fine
+            [("s", 4.0)],                          # a number for a string attribute
+            [("x", float("inf")), ("x", 2.0)],     # repeated: the last (fine) wins
+            [("x", 2.0), ("x", float("inf"))],     # repeated: the last (bad) wins
+            [("zz", float("nan")), ("p", float("nan"))],   # unknown key; IS NULL-only attribute
+            None,                                  # null map
+            [("x", None)]]                         # null value
+    column = pa.array(maps, pa.map_(pa.string(), pa.float64()))
+    for table, base in ((pa.table({"attrs": column}), 0), (pa.table({"attrs": column.slice(2)}), 2)):
+        problems = layout.bad_rows(table, families)
+        assert sorted(r + base for r in problems) == [r for r in (1, 3, 5) if r >= base]
+        _engine_refuses_exactly(index, table, problems)
+    assert "'s' is string, got 4.0" in layout.bad_rows(pa.table({"attrs": column}), families)[3]
+    ints = pa.table({"attrs": pa.array([[("y", 2 ** 60)], [("y", 3)]], pa.map_(pa.string(), pa.int64()))})
+    assert sorted(layout.bad_rows(ints, families)) == [0]
+    assert layout.bad_rows(pa.table({"attrs": column.slice(0, 0)}), families) == {}
 
 
 def test_bad_rows_finds_every_refused_value():
@@ -142,10 +159,15 @@ def test_bad_rows_finds_every_refused_value():
     index = Index()
     index.add_many([1, 2, 3], ["x > 0", "y > 0", "s = 'q'"])
     index.add(4, "p IS NULL")
-    for row in range(4):
+    _engine_refuses_exactly(index, table, problems)
+
+
+def _engine_refuses_exactly(index, table, problems) -> None:
+    """Matching each row of ``table`` alone raises exactly for the rows in ``problems``."""
+    for row in range(table.num_rows):
         one = table.slice(row, 1)
         if row in problems:
-            with pytest.raises(Exception):
+            with pytest.raises(SchemaError):
                 index.match_batch(one)
         else:
             index.match_batch(one)
