@@ -92,3 +92,14 @@ def test_overhead_bench_wide_grouped_noop_restores_the_batch_size(spark):
     assert result["loads_per_worker_index"] in ([], [1])
     assert result["spark_batches"] >= 2 * (150 // 40)           # batches of at most 40 events, warm-up + 1 run
     assert f"spark {spark.sparkContext.master} wide grouped+noop" in bench_overhead.format_report(result)
+
+
+@pytest.mark.spark
+def test_overhead_bench_sends_a_map_workload_as_it_is(spark):
+    """W3's events are one map column already: the map layout sends it as
+    it is (both sides agree), and the wide layout is refused before any work."""
+    result = bench_overhead.run(spark, workload="W3", scale=0.001, n_events=200, repeats=1, layout="map")
+    assert result["verified"] is True and result["verified_pairs"] == result["matches"] > 0
+    assert list(result["spark_layouts"]) == ["map"]
+    with pytest.raises(ValueError, match="come as one map column: use layout='map'"):
+        bench_overhead.run(spark, workload="W3", scale=0.0005, n_events=60, repeats=1, layout="wide")
