@@ -132,10 +132,10 @@ class _BatchMatcher:
         ids = batch.column(self.event_id)
         events = self.events_table(batch)
         n = batch.num_rows
-        problems = layouts.bad_rows(events, self.shipped.attributes)
-        if problems and self.on_bad_event == "fail":
-            row = min(problems)
-            raise BadEventError(self._bad_message(ids, row, problems[row]))
+        # clean batches (the usual case) go straight to the engine; the first
+        # refusal has every bad event of the batch found at once, vectorised
+        problems: dict[int, str] = {}
+        checked = False
         good = None
         while True:
             if problems:
@@ -147,6 +147,14 @@ class _BatchMatcher:
                 result = index.match_batch(subset, output="arrow")
                 break
             except SchemaError as exc:
+                if not checked:
+                    checked = True
+                    problems = layouts.bad_rows(events, self.shipped.attributes)
+                    if problems and self.on_bad_event == "fail":
+                        row = min(problems)
+                        raise BadEventError(self._bad_message(ids, row, problems[row])) from exc
+                    if problems:
+                        continue
                 # the engine refused something bad_rows did not foresee: name the event id
                 found = _ENGINE_ROW.match(str(exc))
                 if found is None:
