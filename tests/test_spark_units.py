@@ -173,6 +173,40 @@ def _engine_refuses_exactly(index, table, problems) -> None:
             index.match_batch(one)
 
 
+def test_batches_reach_the_engine_first_and_bad_ones_are_checked_once(monkeypatch):
+    """A clean batch never pays for the bad-event check; a batch the engine
+    refuses has all its bad events found in one vectorised check, then is
+    matched without them (quarantine) or fails naming the first (fail)."""
+    from spark_integration import matching
+    from spark_integration.shipping import ShippedIndex
+
+    index = Index()
+    index.add_many([1, 2], ["x > 0", "x < 5"])
+    attributes = {"x": "numeric"}
+    shipped = ShippedIndex("0" * 64, 0, "broadcast", None, 2, index.algorithm, attributes)
+    calls = []
+    real = layout.bad_rows
+    monkeypatch.setattr(matching.layouts, "bad_rows", lambda *a: calls.append(1) or real(*a))
+
+    def matcher(on_bad_event):
+        return matching._BatchMatcher(shipped, event_id="id", layout="wide", attrs_column="attrs", output="pairs",
+                                      on_bad_event=on_bad_event, report_bad=True, batch_size=None, backend="cpu",
+                                      gpu_fallback=False, capacity=1, stats_acc=None, inject_failure=None)
+
+    clean = pa.RecordBatch.from_pydict({"id": [10, 11], "x": [1.0, 7.0]})
+    out = matcher("quarantine").match(index, clean)
+    assert calls == [] and sorted(zip(out["id"].to_pylist(), out["sub_id"].to_pylist())) == [(10, 1), (10, 2),
+                                                                                                (11, 1)]
+    bad = pa.RecordBatch.from_pydict({"id": [20, 21, 22, 23], "x": [float("nan"), 3.0, float("inf"), -1.0]})
+    out = matcher("quarantine").match(index, bad)
+    assert calls == [1]
+    pairs = [(i, sub) for i, sub in zip(out["id"].to_pylist(), out["sub_id"].to_pylist()) if sub is not None]
+    assert sorted(pairs) == [(21, 1), (21, 2), (23, 2)]
+    assert sorted(i for i, sub in zip(out["id"].to_pylist(), out["sub_id"].to_pylist()) if sub is None) == [20, 22]
+    with pytest.raises(matching.BadEventError, match=r"bad event id=20: attribute 'x' is numeric, got nan"):
+        matcher("fail").match(index, bad)
+
+
 # ------------------------------------------------------------------ sharding
 
 def test_split_index_partitions_ids_and_matches():
