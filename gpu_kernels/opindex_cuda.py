@@ -160,6 +160,28 @@ MODES = ("atomic", "count", "emit")
 
 
 @functools.cache
+def _result_bit():
+    """The device function that ends a satisfied conjunction (its counter
+    reached 0), for both counting strategies: its IS NULL tests (none of
+    their attributes in the event), ``alive``, then the subscription's bit
+    in the event's row (an atomic OR: several threads write one word)."""
+    global cuda
+    cuda = cuda_support.load_cuda()
+    find = cuda_device_functions().find_attribute
+
+    def result_bit(c, e, ev_start, ev_stop, ev_attr, counter_post_start, post_attr, counter_sub, alive, bits):
+        if counter_post_start.shape[0] > 1:        # some conjunction has IS NULL tests
+            for q in range(counter_post_start[c], counter_post_start[c + 1]):
+                if find(ev_attr, ev_start, ev_stop, post_attr[q]) >= 0:
+                    return
+        pos = counter_sub[c]
+        if alive[pos] != 0:
+            cuda.atomic.or_(bits, (e, pos >> 6), np.uint64(1) << np.uint64(pos & 63))
+
+    return cuda.jit(device=True)(result_bit)
+
+
+@functools.cache
 def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomic"):
     """The raw OpIndex kernel for blocks of ``threads`` threads (a power of
     two >= 2), a ``stack_depth``-slot stack for the always-checked
@@ -179,6 +201,7 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomi
         hashes = tuple(_wrapping(fn) for fn in hashes)
     ranges = cuda.jit(device=True)(make_list_ranges(find, cuda.jit(device=True)(hashes[0]),
                                                     cuda.jit(device=True)(hashes[1])))
+    result_bit = _result_bit()
     n_threads = int(threads)
     depth = int(stack_depth)
     atomic = mode == "atomic"     # constants of the closure: numba compiles the other modes' code away
@@ -209,7 +232,6 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomi
         r_begin = cuda.shared.array(n_threads, np.int64)   # a range's first entry
         r_incl = cuda.shared.array(n_threads, np.int64)    # inclusive scan of the range lengths
         stack = cuda.local.array(depth, np.int8)
-        has_post = counter_post_start.shape[0] > 1
         half_block = n_threads >> 1
         for item in range(blk, n_items, cuda.gridDim.x):
             e = item_event[item]
@@ -336,19 +358,9 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomi
                         t = slot_counter[s_base + slot] - c_base
                     if cuda.atomic.sub(area, c_off + t, 1) != 1:
                         continue
-                    # this decrement took the counter to 0: IS NULL tests, alive, the result bit
-                    c = c_base + t
-                    if has_post:
-                        absent = True
-                        for q in range(counter_post_start[c], counter_post_start[c + 1]):
-                            if find(ev_attr, ev_start, ev_stop, post_attr[q]) >= 0:
-                                absent = False
-                                break
-                        if not absent:
-                            continue
-                    pos = counter_sub[c]
-                    if alive[pos] != 0:
-                        cuda.atomic.or_(bits, (e, pos >> 6), np.uint64(1) << np.uint64(pos & 63))
+                    # this decrement took the counter to 0
+                    result_bit(c_base + t, e, ev_start, ev_stop, ev_attr, counter_post_start, post_attr,
+                               counter_sub, alive, bits)
                 emitted += total
                 cuda.syncthreads()      # the shared ranges are rewritten by the next round
             if scans_only and tid == 0:
@@ -404,27 +416,16 @@ def sort_and_segment(keys, key_stride: int, counter_width: int, item_part, part_
 def _finish_kernel():
     global cuda
     cuda = cuda_support.load_cuda()
-    find = cuda_device_functions().find_attribute
+    result_bit = _result_bit()
 
     def finish_kernel(n, sat_event, sat_counter, ev_offsets, ev_attr, counter_post_start, post_attr, counter_sub,
                       alive, bits):
         x, y = cuda.grid(2)
         sx, sy = cuda.gridsize(2)
-        has_post = counter_post_start.shape[0] > 1
         for k in range(y * sx + x, n, sx * sy):
             e = sat_event[k]
-            c = sat_counter[k]
-            if has_post:      # the conjunction's IS NULL tests: none of its attributes present
-                absent = True
-                for q in range(counter_post_start[c], counter_post_start[c + 1]):
-                    if find(ev_attr, ev_offsets[e], ev_offsets[e + 1], post_attr[q]) >= 0:
-                        absent = False
-                        break
-                if not absent:
-                    continue
-            pos = counter_sub[c]
-            if alive[pos] != 0:
-                cuda.atomic.or_(bits, (e, pos >> 6), np.uint64(1) << np.uint64(pos & 63))
+            result_bit(sat_counter[k], e, ev_offsets[e], ev_offsets[e + 1], ev_attr, counter_post_start, post_attr,
+                       counter_sub, alive, bits)
 
     return cuda.jit(finish_kernel)
 
