@@ -65,8 +65,15 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
 
     with_copies = timed(lambda: matcher.match(batch, truth, alive))
     on_device = timed(lambda: matcher.match(device_batch, device_truth, device_alive, output="device"))
+    reference = [cuda_support.to_host(a) for a in matcher.match(device_batch, device_truth, device_alive,
+                                                                output="device")]
+
+    def agrees(variant) -> bool:
+        got = variant.match(device_batch, device_truth, device_alive, output="device")
+        return all(np.array_equal(a, cuda_support.to_host(b)) for a, b in zip(reference, got))
+
     row = {"workload": workload.name, "algorithm": algorithm, "events": batch.n_events,
-           "pairs": int(matcher.match(device_batch, device_truth, device_alive, output="device")[0].shape[0]),
+           "pairs": int(reference[0].shape[0]),
            "host_io_s": with_copies, "device_io_s": on_device,
            "copy_share": max(0.0, 1.0 - on_device / with_copies) if with_copies else None,
            "device_events_per_s": batch.n_events / on_device if on_device else None}
@@ -77,23 +84,16 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
     if counting and getattr(matcher, "counting", None) == "atomic":
         sorter = copy.copy(matcher)       # the same device index, counted by sort-and-segment
         sorter.counting = "sort"
-        same = [cuda_support.to_host(a) for a in matcher.match(device_batch, device_truth, device_alive,
-                                                               output="device")]
-        got = [cuda_support.to_host(a) for a in sorter.match(device_batch, device_truth, device_alive,
-                                                             output="device")]
+        sort_agrees = agrees(sorter)
         sorted_s = timed(lambda: sorter.match(device_batch, device_truth, device_alive, output="device"))
         row.update(sort_counting_s=sorted_s, atomic_over_sort=sorted_s / on_device if on_device else None,
-                   sort_agrees=all(np.array_equal(a, b) for a, b in zip(same, got)))
+                   sort_agrees=sort_agrees)
     if block_sizes and hasattr(matcher, "thread_range"):
-        want = [cuda_support.to_host(a) for a in matcher.match(device_batch, device_truth, device_alive,
-                                                               output="device")]
         row["block_sizes"] = {}
         for threads in block_sizes:
             fixed = copy.copy(matcher)       # the same device index, one block size for every chunk
             fixed.thread_range = (threads, threads)
-            got = [cuda_support.to_host(a) for a in fixed.match(device_batch, device_truth, device_alive,
-                                                                output="device")]
-            if not all(np.array_equal(a, b) for a, b in zip(want, got)):
+            if not agrees(fixed):
                 raise AssertionError(f"{workload.name}: {threads} threads a block changed the results")
             row["block_sizes"][threads] = timed(lambda: fixed.match(device_batch, device_truth, device_alive,
                                                                     output="device"))
