@@ -326,8 +326,9 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         while lo < n_items:
             hi = min(max(int(np.searchsorted(ends, ends[lo] + per_group, side="right")) - 1, lo + 1), n_items)
             events, parts = item_event[lo:hi], item_part[lo:hi]
-            keys = xp.empty(max(int(ends[hi] - ends[lo]), 1), dtype=np.int64)
-            keys[:] = -1
+            # every slot is written: the emit pass walks exactly the entries the count pass counted
+            keys = xp.full(1, -1, dtype=np.int64) if ends[hi] == ends[lo] else \
+                xp.empty(int(ends[hi] - ends[lo]), dtype=np.int64)
             first = item_first[lo:hi] - int(ends[lo])
             self._launch("emit", True, events, parts, chunk_events, bits, min(n_blocks, hi - lo), threads,
                          self._dummy_i32, counter_width, 0, (self._dummy, first, keys, key_stride))
