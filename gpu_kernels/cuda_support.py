@@ -32,6 +32,7 @@ simulated kernels take NumPy arrays and copy them in and out).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -183,24 +184,16 @@ class PhaseTimer:
     def __init__(self, enabled: bool = True):
         self.times: dict[str, float] | None = {} if enabled else None
 
+    @contextlib.contextmanager
     def __call__(self, name: str):
-        return _Phase(self, name)
-
-
-class _Phase:
-    def __init__(self, timer: PhaseTimer, name: str):
-        self.timer, self.name = timer, name
-
-    def __enter__(self):
-        if self.timer.times is not None:
-            synchronize()
-            self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        if self.timer.times is not None:
-            synchronize()
-            self.timer.times[self.name] = self.timer.times.get(self.name, 0.0) + time.perf_counter() - self.start
-        return False
+        if self.times is None:
+            yield
+            return
+        synchronize()
+        start = time.perf_counter()
+        yield
+        synchronize()
+        self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
 
 
 def exclusive_cumsum(counts):
