@@ -105,7 +105,10 @@ class Pred:
         return (self.attr, self.op, _typed(self.values)) == (other.attr, other.op, _typed(other.values))
 
     def __hash__(self):
-        return hash((self.attr, self.op, _typed(self.values)))
+        # Equal predicates have equal values (``1 == 1.0`` hash alike), so
+        # the values need no family here; ``a = 1`` and ``a = TRUE`` merely
+        # share a hash.  Hashing is the bulk of the normal-form rewrites.
+        return hash((self.attr, self.op, self.values))
 
 
 def _typed(values: tuple) -> tuple:
@@ -189,6 +192,134 @@ def predicates(node: Node):
 
 
 # ---------------------------------------------------------------------------
+# What every expression must satisfy before the recursive code above and
+# below (and the dataclasses' own __eq__, __hash__ and __repr__) sees it
+# ---------------------------------------------------------------------------
+
+#: deepest nesting accepted: the number of NOT, AND, OR, XOR and XNOR nodes
+#: on the longest path from the root to a predicate (a lone predicate is 0;
+#: parentheses alone add nothing).  The code that walks an AST recurses once
+#: per level, taking up to 3 Python frames a level (the normal forms,
+#: `engine.parse.to_text`, the compiler; `to_nnf` 2, `predicates` 1) and 4
+#: for the dataclasses' own ``==`` and ``repr`` of alternating AND/OR.  At
+#: 200 levels that is about 600 frames (800 for ``==`` and ``repr``) of
+#: Python's default recursion limit of 1000, leaving the rest to the
+#: caller's stack.
+#: `engine.parse.parse`, `to_dnf`, `to_cnf` and `engine.parse.to_text`
+#: refuse anything deeper (`errors.ExpressionTooLarge`); an AST built in
+#: code is checked with `check_nesting`.  A left-deep XOR chain nests one
+#: level per XOR, so it holds at most 201 terms.
+MAX_NESTING = 200
+
+
+def _children(node: Node) -> tuple:
+    if isinstance(node, Pred):
+        return ()
+    if isinstance(node, Not):
+        return (node.child,)
+    if isinstance(node, (And, Or)):
+        return tuple(node.children)
+    if isinstance(node, (Xor, Xnor)):
+        return (node.left, node.right)
+    raise TypeError(f"not an expression node: {type(node).__name__}")
+
+
+def _distinct_nodes(node: Node):
+    """Every node of ``node``, children before their parent, with an
+    explicit stack instead of recursion.  A connective shared by several
+    parents is visited once, so an AST that is a DAG costs its number of
+    distinct connectives, not its number of paths (a predicate comes once
+    per parent); a cycle is a ValueError."""
+    if isinstance(node, Pred):
+        yield node
+        return
+    finished: set[int] = set()
+    open_ancestors: set[int] = set()     # expanded, their children not all yielded yet
+    stack = [(node, False)]
+    while stack:
+        current, expanded = stack.pop()
+        key = id(current)
+        if expanded:
+            open_ancestors.discard(key)
+            finished.add(key)
+            yield current
+        elif key not in finished:
+            if key in open_ancestors:
+                raise ValueError("an expression cannot contain itself")
+            open_ancestors.add(key)
+            stack.append((current, True))
+            for child in _children(current):
+                if isinstance(child, Pred):
+                    yield child
+                else:
+                    stack.append((child, False))
+
+
+#: the most nodes an expression may have, counting a subtree shared by
+#: several parents once per parent (a text of a few megabytes)
+MAX_NODES = 2_000_000
+
+
+def check_nesting(node: Node) -> None:
+    """Raise `errors.ExpressionTooLarge` when ``node`` is nested deeper than
+    `MAX_NESTING`, or has more than `MAX_NODES` nodes once shared subtrees
+    are repeated.  Computed without recursion, so that this can run before
+    any recursive code sees the expression."""
+    from engine.errors import ExpressionTooLarge
+
+    depths: dict[int, int] = {}     # id of a connective -> its depth; a predicate's is 0
+    sizes: dict[int, int] = {}      # id of a connective -> its node count with shared subtrees repeated
+    for current in _distinct_nodes(node):
+        if not isinstance(current, Pred):
+            children = _children(current)
+            depths[id(current)] = 1 + max((depths.get(id(child), 0) for child in children), default=0)
+            sizes[id(current)] = 1 + sum(sizes.get(id(child), 1) for child in children)
+    depth = depths.get(id(node), 0)
+    if depth > MAX_NESTING:
+        raise ExpressionTooLarge(f"expression is nested {depth} levels deep, deeper than the limit of "
+                                 f"{MAX_NESTING} levels (NOT, AND, OR, XOR and XNOR nodes on one path)")
+    # an AST may share a subtree between parents (text never does): every
+    # rewrite walks each path, so the count with repetitions is what costs
+    size = sizes.get(id(node), 1)
+    if size > MAX_NODES:
+        raise ExpressionTooLarge(f"expression has {size} nodes once its shared subtrees are repeated, more "
+                                 f"than the limit of {MAX_NODES}")
+
+
+def lone_surrogate(text) -> int | None:
+    """The index of the first lone surrogate in ``text`` (the only
+    characters that UTF-8 cannot encode, so text holding one is not valid
+    Unicode), or None when there is none or ``text`` is not a str."""
+    if not isinstance(text, str) or text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return error.start
+    return None
+
+
+def check_text(node: Node) -> None:
+    """Raise `errors.ParseError` when an attribute name or a string literal
+    or pattern of ``node`` is not valid Unicode: a lone surrogate must never
+    reach an index.  Without recursion, like `check_nesting`."""
+    from engine.errors import ParseError
+
+    for current in _distinct_nodes(node):
+        if not isinstance(current, Pred):
+            continue
+        attr = current.attr
+        at = lone_surrogate(attr)
+        if at is not None:
+            raise ParseError(f"attribute name {attr!r} is not valid Unicode: lone surrogate at index {at}")
+        for value in current.values:
+            at = lone_surrogate(value)
+            if at is not None:
+                raise ParseError(f"string on attribute {attr!r} is not valid Unicode: lone surrogate "
+                                 f"{value[at]!r} at index {at}")
+
+
+# ---------------------------------------------------------------------------
 # Disjunctive and conjunctive normal forms (OpIndex §6.1, BE-Tree's DNF route)
 # ---------------------------------------------------------------------------
 #
@@ -228,6 +359,7 @@ def to_dnf(node: Node, limit: int = NORMAL_FORM_LIMIT) -> list[tuple[Pred, ...]]
     result would hold more than ``limit`` conjunctions; nothing larger than
     ``limit`` is ever built.
     """
+    check_nesting(node)
     return _NormalForm(True, _check_limit(limit)).of(to_nnf(node), False)
 
 
@@ -242,6 +374,7 @@ def to_cnf(node: Node, limit: int = NORMAL_FORM_LIMIT) -> list[tuple[Pred, ...]]
     list holding the empty tuple is the constant FALSE.  Same ``limit`` and
     `errors.ExpressionTooLarge` as `to_dnf`.
     """
+    check_nesting(node)
     return _NormalForm(False, _check_limit(limit)).of(to_nnf(node), False)
 
 
@@ -319,19 +452,48 @@ def _concat(parts, dnf: bool, limit: int) -> list[tuple[Pred, ...]]:
 
 
 def _cross(parts, dnf: bool, limit: int) -> list[tuple[Pred, ...]]:
-    acc: list[tuple[Pred, ...]] = [()]
-    for part in parts:
+    """Every way of joining one term of each part (the terms of a part hold
+    each predicate once), the first part's term varying slowest; the
+    predicates of a joined term once each, in order of first appearance,
+    and terms holding the same set of predicates once, the first kept.
+
+    A run of single-term parts (an AND chain in DNF, an OR chain in CNF) is
+    joined into one term first, so a chain of n predicates costs O(n)
+    rather than copying an ever longer term n times."""
+    acc: dict[frozenset, tuple[Pred, ...]] = {frozenset(): ()}
+    for part in _single_term_runs_joined(parts):
         if not part:            # a constant that absorbs the whole product
             return []
         nxt: dict[frozenset, tuple[Pred, ...]] = {}
-        for a in acc:
+        for a_set, a in acc.items():
             for b in part:
-                term = tuple(dict.fromkeys(a + b))
-                nxt.setdefault(frozenset(term), term)
-                if len(nxt) > limit:
-                    raise _too_large(dnf, limit, len(nxt))
-        acc = list(nxt.values())
-    return acc
+                union = a_set.union(b)
+                if union not in nxt:
+                    nxt[union] = a + tuple(p for p in b if p not in a_set) if a else b
+                    if len(nxt) > limit:
+                        raise _too_large(dnf, limit, len(nxt))
+        acc = nxt
+    return list(acc.values())
+
+
+def _single_term_runs_joined(parts):
+    """``parts`` with each run of consecutive single-term parts replaced by
+    one single-term part, their predicates once each in order.  `_cross`
+    gives the same result either way: joining terms is associative, and
+    terms with the same set of predicates before a join still have the
+    same set after it, so de-duplicating once after the run keeps the
+    same first terms as de-duplicating after each of its parts."""
+    run: dict[Pred, None] = {}
+    for part in parts:
+        if len(part) == 1:
+            run.update(dict.fromkeys(part[0]))
+            continue
+        if run:
+            yield [tuple(run)]
+            run = {}
+        yield part
+    if run:
+        yield [tuple(run)]
 
 
 # ---------------------------------------------------------------------------

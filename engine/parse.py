@@ -21,7 +21,13 @@ shape it relies on when the module is imported.
 Keywords are reserved: an attribute spelled like a keyword (``"and"``,
 ``"Null"``) must be double-quoted.  Integers must be exactly representable
 as float64 (magnitude at most 2**53), because the kernels compare numbers as
-doubles; NaN and infinite literals do not exist in the language.
+doubles; leading zeros are allowed, at any length.  A number with a dot or
+an exponent is rounded to the nearest float64 (``1e-400`` is 0.0), and one
+that overflows is refused: NaN and infinite literals do not exist in the
+language.  Text that is not valid Unicode (a lone surrogate in a string or
+a quoted name) is refused, and so is text nested deeper than
+`engine.expr.MAX_NESTING` (`ExpressionTooLarge`), so that no recursive code
+ever sees it.
 """
 
 from __future__ import annotations
@@ -37,8 +43,8 @@ import re2
 from lark import Lark
 from lark.parsers.lalr_analysis import Shift
 
-from engine.errors import ParseError
-from engine.expr import And, Node, Not, Op, Or, Pred, Xnor, Xor
+from engine.errors import ExpressionTooLarge, ParseError
+from engine.expr import MAX_NESTING, And, Node, Not, Op, Or, Pred, Xnor, Xor, check_nesting, lone_surrogate
 
 __all__ = ["KEYWORDS", "parse", "parse_many", "to_text"]
 
@@ -126,12 +132,14 @@ class _BadToken(Exception):
     """A token that cannot be accepted.  ``expected`` is empty for a lexical
     error (the parser state then says what was expected), and names the
     acceptable values when the token is well formed but its value is not
-    allowed (an integer beyond 2**53, an infinite number, a bad RE2 pattern)."""
+    allowed (an integer beyond 2**53, an infinite number, a bad RE2 pattern,
+    a lone surrogate).  ``at`` is how far into the token the culprit is."""
 
-    def __init__(self, message: str, expected: tuple[str, ...] = ()):
+    def __init__(self, message: str, expected: tuple[str, ...] = (), at: int = 0):
         super().__init__(message)
         self.message = message
         self.expected = expected
+        self.at = at
 
 
 # ---------------------------------------------------------------- tokens and literals
@@ -143,16 +151,27 @@ def _number(token: str) -> int | float:
             raise _BadToken(f"number {_shorten(token)} overflows to infinity as a float64; "
                             "infinite literals are not allowed", ("finite number",))
         return value
-    # Count digits first: int() refuses strings of more than 4300 digits.
-    if len(token.lstrip("+-").lstrip("0")) <= 16:
-        value = int(token)
-        if -_MAX_EXACT_INT <= value <= _MAX_EXACT_INT:
-            return value
+    # Only the significant digits go to int(), which refuses more than 4300
+    # digits: leading zeros may run on at any length, and more than 16
+    # significant digits are beyond 2**53 anyway.
+    digits = token.lstrip("+-").lstrip("0")
+    if len(digits) <= 16:
+        value = int(digits or "0")
+        if value <= _MAX_EXACT_INT:
+            return -value if token[0] == "-" else value
     raise _BadToken(f"integer {_shorten(token)} exceeds 2**53 in magnitude and is not exactly "
                     "representable as a float64", ("integer of magnitude at most 2**53",))
 
 
+def _valid_unicode(token: str, what: str) -> None:
+    at = lone_surrogate(token)
+    if at is not None:
+        raise _BadToken(f"{what} is not valid Unicode: it holds the lone surrogate {token[at]!r}",
+                        ("valid Unicode text",), at)
+
+
 def _string(token: str) -> str:
+    _valid_unicode(token, "string")
     value = token[1:-1]
     return value.replace("''", "'") if "''" in value else value
 
@@ -163,6 +182,7 @@ def _attr_name(token: str) -> str:
     name = token[1:-1]
     if not name:
         raise _BadToken("empty attribute name", ("attribute",))
+    _valid_unicode(token, "quoted attribute name")
     return name.replace('""', '"') if '""' in name else name
 
 
@@ -487,8 +507,10 @@ def parse(text: str) -> Node:
     """Parse one expression (DESIGN.md §2) into its AST.
 
     Raises `ParseError` (with 1-based ``line`` and ``column`` of the offending
-    character and the ``expected`` alternatives) for any malformed text, and
-    `TypeError` for anything that is not a ``str``.
+    character and the ``expected`` alternatives) for any malformed text,
+    `ExpressionTooLarge` for text nested deeper than
+    `engine.expr.MAX_NESTING`, and `TypeError` for anything that is not a
+    ``str``.  The parser loop never recurses, whatever the text.
 
     Examples
     --------
@@ -538,7 +560,12 @@ def parse(text: str) -> Node:
         # reduced on the token after its last one, which is the culprit.
         raise _token_error(text, len(tokens) - operator.length_hint(stream) - 2,
                            bad.message, bad.expected) from None
-    return values[0]
+    node = values[0]
+    # Every node of the AST takes at least one token, so only a text of more
+    # tokens than that can be nested too deep: short texts skip the walk.
+    if len(tokens) > MAX_NESTING:
+        check_nesting(node)
+    return node
 
 
 def parse_many(texts: Iterable[str]) -> list[Node]:
@@ -546,8 +573,9 @@ def parse_many(texts: Iterable[str]) -> list[Node]:
 
     The cyclic garbage collector is paused meanwhile: ASTs hold no cycles,
     and the collections that millions of new, long-lived objects trigger
-    would take a quarter of the time.  A `ParseError` carries a note saying
-    which text of the batch failed.
+    would take a quarter of the time.  A `ParseError` or
+    `ExpressionTooLarge` carries a note saying which text of the batch
+    failed.
     """
     parsed: dict[str, Node] = {}
     nodes = []
@@ -561,7 +589,7 @@ def parse_many(texts: Iterable[str]) -> list[Node]:
             if node is None:
                 try:
                     node = parsed[text] = parse(text)
-                except ParseError as error:
+                except (ParseError, ExpressionTooLarge) as error:
                     error.add_note(f"in expression {number} of the batch")
                     raise
             nodes.append(node)
@@ -600,6 +628,7 @@ def _syntax_error(text: str, index: int, states: list, kind: int, value) -> Pars
     previous = matches[index - 1] if index else None
     if kind == _BAD and value.expected:
         message, expected = value.message, value.expected
+        offset += value.at
     elif (operator_run and previous is not None and previous.end(1) == offset
           and _classify(previous.group(1))[0] == _KIND["CMP"]):
         # `a == 1`, `a => 1`: one unknown operator, not two known ones.
@@ -706,5 +735,9 @@ def to_text(node: Node) -> str:
     --------
     >>> to_text(And((Pred("a", Op.EQ, (1,)), Or((Pred("b", Op.LT, (2.5,)), Pred("and", Op.IS_NULL))))))
     'a = 1 AND (b < 2.5 OR "and" IS NULL)'
+
+    Raises `ExpressionTooLarge` for an AST nested deeper than
+    `engine.expr.MAX_NESTING`, which `parse` would refuse.
     """
+    check_nesting(node)
     return _node_text(node, _OR_LEVEL)

@@ -5,14 +5,15 @@ against the reference evaluator, and the reference evaluator against DuckDB.
 from __future__ import annotations
 
 import time
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import ExpressionTooLarge
-from engine.expr import (And, Interval, Not, Op, Or, Pred, Xnor, Xor, merge_conjunction, to_cnf,
-                         to_dnf, to_interval, to_nnf)
+from engine.expr import (And, Interval, Not, Op, Or, Pred, Xnor, Xor, _too_large, merge_conjunction, negate,
+                         to_cnf, to_dnf, to_interval, to_nnf)
 from engine.reference import evaluate, matches
 from tests import strategies as S
 from tests.sql_oracle import STRATEGIES_SCHEMA, duckdb_evaluate
@@ -152,6 +153,87 @@ def test_size_limit_fails_fast():
     with pytest.raises(ExpressionTooLarge):
         to_dnf(chain)
     assert time.perf_counter() - t0 < 5
+
+
+CHAIN = 8000
+
+
+def test_long_chains_are_rewritten_in_linear_time():
+    """An n-term chain is one CNF clause (OR) or DNF conjunction (AND) of
+    all n predicates, or n single-predicate ones.  Joining the chain's
+    single terms one by one copied an ever longer term n times: 8,000
+    terms took minutes."""
+    start = time.perf_counter()
+    preds = tuple(P(f"c{i}", Op.EQ, i) for i in range(CHAIN))
+    or_chain, and_chain = Or(preds), And(preds)
+    assert to_cnf(or_chain, limit=1) == [preds]
+    assert to_dnf(and_chain, limit=1) == [preds]
+    assert to_dnf(or_chain, limit=CHAIN) == [(p,) for p in preds]
+    assert to_cnf(and_chain, limit=CHAIN) == [(p,) for p in preds]
+    with pytest.raises(ExpressionTooLarge, match="limit of 256 conjunctions"):
+        to_dnf(or_chain, limit=256)
+    with pytest.raises(ExpressionTooLarge, match="limit of 256 clauses"):
+        to_cnf(and_chain, limit=256)
+    # repetitions are dropped (first occurrence kept), negations folded in
+    assert to_cnf(Or(preds + preds[::-1]), limit=1) == [preds]
+    assert to_dnf(Not(or_chain), limit=1) == [tuple(negate(p) for p in preds)]
+    # a two-term part inside the chain: two conjunctions, the chain around it kept in order
+    x, y = P("x", Op.EQ, 1), P("y", Op.EQ, 1)
+    half = CHAIN // 2
+    split = And(preds[:half] + (Or((x, y)),) + preds[half:])
+    assert to_dnf(split, limit=2) == [preds[:half] + (x,) + preds[half:], preds[:half] + (y,) + preds[half:]]
+    assert time.perf_counter() - start < 5
+
+
+def _cross_one_part_at_a_time(parts, dnf, limit):
+    """The cross product as it was written before runs of single terms were
+    joined first (quadratic on chains): the reference for `_cross`."""
+    acc = [()]
+    for part in parts:
+        if not part:
+            return []
+        nxt = {}
+        for a in acc:
+            for b in part:
+                term = tuple(dict.fromkeys(a + b))
+                nxt.setdefault(frozenset(term), term)
+                if len(nxt) > limit:
+                    raise _too_large(dnf, limit, len(nxt))
+        acc = list(nxt.values())
+    return acc
+
+
+def _outcome(rewrite, expr, limit):
+    try:
+        return rewrite(expr, limit=limit)
+    except ExpressionTooLarge as error:
+        return str(error)
+
+
+# chains over a few predicates, so that repetitions are common, with some
+# two-predicate parts and negations among the single ones
+_few = st.sampled_from([P(f"n{i}", Op.EQ, 1) for i in range(4)])
+_links = st.one_of(_few, _few.map(Not), st.builds(lambda a, b: And((a, b)), _few, _few),
+                   st.builds(lambda a, b: Or((a, b)), _few, _few), st.builds(Xor, _few, _few))
+chains_with_repeats = st.builds(lambda cls, links: cls(tuple(links)), st.sampled_from([And, Or]),
+                                st.lists(_links, min_size=1, max_size=12))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(S.expressions(max_leaves=10, with_not_matches=True), chains_with_repeats), st.integers(1, 40))
+def test_normal_forms_are_those_of_the_one_part_at_a_time_product(expr, limit):
+    """Same terms, same order, same de-duplication and the same
+    ExpressionTooLarge (at the same count) as the direct product."""
+    with mock.patch("engine.expr._cross", _cross_one_part_at_a_time):
+        want = [_outcome(rewrite, expr, limit) for rewrite in (to_dnf, to_cnf)]
+    assert [_outcome(rewrite, expr, limit) for rewrite in (to_dnf, to_cnf)] == want
+
+
+def test_predicates_equal_across_int_and_float_but_not_bool():
+    a1, a1f, a_true = P("a", Op.EQ, 1), P("a", Op.EQ, 1.0), P("a", Op.EQ, True)
+    assert a1 == a1f and hash(a1) == hash(a1f)
+    assert a1 != a_true
+    assert len({a1, a1f, a_true}) == 2
 
 
 # ---------------------------------------------------------------- intervals (BE-Tree Table 1)

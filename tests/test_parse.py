@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.errors import ParseError
-from engine.expr import And, Not, Op, Or, Pred, Xnor, Xor, to_nnf
+from engine.errors import ExpressionTooLarge, ParseError
+from engine.expr import MAX_NESTING, And, Not, Op, Or, Pred, Xnor, Xor, to_nnf
 from engine.parse import (_END, _LARK, KEYWORDS, _BadToken, _piece_tokens, _text_tokens, parse, parse_many,
                           to_text)
 from tests.strategies import expressions
@@ -145,7 +145,9 @@ def test_long_chains_and_deep_nesting_parse_in_linear_time():
     start = time.perf_counter()
     chain = parse(" AND ".join(f"a{i} = {i}" for i in range(n)))
     nested = parse("(" * n + "a = 1" + ")" * n)
-    negated = parse("NOT " * 2000 + "a = 1")
+    negated = parse("NOT " * MAX_NESTING + "a = 1")
+    with pytest.raises(ExpressionTooLarge):
+        parse("NOT " * n + "a = 1")
     assert time.perf_counter() - start < 20   # quadratic chains would take minutes
     assert isinstance(chain, And) and len(chain.children) == n
     assert chain.children[-1] == P(f"a{n - 1}", Op.EQ, n - 1)
@@ -153,7 +155,7 @@ def test_long_chains_and_deep_nesting_parse_in_linear_time():
     depth = 0
     while isinstance(negated, Not):
         negated, depth = negated.child, depth + 1
-    assert depth == 2000 and negated == A
+    assert depth == MAX_NESTING and negated == A
 
 
 # ---------------------------------------------------------------- identifiers and strings
@@ -191,6 +193,8 @@ def test_attribute_names(text, attr):
     ("s = 'two\nlines'", "two\nlines"),
     ("s = 'é€😀'", "é€😀"),
     ("s = '(,)'", "(,)"),
+    ("s = '\x00'", "\x00"),
+    ("s = 'a\x00b\x00'", "a\x00b\x00"),
 ])
 def test_string_literals(text, value):
     assert parse(text) == P("s", Op.EQ, value)
@@ -224,6 +228,20 @@ def test_keywords_are_reserved_unless_quoted(word, case):
 def test_numbers(literal, value, kind):
     (parsed,) = parse(f"n = {literal}").values
     assert type(parsed) is kind and parsed == value
+
+
+@pytest.mark.parametrize("literal, value", [
+    # int() refuses more than 4300 digits: leading zeros of any length are fine
+    ("0" * 5000 + "1", 1), ("-" + "0" * 5000 + "7", -7), ("+" + "0" * 5000, 0),
+    ("0" * 5000 + "9007199254740992", 2 ** 53), ("-" + "0" * 100_000 + "9007199254740992", -2 ** 53),
+    # floats of any length are rounded to the nearest float64
+    ("0." + "0" * 5000 + "1e5000", 0.1), ("1" * 300 + ".0", float("1" * 300)),
+    ("1" + "0" * 5000 + "e-5000", 1.0), ("0" * 5000 + ".5", 0.5), ("0e" + "9" * 5000, 0.0),
+    ("1e-" + "9" * 5000, 0.0), ("4.9e-324", 5e-324), ("1.7976931348623157e308", 1.7976931348623157e308),
+])
+def test_numbers_of_any_length(literal, value):
+    (parsed,) = parse(f"n = {literal}").values
+    assert type(parsed) is type(value) and parsed == value
 
 
 def test_negative_zero_keeps_its_sign():
@@ -268,6 +286,22 @@ def test_negative_zero_keeps_its_sign():
     ("a = -9007199254740993", 1, 5, "not exactly representable as a float64",
      ("integer of magnitude at most 2**53",)),
     ("a IN (1, " + "9" * 5000 + ")", 1, 10, "2**53", ("integer of magnitude at most 2**53",)),
+    ("a = " + "0" * 5000 + "9007199254740993", 1, 5, "2**53", ("integer of magnitude at most 2**53",)),
+    ("a = -" + "0" * 5000 + "1" + "0" * 5000, 1, 5, "2**53", ("integer of magnitude at most 2**53",)),
+    ("a = 1" + "0" * 309 + ".0", 1, 5, "infinite", ("finite number",)),
+    ("a = 0." + "0" * 5000 + "1e5400", 1, 5, "infinite", ("finite number",)),
+    ("a = 1e" + "9" * 5000, 1, 5, "infinite", ("finite number",)),
+    ("a = -1.8e308", 1, 5, "infinite", ("finite number",)),
+    # text that is not valid Unicode: the column is the lone surrogate's
+    ("s = 'x\ud800'", 1, 7, "string is not valid Unicode: it holds the lone surrogate '\\ud800'",
+     ("valid Unicode text",)),
+    ("s IN ('ok', '\udfff')", 1, 14, "lone surrogate '\\udfff'", ("valid Unicode text",)),
+    ("s LIKE '%\udc00%'", 1, 10, "string is not valid Unicode", ("valid Unicode text",)),
+    ("s MATCHES '\ud83d\ude00'", 1, 12, "lone surrogate '\\ud83d'", ("valid Unicode text",)),
+    ("s BETWEEN 'a' AND 'it''s \ud800'", 1, 26, "string is not valid Unicode", ("valid Unicode text",)),
+    ('"na\udc80me" = 1', 1, 4, "quoted attribute name is not valid Unicode", ("valid Unicode text",)),
+    ("a = 1\nOR \"x y\" = 'two words \ud800'", 2, 23, "string is not valid Unicode", ("valid Unicode text",)),
+    ("a = 1 AND \ud800 = 1", 1, 11, "unexpected character '\\ud800'", ("attribute",)),
     # invalid RE2 patterns
     ("s MATCHES '('", 1, 11, "invalid RE2 pattern", ("valid RE2 pattern",)),
     ("a = 1 AND s MATCHES '(a)\\1'", 1, 21, "invalid RE2 pattern", ("valid RE2 pattern",)),
@@ -475,6 +509,9 @@ def test_parse_many_says_which_text_failed():
     with pytest.raises(ParseError) as info:
         parse_many(["a = 1", "b = 1", "c =="])
     assert "in expression 2 of the batch" in info.value.__notes__
+    with pytest.raises(ExpressionTooLarge) as info:
+        parse_many(["a = 1", "NOT " * (MAX_NESTING + 1) + "b = 1"])
+    assert "in expression 1 of the batch" in info.value.__notes__
     with pytest.raises(TypeError, match="expression 1"):
         parse_many(["a = 1", None])
 
