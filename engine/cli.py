@@ -8,12 +8,20 @@ Subscriptions are ``id<TAB>expression`` text lines or Parquet in the
 columnar form (engine.columnar); events are JSON Lines or Parquet (one row
 per event); matches are written as JSON Lines (default, to stdout) or
 Parquet, one ``(event, sub_id)`` row per match.
+
+Bad input ends a run with one line on stderr, naming the file and the line
+(1-based; the row for Parquet events), and exit status 2 -- never a
+traceback.  An ``--out`` file appears only when the run succeeds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import re
+import secrets
 import sys
 from pathlib import Path
 
@@ -24,6 +32,9 @@ from tqdm import tqdm
 from engine.errors import BexmatchError
 
 EVENT_BATCH = 8192
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+#: how the engine names an event of a batch it refuses ("event 3: ...")
+_ENGINE_EVENT = re.compile(r"^event (\d+): (.*)$", re.S)
 
 
 def _is_parquet(path: str) -> bool:
@@ -31,122 +42,230 @@ def _is_parquet(path: str) -> bool:
     return p.suffix == ".parquet" or (p.is_dir() and any(p.glob("*.parquet")))
 
 
-def load_subscriptions(index, path: str, progress: bool = True) -> None:
-    """Fill ``index`` from a Parquet columnar file or ``id<TAB>expr`` text."""
-    if _is_parquet(path):
-        index.add_many(pq.read_table(path))
-        return
-    ids, texts = [], []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            line = line.rstrip("\n")
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            sub_id, sep, text = line.partition("\t")
-            if not sep:
-                raise BexmatchError(f"{path}:{number}: expected 'id<TAB>expression'")
+def _lines(path: str):
+    """(1-based line number, text without its line ending) of a UTF-8 text
+    file; a line that is not UTF-8 is an error naming it."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
             try:
-                ids.append(int(sub_id))
-            except ValueError:
-                raise BexmatchError(f"{path}:{number}: subscription id {sub_id!r} is not an integer") from None
-            texts.append(text)
+                yield number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise BexmatchError(f"{path}:{number}: not valid UTF-8 (byte {exc.start + 1} of the line)") from None
+
+
+@contextlib.contextmanager
+def _parquet_errors(path: str):
+    """A Parquet file pyarrow cannot read is the input's fault: say so, naming it."""
+    try:
+        yield
+    except pa.ArrowException as exc:
+        raise BexmatchError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def load_subscriptions(index, path: str, progress: bool = True) -> None:
+    """Fill ``index`` from a Parquet columnar file or ``id<TAB>expr`` text;
+    an error in the text names its line."""
+    if _is_parquet(path):
+        with _parquet_errors(path):
+            table = pq.read_table(path)
+        try:
+            index.add_many(table)
+        except (BexmatchError, KeyError) as exc:   # KeyError: an id given twice
+            raise BexmatchError(f"{path}: {_message(exc)}") from None
+        return
+    ids, texts, lines = [], [], []
+    for number, line in _lines(path):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        sub_id, sep, text = line.partition("\t")
+        if not sep:
+            raise BexmatchError(f"{path}:{number}: expected 'id<TAB>expression'")
+        try:
+            sub_id = int(sub_id)
+        except ValueError:
+            raise BexmatchError(f"{path}:{number}: subscription id {sub_id!r} is not an integer") from None
+        if not INT64_MIN <= sub_id <= INT64_MAX:
+            raise BexmatchError(f"{path}:{number}: subscription id {sub_id} does not fit in int64")
+        ids.append(sub_id)
+        texts.append(text)
+        lines.append(number)
     from engine.parse import parse
     nodes = []
-    for sub_id, text in tqdm(list(zip(ids, texts)), desc="parse", unit="sub", disable=not progress or None):
+    for sub_id, text, number in tqdm(list(zip(ids, texts, lines)), desc="parse", unit="sub",
+                                     disable=not progress or None):
         try:
             nodes.append(parse(text))
         except BexmatchError as exc:
-            raise BexmatchError(f"{path}: subscription {sub_id}: {exc}") from None
-    index.add_many(ids, nodes)
+            raise BexmatchError(f"{path}:{number}: subscription {sub_id}: {exc}") from None
+    try:
+        index.add_many(ids, nodes)
+    except (BexmatchError, KeyError) as exc:   # KeyError: an id given twice
+        row, error = _first_refused(index, ids, nodes, exc)
+        raise BexmatchError(f"{path}:{lines[row]}: {_message(error)}") from None
+
+
+def _first_refused(index, ids, nodes, error) -> tuple[int, Exception]:
+    """The first row whose subscription ``add_many`` refuses, and the error:
+    the shortest refused prefix, by bisection on fresh indexes.  (add_many
+    is all or nothing, and a row can clash with an earlier one -- a
+    repeated id, another type family -- so a prefix, not the row alone, is
+    what is refused.)  Only on the error path: about log2(rows) adds."""
+    def refused(n):
+        try:
+            type(index)(algorithm=index.algorithm, backend=index.backend).add_many(ids[:n], nodes[:n])
+        except (BexmatchError, KeyError) as exc:
+            return exc
+        return None
+
+    low, high = 0, len(ids)          # the prefix of `low` rows is accepted, that of `high` refused
+    while high - low > 1:
+        middle = (low + high) // 2
+        found = refused(middle)
+        if found is None:
+            low = middle
+        else:
+            high, error = middle, found
+    return high - 1, error
+
+
+def _message(exc: Exception) -> str:
+    return exc.args[0] if isinstance(exc, KeyError) else str(exc)
 
 
 def event_batches(path: str, batch_size: int = EVENT_BATCH):
-    """Yield events as pyarrow Tables (Parquet) or lists of dicts (JSON Lines)."""
+    """Yield ``(events, lines)``: pyarrow Tables (Parquet) or lists of dicts
+    (JSON Lines), with the 1-based line number of each event of a JSON
+    Lines batch (None for Parquet, whose events are rows)."""
     if _is_parquet(path):
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size) if Path(path).is_file() \
-                else pq.read_table(path).to_batches(batch_size):
-            yield pa.Table.from_batches([batch])
+        with _parquet_errors(path):
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size) if Path(path).is_file() \
+                    else pq.read_table(path).to_batches(batch_size):
+                yield pa.Table.from_batches([batch]), None
         return
-    batch = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BexmatchError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(event, dict):
-                raise BexmatchError(f"{path}:{number}: an event must be a JSON object")
-            batch.append(event)
-            if len(batch) == batch_size:
-                yield batch
-                batch = []
+    batch, lines = [], []
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BexmatchError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise BexmatchError(f"{path}:{number}: not valid JSON (nested too deeply)") from None
+        if not isinstance(event, dict):
+            raise BexmatchError(f"{path}:{number}: an event must be a JSON object")
+        batch.append(event)
+        lines.append(number)
+        if len(batch) == batch_size:
+            yield batch, lines
+            batch, lines = [], []
     if batch:
-        yield batch
+        yield batch, lines
 
 
 def _count_events(path: str) -> int | None:
     if _is_parquet(path) and Path(path).is_file():
-        return pq.ParquetFile(path).metadata.num_rows
+        with _parquet_errors(path):
+            return pq.ParquetFile(path).metadata.num_rows
     return None
 
 
+def _refused_event(path: str, lines, seen: int, n: int, exc: Exception) -> BexmatchError:
+    """A batch's refusal as an error naming the line (JSON Lines) or the
+    1-based row (Parquet) of the event the engine names."""
+    found = _ENGINE_EVENT.match(str(exc))
+    if found is None:
+        where = f"{path}:{lines[0]}-{lines[-1]}" if lines else f"{path}: rows {seen + 1}-{seen + n}"
+        return BexmatchError(f"{where}: {exc}")
+    k, problem = int(found.group(1)), found.group(2)
+    return BexmatchError(f"{path}:{lines[k]}: {problem}" if lines else f"{path}: row {seen + k + 1}: {problem}")
+
+
 class MatchWriter:
-    """Matches to Parquet or JSON Lines (a file, or stdout)."""
+    """Matches to Parquet or JSON Lines: to stdout, or to a file that
+    appears only once the run succeeds (written beside it under a temp
+    name, renamed at :meth:`commit`, removed at :meth:`discard`)."""
+
+    SCHEMA = pa.schema([("event", pa.int64()), ("sub_id", pa.int64())])
 
     def __init__(self, out: str | None):
         self.out = out
         self.parquet = out is not None and out.endswith(".parquet")
-        self.writer = None
-        self.stream = None if self.parquet else (open(out, "w", encoding="utf-8") if out else sys.stdout)
+        if out is None:
+            self.tmp, self.stream = None, sys.stdout
+            return
+        if os.path.isdir(out):
+            raise BexmatchError(f"{out}: is a directory; --out takes a file name")
+        self.tmp = os.path.join(os.path.dirname(os.path.abspath(out)),
+                                f".{os.path.basename(out)}.{secrets.token_hex(6)}.tmp")
+        try:
+            if self.parquet:
+                self.writer = pq.ParquetWriter(self.tmp, self.SCHEMA)
+            else:
+                self.stream = open(self.tmp, "x", encoding="utf-8")
+        except (OSError, pa.ArrowException) as exc:
+            raise BexmatchError(f"{out}: cannot be written ({getattr(exc, 'strerror', None) or exc})") from None
 
     def write(self, table: pa.Table) -> None:
         if self.parquet:
-            if self.writer is None:
-                self.writer = pq.ParquetWriter(self.out, table.schema)
-            self.writer.write_table(table)
+            self.writer.write_table(table.cast(self.SCHEMA))
         else:
             for event, sub_id in zip(table["event"].to_pylist(), table["sub_id"].to_pylist()):
                 self.stream.write(f'{{"event": {event}, "sub_id": {sub_id}}}\n')
 
-    def close(self) -> None:
-        if self.parquet:
-            if self.writer is None:   # no matches: still write a valid, empty file
-                pq.write_table(pa.table({"event": pa.array([], pa.int64()), "sub_id": pa.array([], pa.int64())}),
-                               self.out)
-            else:
-                self.writer.close()
-        elif self.out:
-            self.stream.close()
-        else:
+    def commit(self) -> None:
+        if self.tmp is None:
             self.stream.flush()
+            return
+        self._close()
+        os.replace(self.tmp, self.out)
+
+    def discard(self) -> None:
+        if self.tmp is None:
+            return
+        with contextlib.suppress(Exception):     # the run's own error is the one to report
+            self._close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
+
+    def _close(self) -> None:
+        if self.parquet:
+            self.writer.close()
+        else:
+            self.stream.close()
 
 
 def command_match(args) -> int:
     from engine import Index
 
-    index = Index(algorithm=args.algorithm, backend=args.backend)
-    load_subscriptions(index, args.subs, progress=not args.quiet)
-    index.merge()
-    writer = MatchWriter(args.out)
+    if args.batch_size < 1:
+        raise BexmatchError(f"--batch-size must be at least 1, not {args.batch_size}")
+    writer = MatchWriter(args.out)     # first: a bad --out fails before any work
     seen = matched = 0
-    bar = tqdm(total=_count_events(args.events), desc="match", unit="event", disable=args.quiet or None)
+    bar = None
     try:
-        for batch in event_batches(args.events, args.batch_size):
+        index = Index(algorithm=args.algorithm, backend=args.backend)
+        load_subscriptions(index, args.subs, progress=not args.quiet)
+        index.merge()
+        bar = tqdm(total=_count_events(args.events), desc="match", unit="event", disable=args.quiet or None)
+        for batch, lines in event_batches(args.events, args.batch_size):
+            n = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
             try:
                 result = index.match_batch(batch, output="arrow", errors=args.errors)
-            except BexmatchError as exc:
-                raise BexmatchError(f"{args.events}: batch starting at event {seen}: {exc}") from None
-            n = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
+            except (ValueError, TypeError) as exc:   # the engine's refusals of bad events (BexmatchError too)
+                raise _refused_event(args.events, lines, seen, n, exc) from None
             result = result.set_column(0, "event", pa.compute.add(result["event"], seen))
             writer.write(result)
             seen += n
             matched += result.num_rows
             bar.update(n)
+        writer.commit()
+    except BaseException:
+        writer.discard()
+        raise
     finally:
-        bar.close()
-        writer.close()
+        if bar is not None:
+            bar.close()
     if not args.quiet:
         print(f"{len(index)} subscriptions, {seen} events, {matched} matches", file=sys.stderr)
     return 0
@@ -205,11 +324,12 @@ def main(argv=None) -> int:
             return DELEGATED[argv[0]](argv[1:])
         args = build_parser().parse_args(argv)
         return args.handler(args)
-    except BexmatchError as exc:
-        print(f"bexmatch: error: {exc}", file=sys.stderr)
+    except (BexmatchError, KeyError) as exc:    # KeyError: duplicate or unknown subscription ids
+        print(f"bexmatch: error: {_message(exc)}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, KeyError) as exc:   # missing files; duplicate or unknown subscription ids
-        print(f"bexmatch: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+    except OSError as exc:                       # a missing or unreadable input, a directory
+        print(f"bexmatch: error: {exc.filename}: {exc.strerror}" if exc.filename else f"bexmatch: error: {exc}",
+              file=sys.stderr)
         return 2
 
 

@@ -4,6 +4,9 @@ Parquet events and output, clear errors, help for every command."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -103,3 +106,104 @@ def test_help(argv, capsys):
         main(argv)
     assert exit_info.value.code == 0
     assert "usage: bexmatch" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------- bad input
+def run_failing(argv, capsys) -> str:
+    """Run the CLI expecting a clean refusal: exit status 2 and one line on stderr."""
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bexmatch: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_directories_as_inputs_or_output_are_refused(files, capsys):
+    tmp, subs, events = files
+    folder = tmp / "folder"
+    folder.mkdir()
+    assert str(folder) in run_failing(["match", "--subs", str(folder), "--events", str(events)], capsys)
+    assert str(folder) in run_failing(["match", "--subs", str(subs), "--events", str(folder)], capsys)
+    assert "is a directory" in run_failing(["match", "--subs", str(subs), "--events", str(events),
+                                            "--out", str(folder)], capsys)
+    assert "cannot be written" in run_failing(["match", "--subs", str(subs), "--events", str(events),
+                                               "--out", str(tmp / "no-such-dir" / "m.jsonl")], capsys)
+
+
+@pytest.mark.parametrize("subs_bytes, message", [
+    (b"1\tprice > 1\n\n# comment\n99999999999999999999\tprice > 2\n", "bad.tsv:4: subscription id 99999999999999999999"
+                                                                      " does not fit in int64"),
+    (b"1\tprice > 1\n-9223372036854775809\tprice > 2\n", "bad.tsv:2: subscription id"),
+    (b"1\tprice > 1\n2\tcolor = '\xff'\n", "bad.tsv:2: not valid UTF-8"),
+    (b"1\tprice > 1\n\n2\tcolor = 'a'\n# comment\n3\tcolor > 5\n", "bad.tsv:5: subscription 3: 'color' is string"),
+    (b"1\tprice > 1\n2\tprice > 2\n\n1\tprice > 3\n", "bad.tsv:4: subscription id 1 given more than once"),
+    (b"1\tprice > 1\n2\tprice = \n", "bad.tsv:2: subscription 2"),
+])
+def test_subscription_errors_name_the_line(files, capsys, subs_bytes, message):
+    tmp, _, events = files
+    bad = tmp / "bad.tsv"
+    bad.write_bytes(subs_bytes)
+    assert message in run_failing(["match", "--subs", str(bad), "--events", str(events)], capsys)
+
+
+def test_event_errors_name_the_line_not_the_batch_position(files, capsys):
+    tmp, subs, _ = files
+    events = tmp / "bad.jsonl"
+    events.write_text('{"price": 1}\n\n{"price": 2}\n{"color": "a"}\n\n{"price": "cheap"}\n')
+    err = run_failing(["match", "--subs", str(subs), "--events", str(events), "--batch-size", "2"], capsys)
+    assert "bad.jsonl:6: attribute 'price'" in err
+    events.write_bytes(b'{"price": 1}\n{"color": "\xfe"}\n')
+    assert "bad.jsonl:2: not valid UTF-8" in run_failing(["match", "--subs", str(subs), "--events", str(events)],
+                                                         capsys)
+    events.write_text('{"price": 1}\n' + "[" * 100_000 + "\n")
+    assert "bad.jsonl:2: not valid JSON" in run_failing(["match", "--subs", str(subs), "--events", str(events)],
+                                                        capsys)
+    parquet = tmp / "bad.parquet"
+    pq.write_table(pa.table({"price": [1.0, 2.0, 3.0, float("nan"), 5.0]}), parquet)
+    err = run_failing(["match", "--subs", str(subs), "--events", str(parquet), "--batch-size", "2"], capsys)
+    assert "bad.parquet: row 4: attribute 'price'" in err
+
+
+def test_corrupt_parquet_inputs_are_refused(files, capsys):
+    tmp, subs, events = files
+    corrupt = tmp / "corrupt.parquet"
+    corrupt.write_bytes(b"PAR1 certainly not parquet")
+    for argv in (["--subs", str(corrupt), "--events", str(events)], ["--subs", str(subs), "--events", str(corrupt)]):
+        assert "corrupt.parquet: not a readable Parquet file" in run_failing(["match", *argv], capsys)
+    foreign = tmp / "foreign.parquet"
+    pq.write_table(pa.table({"x": [1]}), foreign)
+    assert "foreign.parquet: columnar subscriptions: unknown column" in run_failing(
+        ["match", "--subs", str(foreign), "--events", str(events)], capsys)
+
+
+def test_batch_size_must_be_positive(files, capsys):
+    tmp, subs, events = files
+    for size in ("0", "-3"):
+        assert "--batch-size must be at least 1" in run_failing(
+            ["match", "--subs", str(subs), "--events", str(events), "--batch-size", size], capsys)
+
+
+@pytest.mark.parametrize("name", ["m.jsonl", "m.parquet"])
+def test_a_failed_run_leaves_no_partial_output(files, capsys, name):
+    tmp, subs, _ = files
+    events = tmp / "late.jsonl"
+    events.write_text("".join(json.dumps(e) + "\n" for e in EVENTS * 3) + '{"price": "cheap"}\n')
+    out = tmp / name
+    run_failing(["match", "--subs", str(subs), "--events", str(events), "--batch-size", "2", "--out", str(out)],
+                capsys)
+    assert not out.exists()
+    # an earlier result is left as it was, and no temp file is left beside it
+    out.write_bytes(b"earlier")
+    run_failing(["match", "--subs", str(subs), "--events", str(events), "--batch-size", "2", "--out", str(out)],
+                capsys)
+    assert out.read_bytes() == b"earlier"
+    assert sorted(p.name for p in tmp.iterdir()) == sorted(["subs.tsv", "events.jsonl", "late.jsonl", name])
+
+
+def test_the_console_script_prints_no_traceback(files):
+    tmp, subs, events = files
+    bad = tmp / "bad.tsv"
+    bad.write_bytes(b"1\tprice > 1\n99999999999999999999\tprice > 2\n")
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "match", "--subs", str(bad), "--events", str(events),
+                           "--quiet"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2
+    assert done.stderr == f"bexmatch: error: {bad}:2: subscription id 99999999999999999999 does not fit in int64\n"

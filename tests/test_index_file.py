@@ -1,0 +1,394 @@
+"""Saved index files (engine.index_file): every malformed file -- flipped
+bits, truncations, crafted contents with valid checksums -- is an
+IndexFileError naming the path, saves respect the umask, and a killed save
+leaves nothing behind once the next save has run."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import zipfile
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from engine import Index, IndexFileError
+from engine.index_file import ARRAY_DTYPES
+
+SUBSCRIPTIONS = {
+    1: "price <= 580 AND color = 'silver'",
+    2: "name = '" + "long " * 80 + "' OR size IN (1, 2, 3)",
+    3: "color IN ('red', 'blue') AND NOT (price BETWEEN 10 AND 20)",
+    4: "color LIKE 'si%' OR name MATCHES '^ab+c'",
+    5: "missing IS NULL AND flag = true",
+    6: "other IS NOT NULL XOR price > 3.5",
+    7: "NOT color LIKE '%x_' AND color NOT IN ('green') AND flag <> false",
+    8: "(price > 1 OR size < 0) AND (color = 'gold' OR (name IS NULL AND size >= 2))",
+}
+EVENTS = [{"price": 550, "color": "silver", "flag": True, "size": 2},
+          {"price": 15, "color": "red", "name": "abbbc", "other": 1},
+          {"name": "long " * 80, "flag": False, "color": "greenx"},
+          {"price": 3.5, "color": "gold", "size": 2}, {}]
+#: events for an index loaded from a crafted file, whatever it now holds
+PROBES = EVENTS + [{"price": "text", "color": 5}]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(path, bytes, expected matches) of a small index of every kind of predicate."""
+    index = Index(algorithm="opindex", backend="cpu", options={"segments": 4})
+    for sub_id, text in SUBSCRIPTIONS.items():
+        index.add(sub_id, text)
+    path = tmp_path_factory.mktemp("saved") / "subs.bexidx"
+    index.save(path)
+    return path, path.read_bytes(), matches(index)
+
+
+def matches(index) -> list[list[int]]:
+    return [ids.tolist() for ids in index.match_batch(EVENTS)]
+
+
+def members(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        meta = json.loads(archive.read("meta.json"))
+        arrays = {name: np.load(io.BytesIO(archive.read(f"{name}.npy"))) for name in ARRAY_DTYPES}
+    return meta, arrays
+
+
+def rewritten(meta: dict, arrays: dict, *, meta_text: str | None = None) -> bytes:
+    """A well-formed archive of ``meta`` and ``arrays``, its checksums made to match."""
+    meta = {**meta, "sha256": {name: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+                               for name, a in arrays.items()}} if "sha256" in meta else meta
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("meta.json", json.dumps(meta) if meta_text is None else meta_text)
+        for name, array in arrays.items():
+            npy = io.BytesIO()
+            np.save(npy, array, allow_pickle=False)
+            archive.writestr(f"{name}.npy", npy.getvalue())
+    return buffer.getvalue()
+
+
+def load_or_refuse(path, expected=None) -> str:
+    """Load ``path``: it must raise IndexFileError naming the path, or load
+    an index that matches (exactly ``expected`` when given) and stays
+    updatable.  Returns which happened."""
+    try:
+        loaded = Index.load(path)
+    except IndexFileError as exc:
+        assert str(path) in str(exc)
+        return "refused"
+    if expected is not None:
+        assert matches(loaded) == expected
+    else:
+        loaded.match_batch(PROBES, errors="null")
+    loaded.add(10 ** 6, "price > 0 OR color = 'new'")
+    loaded.match_batch(PROBES, errors="null")
+    return "loaded"
+
+
+@pytest.mark.parametrize("fill", [
+    lambda index: None,
+    lambda index: index.add(1, "brand IS NULL"),
+    lambda index: index.add_many(pa.table({"sub_id": [1, 1, 2], "attr": ["price", "color", "price"],
+                                           "op": ["<=", "=", ">"], "value": [580.0, None, 600.0],
+                                           "str_value": [None, "silver", None]})),
+    lambda index: [index.add(i, SUBSCRIPTIONS[i]) for i in SUBSCRIPTIONS] and index.remove(8),
+], ids=["empty", "family-less attribute", "columnar", "after a removal"])
+def test_round_trips(tmp_path, fill):
+    index = Index(algorithm="scan", backend="cpu")
+    fill(index)
+    index.save(tmp_path / "subs.bexidx")
+    loaded = Index.load(tmp_path / "subs.bexidx")
+    assert matches(loaded) == matches(index) and len(loaded) == len(index)
+
+
+# ------------------------------------------------------------------ fuzzing
+FLIPS, TRUNCATIONS, CRAFTED = 300, 100, 300
+
+
+def test_flipped_bits_are_refused_or_harmless(saved, tmp_path):
+    path, data, expected = saved
+    rng = random.Random(20240601)
+    outcomes = []
+    for case in range(FLIPS):
+        flipped = bytearray(data)
+        for _ in range(rng.choice((1, 1, 1, 2, 8))):
+            flipped[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        bad = tmp_path / f"flip{case}.bexidx"
+        bad.write_bytes(bytes(flipped))
+        outcomes.append(load_or_refuse(bad, expected))
+    assert outcomes.count("refused") > FLIPS // 2
+
+
+def test_truncated_files_are_refused(saved, tmp_path):
+    path, data, _ = saved
+    rng = random.Random(7)
+    for case, length in enumerate([0, 1, 4, 22, len(data) - 1, len(data) - 22]
+                                  + [rng.randrange(len(data)) for _ in range(TRUNCATIONS - 6)]):
+        bad = tmp_path / f"cut{case}.bexidx"
+        bad.write_bytes(data[:length])
+        assert load_or_refuse(bad) == "refused", length
+
+
+WEIRD = [None, True, False, 0, -5, 1, 2 ** 63, 10 ** 12, 1.5, float("inf"), "", "x", "\ud800", "[", "numeric",
+         [], [1], ["a", "b"], [["a", "numeric"]], {}, {"a": 1}, {"variant": "nope"}, {"segments": 3}]
+
+
+def _paths(value, prefix=()):
+    """Every (path into a JSON value) of ``value``, the value itself included."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, prefix + (key,))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _paths(item, prefix + (i,))
+
+
+def _replaced(value, path, new):
+    if not path:
+        return new
+    copy = list(value) if isinstance(value, list) else dict(value)
+    copy[path[0]] = _replaced(value[path[0]], path[1:], new)
+    return copy
+
+
+def test_crafted_metadata_with_valid_checksums_is_refused_or_works(saved, tmp_path):
+    path, data, _ = saved
+    meta, arrays = members(data)
+    rng = random.Random(99)
+    outcomes = []
+    for case in range(CRAFTED):
+        crafted = meta
+        for _ in range(rng.choice((1, 1, 2))):
+            # (the checksums stay valid: they are the one thing left as saved)
+            paths = [p for p in _paths(crafted) if p[:1] != ("sha256",)]
+            crafted = _replaced(crafted, rng.choice(paths), rng.choice(WEIRD))
+        bad = tmp_path / f"meta{case}.bexidx"
+        bad.write_bytes(rewritten(meta, arrays, meta_text=json.dumps(crafted)))
+        outcomes.append(load_or_refuse(bad))
+    assert outcomes.count("refused") > CRAFTED // 2
+
+
+def _with(meta: dict, **changes) -> dict:
+    return {**meta, **changes}
+
+
+def _schema(meta: dict, **changes) -> dict:
+    return {**meta, "schema": {**meta["schema"], **changes}}
+
+
+@pytest.mark.parametrize("craft", [
+    lambda m, a: (_with(m, dnf_limit=-5), a),
+    lambda m, a: (_with(m, dnf_limit=True), a),
+    lambda m, a: (_with(m, max_depth=0), a),
+    lambda m, a: (_with(m, version=True), a),
+    lambda m, a: (_with(m, algorithm="nope"), a),
+    lambda m, a: (_with(m, backend=3), a),
+    lambda m, a: (_with(m, options=[]), a),
+    lambda m, a: (_with(m, options={"nope": 1}), a),
+    lambda m, a: (_with(m, options={"segments": 3}), a),
+    lambda m, a: (_with(m, options={"schema": None}), a),
+    lambda m, a: (_with(m, extra=1), a),
+    lambda m, a: (_schema(m, attributes={"price": "numeric"}), a),
+    lambda m, a: (_schema(m, attributes=[["price", "numeric", 1]]), a),
+    lambda m, a: (_schema(m, attributes=[[1, "numeric"]] + m["schema"]["attributes"][1:]), a),
+    lambda m, a: (_schema(m, attributes=[["price", "integer"]] + m["schema"]["attributes"][1:]), a),
+    lambda m, a: (_schema(m, attributes=m["schema"]["attributes"][:1] * 2 + m["schema"]["attributes"][2:]), a),
+    lambda m, a: (_schema(m, strings=[5] + m["schema"]["strings"][1:]), a),
+    lambda m, a: (_schema(m, strings=["\ud800"] + m["schema"]["strings"][1:]), a),
+    lambda m, a: (_schema(m, strings=m["schema"]["strings"][:1] * 2 + m["schema"]["strings"][2:]), a),
+    lambda m, a: (_schema(m, strings=m["schema"]["strings"][:-1]), a),
+    lambda m, a: (_schema(m, patterns=[["regex", "(unclosed"]] + m["schema"]["patterns"][1:]), a),
+    lambda m, a: (_schema(m, patterns=[["like", 5]] + m["schema"]["patterns"][1:]), a),
+    lambda m, a: (_schema(m, patterns=[["glob", "x"]] + m["schema"]["patterns"][1:]), a),
+    lambda m, a: (_schema(m, patterns=m["schema"]["patterns"][:-1]), a),
+    lambda m, a: (_schema(m, patterns="x"), a),
+    lambda m, a: (_schema(m, patterns=[["regex" if kind == "like" else "like", text]
+                                       for kind, text in m["schema"]["patterns"]]), a),
+    lambda m, a: (m, {**a, "prog_kind": np.where(a["prog_kind"] == 1, 9, a["prog_kind"]).astype(np.int8)}),
+    lambda m, a: (m, {**a, "prog_arg": a["prog_arg"] + 1000}),
+    lambda m, a: (m, {**a, "prog_offsets": a["prog_offsets"][::-1].copy()}),
+    lambda m, a: (m, {**a, "pred_op": np.full_like(a["pred_op"], 99)}),
+    lambda m, a: (m, {**a, "pred_attr": a["pred_attr"] - 1}),
+    lambda m, a: (m, {**a, "pred_aux": np.full_like(a["pred_aux"], 7)}),
+    lambda m, a: (m, {**a, "pred_lo_key": np.full_like(a["pred_lo_key"], np.nan)}),
+    lambda m, a: (m, {**a, "pred_lo_key": a["pred_lo_key"] - 1000.5}),
+    lambda m, a: (m, {**a, "set_offsets": a["set_offsets"] + 1}),
+    lambda m, a: (m, {**a, "set_keys": -a["set_keys"] - 1}),
+    lambda m, a: (m, {**a, "sub_ids": a["sub_ids"][::-1].copy()}),
+    lambda m, a: (m, {**a, "sub_ids": a["sub_ids"].astype(np.int32)}),
+    lambda m, a: (m, {**a, "sub_ids": a["sub_ids"].astype(">i8")}),
+    lambda m, a: (m, {**a, "sub_ids": a["sub_ids"].reshape(1, -1)}),
+    lambda m, a: (m, {**a, "pred_op": a["pred_op"][:-1]}),
+])
+def test_crafted_contents_are_refused_at_load(saved, tmp_path, craft):
+    path, data, _ = saved
+    meta, arrays = craft(*members(data))
+    bad = tmp_path / "crafted.bexidx"
+    bad.write_bytes(rewritten(meta, arrays))
+    with pytest.raises(IndexFileError, match="crafted.bexidx"):
+        Index.load(bad)
+
+
+def test_an_overstated_max_depth_loads_with_the_depth_the_programs_need(saved, tmp_path):
+    """Files saved before max_depth was exact could record more than the
+    programs need; a crafted one, far more (10**12 stacks would not fit in
+    memory): the depth used is the one the programs need."""
+    path, data, _ = saved
+    meta, arrays = members(data)
+    bad = tmp_path / "deep.bexidx"
+    bad.write_bytes(rewritten(_with(meta, max_depth=10 ** 12), arrays))
+    loaded, original = Index.load(bad), Index.load(path)
+    assert loaded._main.max_depth == original._main.max_depth < 100
+    assert [m.tolist() for m in loaded.match_batch(EVENTS)] == \
+        [m.tolist() for m in original.match_batch(EVENTS)]
+
+
+@pytest.mark.parametrize("meta_text", ['{"magic": "bexmatch-index", "version": 1, "dnf_limit": NaN}',
+                                       "[" * 100_000, "\"\\ud800\"", "{\"magic\": \"bexmatch-index\"}"])
+def test_malformed_meta_json_is_refused(saved, tmp_path, meta_text):
+    path, data, _ = saved
+    meta, arrays = members(data)
+    bad = tmp_path / "meta.bexidx"
+    bad.write_bytes(rewritten(meta, arrays, meta_text=meta_text))
+    with pytest.raises(IndexFileError, match="meta.bexidx"):
+        Index.load(bad)
+
+
+def test_encrypted_or_compressed_members_are_refused(saved, tmp_path):
+    path, data, _ = saved
+    flagged = bytearray(data)
+    flagged[data.index(b"PK\x01\x02") + 8] |= 0x41    # the first member "strongly encrypted"
+    (tmp_path / "encrypted.bexidx").write_bytes(bytes(flagged))
+    with pytest.raises(IndexFileError, match="encrypted.bexidx"):
+        Index.load(tmp_path / "encrypted.bexidx")
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(tmp_path / "deflated.bexidx", "w",
+                                                                   zipfile.ZIP_DEFLATED) as dst:
+        for item in src.infolist():
+            dst.writestr(item.filename, src.read(item))
+    with pytest.raises(IndexFileError, match="deflated.bexidx"):
+        Index.load(tmp_path / "deflated.bexidx")
+
+
+def test_a_missing_file_and_a_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.bexidx"):
+        Index.load(tmp_path / "missing.bexidx")
+    with pytest.raises(IndexFileError, match="is a directory"):
+        Index.load(tmp_path)
+
+
+def test_options_saved_for_another_backend_are_file_errors(saved, tmp_path):
+    path, data, _ = saved
+    meta, arrays = members(data)
+    bad = tmp_path / "cuda-options.bexidx"
+    bad.write_bytes(rewritten({**meta, "options": {"counting": "sort"}}, arrays))
+    with pytest.raises(IndexFileError, match="counting"):
+        Index.load(bad, backend="cpu")
+    # the caller's own options are the caller's errors, as for Index(...)
+    with pytest.raises(TypeError):
+        Index.load(path, options={"nope": 1})
+
+
+# ------------------------------------------------------------------ writing
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_saved_files_respect_the_umask(tmp_path, umask, mode):
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, "price > 1")
+    old = os.umask(umask)
+    try:
+        index.save(tmp_path / "subs.bexidx")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "subs.bexidx").st_mode & 0o777 == mode
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_the_next_save_removes_a_killed_saves_temp_file(tmp_path):
+    # a save that hangs once its temp file is half written, then is killed
+    script = (
+        "import sys, time, zipfile\n"
+        "from engine import Index\n"
+        "index = Index(algorithm='scan', backend='cpu')\n"
+        "index.add(1, 'price > 1')\n"
+        "write = zipfile.ZipFile.writestr\n"
+        "def hang(self, *args, **kwargs):\n"
+        "    write(self, *args, **kwargs)\n"
+        "    self.fp.flush()\n"
+        "    print('writing', flush=True)\n"
+        "    time.sleep(600)\n"
+        "zipfile.ZipFile.writestr = hang\n"
+        "index.save(sys.argv[1])\n")
+    child = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "subs.bexidx")],
+                             stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        assert child.stdout.readline() == "writing\n"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+    orphans = list(tmp_path.glob(".bexmatch-*.tmp"))
+    assert len(orphans) == 1 and not (tmp_path / "subs.bexidx").exists()
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(2, "price < 1")
+    index.save(tmp_path / "other.bexidx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.bexidx"]
+
+
+def test_live_and_foreign_temp_files_are_left_alone(tmp_path):
+    host = socket.gethostname()
+    live = tmp_path / f".bexmatch-{host}-{os.getpid()}-00ff.tmp"          # a concurrent save of this process
+    foreign = tmp_path / f".bexmatch-elsewhere.example-{_dead_pid()}-00ff.tmp"   # another host's
+    stale = tmp_path / f".bexmatch-{host}-{_dead_pid()}-00ff.tmp"
+    unrelated = tmp_path / ".bexmatch-notes.tmp"
+    for path in (live, foreign, stale, unrelated):
+        path.write_bytes(b"partial")
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, "price > 1")
+    index.save(tmp_path / "subs.bexidx")
+    assert live.exists() and foreign.exists() and unrelated.exists() and not stale.exists()
+
+
+def test_concurrent_saves_to_one_directory_all_succeed(tmp_path):
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(range(200), [f"price > {i}" for i in range(200)])
+    failures = []
+
+    def save(k):
+        try:
+            for _ in range(5):
+                index.save(tmp_path / f"subs{k}.bexidx")
+        except Exception as exc:      # collected: a thread's exception would be lost
+            failures.append(exc)
+
+    threads = [threading.Thread(target=save, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"subs{k}.bexidx" for k in range(4)]
+    assert len(Index.load(tmp_path / "subs0.bexidx")) == 200
+
+
+def test_save_errors_name_the_path_asked_for(tmp_path):
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, "price > 1")
+    target = tmp_path / "no-such-directory" / "subs.bexidx"
+    with pytest.raises(FileNotFoundError, match="no-such-directory/subs.bexidx"):
+        index.save(target)
