@@ -214,7 +214,7 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     for name, family in fixed.items():
         schema._add_attr(name, family)
         if family is not None:
-            schema.families[name] = family
+            schema.fix_family(name, family)
     attr_ids = np.array([schema.attr_ids[name] for name in rows.attr_names], dtype=np.int32)
     attr = attr_ids[rows.attr_index] if n else np.zeros(0, np.int32)
     aux = np.full(n, -1, dtype=np.int64)

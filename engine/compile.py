@@ -95,9 +95,22 @@ class PredicateTable:
         coded = (self.lo, self.hi, self.set_offsets, self.set_values)
         return sum(a.nbytes for a in self.key_columns()) + sum(a.nbytes for a in coded if a is not None)
 
+    def coded(self, schema) -> "PredicateTable":
+        """This table with kernel codes under ``schema``'s dictionary (a
+        :class:`~engine.schema.Schema` or a view of one): itself when it is
+        coded so already, else a new table sharing the key columns.  A table
+        a snapshot has published is never recoded in place, since a
+        concurrent match may be reading its codes."""
+        if self.coded_version == schema.version and self.lo is not None:
+            return self
+        table = PredicateTable(*self.key_columns())
+        table.recode(schema)
+        return table
+
     def recode(self, schema: Schema) -> None:
         """Derive kernel codes from keys under the schema's current string
-        dictionary (no-op when the dictionary has not changed)."""
+        dictionary (no-op when the dictionary has not changed).  In place:
+        only for a table no match can see yet (see :meth:`coded`)."""
         if self.coded_version == schema.version and self.lo is not None:
             return
         string_attr = np.array([schema.families[name] is Family.STRING for name in schema.attr_names] or [False])
@@ -309,6 +322,15 @@ class Segment:
     def nbytes(self) -> int:
         arrays = (self.sub_ids, self.prog_offsets, self.prog_kind, self.prog_arg)
         return sum(a.nbytes for a in arrays) + self.predicates.nbytes
+
+    def coded(self, schema) -> "Segment":
+        """This segment with its predicates coded under ``schema``
+        (:meth:`PredicateTable.coded`): itself, or a new segment sharing
+        the programs."""
+        table = self.predicates.coded(schema)
+        if table is self.predicates:
+            return self
+        return Segment(self.sub_ids, self.prog_offsets, self.prog_kind, self.prog_arg, table, self.max_depth)
 
     def take(self, positions: np.ndarray) -> "Segment":
         """The sub-segment of the given subscription positions (its

@@ -13,19 +13,32 @@ dictionaries that turn every operand and event value into a number.
 * IN lists and LIKE/MATCHES patterns get stable ids too, so a distinct
   predicate is identified by plain numbers: (attribute, operator, operand
   keys, set id, pattern id).
+* String order is Python's ``str`` order (code points), computed by
+  ``sorted``/``bisect`` on Python strings: exact for every Unicode string,
+  NUL included.  NumPy's ``StringDType`` is *not* used: its ``searchsorted``
+  is wrong for strings of 16 bytes or more and for embedded NULs in the
+  NumPy this project installs (numpy issue 31533; pinned by
+  tests/test_encoding.py).
+* The schema only grows (append-only lists, a family fixed once), so a
+  match can read it through a :class:`SchemaView` -- the schema as it was
+  when the view was taken -- while an update appends to it
+  (engine.index's snapshots).  An update that fails rolls the schema back
+  to its :meth:`Schema.mark` (only what no view can see is removed).
 """
 
 from __future__ import annotations
 
+import bisect
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import re2
 
 from engine.errors import SchemaError
 from engine.expr import Family, Op, PATTERN_OPS, Pred, literal_family
-
-StringArray = np.dtypes.StringDType()
 
 #: integers beyond this magnitude are not exact in float64, the kernels' type
 MAX_EXACT_INT = 2 ** 53
@@ -63,9 +76,66 @@ def like_to_regex(pattern: str) -> str:
     return "(?s)" + "".join(parts)
 
 
+class StringDictionary:
+    """The sorted dictionary of the first ``n`` strings of a schema: the
+    strings in code-point order and the rank of each string id.  Immutable
+    once built; built from a smaller one by sorting a run that is mostly
+    in order already (Timsort makes that nearly linear)."""
+
+    __slots__ = ("n", "order", "sorted_strings", "rank")
+
+    def __init__(self, strings: list, n: int, base: "StringDictionary | None" = None):
+        if base is not None and base.n <= n:
+            order = base.order + list(range(base.n, n))
+        else:
+            order = list(range(n))
+        order.sort(key=strings.__getitem__)
+        self.n = n
+        self.order = order
+        self.sorted_strings = [strings[i] for i in order]
+        self.rank = np.empty(n, dtype=np.int64)
+        self.rank[np.asarray(order, dtype=np.int64)] = np.arange(n, dtype=np.int64)
+
+    def codes_of_string_ids(self, ids) -> np.ndarray:
+        return (2 * self.rank[np.asarray(ids, dtype=np.int64)] + 1).astype(np.float64)
+
+    def encode(self, values) -> np.ndarray:
+        """Codes of arbitrary strings: ``2r + 1`` for the dictionary string
+        of rank r, ``2k`` for any other string, k = dictionary strings
+        below it.  ``values``: a sequence of str or a pyarrow string array;
+        each distinct value is searched once."""
+        if isinstance(values, (pa.Array, pa.ChunkedArray)):
+            encoded = pc.dictionary_encode(values)
+            if isinstance(encoded, pa.ChunkedArray):
+                encoded = encoded.combine_chunks()
+            distinct = encoded.dictionary.to_pylist()
+            codes = self._codes(distinct)
+            return codes[encoded.indices.to_numpy(zero_copy_only=False)] if len(values) else codes[:0]
+        values = list(values)
+        distinct = dict.fromkeys(values)
+        codes = self._codes(distinct)
+        at = dict(zip(distinct, range(len(distinct))))
+        return codes[np.fromiter((at[v] for v in values), np.int64, len(values))]
+
+    def _codes(self, distinct) -> np.ndarray:
+        found = self.sorted_strings
+        n = len(found)
+        out = np.empty(len(distinct), dtype=np.float64)
+        for i, value in enumerate(distinct):
+            if not isinstance(value, str):
+                raise TypeError(f"not a string: {value!r}")
+            k = bisect.bisect_left(found, value)
+            out[i] = 2 * k + 1 if k < n and found[k] == value else 2 * k
+        return out
+
+
 @dataclass
 class Schema:
-    """Attributes, their families and the value dictionaries of one index."""
+    """Attributes, their families and the value dictionaries of one index.
+
+    Everything here only grows (between a :meth:`mark` and a
+    :meth:`rollback`, what was added is taken back); :meth:`view` freezes
+    what a match reads."""
 
     families: dict[str, Family | None] = field(default_factory=dict)
     attr_ids: dict[str, int] = field(default_factory=dict)
@@ -75,17 +145,37 @@ class Schema:
     set_ids: dict[tuple, int] = field(default_factory=dict)   # the text route's IN lists, for sharing
     patterns: list[tuple[str, str]] = field(default_factory=list)   # (kind, text), kind in like/regex
     pattern_ids: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: bumped whenever strings are added or taken back: string codes move with it
     version: int = 0
-    _sorted: np.ndarray | None = field(default=None, repr=False)
-    _rank: np.ndarray | None = field(default=None, repr=False)
-    _compiled_patterns: list = field(default_factory=list, repr=False)
-    # IN lists as CSR chunks (lengths, keys), consolidated on demand
+    # IN lists as CSR chunks (lengths, keys); consolidations cached by count
     _set_chunks: list = field(default_factory=list, repr=False)
     _set_csr: tuple | None = field(default=None, repr=False)
     n_sets: int = 0
     # bumped whenever an attribute or its family is added (attribute_arrays' cache key)
     _attr_version: int = field(default=0, repr=False)
     _attr_arrays: tuple | None = field(default=None, repr=False)
+    # attribute -> the _attr_version at which its family was fixed after the
+    # attribute existed (IS NULL first, a comparison later), for views taken before
+    _fixed_at: dict = field(default_factory=dict, repr=False)
+    _fix_log: list = field(default_factory=list, repr=False)
+    # sorted dictionaries by version (a few recent ones), compiled patterns by (kind, text)
+    _dictionaries: dict = field(default_factory=dict, repr=False)
+    _compiled_patterns: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __deepcopy__(self, memo):
+        # the caches and the lock are not state: a copy starts without them
+        import copy
+        clone = Schema()
+        for name in ("families", "attr_ids", "attr_names", "strings", "string_ids", "set_ids", "patterns",
+                     "pattern_ids", "_set_chunks", "_fixed_at", "_fix_log"):
+            setattr(clone, name, copy.deepcopy(getattr(self, name), memo))
+        clone.version, clone.n_sets, clone._attr_version = self.version, self.n_sets, self._attr_version
+        return clone
+
+    @property
+    def n_strings(self) -> int:
+        return len(self.strings)
 
     # ---------------------------------------------------------------- attributes
     def declare(self, attr: str, family) -> None:
@@ -94,8 +184,17 @@ class Schema:
         if known is not None and known != family:
             raise SchemaError(f"attribute {attr!r} is already {known.name.lower()}, cannot declare it {family.name.lower()}")
         self._add_attr(attr, family)
-        self.families[attr] = family
+        self.fix_family(attr, family)
+
+    def fix_family(self, attr: str, family: Family) -> None:
+        """Give an attribute that only IS [NOT] NULL used so far its family."""
+        if self.families[attr] is not None:
+            return
         self._attr_version += 1
+        # the log first: a view reading the family concurrently sees it with its log entry
+        self._fixed_at[attr] = self._attr_version
+        self._fix_log.append(attr)
+        self.families[attr] = family
 
     def attribute_arrays(self) -> tuple:
         """(attribute names as a pyarrow string array, family of each as a
@@ -104,20 +203,18 @@ class Schema:
         encoding looks names up in bulk."""
         cached = self._attr_arrays
         if cached is None or cached[0] != self._attr_version:
-            import pyarrow as pa
-            families = np.empty(len(self.attr_names), dtype=object)
-            families[:] = [self.families[name] for name in self.attr_names]
-            cached = self._attr_arrays = (self._attr_version, pa.array(self.attr_names, pa.string()), families)
+            cached = self._attr_arrays = (self._attr_version, *_attribute_arrays(
+                self.attr_names, [self.families[name] for name in self.attr_names]))
         return cached[1], cached[2]
 
     def _add_attr(self, attr: str, family: Family | None) -> int:
         # family None: only IS [NOT] NULL has used the attribute so far, which
         # tests presence and fixes no family.
         if attr not in self.attr_ids:
-            self.attr_ids[attr] = len(self.attr_names)
-            self.attr_names.append(attr)
-            self.families[attr] = family
             self._attr_version += 1
+            self.families[attr] = family
+            self.attr_names.append(attr)
+            self.attr_ids[attr] = len(self.attr_names) - 1   # last: a view finds a name only once it is whole
         return self.attr_ids[attr]
 
     def check_predicates(self, preds, where: str = "expression") -> dict[str, Family]:
@@ -163,9 +260,8 @@ class Schema:
         for pred in preds:
             family = self._pred_family(pred, "expression")
             self._add_attr(pred.attr, family)
-            if family is not None and self.families[pred.attr] is None:
-                self.families[pred.attr] = family
-                self._attr_version += 1
+            if family is not None:
+                self.fix_family(pred.attr, family)
             if pred.op in PATTERN_OPS:
                 kind = "like" if pred.op in (Op.LIKE, Op.NOT_LIKE) else "regex"
                 self.pattern_id(kind, pred.values[0])
@@ -182,34 +278,36 @@ class Schema:
                 grew = True
         if grew:
             self.version += 1
-            self._sorted = self._rank = None
 
     def string_id(self, value: str) -> int:
         return self.string_ids[value]
 
-    def _dictionary(self):
-        if self._sorted is None:
-            all_strings = np.array(self.strings, dtype=StringArray)
-            order = np.argsort(all_strings, kind="stable")
-            self._sorted = all_strings[order]
-            self._rank = np.empty(len(order), dtype=np.int64)
-            self._rank[order] = np.arange(len(order))
-        return self._sorted, self._rank
+    def dictionary(self, version: int | None = None, n_strings: int | None = None) -> StringDictionary:
+        """The sorted dictionary of the first ``n_strings`` strings (all by
+        default), which ``version`` names; cached, and built from the
+        largest cached one below it."""
+        if version is None:
+            version, n_strings = self.version, len(self.strings)
+        found = self._dictionaries.get(version)
+        if found is None:
+            base = max((d for d in list(self._dictionaries.values()) if d.n <= n_strings), key=lambda d: d.n,
+                       default=None)
+            found = StringDictionary(self.strings, n_strings, base)
+            with self._lock:
+                self._dictionaries[version] = found
+                for old in sorted(self._dictionaries)[:-4]:     # a few recent versions are enough
+                    del self._dictionaries[old]
+        return found
 
     def codes_of_string_ids(self, ids: np.ndarray) -> np.ndarray:
         """Codes of dictionary strings given their stable ids."""
-        _, rank = self._dictionary()
-        return (2 * rank[np.asarray(ids, dtype=np.int64)] + 1).astype(np.float64)
+        return self.dictionary().codes_of_string_ids(ids)
 
     def encode_strings(self, values) -> np.ndarray:
-        """Codes of arbitrary strings (vectorised): dictionary strings get odd
-        codes, others the even code between their neighbours."""
-        sorted_strings, _ = self._dictionary()
-        values = np.asarray(values, dtype=StringArray)
-        pos = np.searchsorted(sorted_strings, values, side="left")
-        found = pos < len(sorted_strings)
-        found[found] = sorted_strings[pos[found]] == values[found]
-        return (2 * pos + found).astype(np.float64)
+        """Codes of arbitrary strings (a sequence of str or a pyarrow string
+        array): dictionary strings get odd codes, others the even code
+        between their neighbours.  Exact for every Unicode string."""
+        return self.dictionary().encode(values)
 
     # -------------------------------------------------------------- sets, patterns
     def set_id(self, keys: tuple) -> int:
@@ -226,17 +324,20 @@ class Schema:
         ids = np.arange(self.n_sets, self.n_sets + len(lengths), dtype=np.int64)
         self._set_chunks.append((np.asarray(lengths, np.int64), np.asarray(keys, np.float64)))
         self.n_sets += len(lengths)
-        self._set_csr = None
         return ids
 
-    def set_csr(self) -> tuple[np.ndarray, np.ndarray]:
-        """(offsets, keys) of every IN list, in id order."""
-        if self._set_csr is None:
-            lengths = np.concatenate([c[0] for c in self._set_chunks]) if self._set_chunks else np.zeros(0, np.int64)
-            keys = np.concatenate([c[1] for c in self._set_chunks]) if self._set_chunks else np.zeros(0)
-            self._set_chunks = [(lengths, keys)] if len(lengths) else []
-            self._set_csr = (np.concatenate(([0], np.cumsum(lengths))).astype(np.int64), keys)
-        return self._set_csr
+    def set_csr(self, n_sets: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, keys) of the first ``n_sets`` IN lists (all by
+        default), in id order."""
+        n_sets = self.n_sets if n_sets is None else n_sets
+        cached = self._set_csr
+        if cached is None or cached[0] < n_sets:
+            chunks = list(self._set_chunks)
+            lengths = np.concatenate([c[0] for c in chunks]) if chunks else np.zeros(0, np.int64)
+            keys = np.concatenate([c[1] for c in chunks]) if chunks else np.zeros(0)
+            cached = self._set_csr = (len(lengths), np.concatenate(([0], np.cumsum(lengths))).astype(np.int64), keys)
+        offsets = cached[1][:n_sets + 1]
+        return offsets, cached[2][:offsets[-1]]
 
     def set_keys(self, set_id: int) -> np.ndarray:
         offsets, keys = self.set_csr()
@@ -246,21 +347,57 @@ class Schema:
         key = (kind, text)
         found = self.pattern_ids.get(key)
         if found is None:
-            found = self.pattern_ids[key] = len(self.patterns)
             self.patterns.append(key)
+            found = self.pattern_ids[key] = len(self.patterns) - 1
         return found
 
     def pattern_matcher(self, pattern_id: int):
         """``str -> bool`` for one pattern: LIKE by full match of its RE2
         translation, MATCHES by RE2 search (DESIGN.md §2)."""
-        while len(self._compiled_patterns) < len(self.patterns):
-            kind, text = self.patterns[len(self._compiled_patterns)]
-            if kind == "like":
-                self._compiled_patterns.append(re2.compile(like_to_regex(text)).fullmatch)
-            else:
-                self._compiled_patterns.append(re2.compile(text).search)
-        matcher = self._compiled_patterns[pattern_id]
-        return lambda value: matcher(value) is not None
+        return compiled_pattern(self._compiled_patterns, self.patterns[pattern_id])
+
+    # ------------------------------------------------------ snapshots, rollback
+    def view(self) -> "SchemaView":
+        """The schema as it is now, for a match to read while updates go on."""
+        return SchemaView(self)
+
+    def mark(self) -> tuple:
+        """What :meth:`rollback` returns to."""
+        return (len(self.attr_names), len(self.strings), len(self.patterns), self.n_sets, len(self._set_chunks),
+                len(self._fix_log))
+
+    def rollback(self, mark: tuple) -> None:
+        """Take back everything added since ``mark`` (a failed update).  Only
+        the tails beyond the mark are removed, which no view taken before
+        can see."""
+        n_attrs, n_strings, n_patterns, n_sets, n_chunks, n_fixes = mark
+        for attr in reversed(self._fix_log[n_fixes:]):
+            self.families[attr] = None
+            del self._fixed_at[attr]
+        del self._fix_log[n_fixes:]
+        for attr in self.attr_names[n_attrs:]:
+            del self.attr_ids[attr]
+            del self.families[attr]
+            self._fixed_at.pop(attr, None)
+        del self.attr_names[n_attrs:]
+        if len(self.strings) > n_strings:
+            for value in self.strings[n_strings:]:
+                del self.string_ids[value]
+            del self.strings[n_strings:]
+            self.version += 1          # a fresh number: the codes of the dropped strings are gone
+            with self._lock:
+                for version, found in list(self._dictionaries.items()):
+                    if found.n > n_strings:
+                        del self._dictionaries[version]
+        for key in self.patterns[n_patterns:]:
+            del self.pattern_ids[key]
+        del self.patterns[n_patterns:]
+        if self.n_sets > n_sets:
+            self.set_ids = {keys: i for keys, i in self.set_ids.items() if i < n_sets}
+            del self._set_chunks[n_chunks:]
+            self.n_sets = n_sets
+            self._set_csr = None
+        self._attr_version += 1
 
     # --------------------------------------------------------------- persistence
     def to_json(self) -> dict:
@@ -290,5 +427,157 @@ class Schema:
         return schema
 
 
+class SchemaView:
+    """A :class:`Schema` frozen at one moment: what one snapshot of an index
+    matches with.  Reads the schema's append-only lists up to the lengths
+    they had, so the schema may grow meanwhile; offers the reading half of
+    the Schema API (names, families, dictionary, IN lists, patterns)."""
+
+    def __init__(self, schema: Schema):
+        self._schema = schema
+        self.n_attrs = len(schema.attr_names)
+        self.n_strings = len(schema.strings)
+        self.n_patterns = len(schema.patterns)
+        self.n_sets = schema.n_sets
+        self.version = schema.version
+        self._attr_version = schema._attr_version
+        self.attr_ids = _AttrIdsAt(schema.attr_ids, self.n_attrs)
+        self.families = _FamiliesAt(self)
+        self._cache: dict = {}
+
+    @property
+    def attr_names(self) -> list[str]:
+        found = self._cache.get("attr_names")
+        if found is None:
+            found = self._cache["attr_names"] = self._schema.attr_names[:self.n_attrs]
+        return found
+
+    @property
+    def strings(self) -> list[str]:
+        found = self._cache.get("strings")
+        if found is None:
+            found = self._cache["strings"] = self._schema.strings[:self.n_strings]
+        return found
+
+    @property
+    def patterns(self) -> list[tuple[str, str]]:
+        return self._schema.patterns[:self.n_patterns]
+
+    def family_of(self, name: str) -> Family | None:
+        """The family ``name`` had when the view was taken; KeyError if it
+        was not an attribute then."""
+        if self.attr_ids.get(name) is None:
+            raise KeyError(name)
+        family = self._schema.families.get(name)
+        if family is not None and self._schema._fixed_at.get(name, -1) > self._attr_version:
+            return None
+        return family
+
+    def attribute_arrays(self) -> tuple:
+        found = self._cache.get("attribute_arrays")
+        if found is None:
+            names = self.attr_names
+            found = self._cache["attribute_arrays"] = _attribute_arrays(names, [self.family_of(n) for n in names])
+        return found
+
+    def dictionary(self) -> StringDictionary:
+        found = self._cache.get("dictionary")
+        if found is None:
+            found = self._cache["dictionary"] = self._schema.dictionary(self.version, self.n_strings)
+        return found
+
+    def codes_of_string_ids(self, ids: np.ndarray) -> np.ndarray:
+        return self.dictionary().codes_of_string_ids(ids)
+
+    def encode_strings(self, values) -> np.ndarray:
+        return self.dictionary().encode(values)
+
+    def set_csr(self, n_sets: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return self._schema.set_csr(self.n_sets if n_sets is None else min(n_sets, self.n_sets))
+
+    def set_keys(self, set_id: int) -> np.ndarray:
+        offsets, keys = self.set_csr()
+        return keys[offsets[set_id]:offsets[set_id + 1]]
+
+    def pattern_matcher(self, pattern_id: int):
+        if not 0 <= pattern_id < self.n_patterns:
+            raise IndexError(f"pattern id {pattern_id} out of range")
+        return compiled_pattern(self._schema._compiled_patterns, self._schema.patterns[pattern_id])
+
+    def view(self) -> "SchemaView":
+        return self
+
+
+class _AttrIdsAt:
+    """``attr_ids`` restricted to the attributes a view knows."""
+
+    __slots__ = ("_ids", "_n")
+
+    def __init__(self, ids: dict, n: int):
+        self._ids, self._n = ids, n
+
+    def get(self, name, default=None):
+        found = self._ids.get(name)
+        return found if found is not None and found < self._n else default
+
+    def __getitem__(self, name):
+        found = self.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def __contains__(self, name) -> bool:
+        return self.get(name) is not None
+
+    def __len__(self) -> int:
+        return self._n
+
+
+class _FamiliesAt:
+    """``families`` as a view saw them."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: SchemaView):
+        self._view = view
+
+    def __getitem__(self, name):
+        return self._view.family_of(name)
+
+    def get(self, name, default=None):
+        try:
+            return self._view.family_of(name)
+        except KeyError:
+            return default
+
+    def __contains__(self, name) -> bool:
+        return name in self._view.attr_ids
+
+    def items(self):
+        return [(name, self._view.family_of(name)) for name in self._view.attr_names]
+
+
+def _attribute_arrays(names: list, families: list) -> tuple:
+    array = np.empty(len(names), dtype=object)
+    array[:] = families
+    return pa.array(names, pa.string()), array
+
+
+def compiled_pattern(cache: dict, key: tuple[str, str]):
+    """The ``str -> bool`` test of one (kind, text) pattern, compiled once
+    into ``cache`` (keyed by the pattern itself, so that concurrent callers
+    and a rollback cannot misplace one)."""
+    found = cache.get(key)
+    if found is None:
+        kind, text = key
+        test = re2.compile(like_to_regex(text)).fullmatch if kind == "like" else re2.compile(text).search
+        found = cache.setdefault(key, lambda value: test(value) is not None)
+    return found
+
+
 def _show(values) -> str:
     return ", ".join(repr(v) for v in values)
+
+
+# (transition) engine.events still imports it; removed once events.py stops using StringDType
+StringArray = np.dtypes.StringDType()

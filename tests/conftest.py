@@ -1,6 +1,11 @@
 """Shared pytest fixtures."""
 
 import pytest
+from hypothesis import Phase, settings
+
+# `pytest --hypothesis-profile=no-shrink` reports a failing example at once
+# instead of spending minutes shrinking it (for local runs while debugging)
+settings.register_profile("no-shrink", phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 
 # ---------------------------------------------------------------- Spark

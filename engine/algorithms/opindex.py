@@ -284,7 +284,7 @@ class OpIndexMatcher:
         # _n_strings strings (ids are stable, the dictionary only grows);
         # unknown (None) when the predicates were coded under another version
         schema = self.schema
-        self._n_strings = len(schema.strings) if schema is not None and preds.coded_version == schema.version \
+        self._n_strings = schema.n_strings if schema is not None and preds.coded_version == schema.version \
             else None
 
     def _start_table(self) -> None:
@@ -520,7 +520,7 @@ class OpIndexMatcher:
     #: (§4.1, as the paper's inserts do), and dropped operands stay in ``vals``
     REBUILD_SHARE = 0.5
 
-    def merged(self, segment: Segment, old_to_new, added) -> "OpIndexMatcher":
+    def merged(self, segment: Segment, old_to_new, added, schema=None) -> "OpIndexMatcher":
         """The matcher of ``segment``, the Index's next main segment, derived
         from this one (the Index's merge protocol, DESIGN.md §4).
 
@@ -537,7 +537,12 @@ class OpIndexMatcher:
         possible -- the churn since the last full build beyond
         :attr:`REBUILD_SHARE`, an empty side, or no schema to follow the
         string dictionary with.  ``merges`` counts the derivations since the
-        last full build."""
+        last full build.  ``schema``: the (newer) schema or schema view
+        ``segment`` is coded under, when it is not this matcher's."""
+        this = self if schema is None or schema is self.schema else self._reading(schema)
+        return this._merged(segment, old_to_new, added)
+
+    def _merged(self, segment: Segment, old_to_new, added) -> "OpIndexMatcher":
         old_to_new = np.asarray(old_to_new, dtype=np.int64)
         added = np.asarray(added, dtype=np.int64)
         if len(old_to_new) != len(self.segment):
@@ -546,7 +551,7 @@ class OpIndexMatcher:
         churn = self._churn + len(added) + n_removed
         if self.schema is not None and self._n_strings is not None and len(self.segment) and len(segment) \
                 and churn <= self.REBUILD_SHARE * self._built_subs:
-            segment.predicates.recode(self.schema)
+            segment = segment.coded(self.schema)
             derived = self._derive(segment, old_to_new, added, churn)
             if derived is not None:
                 derived.merges = self.merges + 1
@@ -763,7 +768,7 @@ class OpIndexMatcher:
         """Rank of a string in the dictionary this index was coded with ->
         its code now; empty when no such code moved."""
         n_old = self._n_strings
-        if n_old == len(self.schema.strings):
+        if n_old == self.schema.n_strings:
             return np.zeros(0)
         code_map = np.sort(self.schema.codes_of_string_ids(np.arange(n_old)))
         if np.array_equal(code_map, 2.0 * np.arange(n_old) + 1.0):
@@ -964,28 +969,40 @@ class OpIndexMatcher:
                self._list_offsets, self._sub_form, self._vals_plain, self._vals_string, self._sub_freq)
         return self.segment.nbytes + sum(a.nbytes for a in own) + self._extended_bytes
 
-    def _current(self) -> None:
-        """Follow the string dictionary when it grew and moved codes this
-        index holds (predicate operands, or prefix intervals)."""
-        preds = self.segment.predicates
+    def _reading(self, schema) -> "OpIndexMatcher":
+        """A shallow copy of this matcher that reads ``schema`` (a newer view
+        of the same schema), so that a derivation maps the string codes
+        that moved since; this matcher is unchanged."""
+        this = copy.copy(self)
+        this.schema = schema
+        return this
+
+    def recoded(self, segment: Segment, schema) -> "OpIndexMatcher":
+        """This index for ``segment`` -- the same subscriptions, with
+        predicates coded under ``schema``, a grown string dictionary -- as a
+        new matcher (this one is unchanged: a concurrent match may be
+        using it).  Re-encodes the operands and PREFIX intervals whose codes
+        moved (a derivation that adds and removes nothing; old runs
+        re-sorted where ties split), or keeps everything when nothing moved."""
+        if segment is self.segment:
+            return self
+        this = self._reading(schema)
+        this.segment = segment
         version, lo, hi, set_values = self._coded
-        if preds.coded_version == version:
-            return
+        preds = segment.predicates
         same = (np.array_equal(lo, preds.lo) and np.array_equal(hi, preds.hi)
                 and np.array_equal(set_values, preds.set_values))
         if same and not self._has_prefix:
-            self._code_predicates()     # (nothing moved: the codes are those of the grown dictionary too)
-            return
-        self._live = None
-        # moved: re-encode the operands and PREFIX intervals (a derivation that
-        # adds and removes nothing; old runs re-sorted where ties split)
-        derived = None
-        if self.schema is not None and self._n_strings is not None and len(self.segment):
-            derived = self._derive(self.segment, np.arange(len(self.segment)), np.zeros(0, np.int64), self._churn)
-        if derived is None:
-            self._build()
-        else:
-            self.__dict__.update(derived.__dict__)
+            this._code_predicates()     # (nothing moved: the codes are those of the grown dictionary too)
+            return this
+        this._live = None
+        if schema is not None and self._n_strings is not None and len(segment):
+            derived = this._derive(segment, np.arange(len(segment)), np.zeros(0, np.int64), self._churn)
+            if derived is not None:
+                return derived
+        return type(self)(segment, self.backend, schema=schema, event_log=self.event_log,
+                          dnf_limit=self.dnf_limit, segments=self.n_segments, signature_bits=self.signature_bits,
+                          variant=self.variant, operand_ranks=self.operand_ranks)
 
     def _counter_live(self, alive: np.ndarray, n_events: int) -> np.ndarray:
         """``alive`` per counter (a counter's subscription position lies far
@@ -1002,7 +1019,6 @@ class OpIndexMatcher:
     def match(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
         """(event index, subscription position) of every alive subscription
         TRUE on an event of ``batch``, ascending by event then position."""
-        self._current()
         n_events = batch.n_events
         n_subs = len(self.segment)
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))

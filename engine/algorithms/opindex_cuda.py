@@ -148,18 +148,28 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         self._uploaded_from = None
         self._refresh()
 
-    def merged(self, segment, old_to_new, added) -> "OpIndexCudaMatcher":
+    def merged(self, segment, old_to_new, added, schema=None) -> "OpIndexCudaMatcher":
         """The Index's merge protocol (see
         :meth:`~engine.algorithms.opindex.OpIndexMatcher.merged`): the host
         index is derived from this one's, then copied to the device."""
         derived = copy.copy(self)
-        derived._attach(self.host.merged(segment, old_to_new, added))
+        derived._attach(self.host.merged(segment, old_to_new, added, schema))
+        return derived
+
+    def recoded(self, segment, schema) -> "OpIndexCudaMatcher":
+        """The same index under a grown string dictionary (see
+        :meth:`~engine.algorithms.opindex.OpIndexMatcher.recoded`), copied
+        to the device; this matcher is unchanged."""
+        host = self.host.recoded(segment, schema)
+        if host is self.host:
+            return self
+        derived = copy.copy(self)
+        derived._attach(host)
         return derived
 
     # ------------------------------------------------------------ device copy
     def _refresh(self) -> None:
         host = self.host
-        host._current()       # re-encodes on the host when recoded strings moved its operands
         preds = self.segment.predicates
         source = (host.ent_target, host.ent_val, host.vals, host.side_hi, host._x["lo"], host._x["hi"],
                   host.set_values, preds.lo, preds.hi, preds.set_values)

@@ -28,6 +28,8 @@ The helpers here (:class:`DeviceSegment`, :func:`check_batch`,
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from engine.backend import DeviceMemoryError, cuda_simulated, device_memory_budget, resolve_backend
@@ -137,6 +139,16 @@ class DeviceSegment:
         self.pred_aux = dev(preds.aux, np.int64)
         self._coded_from = None
         self.refresh()
+
+    def with_codes(self, segment: Segment) -> "DeviceSegment":
+        """The device copy of ``segment``, the same programs with other
+        predicate codes: the programs and keys are shared, only the codes
+        are uploaded (this copy is unchanged)."""
+        derived = copy.copy(self)
+        derived.segment = segment
+        derived._coded_from = None
+        derived.refresh()
+        return derived
 
     def refresh(self) -> None:
         preds = self.segment.predicates
@@ -388,6 +400,16 @@ class ScanCudaMatcher(ChunkedCudaMatcher):
 
     def _refresh(self) -> None:
         self.device.refresh()
+
+    def recoded(self, segment: Segment, schema) -> "ScanCudaMatcher":
+        """The same programs with predicates coded under a grown string
+        dictionary (``segment``); this matcher is unchanged."""
+        if segment is self.segment:
+            return self
+        derived = copy.copy(self)
+        derived.segment = segment
+        derived.device = self.device.with_codes(segment)
+        return derived
 
     def _event_bytes(self) -> tuple[int, str]:
         n_subs = len(self.segment)

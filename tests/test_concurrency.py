@@ -1,0 +1,190 @@
+"""Matching while another thread updates (DESIGN.md §4, Concurrency).
+
+Reader threads match in a loop while a writer adds, removes and merges.
+Every answer must be the reference answer of ONE state of the index that
+was current at some moment during the call: the writer records the live
+subscriptions after each update, and a batch's results are checked, after
+all threads have stopped, against the states recorded between the moment
+the call started and the moment it returned.  Any exception in any thread
+fails the test.  The same subscriptions' strings keep growing the string
+dictionary, so that string codes move under the readers (the recode path),
+and merges fold the delta and tombstones into new main segments (the
+derivation path of opindex).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engine import Index
+from engine.parse import parse
+from engine.reference import matches
+
+URLS = [f"https://example.com/{path}" for path in ("a", "b", "a/b", "a/b/c?x=1", "b/a", "c")]
+UUIDS = [f"123e4567-e89b-12d3-a456-4266141740{i:02d}" for i in range(6)]
+
+
+def expression(rng: random.Random) -> str:
+    """A subscription over numbers and strings that share long prefixes."""
+    forms = [
+        lambda: f"url = '{rng.choice(URLS)}'",
+        lambda: f"url > '{rng.choice(URLS)}' AND n <= {rng.randint(0, 9)}",
+        lambda: f"user IN ('{rng.choice(UUIDS)}', '{rng.choice(UUIDS)}') OR n = {rng.randint(0, 9)}",
+        lambda: f"url LIKE 'https://example.com/{rng.choice('abc')}%' AND NOT n > {rng.randint(0, 9)}",
+        lambda: f"(n BETWEEN {rng.randint(0, 4)} AND {rng.randint(4, 9)}) XOR user = '{rng.choice(UUIDS)}'",
+        lambda: f"tag = 'new-{rng.randint(0, 10 ** 6)}' OR n != {rng.randint(0, 9)}",   # a new string each time
+        lambda: "user IS NULL AND n >= 5",
+    ]
+    return rng.choice(forms)()
+
+
+def events(rng: random.Random, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        event = {}
+        if rng.random() < 0.8:
+            event["url"] = rng.choice(URLS + ["https://example.com/", "https://example.com/a/"])
+        if rng.random() < 0.7:
+            event["user"] = rng.choice(UUIDS)
+        if rng.random() < 0.9:
+            event["n"] = rng.randint(0, 9)
+        out.append(event)
+    return out
+
+
+class Writer:
+    """Updates the index and records the live subscriptions after each
+    update: ``history[k]`` is the state after the k-th update."""
+
+    def __init__(self, index: Index, rng: random.Random):
+        self.index, self.rng = index, rng
+        self.live: dict[int, str] = {}
+        self.history: list[dict[int, str]] = [{}]
+        self.next_id = 0
+        self.ops = {"add": 0, "add_many": 0, "remove": 0, "merge": 0}
+
+    def step(self) -> None:
+        rng, index = self.rng, self.index
+        action = rng.choices(["add", "add_many", "remove", "merge"], weights=[5, 2, 4, 1])[0]
+        if action == "remove" and not self.live:
+            action = "add"
+        if action == "add":
+            text = expression(rng)
+            index.add(self.next_id, text)
+            self.live[self.next_id] = text
+            self.next_id += 1
+        elif action == "add_many":
+            texts = [expression(rng) for _ in range(rng.randint(2, 40))]
+            ids = list(range(self.next_id, self.next_id + len(texts)))
+            index.add_many(ids, texts)
+            self.live.update(zip(ids, texts))
+            self.next_id += len(texts)
+        elif action == "remove":
+            sub_id = rng.choice(sorted(self.live))
+            index.remove(sub_id)
+            del self.live[sub_id]
+        else:
+            index.merge()
+        self.ops[action] += 1
+        self.history.append(dict(self.live))
+
+
+@pytest.mark.parametrize("algorithm", ["scan", "opindex"])
+def test_matches_see_one_state_while_another_thread_updates(algorithm):
+    rng = random.Random(20261126)
+    index = Index(algorithm=algorithm, backend="cpu")
+    writer = Writer(index, rng)
+    for _ in range(200):                  # a main segment, a delta and tombstones to start from
+        writer.step()
+    batches = [events(random.Random(seed), 12) for seed in range(8)]
+    observed = []               # (history length before, after, batch number, results)
+    failures = []
+    stop = threading.Event()
+
+    def read(seed: int) -> None:
+        local = random.Random(seed)
+        try:
+            while not stop.is_set() and len(observed) < 600:
+                k = local.randrange(len(batches))
+                before = len(writer.history)
+                if local.random() < 0.5:
+                    result = [m.tolist() for m in index.match_batch(batches[k])]
+                else:
+                    table = index.match_batch(batches[k], output="arrow")
+                    result = [[] for _ in batches[k]]
+                    for e, s in zip(table["event"].to_pylist(), table["sub_id"].to_pylist()):
+                        result[e].append(s)
+                observed.append((before, len(writer.history), k, result))
+        except BaseException as exc:          # any exception in a reader fails the test
+            failures.append(exc)
+
+    readers = [threading.Thread(target=read, args=(seed,)) for seed in range(3)]
+    for thread in readers:
+        thread.start()
+    # until the readers have seen many states (and at most 40 s)
+    deadline = time.monotonic() + 40.0
+    try:
+        while time.monotonic() < deadline and not failures and (len(observed) < 60 or writer.ops["add"] < 100):
+            writer.step()
+            time.sleep(0.002)           # let the readers interleave with every kind of update
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join()
+    assert not failures, failures[0]
+    assert len(observed) >= 60 and writer.ops["merge"] > 0 and writer.ops["remove"] > 0
+
+    truth: dict = {}          # (text, batch) -> is the subscription TRUE on each event, by the reference
+
+    def expected(state: int, k: int) -> list[list[int]]:
+        out = [[] for _ in batches[k]]
+        for sub_id, text in sorted(writer.history[state].items()):
+            found = truth.get((text, k))
+            if found is None:
+                node = parse(text)
+                found = truth[(text, k)] = [matches(node, event) for event in batches[k]]
+            for e, hit in enumerate(found):
+                if hit:
+                    out[e].append(sub_id)
+        return out
+
+    cache: dict = {}
+    for before, after, k, result in observed:
+        # the snapshot read was published after state before-1 was recorded, and
+        # no later than state `after` (published, perhaps not yet recorded)
+        candidates = range(max(0, before - 1), min(after, len(writer.history) - 1) + 1)
+        assert any(result == cache.setdefault((state, k), expected(state, k)) for state in candidates), \
+            f"a match saw no single state of the index between updates {before - 1} and {after}"
+    # the final state, once more, without concurrency
+    assert [m.tolist() for m in index.match_batch(batches[0])] == expected(len(writer.history) - 1, 0)
+
+
+def test_failed_update_changes_nothing_a_reader_can_see():
+    """A refused add_many takes back the strings and attributes it added."""
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add(1, "url = 'https://example.com/a'")
+    view_before = index.schema.version, len(index.schema.strings), len(index.schema.attr_names)
+    with pytest.raises(Exception):
+        index.add_many([2, 3], ["url = 'https://example.com/zzz' AND extra = 'x'", "url = 5"])
+    assert (index.schema.version >= view_before[0] and len(index.schema.strings) == view_before[1]
+            and len(index.schema.attr_names) == view_before[2])
+    assert index.match({"url": "https://example.com/a"}).tolist() == [1]
+    assert 2 not in index and len(index) == 1
+    index.add(2, "url >= 'https://example.com/a'")
+    assert index.match({"url": "https://example.com/b"}).tolist() == [2]
+
+
+def test_published_alive_flags_are_not_changed_by_a_remove():
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(range(2000), [f"n = {i % 7}" for i in range(2000)])
+    index.merge()
+    before = index._state
+    alive = before.alive.copy()
+    index.remove(5)
+    assert np.array_equal(before.alive, alive)        # the old snapshot is untouched
+    assert 5 not in index

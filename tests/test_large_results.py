@@ -1,0 +1,96 @@
+"""Large results: the memory a match holds is bounded by its output plus
+:data:`engine.index.MATCH_MEMORY_BUDGET`, whatever the output form, and
+:meth:`Index.match_stream` yields outputs larger than memory piece by piece.
+
+Peak memory is read from Linux's ``VmHWM`` (the resident high-water mark),
+reset before the match through ``/proc/self/clear_refs``, so that it counts
+every allocator (NumPy's, numba's, Arrow's) and nothing from before.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import engine.index as index_module
+from engine import Index
+
+N_SUBS = 1000
+N_EVENTS = 20_000
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def peak_growth(run):
+    """(result of ``run()``, bytes the resident set grew to at its peak)."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")             # VmHWM := VmRSS
+    except OSError:                       # pragma: no cover - every Linux since 4.0 has it
+        pytest.skip("cannot reset the resident high-water mark here")
+    before = _status("VmRSS")
+    result = run()
+    return result, _status("VmHWM") - before
+
+
+@pytest.fixture(scope="module", params=["scan", "opindex"])
+def everyone_matches(request):
+    index = Index(algorithm=request.param, backend="cpu")
+    index.add_many(range(N_SUBS), ["n >= 0 AND (s IS NULL OR s != 'x')"] * N_SUBS)
+    index.merge()
+    events = pa.table({"n": pa.array(np.arange(N_EVENTS) % 7, pa.int64())})
+    index.match_batch(events.slice(0, 10))       # compile the kernels first
+    return index, events
+
+
+@pytest.fixture
+def small_budget(monkeypatch):
+    monkeypatch.setattr(index_module, "MATCH_MEMORY_BUDGET", 32 << 20)
+
+
+def test_arrow_output_peak_is_within_twice_the_output(everyone_matches, small_budget):
+    index, events = everyone_matches
+    table, grown = peak_growth(lambda: index.match_batch(events, output="arrow"))
+    assert table.num_rows == N_SUBS * N_EVENTS
+    assert table["event"].to_numpy()[::N_SUBS].tolist() == list(range(N_EVENTS))
+    assert table["sub_id"].to_numpy()[:N_SUBS].tolist() == list(range(N_SUBS))
+    output = table.nbytes
+    assert grown <= 2 * output, f"peak {grown / 2**20:.0f} MiB for a {output / 2**20:.0f} MiB output"
+
+
+def test_list_output_peak_is_within_twice_the_output(everyone_matches, small_budget):
+    index, events = everyone_matches
+    lists, grown = peak_growth(lambda: index.match_batch(events))
+    assert len(lists) == N_EVENTS and all(len(m) == N_SUBS for m in lists[::997])
+    assert lists[-1].tolist() == list(range(N_SUBS))
+    output = sum(m.nbytes for m in lists) + 112 * len(lists)       # the ids and one array object per event
+    assert grown <= 2 * output, f"peak {grown / 2**20:.0f} MiB for a {output / 2**20:.0f} MiB output"
+
+
+def test_match_stream_yields_bounded_pieces_equal_to_the_whole(everyone_matches):
+    index, events = everyone_matches
+    part = events.slice(0, 3000)
+    pieces = list(index.match_stream(part, max_pairs=250_000))
+    assert len(pieces) > 5
+    assert all(isinstance(p, pa.RecordBatch) and p.num_rows <= 250_000 for p in pieces)
+    assert pa.Table.from_batches(pieces).equals(index.match_batch(part, output="arrow"))
+
+
+def test_empty_batches_give_no_results():
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add(1, "n = 1")
+    assert index.match_batch([]) == []
+    assert index.match_batch(pa.table({"n": pa.array([], pa.int64())})) == []
+    empty = index.match_batch([], output="arrow")
+    assert empty.num_rows == 0 and empty.column_names == ["event", "sub_id"]
+    assert list(index.match_stream([])) == []
