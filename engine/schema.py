@@ -578,6 +578,3 @@ def compiled_pattern(cache: dict, key: tuple[str, str]):
 def _show(values) -> str:
     return ", ".join(repr(v) for v in values)
 
-
-# (transition) engine.events still imports it; removed once events.py stops using StringDType
-StringArray = np.dtypes.StringDType()

@@ -4,7 +4,13 @@ evaluator for every predicate of random workloads."""
 
 from __future__ import annotations
 
+import bisect
+import uuid
+
 import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -67,3 +73,64 @@ def test_more_than_one_word_of_predicates():
     for row, v in enumerate((0, 63, 64, 149, 150)):
         set_preds = np.flatnonzero(bits[row])
         assert [predicate_ast(table, p, index.schema).values[0] for p in set_preds] == ([v] if v < 150 else [])
+
+
+# Strings NumPy's StringDType mishandled (numpy issue 31533: 16 bytes or more,
+# embedded NUL), with neighbours in code-point order, and UUIDs (36 bytes)
+HARD_STRINGS = ["https://example.com/a", "https://example.com/b", "https://example.com/", "a\x00b", "a\x00c",
+                "a\x00", "a", "\x00", "", "é", "e\u0301", "x" * 15, "x" * 16, "x" * 16 + "\x00", "😀", "\U0010ffff"] \
+    + [str(uuid.UUID(int=(7919 * k) << 64 | k)) for k in range(100)]
+
+
+@pytest.mark.parametrize("form", ["dicts", "arrow", "pandas"])
+def test_event_string_codes_follow_python_string_order(form):
+    """An event string's code is 2r + 1 for the predicate string of rank r
+    (code-point order) and 2k between them, k = predicate strings below --
+    so codes order exactly as Python orders the strings, and equal codes
+    mean equal strings wherever a predicate string is involved."""
+    index = Index(algorithm="scan", backend="cpu", schema={"s": "string"})
+    mentioned = HARD_STRINGS[::3]
+    index.add_many(range(len(mentioned)), [f"s = '{s}'" for s in mentioned])
+    values = HARD_STRINGS + HARD_STRINGS[::-1]
+    events = {"dicts": [{"s": v} for v in values], "arrow": pa.table({"s": values}),
+              "pandas": pd.DataFrame({"s": values})}[form]
+    batch = encode_events(events, index.schema)
+    ranked = sorted(set(mentioned))
+    want = [2 * ranked.index(v) + 1 if v in ranked else 2 * bisect.bisect_left(ranked, v) for v in values]
+    assert batch.value.tolist() == want
+
+
+def test_schema_string_codes_follow_python_string_order():
+    """The dictionary itself: every string id's code is 2 * (its rank in
+    Python's str order) + 1, through a view taken before more strings came."""
+    from engine.schema import Schema
+
+    schema = Schema()
+    schema.add_strings(HARD_STRINGS[1::2])
+    view = schema.view()
+    schema.add_strings(HARD_STRINGS[::2])
+    for seen, strings in ((view, HARD_STRINGS[1::2]), (schema, HARD_STRINGS[1::2] + HARD_STRINGS[::2])):
+        ranked = sorted(strings)
+        codes = seen.codes_of_string_ids(np.arange(len(strings)))
+        assert codes.tolist() == [2 * ranked.index(s) + 1 for s in strings]
+        assert seen.encode_strings(pa.array(HARD_STRINGS, pa.large_string())).tolist() == \
+            seen.encode_strings(list(HARD_STRINGS)).tolist() == \
+            [2 * ranked.index(s) + 1 if s in ranked else 2 * bisect.bisect_left(ranked, s) for s in HARD_STRINGS]
+
+
+def test_numpy_stringdtype_searchsorted_is_what_bexmatch_routes_around():
+    """Pins the dependency edge the engine avoids (numpy issue 31533): NumPy's
+    StringDType ``searchsorted`` misplaces long and NUL-holding strings in
+    the NumPy installed here, so bexmatch orders strings with Python's own
+    ``str`` comparison (engine.schema.StringDictionary).  When this fails,
+    the installed NumPy got it right: the workaround may be reconsidered,
+    and this test updated."""
+    string_dtype = getattr(getattr(np, "dtypes", None), "StringDType", None)
+    if string_dtype is None:
+        pytest.skip("this NumPy has no StringDType (NumPy < 2): nothing to route around")
+    dictionary = sorted(["https://example.com/a", "US", "a\x00b"])
+    queries = ["https://example.com/b", "US", "a\x00c", "https://example.com/a"]
+    exact = [bisect.bisect_left(dictionary, q) for q in queries]
+    numpy_says = np.searchsorted(np.array(dictionary, dtype=string_dtype()),
+                                 np.array(queries, dtype=string_dtype())).tolist()
+    assert numpy_says != exact, f"NumPy {np.__version__} now places these strings exactly"

@@ -15,6 +15,7 @@ pyproject (test_environment_yml_has_nothing_pyproject_lacks).
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -24,6 +25,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "bexmatch"
@@ -167,3 +169,96 @@ def test_version_constraints_agree(name):
         if str(spec) and str(env_spec):
             assert spec == env_spec, (
                 f"{name}: pyproject.toml [{where}] says {spec!s}, environment.yml says {env_spec!s}")
+
+
+# ------------------------------------------------------------------ NumPy floor
+# The NumPy floor of pyproject.toml (and so of environment.yml) is the oldest
+# NumPy the project runs on.  Two facts bound it from below: NumPy publishes
+# no wheels for a Python older than its release, and the project's modules
+# must use no NumPy API newer than the floor.  NumPy 2's StringDType, which
+# bexmatch once used, is such an API -- and was broken for strings of 16 bytes
+# or more (numpy issue 31533).
+
+#: the first NumPy release with wheels for each Python (requires-python's minimum)
+NUMPY_FOR_PYTHON = {"3.11": "1.23.2", "3.12": "1.26.0", "3.13": "2.1.0"}
+
+#: NumPy names newer than NumPy 1.23 (dotted below the numpy namespace),
+#: with the release that added them
+NUMPY_ADDED = {
+    "dtypes": "1.25", "exceptions": "1.25", "dtypes.StringDType": "2.0", "strings": "2.0",
+    "unique_values": "2.0", "unique_counts": "2.0", "unique_inverse": "2.0", "unique_all": "2.0",
+    "bitwise_count": "2.0", "vecdot": "2.0", "isdtype": "2.0", "astype": "2.0", "concat": "2.0",
+    "permute_dims": "2.0", "matrix_transpose": "2.0", "pow": "2.0", "bool": "2.0", "long": "2.0", "ulong": "2.0",
+    "trapezoid": "2.0", "acos": "2.0", "acosh": "2.0", "asin": "2.0", "asinh": "2.0", "atan": "2.0",
+    "atanh": "2.0", "atan2": "2.0", "bitwise_invert": "2.0", "bitwise_left_shift": "2.0",
+    "bitwise_right_shift": "2.0", "cumulative_sum": "2.1", "cumulative_prod": "2.1", "unstack": "2.1",
+    "matvec": "2.2", "vecmat": "2.2",
+}
+
+#: keywords newer than their NumPy function: (function, keyword) -> release
+NUMPY_KEYWORD_ADDED = {
+    ("unique", "equal_nan"): "1.24", ("isin", "kind"): "1.24", ("asarray", "copy"): "2.0",
+    ("sort", "stable"): "2.0", ("argsort", "stable"): "2.0", ("reshape", "shape"): "2.1",
+    ("reshape", "copy"): "2.1", ("unique", "sorted"): "2.3",
+}
+
+SOURCE_PACKAGES = ("engine", "gpu_kernels", "spark_integration")
+
+
+def numpy_floor() -> Version:
+    (spec,) = [req.specifier for req in map(Requirement, _pyproject()["project"]["dependencies"])
+               if canonicalize_name(req.name) == "numpy"]
+    (floor,) = [s.version for s in spec if s.operator == ">="]
+    return Version(floor)
+
+
+def _below_numpy(node: ast.AST) -> str | None:
+    """``dtypes.StringDType`` for the expression ``np.dtypes.StringDType``
+    (or ``numpy.``...), None for anything not rooted at the numpy module."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join(reversed(parts)) if parts and isinstance(node, ast.Name) and node.id in ("np", "numpy") \
+        else None
+
+
+def numpy_apis(tree: ast.AST) -> list[tuple[int, str, Version]]:
+    """(line, what, release that added it) of every NumPy API of
+    NUMPY_ADDED / NUMPY_KEYWORD_ADDED that a module's syntax tree uses."""
+    found = []
+    for node in ast.walk(tree):
+        name = _below_numpy(node)
+        if name in NUMPY_ADDED:
+            found.append((node.lineno, f"np.{name}", Version(NUMPY_ADDED[name])))
+        if isinstance(node, ast.Call) and _below_numpy(node.func):
+            for keyword in node.keywords:
+                added = NUMPY_KEYWORD_ADDED.get((_below_numpy(node.func), keyword.arg))
+                if added:
+                    found.append((node.lineno, f"np.{_below_numpy(node.func)}({keyword.arg}=)", Version(added)))
+    return sorted(found)
+
+
+def test_numpy_floor_has_wheels_for_the_oldest_python():
+    python = re.fullmatch(r">=\s*(\d+\.\d+)", _pyproject()["project"]["requires-python"].strip())
+    assert python, "requires-python must be a plain >= X.Y"
+    needed = Version(NUMPY_FOR_PYTHON[python.group(1)])
+    assert numpy_floor() >= needed, f"NumPy {numpy_floor()} has no wheels for Python {python.group(1)}"
+
+
+def test_numpy_floor_covers_every_numpy_api_the_modules_use():
+    """No module of the project uses a NumPy API newer than the floor of
+    pyproject.toml (raise the floor, or do without the API)."""
+    floor = numpy_floor()
+    newer = [f"{path.relative_to(ROOT)}:{line}: {what} (NumPy {added})"
+             for package in SOURCE_PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
+             for line, what, added in numpy_apis(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+             if added > floor]
+    assert not newer, f"NumPy APIs newer than the floor numpy>={floor}: " + "; ".join(newer)
+
+
+def test_the_numpy_api_scan_finds_names_chains_and_keywords():
+    tree = ast.parse("import numpy as np\nnp.unique_values(a)\nx = np.dtypes.StringDType()\n"
+                     "np.sort(a, stable=True)\nnp.unique(a, return_inverse=True)\na.astype(int, copy=False)\n")
+    assert [(line, what) for line, what, _ in numpy_apis(tree)] == [
+        (2, "np.unique_values"), (3, "np.dtypes"), (3, "np.dtypes.StringDType"), (4, "np.sort(stable=)")]
