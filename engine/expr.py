@@ -845,3 +845,53 @@ def _merge_attr(attr: str, preds: list[Pred]) -> list[Pred] | None:
     out.extend(not_between)
     out.extend(residual)
     return out or [Pred(attr, Op.IS_NOT_NULL, ())]
+
+
+_ARITY = {Op.IS_NULL: 0, Op.IS_NOT_NULL: 0, Op.BETWEEN: 2, Op.NOT_BETWEEN: 2}
+
+
+def check_shape(node: Node) -> None:
+    """Refuse an AST the parser could not have built, before anything reads
+    it (an index must not guess what it means): ``TypeError`` for what is
+    not a node, an operator or a literal; `errors.ParseError` for a
+    predicate with an empty attribute name, the wrong number of operands or
+    an invalid RE2 pattern, and for an AND/OR without operands.  Without
+    recursion, like `check_nesting` (which also refuses cycles)."""
+    import re2
+
+    from engine.errors import ParseError
+
+    for current in _distinct_nodes(node):
+        if isinstance(current, (And, Or)):
+            if not isinstance(current.children, tuple) or not current.children:
+                raise ParseError(f"{type(current).__name__} needs a non-empty tuple of operands, "
+                                 f"not {current.children!r}")
+            continue
+        if not isinstance(current, Pred):
+            continue
+        if not isinstance(current.attr, str):
+            raise TypeError(f"an attribute name is a str, not {type(current.attr).__name__} {current.attr!r}")
+        if not current.attr:
+            raise ParseError("empty attribute name")
+        if not isinstance(current.op, Op):
+            raise TypeError(f"a predicate's operator is an engine.expr.Op, not {current.op!r}")
+        if not isinstance(current.values, tuple):
+            raise TypeError(f"a predicate's operands are a tuple, not {type(current.values).__name__}")
+        for value in current.values:
+            if not isinstance(value, (bool, int, float, str)):
+                raise TypeError(f"operand {value!r} of {current.attr!r} is a {type(value).__name__}, "
+                                f"not a number, string or boolean")
+        n = len(current.values)
+        wanted = _ARITY.get(current.op, None if current.op in SET_OPS else 1)
+        if (wanted is None and n == 0) or (wanted is not None and n != wanted):
+            raise ParseError(f"{current.op.value} on {current.attr!r} takes "
+                             f"{'one or more' if wanted is None else wanted} operand(s), not {n}")
+        if current.op in (Op.MATCHES, Op.NOT_MATCHES) and isinstance(current.values[0], str):
+            options = re2.Options()
+            options.log_errors = False
+            try:
+                re2.compile(current.values[0], options)
+            except re2.error as error:
+                raise ParseError(f"invalid RE2 pattern {current.values[0]!r} on {current.attr!r}: {error}") \
+                    from None
+    check_text(node)

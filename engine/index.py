@@ -529,12 +529,13 @@ def _sorted_by_id(segment: Segment) -> Segment:
 
 def _checked_ast(node) -> Node:
     """An expression given as an AST: a node of engine.expr, within the
-    nesting limit, its text valid Unicode (what parse checks for text)."""
-    from engine.expr import And, Not, Or, Pred, Xnor, Xor, check_nesting, check_text
+    nesting and size limits, shaped as the parser builds them, its text
+    valid Unicode (what parse checks for text)."""
+    from engine.expr import And, Not, Or, Pred, Xnor, Xor, check_nesting, check_shape
     if not isinstance(node, (Pred, Not, And, Or, Xor, Xnor)):
         raise TypeError(f"an expression is text or an engine.expr node, not {type(node).__name__}")
     check_nesting(node)
-    check_text(node)
+    check_shape(node)
     return node
 
 

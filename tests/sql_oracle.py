@@ -10,8 +10,15 @@ Translation notes (checked by tests/test_semantics.py):
   (``'`` doubled), booleans ``TRUE``/``FALSE``, ints as integer literals and
   floats as ``CAST('<repr>' AS DOUBLE)`` (a bare ``0.1`` is a DECIMAL in
   DuckDB; the cast from the shortest repr is exact);
-* ``XOR``/``XNOR`` by their definitions ``(x AND NOT y) OR (NOT x AND y)`` and
-  ``(x AND y) OR (NOT x AND NOT y)``;
+* ``XOR``/``XNOR`` as ``(x <> y)`` and ``(x = y)`` on the two boolean
+  values: under three-valued logic these equal their definitions
+  ``(x AND NOT y) OR (NOT x AND y)`` and ``(x AND y) OR (NOT x AND NOT y)``
+  (NULL if either side is NULL, else the Boolean XOR / XNOR), without
+  writing ``x`` and ``y`` twice -- the definitional form doubles the SQL at
+  every nesting level, 2**40 times over for a chain 40 XORs deep
+  (``to_sql(node, xor_by_definition=True)`` still writes it, and
+  tests/test_scan_differential.py checks the two agree on every
+  TRUE/FALSE/NULL pair);
 * ``LIKE``/``NOT LIKE`` -> DuckDB ``LIKE``/``NOT LIKE`` as is: DuckDB's LIKE
   has no default escape character (a backslash in the pattern is an ordinary
   character; only an explicit ``ESCAPE`` clause sets one), ``%`` and ``_``
@@ -22,6 +29,33 @@ Translation notes (checked by tests/test_semantics.py):
 
 String comparisons use DuckDB's default binary collation, i.e. UTF-8 byte
 order, which is Unicode code-point order.
+
+Exactness for the values users send (found by trying, with DuckDB 2.0.1,
+and re-checked by `semantics_mismatches`, which tests/test_scan_differential.py
+runs over every pool of tests/strategies.py):
+
+* NUL: DuckDB's VARCHAR holds embedded NULs, in stored values (both the
+  ``executemany`` and the Arrow insert) and in SQL string literals, and
+  compares, LIKEs and regex-matches them as ordinary characters
+  (``'a' < 'a\\x00' < 'a\\x00b' < 'a\\x00c'``; ``_`` matches a NUL).  So no
+  value is routed around DuckDB and no BLOB column is needed.  Nothing
+  is assumed: `duckdb_evaluate` and `duckdb_where` read every stored
+  string and number and every string literal back, and raise
+  `OracleCannotRepresent` if one comes back different, rather than
+  compare against a value DuckDB did not hold.
+* non-ASCII: stored as UTF-8, compared bytewise (= code points, astral
+  characters included); LIKE's ``_`` and RE2's ``.`` are one code point,
+  so ``e`` + U+0301 is two characters, as in the reference evaluator.
+* numbers: ``-0.0`` and ``0.0`` are equal (as in Python and the engine);
+  integers up to ±2**53 and any finite double (5e-324, 1e300) are exact
+  in a DOUBLE column and as literals.
+* a lone surrogate has no UTF-8 form: DuckDB cannot hold it, and
+  `sql_literal` and the insert refuse it with `OracleCannotRepresent`
+  (the engine refuses it too; tests/test_hostile_input.py checks that).
+* RE2: DuckDB's ``regexp_matches`` and google-re2's ``search`` agree on
+  every pattern of tests/strategies.py (``.`` does not match a newline in
+  either; no ``(?i)``-style flags are added by DuckDB); a new pattern
+  joins `semantics_mismatches`'s check through the strategies' pools.
 """
 
 from __future__ import annotations
@@ -46,6 +80,20 @@ _FAMILY_TYPE = {Family.NUMERIC: "DOUBLE", Family.STRING: "VARCHAR", Family.BOOLE
 _IDX = "__bexmatch_event_idx"
 
 
+class OracleCannotRepresent(ValueError):
+    """A value DuckDB cannot hold exactly (a lone surrogate), or one that
+    came back from DuckDB different from what was given: the oracle refuses
+    to answer rather than answer about another value."""
+
+
+def _check_unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise OracleCannotRepresent(f"{value!r} has no UTF-8 form; DuckDB's VARCHAR cannot hold it") from exc
+    return value
+
+
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -60,25 +108,28 @@ def sql_literal(value) -> str:
             raise ValueError(f"no SQL literal for {value!r}")
         return f"CAST('{value!r}' AS DOUBLE)"
     if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
+        return "'" + _check_unicode(value).replace("'", "''") + "'"
     raise TypeError(f"not a literal: {value!r}")
 
 
-def to_sql(node: Node) -> str:
+def to_sql(node: Node, xor_by_definition: bool = False) -> str:
     """A DuckDB boolean expression with the value of ``node`` (NULL kept)."""
     if isinstance(node, Pred):
         return _pred_sql(node)
     if isinstance(node, Not):
-        return f"(NOT {to_sql(node.child)})"
+        return f"(NOT {to_sql(node.child, xor_by_definition)})"
     if isinstance(node, And):
-        return "(" + " AND ".join(to_sql(c) for c in node.children) + ")" if node.children else "TRUE"
+        return "(" + " AND ".join(to_sql(c, xor_by_definition) for c in node.children) + ")" \
+            if node.children else "TRUE"
     if isinstance(node, Or):
-        return "(" + " OR ".join(to_sql(c) for c in node.children) + ")" if node.children else "FALSE"
-    if isinstance(node, Xor):
-        x, y = to_sql(node.left), to_sql(node.right)
-        return f"(({x} AND NOT {y}) OR (NOT {x} AND {y}))"
-    if isinstance(node, Xnor):
-        x, y = to_sql(node.left), to_sql(node.right)
+        return "(" + " OR ".join(to_sql(c, xor_by_definition) for c in node.children) + ")" \
+            if node.children else "FALSE"
+    if isinstance(node, (Xor, Xnor)):
+        x, y = to_sql(node.left, xor_by_definition), to_sql(node.right, xor_by_definition)
+        if not xor_by_definition:
+            return f"({x} {'<>' if isinstance(node, Xor) else '='} {y})"
+        if isinstance(node, Xor):
+            return f"(({x} AND NOT {y}) OR (NOT {x} AND {y}))"
         return f"(({x} AND {y}) OR (NOT {x} AND NOT {y}))"
     raise TypeError(f"not an expression node: {node!r}")
 
@@ -143,6 +194,10 @@ def _insert(con, table: str, schema: dict[str, str], events: list[dict]) -> None
     in a process costs about a second, executemany about 4 ms per row)."""
     if not events:
         return
+    for event in events:
+        for value in event.values():
+            if isinstance(value, str):
+                _check_unicode(value)
     attrs = list(schema)
     rows = None
     if len(events) > 200:
@@ -167,6 +222,81 @@ def _insert(con, table: str, schema: dict[str, str], events: list[dict]) -> None
         con.execute(f"INSERT INTO {table} SELECT * FROM bexmatch_oracle_arrow")
     finally:
         con.unregister("bexmatch_oracle_arrow")
+
+
+def _check_stored(con, table: str, schema: dict[str, str], events: list[dict]) -> None:
+    """Every string and number of the events, read back from DuckDB, is
+    the value given (NULs, astral characters and all); else
+    `OracleCannotRepresent`."""
+    attrs = [a for a in schema if schema[a].upper() in ("VARCHAR", "DOUBLE")]
+    if not attrs or not events:
+        return
+    select = ", ".join(quote_ident(a) for a in attrs)
+    rows = con.execute(f"SELECT {select} FROM {table} ORDER BY {quote_ident(_IDX)}").fetchall()
+    for j, (event, row) in enumerate(zip(events, rows)):
+        for a, stored in zip(attrs, row):
+            given = event.get(a)
+            same_kind = isinstance(given, str) if schema[a].upper() == "VARCHAR" else \
+                isinstance(given, (int, float)) and not isinstance(given, bool)
+            if not same_kind or stored == given:     # (another kind: DuckDB's own cast, as before)
+                continue
+            raise OracleCannotRepresent(f"event {j}: {a!r} = {given!r} came back from DuckDB as {stored!r}")
+
+
+def _check_literals(con, exprs) -> None:
+    """Every string literal and pattern of ``exprs``, as DuckDB reads it
+    from the SQL text, is the value of the AST; else `OracleCannotRepresent`."""
+    texts = list(dict.fromkeys(v for e in exprs for p in predicates(e) for v in p.values
+                               if isinstance(v, str)))
+    for start in range(0, len(texts), 200):
+        part = texts[start:start + 200]
+        row = con.execute("SELECT " + ", ".join(sql_literal(v) for v in part)).fetchone()
+        for given, read in zip(part, row):
+            if read != given:
+                raise OracleCannotRepresent(f"string literal {given!r} reads back from DuckDB as {read!r}")
+
+
+def semantics_mismatches(values, like_patterns=(), regexes=(), con: duckdb.DuckDBPyConnection | None = None):
+    """Where DuckDB's string semantics differ from Python's code-point order,
+    the reference evaluator's LIKE and google-re2's search, over ``values``
+    (each pair compared with ``<``, ``=``; each value against each pattern):
+    a list of ``(what, value, operand, duckdb's answer)``, empty when the
+    oracle is exact on them.  Values are stored in a table (the column
+    path) and operands written as SQL literals (the literal path), as
+    `duckdb_evaluate` does."""
+    import re2
+
+    from engine.reference import like
+
+    values = list(dict.fromkeys(values))
+    own = con is None
+    if own:
+        con = duckdb.connect(":memory:")
+    out = []
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE bexmatch_semantics (i BIGINT, s VARCHAR)")
+        con.executemany("INSERT INTO bexmatch_semantics VALUES (?, ?)",
+                        [[i, _check_unicode(v)] for i, v in enumerate(values)])
+
+        checks = [("stored", None, "s", lambda v, _: v)]
+        checks += [(kind, operand, f"s {kind} {sql_literal(operand)}", test) for operand in values
+                   for kind, test in (("<", lambda v, o: v < o), ("=", lambda v, o: v == o))]
+        checks += [("LIKE", p, f"s LIKE {sql_literal(p)}", like) for p in like_patterns]
+        checks += [("MATCHES", p, f"regexp_matches(s, {sql_literal(p)})",
+                    lambda v, p: re2.search(p, v) is not None) for p in regexes]
+        for start in range(0, len(checks), 200):
+            part = checks[start:start + 200]
+            select = ", ".join(sql for _, _, sql, _ in part)
+            rows = con.execute(f"SELECT {select} FROM bexmatch_semantics ORDER BY i").fetchall()
+            for v, row in zip(values, rows):
+                for (kind, operand, _, want), got in zip(part, row):
+                    if got != want(v, operand):
+                        out.append((kind, v, operand, got))
+        con.execute("DROP TABLE bexmatch_semantics")
+    finally:
+        if own:
+            con.close()
+    return out
 
 
 def duckdb_evaluate(exprs: list[Node], events: list[dict], schema: dict[str, str] | None = None,
@@ -196,6 +326,8 @@ def duckdb_evaluate(exprs: list[Node], events: list[dict], schema: dict[str, str
         cols = ", ".join([f"{quote_ident(_IDX)} BIGINT"] + [f"{quote_ident(a)} {schema[a]}" for a in attrs])
         con.execute(f"CREATE OR REPLACE TEMP TABLE {table} ({cols})")
         _insert(con, table, schema, events)
+        _check_stored(con, table, schema, events)
+        _check_literals(con, exprs)
         out = [[None] * len(events) for _ in exprs]
         # Evaluate in chunks of columns to keep the SELECT list reasonable.
         chunk = 200
@@ -233,6 +365,8 @@ def duckdb_where(expr: Node, events: list[dict], schema: dict[str, str] | None =
         cols = ", ".join([f"{quote_ident(_IDX)} BIGINT"] + [f"{quote_ident(a)} {schema[a]}" for a in attrs])
         con.execute(f"CREATE TABLE events ({cols})")
         _insert(con, "events", schema, events)
+        _check_stored(con, "events", schema, events)
+        _check_literals(con, [expr])
         rows = con.execute(f"SELECT {quote_ident(_IDX)} FROM events WHERE {to_sql(expr)}").fetchall()
         return {r[0] for r in rows}
     finally:
