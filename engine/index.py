@@ -374,12 +374,17 @@ class Index:
         batch = event_batches.encode_events(events, state.view, errors)
         if output == "device":
             return self._match_encoded(state, batch, device=True)
-        slices = list(self._match_slices(state, batch))
+        # each slice goes into the output form as it comes, so that only the
+        # output and one slice's working memory are held at once
         if output == "arrow":
-            return pa.table({"event": pa.chunked_array([s[2] for s in slices], pa.int64()),
-                             "sub_id": pa.chunked_array([s[3] for s in slices], pa.int64())})
+            events_out, ids_out = [], []
+            for _, _, event_idx, sub_ids in self._match_slices(state, batch):
+                events_out.append(event_idx)
+                ids_out.append(sub_ids)
+            return pa.table({"event": pa.chunked_array(events_out, pa.int64()),
+                             "sub_id": pa.chunked_array(ids_out, pa.int64())})
         out = []
-        for first, stop, event_idx, sub_ids in slices:
+        for first, stop, event_idx, sub_ids in self._match_slices(state, batch):
             out.extend(np.split(sub_ids, np.searchsorted(event_idx, np.arange(first + 1, stop))))
         return out
 

@@ -46,16 +46,28 @@ def peak_growth(run):
 @pytest.fixture(scope="module", params=["scan", "opindex"])
 def everyone_matches(request):
     index = Index(algorithm=request.param, backend="cpu")
-    index.add_many(range(N_SUBS), ["n >= 0 AND (s IS NULL OR s != 'x')"] * N_SUBS)
+    index.add_many(range(N_SUBS - 10), ["n >= 0 AND (s IS NULL OR s != 'x')"] * (N_SUBS - 10))
     index.merge()
+    index.add_many(range(N_SUBS - 10, N_SUBS), ["n >= 0"] * 10)     # a delta: both parts match, then merge
     events = pa.table({"n": pa.array(np.arange(N_EVENTS) % 7, pa.int64())})
     index.match_batch(events.slice(0, 10))       # compile the kernels first
     return index, events
 
 
+BUDGET = 32 << 20
+
+
 @pytest.fixture
 def small_budget(monkeypatch):
-    monkeypatch.setattr(index_module, "MATCH_MEMORY_BUDGET", 32 << 20)
+    monkeypatch.setattr(index_module, "MATCH_MEMORY_BUDGET", BUDGET)
+
+
+def within_bound(grown: int, output: int) -> bool:
+    """The stated bound: the output, plus a slice's working memory (the
+    budget, with room for the allocator's slack); so at most twice the
+    output once it is larger than the budget.  Matching the whole batch at
+    once held 29 bytes a pair here (1.8x the Arrow output, 3.6x the lists)."""
+    return grown <= output + 3 * BUDGET and grown <= 2 * output
 
 
 def test_arrow_output_peak_is_within_twice_the_output(everyone_matches, small_budget):
@@ -65,7 +77,7 @@ def test_arrow_output_peak_is_within_twice_the_output(everyone_matches, small_bu
     assert table["event"].to_numpy()[::N_SUBS].tolist() == list(range(N_EVENTS))
     assert table["sub_id"].to_numpy()[:N_SUBS].tolist() == list(range(N_SUBS))
     output = table.nbytes
-    assert grown <= 2 * output, f"peak {grown / 2**20:.0f} MiB for a {output / 2**20:.0f} MiB output"
+    assert within_bound(grown, output), f"peak {grown / 2**20:.0f} MiB for a {output / 2**20:.0f} MiB output"
 
 
 def test_list_output_peak_is_within_twice_the_output(everyone_matches, small_budget):
@@ -74,7 +86,7 @@ def test_list_output_peak_is_within_twice_the_output(everyone_matches, small_bud
     assert len(lists) == N_EVENTS and all(len(m) == N_SUBS for m in lists[::997])
     assert lists[-1].tolist() == list(range(N_SUBS))
     output = sum(m.nbytes for m in lists) + 112 * len(lists)       # the ids and one array object per event
-    assert grown <= 2 * output, f"peak {grown / 2**20:.0f} MiB for a {output / 2**20:.0f} MiB output"
+    assert within_bound(grown, output), f"peak {grown / 2**20:.0f} MiB for a {output / 2**20:.0f} MiB output"
 
 
 def test_match_stream_yields_bounded_pieces_equal_to_the_whole(everyone_matches):
