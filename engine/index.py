@@ -26,6 +26,7 @@ nothing and takes back what it added to the schema.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import threading
 
@@ -42,7 +43,7 @@ from engine.expr import Family, Node, predicates
 from engine.index_file import (check_saved_options, needed_depth, read_index_file, restore_contents,
                                write_index_file)
 from engine.schema import Schema
-from engine.snapshot import BUILD, MatcherSource, Snapshot
+from engine.snapshot import BUILD, Snapshot
 
 DEFAULT_DNF_LIMIT = 256
 #: working memory of one slice of a large batch (matcher scratch, pairs,
@@ -96,7 +97,6 @@ class Index:
 
     def __init__(self, algorithm: str | None = None, backend: str | None = None, *,
                  schema: dict | None = None, dnf_limit: int = DEFAULT_DNF_LIMIT, options: dict | None = None):
-        import inspect
         self.backend = resolve_backend(backend)
         self.algorithm = default_algorithm(self.backend) if algorithm is None else algorithm
         self._matcher_class = matcher_class(self.algorithm, self.backend)
@@ -199,6 +199,8 @@ class Index:
                 self._changed(bulk=expressions is None)
 
     def _compile_texts(self, ids, expressions) -> Segment:
+        if isinstance(expressions, (str, bytes)):
+            raise TypeError("add_many takes a sequence of expressions, not one string: use add(id, text)")
         ids = [_as_id(i) for i in ids]
         expressions = list(expressions)
         if len(ids) != len(expressions):

@@ -535,6 +535,7 @@ def test_hostile_ids(sub_id, error):
     (([1001, 1002], ["price = 1", "price = = 2"]), ParseError),
     (([1001], [b"price = 1"]), TypeError),
     (([1001], [None]), TypeError),
+    (([1001], "price = 1"), TypeError),                               # one text, not a sequence of them
 ])
 def test_add_many_is_all_or_nothing(args, error):
     attacked = Attacked("scan")
