@@ -150,6 +150,7 @@ class Schema:
     # IN lists as CSR chunks (lengths, keys); consolidations cached by count
     _set_chunks: list = field(default_factory=list, repr=False)
     _set_csr: tuple | None = field(default=None, repr=False)
+    _set_generation: int = field(default=0, repr=False)     # bumped when a rollback takes IN lists back
     n_sets: int = 0
     # bumped whenever an attribute or its family is added (attribute_arrays' cache key)
     _attr_version: int = field(default=0, repr=False)
@@ -331,13 +332,17 @@ class Schema:
         default), in id order."""
         n_sets = self.n_sets if n_sets is None else n_sets
         cached = self._set_csr
-        if cached is None or cached[0] < n_sets:
+        if cached is None or cached[0] != self._set_generation or cached[1] < n_sets:
+            # (a view may consolidate while an update appends or rolls back: the
+            # generation read first makes a consolidation raced by a rollback stale)
+            generation = self._set_generation
             chunks = list(self._set_chunks)
             lengths = np.concatenate([c[0] for c in chunks]) if chunks else np.zeros(0, np.int64)
             keys = np.concatenate([c[1] for c in chunks]) if chunks else np.zeros(0)
-            cached = self._set_csr = (len(lengths), np.concatenate(([0], np.cumsum(lengths))).astype(np.int64), keys)
-        offsets = cached[1][:n_sets + 1]
-        return offsets, cached[2][:offsets[-1]]
+            cached = (generation, len(lengths), np.concatenate(([0], np.cumsum(lengths))).astype(np.int64), keys)
+            self._set_csr = cached
+        offsets = cached[2][:n_sets + 1]
+        return offsets, cached[3][:offsets[-1]]
 
     def set_keys(self, set_id: int) -> np.ndarray:
         offsets, keys = self.set_csr()
@@ -394,6 +399,7 @@ class Schema:
         del self.patterns[n_patterns:]
         if self.n_sets > n_sets:
             self.set_ids = {keys: i for keys, i in self.set_ids.items() if i < n_sets}
+            self._set_generation += 1
             del self._set_chunks[n_chunks:]
             self.n_sets = n_sets
             self._set_csr = None

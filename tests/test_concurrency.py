@@ -188,3 +188,30 @@ def test_published_alive_flags_are_not_changed_by_a_remove():
     index.remove(5)
     assert np.array_equal(before.alive, alive)        # the old snapshot is untouched
     assert 5 not in index
+
+
+def test_schema_rollback_takes_back_only_what_no_view_saw():
+    from engine.expr import Family
+    from engine.schema import Schema
+
+    schema = Schema()
+    schema.declare("s", "string")
+    schema.add_strings(["https://example.com/a"])
+    schema.set_id((1.0, 2.0))
+    before = schema.view()
+    before.set_csr()                                   # consolidated, then grown and rolled back
+    mark = schema.mark()
+    schema._add_attr("later", None)
+    schema.fix_family("later", Family.NUMERIC)
+    schema.add_strings(["https://example.com/b"])
+    schema.set_id((3.0,))
+    schema.pattern_id("like", "x%")
+    during = schema.view()
+    assert during.set_csr()[1].tolist() == [1.0, 2.0, 3.0] and during.families["later"] is Family.NUMERIC
+    schema.rollback(mark)
+    assert (schema.attr_names, schema.strings, schema.patterns, schema.n_sets) == \
+        (["s"], ["https://example.com/a"], [], 1)
+    schema.set_id((7.0, 8.0))                          # the same id as the list taken back
+    assert schema.set_csr()[1].tolist() == [1.0, 2.0, 7.0, 8.0]
+    assert before.set_csr()[1].tolist() == [1.0, 2.0] and before.families.get("later") is None
+    assert before.encode_strings(["https://example.com/a", "https://example.com/b"]).tolist() == [1.0, 2.0]
