@@ -389,3 +389,35 @@ def test_streaming_foreach_batch_quarantine_is_idempotent(spark, workload, tmp_p
     assert len(pairs) == len(set(pairs)) and set(pairs) == expected_pairs(index, good)
     refused = pq.read_table(refused_out)
     assert sorted(refused["event_id"].to_pylist()) == sorted(bad)
+
+
+def test_strings_users_send_match_exactly_through_spark(spark):
+    """Long URLs and UUIDs sharing prefixes, non-ASCII and NUL go through
+    Spark's Arrow batches to the engine and match exactly as the reference
+    evaluator says (the string bug of issue 10 lived in the dictionary
+    search every path shares)."""
+    from engine.parse import parse
+    from engine.reference import matches
+    from spark_integration import match_events
+
+    urls = [f"https://example.com/{p}" for p in ("a", "b", "a/b", "a/b/c?x=1", "")]
+    uuids = [f"123e4567-e89b-12d3-a456-4266141740{i:02d}" for i in range(5)]
+    odd = ["a\x00b", "a\x00c", "\x00", "é", "日本", "😀", ""]
+    texts = [f"url = '{u}'" for u in urls] + [f"url > '{urls[0]}'", f"url LIKE '{urls[2]}%'"] \
+        + [f"user IN ('{uuids[i]}', '{uuids[i + 1]}')" for i in range(4)] + [f"s = '{v}'" for v in odd] \
+        + [f"s >= '{odd[0]}' AND s < '{odd[1]}'", "s > 'z'"]
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many(range(len(texts)), texts)
+    rng = np.random.default_rng(3)
+    n = 300
+    events = pa.table({
+        "event_id": pa.array(np.arange(n), pa.int64()),
+        "url": pa.array([urls[i % 5] + ("/" if i % 7 == 0 else "") for i in range(n)], mask=rng.random(n) < 0.2),
+        "user": pa.array([uuids[i % 5] for i in range(n)], mask=rng.random(n) < 0.2),
+        "s": pa.array([odd[i % len(odd)] + ("\x00" if i % 11 == 0 else "") for i in range(n)]),
+    })
+    nodes = [parse(t) for t in texts]
+    expected = {(e["event_id"], sub) for e in events.to_pylist() for sub, node in enumerate(nodes)
+                if matches(node, {k: v for k, v in e.items() if v is not None})}
+    assert len(expected) > n
+    assert set(collected(match_events(to_spark(spark, events), index))) == expected
