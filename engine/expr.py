@@ -861,6 +861,7 @@ def check_shape(node: Node) -> None:
 
     from engine.errors import ParseError
 
+    check_text(node)            # first: RE2 cannot even read a pattern that is not valid Unicode
     for current in _distinct_nodes(node):
         if isinstance(current, (And, Or)):
             if not isinstance(current.children, tuple) or not current.children:
@@ -894,4 +895,3 @@ def check_shape(node: Node) -> None:
             except re2.error as error:
                 raise ParseError(f"invalid RE2 pattern {current.values[0]!r} on {current.attr!r}: {error}") \
                     from None
-    check_text(node)
