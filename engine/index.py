@@ -328,7 +328,7 @@ class Index:
     def _install_main(self, segment: Segment) -> None:
         """Make ``segment`` the whole index (load, subset): a fresh matcher."""
         with self._write_lock:
-            segment.predicates.recode(self._schema)     # (not published yet: coded in place)
+            segment = segment.coded(self._schema)     # (a subset's segment may share a published table)
             self._state = Snapshot(self._schema.view(), segment, np.ones(len(segment), np.uint8), 0, (), BUILD)
 
     # ------------------------------------------------------------------ matching
