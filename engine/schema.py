@@ -29,6 +29,7 @@ dictionaries that turn every operand and event value into a number.
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 from dataclasses import dataclass, field
 
@@ -449,21 +450,15 @@ class SchemaView:
         self._attr_version = schema._attr_version
         self.attr_ids = _AttrIdsAt(schema.attr_ids, self.n_attrs)
         self.families = _FamiliesAt(self)
-        self._cache: dict = {}
 
-    @property
+    # (cached once per view: computed from prefixes that never change)
+    @functools.cached_property
     def attr_names(self) -> list[str]:
-        found = self._cache.get("attr_names")
-        if found is None:
-            found = self._cache["attr_names"] = self._schema.attr_names[:self.n_attrs]
-        return found
+        return self._schema.attr_names[:self.n_attrs]
 
-    @property
+    @functools.cached_property
     def strings(self) -> list[str]:
-        found = self._cache.get("strings")
-        if found is None:
-            found = self._cache["strings"] = self._schema.strings[:self.n_strings]
-        return found
+        return self._schema.strings[:self.n_strings]
 
     @property
     def patterns(self) -> list[tuple[str, str]]:
@@ -480,17 +475,19 @@ class SchemaView:
         return family
 
     def attribute_arrays(self) -> tuple:
-        found = self._cache.get("attribute_arrays")
-        if found is None:
-            names = self.attr_names
-            found = self._cache["attribute_arrays"] = _attribute_arrays(names, [self.family_of(n) for n in names])
-        return found
+        return self._attribute_arrays
+
+    @functools.cached_property
+    def _attribute_arrays(self) -> tuple:
+        names = self.attr_names
+        return _attribute_arrays(names, [self.family_of(n) for n in names])
 
     def dictionary(self) -> StringDictionary:
-        found = self._cache.get("dictionary")
-        if found is None:
-            found = self._cache["dictionary"] = self._schema.dictionary(self.version, self.n_strings)
-        return found
+        return self._dictionary
+
+    @functools.cached_property
+    def _dictionary(self) -> StringDictionary:
+        return self._schema.dictionary(self.version, self.n_strings)
 
     def codes_of_string_ids(self, ids: np.ndarray) -> np.ndarray:
         return self.dictionary().codes_of_string_ids(ids)
