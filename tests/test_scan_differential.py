@@ -88,16 +88,23 @@ def every_route(index, events):
 # ---------------------------------------------------------------- random workloads
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=_SLOW_OK)
-@given(exprs=st.lists(strategies.expressions(with_not_matches=True), min_size=1, max_size=25),
-       events=st.lists(strategies.events(), min_size=1, max_size=15))
-def test_scan_agrees_with_reference_and_duckdb(exprs, events):
-    expected = expected_matches(exprs, events)
+def delta_then_main_agree(exprs, events, expected) -> Index:
+    """``scan`` with the expressions in its delta, then merged into its main
+    segment (every route), gives ``expected``; returns the index."""
     index = Index(algorithm="scan", backend="cpu", schema=SCHEMA)
     index.add_many(range(len(exprs)), exprs)
     assert [m.tolist() for m in index.match_batch(events)] == expected          # delta (not yet merged)
     index.merge()
     assert every_route(index, events) == expected                               # main segment
+    return index
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=_SLOW_OK)
+@given(exprs=st.lists(strategies.expressions(with_not_matches=True), min_size=1, max_size=25),
+       events=st.lists(strategies.events(), min_size=1, max_size=15))
+def test_scan_agrees_with_reference_and_duckdb(exprs, events):
+    expected = expected_matches(exprs, events)
+    index = delta_then_main_agree(exprs, events, expected)
     frame = pd.DataFrame({a: pd.Series([e.get(a) for e in events], dtype=object) for a in SCHEMA})
     assert [m.tolist() for m in index.match_batch(frame)] == expected
 
@@ -160,11 +167,7 @@ def _own_strings_workload(draw):
 def test_arbitrary_strings_agree(workload):
     exprs, events = workload
     expected = expected_matches(exprs, events)
-    index = Index(algorithm="scan", backend="cpu", schema=SCHEMA)
-    index.add_many(range(len(exprs)), exprs)
-    assert [m.tolist() for m in index.match_batch(events)] == expected          # delta (not yet merged)
-    index.merge()
-    assert every_route(index, events) == expected                               # main segment
+    delta_then_main_agree(exprs, events, expected)
 
 
 def _pool_event(rng: random.Random) -> dict:
