@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import re2
 from numba import njit
 
 from engine.compile import OPCODE, PredicateTable, Segment, distinct_rows, mix64
@@ -84,6 +85,20 @@ class _Rows:
         if mask.any():
             row = int(np.flatnonzero(mask)[0])
             raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}): {message}")
+
+
+def _bad_regex(pattern: str) -> str | None:
+    """Why RE2 refuses ``pattern``, or None."""
+    try:
+        re2.compile(pattern, _RE2_QUIET)
+    except re2.error as error:
+        reason = error.args[0] if error.args else error
+        return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+    return None
+
+
+_RE2_QUIET = re2.Options()
+_RE2_QUIET.log_errors = False
 
 
 def _factorize(column) -> tuple[list, np.ndarray]:
@@ -229,6 +244,9 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
         patterns = pc.filter(rows.column("str_value"), pa.array(is_pattern)).to_pylist()
         kinds = np.where(np.isin(op[is_pattern], (opcodes.LIKE, opcodes.NOT_LIKE)), "like", "regex")
         for row, kind, text in zip(np.flatnonzero(is_pattern), kinds, patterns):
+            if kind == "regex":      # refused here, as the text route refuses it, not at every match
+                reason = _bad_regex(text)
+                rows.fail(np.arange(rows.n) == (row if reason else -1), f"invalid RE2 pattern {text!r}: {reason}")
             aux[row] = schema.pattern_id(str(kind), text)
     for parents, keys in (in_lists, _string_keys(schema, str_in_lists)):
         set_rows, set_ids = _register_sets(schema, parents, keys)
