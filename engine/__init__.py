@@ -9,9 +9,9 @@ backend is asked for.
 
 from engine.algorithms import ALGORITHMS
 from engine.backend import available_backends
-from engine.errors import (BackendUnavailable, BexmatchError, ExpressionTooLarge, IndexFileError, ParseError,
-                           SchemaError)
+from engine.errors import (BackendUnavailable, BadEventError, BexmatchError, ExpressionTooLarge, IndexFileError,
+                           ParseError, SchemaError)
 from engine.index import Index
 
-__all__ = ["ALGORITHMS", "BackendUnavailable", "BexmatchError", "ExpressionTooLarge", "Index", "IndexFileError",
-           "ParseError", "SchemaError", "available_backends"]
+__all__ = ["ALGORITHMS", "BackendUnavailable", "BadEventError", "BexmatchError", "ExpressionTooLarge", "Index",
+           "IndexFileError", "ParseError", "SchemaError", "available_backends"]

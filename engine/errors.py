@@ -34,6 +34,36 @@ class SchemaError(BexmatchError, ValueError):
     or a literal that bexmatch cannot represent exactly."""
 
 
+class BadEventError(SchemaError):
+    """One event of a batch that its attributes cannot take: a value of the
+    wrong type family, a lone surrogate, a number float64 cannot hold as it
+    is (engine/events.py), an event that is not a mapping, an attribute
+    given twice.
+
+    Fields, for code that acts on the error instead of reading its text:
+
+    * ``event``: the event's 0-based position in the batch;
+    * ``attribute``: the attribute's name, or None when the problem is the
+      event itself (not a mapping);
+    * ``value``: the refused value (None when there is no one value);
+    * ``reason``: what is wrong, in words, without the position (it names
+      the attribute: ``"attribute 'price' is numeric, got 'cheap'"``).
+
+    ``str(error)`` is ``"event 3: " + reason``, and a hint on what to do.
+    """
+
+    def __init__(self, event: int, attribute: str | None, value, reason: str, hint: str = ""):
+        self.event = int(event)
+        self.attribute = attribute
+        self.value = value
+        self.reason = reason
+        self.hint = hint
+        super().__init__(f"event {self.event}: {reason}{hint}")
+
+    def __reduce__(self):
+        return type(self), (self.event, self.attribute, self.value, self.reason, self.hint)
+
+
 class ExpressionTooLarge(BexmatchError, ValueError):
     """A normal-form rewrite (DNF, CNF) would exceed its stated size limit."""
 

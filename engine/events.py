@@ -31,9 +31,24 @@ attribute takes is one rule, the same for every input form:
 * An attribute that only IS [NOT] NULL reads (no family yet): any value,
   since presence is all that counts.
 
-Any other value is wrong: a SchemaError naming the event (its position in
-the batch) and the attribute, unless ``errors="null"`` asks to treat it as
-absent.  A DataFrame column goes through Arrow when pyarrow converts it
+Any other value is wrong.  What happens then is the ``errors`` mode:
+
+* ``"raise"`` (default): a :class:`engine.errors.BadEventError` (a
+  SchemaError) naming the event (its position in the batch) and the
+  attribute, in fields (``event``, ``attribute``, ``value``, ``reason``)
+  and in its text;
+* ``"null"``: the value is treated as absent;
+* ``"report"``: nothing is raised; every bad event is encoded with no
+  attributes at all, and the batch's ``rejected`` lists one BadEventError
+  per bad event, ascending by event: its first problem, the columns taken
+  in their order (a dict's keys in theirs; in a map column, its keys in
+  the schema's attribute order).
+
+An event that is not a mapping (dicts input) is a BadEventError with
+``attribute`` None that is also a TypeError, and an attribute given twice
+in one event (a column and a map key, or two columns of one name) a
+BadEventError: raised with ``"raise"`` and ``"null"``, rejected with
+``"report"``.  A DataFrame column goes through Arrow when pyarrow converts it
 faithfully (one kind of value); an object column that mixes kinds, or that
 pyarrow refuses, is read value by value under the dict rule.
 """
@@ -50,7 +65,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.errors import SchemaError
+from engine.errors import BadEventError
 from engine.expr import Family
 from engine.schema import MAX_EXACT_INT, Schema
 
@@ -64,6 +79,9 @@ class EventBatch:
     value: np.ndarray     # float64 [nnz] codes
     token: np.ndarray     # int32 [nnz] index into `strings`, -1 for non-strings
     strings: pa.Array     # large_string: the batch's distinct strings, in order of first use
+    #: errors="report": one BadEventError per refused event (encoded with no
+    #: attributes), ascending by event; () otherwise
+    rejected: tuple = ()
 
     @property
     def n_events(self) -> int:
@@ -75,9 +93,66 @@ _NO_STRINGS = pa.array([], pa.large_string())
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _value_error(event: int, attr: str, expected: Family, value) -> SchemaError:
-    return SchemaError(f"event {event}: attribute {attr!r} is {expected.value}, got {_shown(value)}"
-                       f"{_why_refused(value, expected)} (pass errors='null' to treat such values as absent)")
+_HINT = " (pass errors='null' to treat such values as absent, or errors='report' to set such events aside)"
+
+
+def _value_error(event: int, attr: str, expected: Family, value) -> BadEventError:
+    return BadEventError(event, attr, value, f"attribute {attr!r} is {expected.value}, got {_shown(value)}"
+                                             f"{_why_refused(value, expected)}", _HINT)
+
+
+class NotAnEventError(BadEventError, TypeError):
+    """An event of a list that is not a mapping of attribute to value (a
+    TypeError as well, as it always was)."""
+
+
+class _Refusals:
+    """The bad events of one batch being encoded, by the ``errors`` mode:
+    ``"raise"`` raises the first one found, ``"null"`` forgets them, and
+    ``"report"`` keeps one error per event -- the one of the lowest *rank*
+    (the column's position; the first found among equals)."""
+
+    def __init__(self, errors: str):
+        self.errors = errors
+        self.found: dict[int, tuple[int, BadEventError]] = {}
+
+    def add(self, error: BadEventError, rank: int = 0) -> None:
+        if self.errors == "raise":
+            raise error
+        if self.errors == "report":
+            known = self.found.get(error.event)
+            if known is None or known[0] > rank:
+                self.found[error.event] = (rank, error)
+
+    def wanted(self, rows, rank: int) -> list[int]:
+        """Of the bad ``rows`` (ascending) of a column of rank ``rank``,
+        those whose error would be kept: all with "report" (but events
+        refused already for a column before), the first with "raise", none
+        with "null"."""
+        if self.errors == "null" or len(rows) == 0:
+            return []
+        if self.errors == "raise":
+            return [int(rows[0])]
+        found = self.found
+        return [r for r in np.asarray(rows).tolist() if r not in found or found[r][0] > rank]
+
+    def value(self, event: int, name: str, family: Family, value, rank: int = 0) -> None:
+        """Refuse ``value`` (a Python object) as attribute ``name`` of event
+        ``event`` (no error is even made with "null")."""
+        if self.errors != "null":
+            self.add(_value_error(event, name, family, value), rank)
+
+    def values(self, rows, name: str, family: Family, values, rank: int) -> None:
+        """Refuse the values ``values`` (Python objects) of attribute
+        ``name`` at ``rows``."""
+        for row, value in zip(rows, values):
+            self.value(int(row), name, family, value, rank)
+
+    def events(self) -> list[int]:
+        return list(self.found)
+
+    def rejected(self) -> tuple:
+        return tuple(self.found[e][1] for e in sorted(self.found))
 
 
 def _shown(value) -> str:
@@ -114,9 +189,12 @@ def _why_refused(value, family: Family) -> str:
 _BEYOND_2_53 = ": beyond ±2**53, where float64 cannot tell integers apart"
 
 
+ERRORS_MODES = ("raise", "null", "report")
+
+
 def _check_errors_mode(errors: str) -> None:
-    if errors not in ("raise", "null"):
-        raise ValueError(f"errors must be 'raise' or 'null', not {errors!r}")
+    if errors not in ERRORS_MODES:
+        raise ValueError(f"errors must be 'raise', 'null' or 'report', not {errors!r}")
 
 
 def _event_attr_order(event_idx: np.ndarray, attr: np.ndarray) -> np.ndarray:
@@ -131,12 +209,26 @@ def _event_attr_order(event_idx: np.ndarray, attr: np.ndarray) -> np.ndarray:
 
 
 def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_positions, strings: pa.Array,
-              check_repeats: bool = False) -> EventBatch:
+              check_repeats: bool = False, refusals: _Refusals | None = None) -> EventBatch:
     """The batch of entries given in any order; ``strings`` (large_string)
-    holds the values of the entries at ``string_positions``."""
+    holds the values of the entries at ``string_positions``.  The entries
+    of the events ``refusals`` rejected are left out."""
     event_idx = np.asarray(event_idx, dtype=np.int64)
     attr = np.asarray(attr, dtype=np.int32)
     value = np.asarray(value, dtype=np.float64)
+    string_positions = np.asarray(string_positions, dtype=np.int64)
+    order = None
+    if check_repeats and len(attr) > 1:
+        order = _event_attr_order(event_idx, attr)
+        _refuse_repeats(schema, event_idx[order], attr[order], refusals or _Refusals("raise"))
+    if refusals is not None and refusals.found:
+        keep = ~np.isin(event_idx, np.array(refusals.events(), np.int64))
+        if not keep.all():
+            order = None
+            kept_strings = keep[string_positions]
+            strings = strings.filter(pa.array(kept_strings))
+            string_positions = (np.cumsum(keep) - 1)[string_positions[kept_strings]]
+            event_idx, attr, value = event_idx[keep], attr[keep], value[keep]
     token = np.full(len(attr), -1, dtype=np.int32)
     distinct = _NO_STRINGS
     if len(string_positions):
@@ -145,17 +237,37 @@ def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_posi
         tokens = encoded.indices.to_numpy()
         value[string_positions] = schema.encode_strings(distinct)[tokens]
         token[string_positions] = tokens
-    order = _event_attr_order(event_idx, attr)
-    if check_repeats and len(order) > 1:
-        e, a = event_idx[order], attr[order]
-        twice = np.flatnonzero((e[1:] == e[:-1]) & (a[1:] == a[:-1]))
-        if len(twice):
-            k = int(twice[0])
-            raise ValueError(f"event {int(e[k])}: attribute {schema.attr_names[int(a[k])]!r} is given twice "
-                             f"(a column and a map key, or two columns of one name)")
+    if order is None:
+        order = _event_attr_order(event_idx, attr)
     counts = np.bincount(event_idx, minlength=n_events) if len(event_idx) else np.zeros(n_events, np.int64)
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-    return EventBatch(offsets, attr[order], value[order], token[order], distinct)
+    rejected = refusals.rejected() if refusals is not None else ()
+    return EventBatch(offsets, attr[order], value[order], token[order], distinct, rejected)
+
+
+def _refuse_repeats(schema: Schema, e: np.ndarray, a: np.ndarray, refusals: _Refusals) -> None:
+    """An attribute given twice in one event (a column and a map key, or
+    two columns of one name) is an error of that event: the first one of
+    each event (by attribute id), or of the first event with "raise".
+    ``e``, ``a``: the entries' events and attributes, ordered by both."""
+    twice = np.flatnonzero((e[1:] == e[:-1]) & (a[1:] == a[:-1]))
+    if len(twice) == 0:
+        return
+    _, first = np.unique(e[twice], return_index=True)
+    if refusals.errors != "report":
+        first = first[:1]           # "null" is about values: a repeated attribute is an error still
+    for k in twice[first].tolist():
+        name = schema.attr_names[int(a[k])]
+        error = BadEventError(int(e[k]), name, None,
+                              f"attribute {name!r} is given twice (a column and a map key, or two columns of one name)")
+        if refusals.errors != "report":
+            raise error
+        refusals.add(error, rank=_AFTER_VALUES)
+
+
+#: the rank of a repeated attribute among an event's problems: after its
+#: values, which "raise" finds first
+_AFTER_VALUES = 1 << 62
 
 
 def _one_string_array(parts) -> pa.Array:
@@ -169,10 +281,16 @@ def from_dicts(events, schema: Schema, errors: str = "raise") -> EventBatch:
     _check_errors_mode(errors)
     events = list(events)
     attr_ids, families = schema.attr_ids, schema.families
+    refusals = _Refusals(errors)
     event_idx, attrs, values, string_positions, strings = [], [], [], [], []
     for i, event in enumerate(events):
         if not isinstance(event, Mapping):
-            raise TypeError(f"event {i} is a {type(event).__name__}, not a mapping of attribute to value")
+            error = NotAnEventError(i, None, event, f"not a mapping of attribute to value "
+                                                    f"(type {type(event).__name__})")
+            if errors != "report":
+                raise error
+            refusals.add(error)
+            continue
         for name, raw in event.items():
             attr = attr_ids.get(name)
             if attr is None or raw is None:
@@ -180,8 +298,9 @@ def from_dicts(events, schema: Schema, errors: str = "raise") -> EventBatch:
             family = families[name]
             code = _code(raw, family)
             if code is None:
-                if errors == "raise":
-                    raise _value_error(i, name, family, raw)
+                refusals.value(i, name, family, raw)
+                if errors == "report":
+                    break           # the event is refused: its first problem is the one reported
                 continue
             if family is Family.STRING:
                 string_positions.append(len(values))
@@ -190,7 +309,7 @@ def from_dicts(events, schema: Schema, errors: str = "raise") -> EventBatch:
             attrs.append(attr)
             values.append(code)
     return _assemble(schema, len(events), event_idx, attrs, values, np.array(string_positions, np.int64),
-                     pa.array(strings, pa.large_string()))
+                     pa.array(strings, pa.large_string()), refusals=refusals)
 
 
 def _code(raw, family: Family | None) -> float | None:
@@ -255,21 +374,34 @@ def from_arrow(table, schema: Schema, errors: str = "raise") -> EventBatch:
     """Encode a pyarrow Table or RecordBatch: one row per event, one column
     per attribute, null = absent."""
     _check_errors_mode(errors)
-    return _from_columns(zip(table.schema.names, table.columns), table.num_rows, schema, errors)
+    return _from_columns(zip(table.schema.names, table.columns), table.num_rows, schema, _Refusals(errors))
 
 
-def _from_columns(columns, n_events: int, schema: Schema, errors: str) -> EventBatch:
+def _refuse_cells(refusals: _Refusals, rows, name: str, family: Family, column, rank: int) -> None:
+    """Refuse the cells of ``column`` (an Arrow array or chunked array of
+    attribute ``name``) at ``rows``, those the errors mode asks for."""
+    rows = refusals.wanted(rows, rank)
+    if rows:
+        try:
+            values = column.take(pa.array(rows, pa.int64())).to_pylist()
+        except pa.ArrowNotImplementedError:     # no take kernel for the type (string_view in pyarrow 2x)
+            values = [column[row].as_py() for row in rows]
+        refusals.values(rows, name, family, values, rank)
+
+
+def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -> EventBatch:
     """Encode ``(name, Arrow array or chunked array)`` columns of
     ``n_events`` rows each: attributes by column name, or by key in
-    ``map<string, V>`` columns."""
+    ``map<string, V>`` columns.  ``refusals`` may hold errors of the
+    columns already (pandas values read by the dict rule)."""
     event_idx, attrs, values, string_positions, string_parts = [], [], [], [], []
     size = 0
     names = []
     has_map = False
-    for name, column in columns:
+    for rank, (name, column) in enumerate(columns):
         names.append(name)
         if pa.types.is_map(column.type):
-            rows, attr, codes, string_at, strings = _map_cells(column, schema, errors)
+            rows, attr, codes, string_at, strings = _map_cells(column, schema, refusals, rank)
             event_idx.append(rows)
             attrs.append(attr)
             values.append(codes)
@@ -292,10 +424,7 @@ def _from_columns(columns, n_events: int, schema: Schema, errors: str) -> EventB
             if family is None:
                 codes = np.zeros(len(rows))
             elif _arrow_family(column.type) is not family:
-                if len(rows) == 0:
-                    continue
-                if errors == "raise":
-                    raise _value_error(int(rows[0]), name, family, column[int(rows[0])].as_py())
+                _refuse_cells(refusals, rows, name, family, column, rank)
                 continue
             elif family is Family.STRING:
                 codes = np.zeros(len(rows))
@@ -313,20 +442,18 @@ def _from_columns(columns, n_events: int, schema: Schema, errors: str) -> EventB
         if family is Family.NUMERIC:
             bad = _bad_numbers(codes)
             if bad.any():
-                if errors == "raise":
-                    row = int(rows[bad][0])
-                    raise _value_error(row, name, family, column[row].as_py())
+                _refuse_cells(refusals, rows[bad], name, family, column, rank)
                 rows, codes = rows[~bad], codes[~bad]
         event_idx.append(rows)
         attrs.append(np.full(len(rows), attr, np.int32))
         values.append(codes.astype(np.float64, copy=False))
         size += len(rows)
     if not attrs:
-        return _assemble(schema, n_events, [], [], [], np.zeros(0, np.int64), _NO_STRINGS)
+        return _assemble(schema, n_events, [], [], [], np.zeros(0, np.int64), _NO_STRINGS, refusals=refusals)
     positions = np.concatenate(string_positions) if string_positions else np.zeros(0, np.int64)
     return _assemble(schema, n_events, np.concatenate(event_idx), np.concatenate(attrs), np.concatenate(values),
                      positions, _one_string_array(string_parts),
-                     check_repeats=has_map or len(set(names)) < len(names))
+                     check_repeats=has_map or len(set(names)) < len(names), refusals=refusals)
 
 
 #: what pandas' ``infer_dtype`` calls an object column of one kind of value,
@@ -346,6 +473,7 @@ def from_pandas(frame, schema: Schema, errors: str = "raise") -> EventBatch:
     from pandas.api.types import infer_dtype     # pandas is optional: a DataFrame brings it
 
     _check_errors_mode(errors)
+    refusals = _Refusals(errors)
     columns = []
     for label, series in frame.items():
         name = str(label)
@@ -355,26 +483,25 @@ def from_pandas(frame, schema: Schema, errors: str = "raise") -> EventBatch:
         if series.dtype != object or infer_dtype(series, skipna=True) in _ONE_KIND:
             try:
                 array = pa.array(series, from_pandas=True)
-            except (pa.ArrowException, UnicodeEncodeError, OverflowError):
-                pass                            # read value by value below
+            except (pa.ArrowException, UnicodeEncodeError, OverflowError, TypeError, ValueError):
+                pass        # read value by value below (TypeError: a column of non-finite decimals)
         if array is None:
-            array = _by_dict_rule(series, name, schema.families[name], errors)
+            array = _by_dict_rule(series, name, schema.families[name], refusals, len(columns))
         columns.append((name, array))
-    return _from_columns(columns, len(frame), schema, errors)
+    return _from_columns(columns, len(frame), schema, refusals)
 
 
-def _by_dict_rule(series, name: str, family: Family | None, errors: str) -> pa.Array:
+def _by_dict_rule(series, name: str, family: Family | None, refusals: _Refusals, rank: int) -> pa.Array:
     """A DataFrame column read value by value under the dict rule, as an
     Arrow column that :func:`_from_columns` takes as it is: strings, booleans,
-    or float64 codes; null where absent or (``errors="null"``) wrong."""
+    or float64 codes; null where absent or wrong (refused: ``refusals``)."""
     raw = series.to_numpy(dtype=object)
     present = ~series.isna().to_numpy(dtype=bool)
     codes = np.zeros(len(raw))
     for row in np.flatnonzero(present).tolist():
         code = _code(raw[row], family)
         if code is None:
-            if errors == "raise":
-                raise _value_error(row, name, family, raw[row])
+            refusals.value(row, name, family, raw[row], rank)
             present[row] = False
         else:
             codes[row] = code
@@ -436,7 +563,7 @@ def map_entries(column, names):
     return rows[entry], key[entry], entry, items
 
 
-def _map_cells(column, schema: Schema, errors: str):
+def _map_cells(column, schema: Schema, refusals: _Refusals, rank: int):
     """The cells of a ``map<string, V>`` column (key = attribute name, null
     map or value = absent; a key repeated in one map: the last one wins, as
     in Spark's map layout): (event rows, attribute ids, codes, string
@@ -466,11 +593,16 @@ def _map_cells(column, schema: Schema, errors: str):
         codes = raw.astype(np.float64)
         strings = _NO_STRINGS
     problem = wrong | bad
-    if problem.any():
-        if errors == "raise":
-            k = int(np.flatnonzero(problem)[0])
+    if problem.any() and refusals.errors != "null":
+        at = np.flatnonzero(problem)
+        _, first = np.unique(rows[at], return_index=True)      # each row's first problem (entries by row)
+        at = at[first]
+        wanted = set(refusals.wanted(rows[at], rank))
+        at = np.array([k for k in at.tolist() if int(rows[k]) in wanted], np.int64)
+        for k, value in zip(at.tolist(), values.take(pa.array(at, pa.int64())).to_pylist()):
             name = schema.attr_names[int(attr[k])]
-            raise _value_error(int(rows[k]), name, schema.families[name], values[k].as_py())
+            refusals.value(int(rows[k]), name, schema.families[name], value, rank)
+    if problem.any():
         ok = ~problem
         rows, attr, family, codes = rows[ok], attr[ok], family[ok], codes[ok]
         if value_family is Family.STRING:
@@ -529,13 +661,16 @@ def _bad_numbers(values: np.ndarray) -> np.ndarray:
 
 
 def encode_events(events, schema: Schema, errors: str = "raise") -> EventBatch:
-    """Any supported event container -> :class:`EventBatch`."""
+    """Any supported event container -> :class:`EventBatch`; ``errors``:
+    "raise", "null" or "report" (the module's docstring)."""
     if isinstance(events, (pa.Table, pa.RecordBatch)):
         return from_arrow(events, schema, errors)
     if type(events).__name__ == "DataFrame" and hasattr(events, "to_dict"):
         return from_pandas(events, schema, errors)
     if isinstance(events, Mapping):
         raise TypeError("match_batch takes a sequence of events; use match() for a single event")
+    if isinstance(events, (str, bytes, bytearray)):
+        raise TypeError(f"match_batch takes a sequence of events, not a {type(events).__name__}")
     return from_dicts(list(events), schema, errors)
 
 

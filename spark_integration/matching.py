@@ -3,13 +3,12 @@ through ``mapInArrow`` (DESIGN.md §8)."""
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from engine.errors import SchemaError
+from engine import errors as engine_errors
 from spark_integration import layout as layouts
 from spark_integration.shipping import DEFAULT_SHIP, ShardedIndex, ShippedIndex, ship_index, worker_index
 
@@ -18,11 +17,38 @@ OUTPUTS = ("pairs", "grouped")
 ON_BAD_EVENT = ("fail", "quarantine")
 ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 ERROR_COLUMN = "error"
+ATTRIBUTE_COLUMN = "attribute"
 
 
-class BadEventError(SchemaError):
+class BadEventError(engine_errors.BadEventError):
     """An event the engine refuses (a value of the wrong type family, NaN,
-    an integer beyond ±2**53), named by its event id."""
+    an integer beyond ±2**53), named by its event id.
+
+    The engine's fields (``event``: the row in the Arrow batch the worker
+    matched, ``attribute``, ``value``, ``reason``) and ``event_id``, the
+    value of the event id column ``id_column``."""
+
+    def __init__(self, event: int, attribute, value, reason: str, hint: str = "", *, event_id=None,
+                 id_column: str = "event_id"):
+        super().__init__(event, attribute, value, reason, hint)
+        self.event_id = event_id
+        self.id_column = id_column
+        self.args = (f"bad event {id_column}={event_id!r}: {reason}{hint}",)
+
+    @classmethod
+    def of(cls, error: engine_errors.BadEventError, event_id, id_column: str) -> BadEventError:
+        """The engine's ``error``, named by the event's id."""
+        return cls(error.event, error.attribute, error.value, error.reason,
+                   " (on_bad_event='quarantine' sets such events aside instead of failing)",
+                   event_id=event_id, id_column=id_column)
+
+    def __reduce__(self):
+        return _rebuild_bad_event, (type(self), self.event, self.attribute, self.value, self.reason, self.hint,
+                                    self.event_id, self.id_column)
+
+
+def _rebuild_bad_event(cls, event, attribute, value, reason, hint, event_id, id_column):
+    return cls(event, attribute, value, reason, hint, event_id=event_id, id_column=id_column)
 
 
 class InjectedFailure(RuntimeError):
@@ -33,8 +59,11 @@ class MatchResult(NamedTuple):
     """What ``match_events(..., on_bad_event="quarantine")`` returns.
 
     ``matches``: as without quarantine.  ``quarantine``: one row per refused
-    event, ``(event_id, error)``.  Both are views of ``combined`` (matches
-    and refusals in one DataFrame, with a null ``error`` on matches):
+    event, ``(event_id, attribute, error)``: the attribute whose value the
+    engine refused (null when the event itself is wrong) and why, from the
+    engine's :class:`engine.errors.BadEventError` (its ``attribute`` and
+    ``reason``).  Both are views of ``combined`` (matches and refusals in
+    one DataFrame, with a null ``attribute`` and ``error`` on matches):
     persist ``combined`` before using both, or every action matches again."""
 
     matches: object
@@ -43,9 +72,6 @@ class MatchResult(NamedTuple):
 
 
 # ------------------------------------------------------------------ worker
-
-_ENGINE_ROW = re.compile(r"^event (\d+): (.*)$", re.S)
-
 
 def _limit_threads(context) -> None:
     """Run the engine's numba-parallel kernels on the cores Spark gave the
@@ -129,92 +155,61 @@ class _BatchMatcher:
         return pa.Table.from_batches([batch]).select(names)
 
     def match(self, index, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The output rows of one Arrow batch.  The engine reports the bad
+        events of the batch beside its matches (``errors="report"``: it
+        matches the good events only); they fail the task, naming the
+        first one by its event id, or are quarantined, with the attribute
+        and the reason the engine gives."""
         ids = batch.column(self.event_id)
         events = self.events_table(batch)
-        n = batch.num_rows
-        # clean batches (the usual case) go straight to the engine; the first
-        # refusal has every bad event of the batch found at once, vectorised
-        problems: dict[int, str] = {}
-        checked = False
-        good = None
-        while True:
-            if problems:
-                good = np.setdiff1d(np.arange(n), np.fromiter(problems, np.int64, len(problems)))
-                subset = events.take(pa.array(good))
-            else:
-                subset = events
-            try:
-                result = index.match_batch(subset, output="arrow")
-                break
-            except SchemaError as exc:
-                if not checked:
-                    checked = True
-                    problems = layouts.bad_rows(events, self.shipped.attributes)
-                    if problems and self.on_bad_event == "fail":
-                        row = min(problems)
-                        raise BadEventError(self._bad_message(ids, row, problems[row])) from exc
-                    if problems:
-                        continue
-                # the engine refused something bad_rows did not foresee: name the event id
-                found = _ENGINE_ROW.match(str(exc))
-                if found is None:
-                    raise BadEventError(f"a batch of {n} events starting at {self.event_id}="
-                                        f"{ids[0].as_py() if n else None!r} was refused: {exc}") from exc
-                row = int(found.group(1))
-                row = int(good[row]) if good is not None else row
-                if self.on_bad_event == "fail" or row in problems:
-                    raise BadEventError(self._bad_message(ids, row, found.group(2))) from exc
-                problems[row] = found.group(2)
-        event_pos = result["event"].to_numpy()
-        if good is not None:
-            event_pos = good[event_pos]
+        result, rejected = index.match_batch(events, output="arrow", errors="report")
+        if rejected and self.on_bad_event == "fail":
+            first = rejected[0]
+            raise BadEventError.of(first, ids[first.event].as_py(), self.event_id) from first
         sub_ids = result["sub_id"].combine_chunks() if isinstance(result["sub_id"], pa.ChunkedArray) \
             else result["sub_id"]
-        return self._output(ids, n, event_pos, sub_ids, problems)
-
-    def _bad_message(self, ids, row: int, problem: str) -> str:
-        return (f"bad event {self.event_id}={ids[row].as_py()!r}: {problem} "
-                f"(on_bad_event='quarantine' sets such events aside instead of failing)")
+        return self._output(ids, batch.num_rows, result["event"].to_numpy(), sub_ids,
+                            {error.event: error for error in rejected})
 
     def _output(self, ids, n: int, event_pos: np.ndarray, sub_ids, problems: dict) -> pa.RecordBatch:
+        """``problems``: {row: the engine's BadEventError} of the batch's
+        refused events (which have no pairs in ``event_pos``)."""
         quarantine = self.on_bad_event == "quarantine"
         bad = sorted(problems) if (quarantine and self.report_bad) else []
         if self.output == "pairs":
             columns = {self.event_id: ids.take(pa.array(event_pos, pa.int64())),
                        "sub_id": sub_ids.cast(pa.int64())}
             if quarantine:
+                columns[ATTRIBUTE_COLUMN] = pa.nulls(len(event_pos), pa.string())
                 columns[ERROR_COLUMN] = pa.nulls(len(event_pos), pa.string())
                 out = pa.RecordBatch.from_pydict(columns)
                 if bad:
                     extra = pa.RecordBatch.from_pydict({
                         self.event_id: ids.take(pa.array(bad, pa.int64())),
                         "sub_id": pa.nulls(len(bad), pa.int64()),
-                        ERROR_COLUMN: pa.array([problems[r] for r in bad], pa.string())})
+                        ATTRIBUTE_COLUMN: pa.array([problems[r].attribute for r in bad], pa.string()),
+                        ERROR_COLUMN: pa.array([problems[r].reason for r in bad], pa.string())})
                     out = pa.Table.from_batches([out, extra]).combine_chunks().to_batches()[0]
                 return out
             return pa.RecordBatch.from_pydict(columns)
         # grouped: one row per event, the ids of its matches ascending
         counts = np.bincount(event_pos, minlength=n) if len(event_pos) else np.zeros(n, np.int64)
         offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
-        rows = np.arange(n)
-        if problems:
-            # refused events: no list (null) -- reported once, or dropped (other shards)
-            keep = np.ones(n, bool)
-            keep[list(problems)] = False
-            mask_null = ~keep
-        else:
-            mask_null = None
+        refused = np.zeros(n, bool)
+        refused[list(problems)] = True
+        # refused events: no list (null) -- reported once, or dropped (other shards)
         lists = pa.ListArray.from_arrays(pa.array(offsets), sub_ids.cast(pa.int64()),
-                                         mask=None if mask_null is None else pa.array(mask_null))
+                                         mask=pa.array(refused) if problems else None)
         columns = {self.event_id: ids, "sub_ids": lists}
         if quarantine:
-            errors = [None] * n
-            for r in problems:
-                errors[r] = problems[r]
+            attributes, errors = [None] * n, [None] * n
+            for r, error in problems.items():
+                attributes[r], errors[r] = error.attribute, error.reason
+            columns[ATTRIBUTE_COLUMN] = pa.array(attributes, pa.string())
             columns[ERROR_COLUMN] = pa.array(errors, pa.string())
         out = pa.RecordBatch.from_pydict(columns)
         if problems and not (quarantine and self.report_bad):
-            out = out.filter(pa.array(np.isin(rows, list(problems), invert=True)))
+            out = out.filter(pa.array(~refused))
         return out
 
 
@@ -230,6 +225,7 @@ def _output_schema(df, event_id: str, output: str, quarantine: bool):
     else:
         fields.append(StructField("sub_ids", ArrayType(LongType(), False), True))
     if quarantine:
+        fields.append(StructField(ATTRIBUTE_COLUMN, StringType(), True))
         fields.append(StructField(ERROR_COLUMN, StringType(), True))
     return StructType(fields)
 
@@ -268,7 +264,7 @@ def match_events(events_df, index_or_path, *, event_id: str = "event_id", mode: 
         type, NaN, integer beyond ±2**53) fails the job with
         :class:`BadEventError` naming its event id; "quarantine" -- such
         events are set aside: returns a :class:`MatchResult` whose
-        ``quarantine`` DataFrame lists them ``(event_id, error)``.
+        ``quarantine`` DataFrame lists them ``(event_id, attribute, error)``.
     ship : "broadcast" or "files" (SparkFiles); see README.md.
     backend, gpu_fallback : "auto" matches on cuda in tasks that hold a GPU
         (spark_integration.devices), "cpu"/"cuda" force one; when cuda cannot
@@ -330,16 +326,17 @@ def match_events(events_df, index_or_path, *, event_id: str = "event_id", mode: 
         combined = combined.unionAll(frame)
     if output == "grouped" and len(frames) > 1:
         aggs = [F.array_sort(F.flatten(F.collect_list("sub_ids"))).alias("sub_ids")]
-        if quarantine:
+        if quarantine:      # only shard 0 reports a refused event: one non-null of each
+            aggs.append(F.max(ATTRIBUTE_COLUMN).alias(ATTRIBUTE_COLUMN))
             aggs.append(F.max(ERROR_COLUMN).alias(ERROR_COLUMN))
         combined = combined.groupBy(event_id).agg(*aggs)
     if not quarantine:
         return combined
-    keep = [c for c in combined.columns if c != ERROR_COLUMN]
+    keep = [c for c in combined.columns if c not in (ATTRIBUTE_COLUMN, ERROR_COLUMN)]
     matches = combined.filter(F.col(ERROR_COLUMN).isNull()).select(*keep)
     if output == "pairs":
         matches = matches.filter(F.col("sub_id").isNotNull())
-    refused = combined.filter(F.col(ERROR_COLUMN).isNotNull()).select(event_id, ERROR_COLUMN)
+    refused = combined.filter(F.col(ERROR_COLUMN).isNotNull()).select(event_id, ATTRIBUTE_COLUMN, ERROR_COLUMN)
     return MatchResult(matches, refused, combined)
 
 

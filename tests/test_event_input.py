@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from engine import Index, SchemaError
 from engine import events as event_batches
+from engine.errors import BadEventError
 from engine.parse import parse
 from engine.reference import like
 from engine.reference import matches as reference_matches
@@ -235,6 +236,9 @@ def test_errors_show_any_refused_value(value, shown):
     with pytest.raises(SchemaError, match=f"^event 0: attribute '(x|b)' is [a-z]+, {shown}") as caught:
         idx.match_batch([{"b" if isinstance(value, float) else "x": value}])
     assert len(str(caught.value)) < 250
+    # the error's fields hold the value itself, however it is shown
+    assert isinstance(caught.value, BadEventError) and caught.value.value is value
+    assert caught.value.event == 0 and caught.value.attribute == ("b" if isinstance(value, float) else "x")
 
 
 # -------------------------------------------------------------- pattern truth

@@ -252,6 +252,36 @@ def test_bad_events_quarantined(spark, workload):
     assert all("numeric" in error for error in refused.values())
 
 
+def test_quarantined_rows_carry_the_attribute_and_reason_of_the_engines_error(spark, workload):
+    """The quarantine is ``(event_id, attribute, error)``: the attribute and
+    the reason of the engine's BadEventError, taken from its fields; the
+    same in shard mode with grouped output (the shards' rows merged)."""
+    from spark_integration import match_events
+
+    index, events = workload
+    table, _ = _bad_events(events.slice(0, 40))
+    ids = table["event_id"].to_pylist()
+    want = {ids[7]: ("a0", "attribute 'a0' is numeric, got nan: not a finite number"),
+            ids[11]: ("a1", f"attribute 'a1' is numeric, got {2 ** 60}: beyond ±2**53, where float64 cannot tell "
+                            f"integers apart")}
+    good = table.filter(pa.array([row not in (7, 11) for row in range(40)]))
+    for kwargs in ({}, {"mode": "shard", "shards": 2, "output": "grouped"}):
+        result = match_events(to_spark(spark, table, 2), index, on_bad_event="quarantine", **kwargs)
+        result.combined.persist()
+        try:
+            assert result.quarantine.columns == ["event_id", "attribute", "error"]
+            rows = result.quarantine.collect()
+            matched = result.matches.collect()
+        finally:
+            result.combined.unpersist()
+        assert {row["event_id"]: (row["attribute"], row["error"]) for row in rows} == want and len(rows) == 2
+        if kwargs:
+            pairs = {(row["event_id"], s) for row in matched for s in row["sub_ids"]}
+            assert len(matched) == 38 and pairs == expected_pairs(index, good)
+        else:
+            assert set(collected(result.matches)) == expected_pairs(index, good)
+
+
 def test_bad_events_in_the_map_layout_are_quarantined(spark, workload):
     """The map layout reaches the engine as a map column (no wide table in
     between) and its bad values are still named by event id: event 7's a0

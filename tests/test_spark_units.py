@@ -1,8 +1,11 @@
 """spark_integration pieces that need no running Spark: GPU selection (with
-faked task resources), event layouts and validation, index sharding, the
-job's environment set-up."""
+faked task resources), the worker's matcher on Arrow batches (bad events
+failed or quarantined from the engine's report), index sharding, the job's
+environment set-up."""
 
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +13,7 @@ import pytest
 
 from engine import Index
 from engine.errors import BackendUnavailable, SchemaError
-from spark_integration import devices, layout
+from spark_integration import devices
 from spark_integration.shipping import index_bytes, load_bytes, split_index
 
 
@@ -114,13 +117,44 @@ def test_bad_gpu_address_is_reported():
 
 # ------------------------------------------------------------------ layouts
 
-def test_bad_rows_of_a_map_column_are_the_rows_the_engine_refuses():
-    """A map column's bad rows, found vectorised: a value of the wrong
-    family, NaN/infinity, an integer beyond 2**53 -- of a key the index
-    knows, in a non-null map, the last of a repeated key only (the one the
-    engine reads); unknown keys, null values and IS NULL-only attributes
-    are never bad.  Each row is refused by the engine exactly when flagged,
-    map columns sliced included."""
+def _matcher(attributes: dict, *, layout: str = "wide", on_bad_event: str = "quarantine", output: str = "pairs",
+             report_bad: bool = True):
+    from spark_integration import matching
+    from spark_integration.shipping import ShippedIndex
+
+    shipped = ShippedIndex("0" * 64, 0, "broadcast", None, 2, "scan", attributes)
+    return matching._BatchMatcher(shipped, event_id="id", layout=layout, attrs_column="attrs", output=output,
+                                  on_bad_event=on_bad_event, report_bad=report_bad, batch_size=None, backend="cpu",
+                                  gpu_fallback=False, capacity=1, stats_acc=None, inject_failure=None)
+
+
+def _split(out) -> tuple[list, dict]:
+    """(sorted (id, sub_id) pairs, {id: (attribute, error)}) of a pairs output batch with quarantine."""
+    rows = out.to_pylist()
+    pairs = sorted((r["id"], r["sub_id"]) for r in rows if r["error"] is None)
+    refused = {r["id"]: (r["attribute"], r["error"]) for r in rows if r["error"] is not None}
+    return pairs, refused
+
+
+def _engine_refuses_exactly(index, table, rows) -> None:
+    """Matching each row of ``table`` alone raises exactly for ``rows``."""
+    for row in range(table.num_rows):
+        one = table.slice(row, 1)
+        if row in rows:
+            with pytest.raises(SchemaError):
+                index.match_batch(one)
+        else:
+            index.match_batch(one)
+
+
+def test_a_map_column_quarantines_the_rows_the_engine_refuses():
+    """A map column's bad rows: a value of the wrong family, NaN/infinity,
+    an integer beyond 2**53 -- of a key the index knows, in a non-null map,
+    the last of a repeated key only (the one the engine reads); unknown
+    keys, null values and IS NULL-only attributes are never bad.  The
+    quarantined rows are those the engine refuses alone, each with the
+    attribute and the reason of the engine's error, and the other rows
+    match as they would alone, map columns sliced included."""
     index = Index()
     index.add_many([1, 2, 3], ["x > 0", "y > 0", "s = 'q'"])
     index.add(4, "p IS NULL")
@@ -135,76 +169,111 @@ def test_bad_rows_of_a_map_column_are_the_rows_the_engine_refuses():
             None,                                  # null map
             [("x", None)]]                         # null value
     column = pa.array(maps, pa.map_(pa.string(), pa.float64()))
-    for table, base in ((pa.table({"attrs": column}), 0), (pa.table({"attrs": column.slice(2)}), 2)):
-        problems = layout.bad_rows(table, families)
-        assert sorted(r + base for r in problems) == [r for r in (1, 3, 5) if r >= base]
-        _engine_refuses_exactly(index, table, problems)
-    assert "'s' is string, got 4.0" in layout.bad_rows(pa.table({"attrs": column}), families)[3]
-    ints = pa.table({"attrs": pa.array([[("y", 2 ** 60)], [("y", 3)]], pa.map_(pa.string(), pa.int64()))})
-    assert sorted(layout.bad_rows(ints, families)) == [0]
-    assert layout.bad_rows(pa.table({"attrs": column.slice(0, 0)}), families) == {}
+    for base in (0, 2):
+        attrs = column.slice(base)
+        ids = pa.array(range(100 + base, 100 + len(maps)), pa.int64())
+        out = _matcher(families, layout="map").match(index, pa.RecordBatch.from_pydict({"id": ids, "attrs": attrs}))
+        pairs, refused = _split(out)
+        bad = [r for r in (1, 3, 5) if r >= base]
+        assert sorted(refused) == [100 + r for r in bad]
+        want = {1: ("x", "attribute 'x' is numeric, got nan: not a finite number"),
+                3: ("s", "attribute 's' is string, got 4.0"),
+                5: ("x", "attribute 'x' is numeric, got inf: not a finite number")}
+        assert refused == {100 + r: want[r] for r in bad}
+        table = pa.table({"attrs": attrs})
+        _engine_refuses_exactly(index, table, [r - base for r in bad])
+        good = [r for r in range(len(maps) - base) if r + base not in bad]
+        alone = index.match_batch(table.take(pa.array(good)))
+        assert pairs == sorted((100 + base + r, int(s)) for r, m in zip(good, alone) for s in m)
+    ints = pa.RecordBatch.from_pydict({"id": [0, 1], "attrs": pa.array([[("y", 2 ** 60)], [("y", 3)]],
+                                                                       pa.map_(pa.string(), pa.int64()))})
+    pairs, refused = _split(_matcher(families, layout="map").match(index, ints))
+    assert list(refused) == [0] and refused[0][0] == "y" and "beyond ±2**53" in refused[0][1]
+    assert pairs == [(1, 2), (1, 4)]
 
 
-def test_bad_rows_finds_every_refused_value():
-    table = pa.table({"x": pa.array([1.0, float("nan"), None, float("inf")]),
-                      "y": pa.array([1, 2 ** 60, 3, None], pa.int64()),
-                      "s": pa.array([1, 2, None, 4], pa.int64()),
-                      "unused": pa.array(["a", "b", "c", "d"]),
-                      "p": pa.array(["a", "b", "c", "d"])})
+def test_a_wide_batch_quarantines_every_refused_value():
+    """Every bad event of a wide batch is quarantined at once, named by the
+    first attribute (in column order) the engine refused in it."""
+    batch = pa.RecordBatch.from_pydict({
+        "id": pa.array([10, 11, 12, 13], pa.int64()),
+        "x": pa.array([1.0, float("nan"), None, float("inf")]),
+        "y": pa.array([1, 2 ** 60, 3, None], pa.int64()),
+        "s": pa.array([1, 2, None, 4], pa.int64()),
+        "unused": pa.array(["a", "b", "c", "d"]),
+        "p": pa.array(["a", "b", "c", "d"])})
     families = {"x": "numeric", "y": "numeric", "s": "string", "p": None}
-    problems = layout.bad_rows(table, families)
-    assert sorted(problems) == [0, 1, 3]     # s is numeric where a string is wanted; y beyond 2**53
-    assert "'s' is string, got 1" in problems[0]
-    # the engine refuses exactly these rows
     index = Index()
     index.add_many([1, 2, 3], ["x > 0", "y > 0", "s = 'q'"])
     index.add(4, "p IS NULL")
-    _engine_refuses_exactly(index, table, problems)
+    pairs, refused = _split(_matcher(families).match(index, batch))
+    assert refused == {10: ("s", "attribute 's' is string, got 1"),
+                       11: ("x", "attribute 'x' is numeric, got nan: not a finite number"),
+                       13: ("x", "attribute 'x' is numeric, got inf: not a finite number")}
+    assert pairs == [(12, 2)]
+    _engine_refuses_exactly(index, pa.Table.from_batches([batch]).drop_columns(["id"]), [0, 1, 3])
 
 
-def _engine_refuses_exactly(index, table, problems) -> None:
-    """Matching each row of ``table`` alone raises exactly for the rows in ``problems``."""
-    for row in range(table.num_rows):
-        one = table.slice(row, 1)
-        if row in problems:
-            with pytest.raises(SchemaError):
-                index.match_batch(one)
-        else:
-            index.match_batch(one)
+class _CountingIndex:
+    """An index whose match_batch calls are recorded."""
+
+    def __init__(self, index):
+        self.index, self.calls = index, []
+
+    def match_batch(self, events, **kwargs):
+        self.calls.append((events.num_rows, kwargs))
+        return self.index.match_batch(events, **kwargs)
 
 
-def test_batches_reach_the_engine_first_and_bad_ones_are_checked_once(monkeypatch):
-    """A clean batch never pays for the bad-event check; a batch the engine
-    refuses has all its bad events found in one vectorised check, then is
-    matched without them (quarantine) or fails naming the first (fail)."""
+def test_each_batch_is_matched_once_and_its_rejected_events_quarantined():
+    """One match_batch call per batch, clean or not, with errors="report":
+    the refused events come back beside the matches (no re-validation, no
+    second match); quarantine keeps their attribute and reason, fail
+    raises the first one named by its event id, with the engine's fields."""
     from spark_integration import matching
-    from spark_integration.shipping import ShippedIndex
 
     index = Index()
     index.add_many([1, 2], ["x > 0", "x < 5"])
-    attributes = {"x": "numeric"}
-    shipped = ShippedIndex("0" * 64, 0, "broadcast", None, 2, index.algorithm, attributes)
-    calls = []
-    real = layout.bad_rows
-    monkeypatch.setattr(matching.layouts, "bad_rows", lambda *a: calls.append(1) or real(*a))
-
-    def matcher(on_bad_event):
-        return matching._BatchMatcher(shipped, event_id="id", layout="wide", attrs_column="attrs", output="pairs",
-                                      on_bad_event=on_bad_event, report_bad=True, batch_size=None, backend="cpu",
-                                      gpu_fallback=False, capacity=1, stats_acc=None, inject_failure=None)
-
+    counting = _CountingIndex(index)
     clean = pa.RecordBatch.from_pydict({"id": [10, 11], "x": [1.0, 7.0]})
-    out = matcher("quarantine").match(index, clean)
-    assert calls == [] and sorted(zip(out["id"].to_pylist(), out["sub_id"].to_pylist())) == [(10, 1), (10, 2),
-                                                                                                (11, 1)]
+    out = _matcher({"x": "numeric"}).match(counting, clean)
+    assert _split(out) == ([(10, 1), (10, 2), (11, 1)], {})
+    assert out.schema.names == ["id", "sub_id", "attribute", "error"]
     bad = pa.RecordBatch.from_pydict({"id": [20, 21, 22, 23], "x": [float("nan"), 3.0, float("inf"), -1.0]})
-    out = matcher("quarantine").match(index, bad)
-    assert calls == [1]
-    pairs = [(i, sub) for i, sub in zip(out["id"].to_pylist(), out["sub_id"].to_pylist()) if sub is not None]
-    assert sorted(pairs) == [(21, 1), (21, 2), (23, 2)]
-    assert sorted(i for i, sub in zip(out["id"].to_pylist(), out["sub_id"].to_pylist()) if sub is None) == [20, 22]
-    with pytest.raises(matching.BadEventError, match=r"bad event id=20: attribute 'x' is numeric, got nan"):
-        matcher("fail").match(index, bad)
+    pairs, refused = _split(_matcher({"x": "numeric"}).match(counting, bad))
+    report = {"output": "arrow", "errors": "report"}
+    assert counting.calls == [(2, report), (4, report)]
+    assert pairs == [(21, 1), (21, 2), (23, 2)]
+    assert refused == {20: ("x", "attribute 'x' is numeric, got nan: not a finite number"),
+                       22: ("x", "attribute 'x' is numeric, got inf: not a finite number")}
+    with pytest.raises(matching.BadEventError, match=r"^bad event id=20: attribute 'x' is numeric, got nan") as caught:
+        _matcher({"x": "numeric"}, on_bad_event="fail").match(index, bad)
+    error = caught.value
+    assert isinstance(error, SchemaError)
+    assert (error.event_id, error.event, error.attribute) == (20, 0, "x") and np.isnan(error.value)
+    assert "on_bad_event='quarantine'" in str(error)
+    again = pickle.loads(pickle.dumps(error))
+    assert str(again) == str(error) and again.event_id == 20 and again.reason == error.reason
+    # without quarantine, no error columns; a shard that does not report drops the refused events
+    out = _matcher({"x": "numeric"}, on_bad_event="quarantine", report_bad=False).match(index, bad)
+    assert _split(out) == ([(21, 1), (21, 2), (23, 2)], {})
+
+
+def test_grouped_output_carries_the_attribute_and_reason_of_refused_events():
+    index = Index()
+    index.add_many([1, 2], ["x > 0", "s IS NULL"])
+    bad = pa.RecordBatch.from_pydict({"id": [1, 2, 3], "x": [2.0, float("inf"), None],
+                                      "s": pa.array([None, None, None], pa.string())})
+    out = _matcher({"x": "numeric", "s": "string"}, output="grouped").match(index, bad)
+    assert out.to_pylist() == [
+        {"id": 1, "sub_ids": [1, 2], "attribute": None, "error": None},
+        {"id": 2, "sub_ids": None, "attribute": "x", "error": "attribute 'x' is numeric, got inf: not a finite number"},
+        {"id": 3, "sub_ids": [2], "attribute": None, "error": None}]
+    out = _matcher({"x": "numeric", "s": "string"}, output="grouped", report_bad=False).match(index, bad)
+    assert out["id"].to_pylist() == [1, 3]
+    out = _matcher({"x": "numeric", "s": "string"}, output="grouped", on_bad_event="fail")
+    with pytest.raises(SchemaError, match="bad event id=2: attribute 'x'"):
+        out.match(index, bad)
 
 
 # ------------------------------------------------------------------ sharding

@@ -1,0 +1,425 @@
+"""Bad events as errors with fields (engine.errors.BadEventError) and
+``errors="report"``: every input form names the bad event's position,
+attribute and value in fields; "report" encodes a bad event with no
+attributes, lists it in the batch's ``rejected`` and encodes every good
+event exactly as "raise" would; ``Index.match_batch(..., errors="report")``
+returns the rejected events beside results in which they match nothing."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from decimal import Decimal
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from engine import Index, SchemaError
+from engine import events as event_batches
+from engine.errors import BadEventError
+from engine.schema import Schema
+
+FAMILIES = {"n": "numeric", "s": "string", "b": "boolean", "m": "numeric"}
+#: a good value of each attribute, by event position (None = absent)
+GOOD = {"n": [1, 2.5, None, -3, 7], "s": ["a", None, "b", "zz", "a"], "b": [True, False, None, True, False],
+        "m": [None, 4, 5, None, 6]}
+ARROW_GOOD = {"n": pa.float64(), "s": pa.string(), "b": pa.bool_(), "m": pa.int64()}
+N = 5
+
+
+def _schema() -> Schema:
+    schema = Schema()
+    for name, family in FAMILIES.items():
+        schema.declare(name, family)
+    return schema
+
+
+#: (attribute, bad value, Arrow type of its column, the forms that can hold it)
+#: -- a column of another family holds the bad value alone (the rest null),
+#: a column of the attribute's family holds the good values too
+ALL_FORMS = ("dicts", "arrow", "record_batch", "pandas", "map")
+CASES = [
+    ("n", "cheap", pa.string(), ALL_FORMS),
+    ("n", True, pa.bool_(), ALL_FORMS),
+    ("n", math.nan, pa.float64(), ("dicts", "arrow", "record_batch", "map")),   # pandas: NaN is absent
+    ("n", math.inf, pa.float64(), ALL_FORMS),
+    ("n", -math.inf, pa.float64(), ALL_FORMS),
+    ("m", 2 ** 53 + 1, pa.int64(), ALL_FORMS),
+    ("m", -(2 ** 60), pa.int64(), ALL_FORMS),
+    ("n", Decimal("0.1000000000000000001"), pa.decimal128(38, 19), ALL_FORMS),
+    ("n", Decimal("NaN"), None, ("dicts",)),                 # pandas: a missing marker
+    ("n", Decimal("-Infinity"), None, ("dicts", "pandas")),
+    ("s", 5, pa.int64(), ALL_FORMS),
+    ("s", "x\ud800y", None, ("dicts", "pandas")),           # no UTF-8 form: Arrow cannot hold it
+    ("s", b"bytes", pa.binary(), ("dicts", "pandas")),
+    ("b", 1, pa.int64(), ALL_FORMS),
+    ("b", "true", pa.string(), ALL_FORMS),
+]
+#: (form, case) for the forms that can hold each case's bad value
+FORM_CASES = [pytest.param(form, *case, id=f"{form}-{case[0]}={case[1]!r}")
+              for case in CASES for form in ALL_FORMS if form in case[3]]
+
+
+def _same_value(got, want) -> bool:
+    if isinstance(want, float) and math.isnan(want):
+        return isinstance(got, float) and math.isnan(got)
+    if isinstance(want, Decimal) and want.is_nan():
+        return isinstance(got, Decimal) and got.is_nan()
+    return type(got) is type(want) and got == want
+
+
+def _build(form: str, cells: dict, arrow_types: dict | None = None, map_attr: str | None = None):
+    """The events ``cells`` (attribute -> list of values by position, None
+    = absent) in one input form.  ``arrow_types`` overrides a column's
+    Arrow type; ``map_attr`` goes into a ``map<string, V>`` column."""
+    n = len(next(iter(cells.values())))
+    if form == "dicts":
+        return [{a: v[i] for a, v in cells.items() if v[i] is not None} for i in range(n)]
+    if form == "pandas":
+        return pd.DataFrame({a: pd.Series(v, dtype=object) for a, v in cells.items()})
+    types = {**ARROW_GOOD, **(arrow_types or {})}
+    columns = {a: pa.array(v, types[a]) for a, v in cells.items() if form != "map" or a != map_attr}
+    if form == "map":
+        values = cells[map_attr]
+        columns["attrs"] = pa.array([[] if v is None else [(map_attr, v)] for v in values],
+                                    pa.map_(pa.string(), types[map_attr]))
+    if form == "record_batch":
+        return pa.RecordBatch.from_pydict(columns)
+    return pa.table(columns)
+
+
+def _cells_with(attr: str, bad, arrow_type, at) -> tuple[dict, dict]:
+    """GOOD with ``bad`` as ``attr`` of the events at positions ``at``;
+    where the bad value's type is of another family, ``attr`` is absent
+    from the other events (one Arrow column holds one type)."""
+    cells = {a: list(v) for a, v in GOOD.items()}
+    if arrow_type is not None and arrow_type != ARROW_GOOD[attr] and not (
+            pa.types.is_decimal(arrow_type) or pa.types.is_integer(arrow_type) and FAMILIES[attr] == "numeric"):
+        cells[attr] = [None] * N
+    elif arrow_type is not None and pa.types.is_decimal(arrow_type):
+        cells[attr] = [None if v is None else Decimal(str(v)) for v in cells[attr]]
+    for k in at:
+        cells[attr][k] = bad
+    return cells, ({attr: arrow_type} if arrow_type is not None else {})
+
+
+def _good_only(cells: dict, bad_positions) -> dict:
+    keep = [i for i in range(len(next(iter(cells.values())))) if i not in set(bad_positions)]
+    return {a: [v[i] for i in keep] for a, v in cells.items()}
+
+
+def assert_encoded_as_without(batch, good_batch, bad_positions) -> None:
+    """``batch`` (errors="report") holds the bad events empty and every
+    other event exactly as ``good_batch`` (the good events alone, "raise")."""
+    counts = np.diff(batch.offsets)
+    bad = sorted(set(bad_positions))
+    assert (counts[bad] == 0).all()
+    assert np.array_equal(np.delete(counts, bad), np.diff(good_batch.offsets))
+    for field in ("attr", "value", "token"):
+        got, want = getattr(batch, field), getattr(good_batch, field)
+        assert got.dtype == want.dtype and np.array_equal(got, want), field
+    assert batch.strings.type == good_batch.strings.type
+    assert batch.strings.to_pylist() == good_batch.strings.to_pylist()
+    assert good_batch.rejected == ()
+
+
+# ------------------------------------------------------------------ errors="raise"
+
+@pytest.mark.parametrize("form, attr, bad, arrow_type, forms", FORM_CASES)
+def test_a_bad_value_raises_a_bad_event_error_with_its_fields(form, attr, bad, arrow_type, forms):
+    schema = _schema()
+    cells, types = _cells_with(attr, bad, arrow_type, [3])
+    events = _build(form, cells, types, map_attr=attr)
+    with pytest.raises(BadEventError) as caught:
+        event_batches.encode_events(events, schema)
+    error = caught.value
+    assert isinstance(error, SchemaError) and isinstance(error, ValueError)
+    assert (error.event, error.attribute) == (3, attr)
+    assert _same_value(error.value, bad), (error.value, bad)
+    assert error.reason.startswith(f"attribute {attr!r} is {FAMILIES[attr]}, got ")
+    assert str(error).startswith(f"event 3: {error.reason}")
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error) and str(again) == str(error)
+    assert (again.event, again.attribute, again.reason) == (error.event, error.attribute, error.reason)
+
+
+def test_an_event_that_is_not_a_mapping_is_a_bad_event_and_a_type_error():
+    schema = _schema()
+    events = [{"n": 1}, ["n", 1], {"s": "a"}]
+    for errors in ("raise", "null"):
+        with pytest.raises(TypeError) as caught:
+            event_batches.encode_events(events, schema, errors)
+        error = caught.value
+        assert isinstance(error, BadEventError)
+        assert (error.event, error.attribute, error.value) == (1, None, ["n", 1])
+        assert str(error).startswith("event 1: not a mapping")
+    batch = event_batches.encode_events(events, schema, "report")
+    assert [(e.event, e.attribute) for e in batch.rejected] == [(1, None)]
+    assert_encoded_as_without(batch, event_batches.encode_events([events[0], events[2]], schema), [1])
+    # a string is not a batch of events, whatever the mode
+    with pytest.raises(TypeError):
+        event_batches.encode_events("abc", schema, "report")
+
+
+def test_an_attribute_given_twice_in_an_event_is_a_bad_event():
+    """A column and a map key of the same attribute, in some events only."""
+    schema = _schema()
+    table = pa.table({"n": pa.array([1.0, None, 3.0, None]),
+                      "attrs": pa.array([[("n", 2.0)], [("n", 2.0)], [], None], pa.map_(pa.string(), pa.float64())),
+                      "s": pa.array(["a", "b", "c", "d"])})
+    for errors in ("raise", "null"):
+        with pytest.raises(BadEventError, match="^event 0: attribute 'n' is given twice") as caught:
+            event_batches.encode_events(table, schema, errors)
+        assert (caught.value.event, caught.value.attribute, caught.value.value) == (0, "n", None)
+    batch = event_batches.encode_events(table, schema, "report")
+    assert [(e.event, e.attribute) for e in batch.rejected] == [(0, "n")]
+    assert_encoded_as_without(batch, event_batches.encode_events(table.slice(1), schema), [0])
+
+
+# ------------------------------------------------------------------ errors="report"
+
+@pytest.mark.parametrize("form, attr, bad, arrow_type, forms", FORM_CASES)
+@pytest.mark.parametrize("at", [[0], [4], [1, 3], list(range(N))], ids=["first", "last", "two", "all"])
+def test_report_rejects_bad_events_and_encodes_the_rest_as_raise_does(form, attr, bad, arrow_type, forms, at):
+    schema = _schema()
+    cells, types = _cells_with(attr, bad, arrow_type, at)
+    batch = event_batches.encode_events(_build(form, cells, types, map_attr=attr), schema, "report")
+    assert [e.event for e in batch.rejected] == at
+    for error in batch.rejected:
+        assert isinstance(error, BadEventError) and error.attribute == attr and _same_value(error.value, bad)
+    good = _build(form, _good_only(cells, at), types, map_attr=attr) if len(at) < N else None
+    if good is None:
+        assert batch.n_events == N and batch.offsets.tolist() == [0] * (N + 1) and len(batch.strings) == 0
+        return
+    assert_encoded_as_without(batch, event_batches.encode_events(good, schema), at)
+    # "raise" and "null" never report
+    assert event_batches.encode_events(good, schema, "null").rejected == ()
+
+
+@pytest.mark.parametrize("form", ALL_FORMS)
+def test_report_without_bad_events_is_raise(form):
+    schema = _schema()
+    events = _build(form, GOOD, map_attr="m")
+    batch = event_batches.encode_events(events, schema, "report")
+    assert batch.rejected == ()
+    assert_encoded_as_without(batch, event_batches.encode_events(events, schema), [])
+
+
+@pytest.mark.parametrize("column, attr, bad_rows, value", [
+    (pa.array(["a", None, "b"], pa.string_view()), "n", [0, 2], "b"),
+    (pa.array(["a", None, "b"], pa.large_string()), "b", [0, 2], "b"),
+    (pa.array(["a", None, "a"]).dictionary_encode(), "n", [0, 2], "a"),
+    (pa.array([1, None, 2], pa.int8()).dictionary_encode(), "s", [0, 2], 2),
+    (pa.chunked_array([pa.array([1, None], pa.int64()), pa.array([2 ** 60], pa.int64())]), "n", [2], 2 ** 60),
+    (pa.chunked_array([pa.array([1.0], pa.float32()), pa.array([None, math.nan], pa.float32())]), "n", [2],
+     math.nan),
+    (pa.array([2 ** 64 - 1, 3, None], pa.uint64()), "m", [0], 2 ** 64 - 1),
+    (pa.array([Decimal("1.5"), Decimal("1E+20"), None], pa.decimal256(40, 1)), "n", [1], Decimal("1E+20")),
+    (pa.array([True, None, False]), "s", [0, 2], False),
+], ids=["string_view", "large_string", "dictionary", "int dictionary", "chunked int64", "chunked float32",
+        "uint64", "decimal256", "bool for a string"])
+def test_report_over_arrow_column_types(column, attr, bad_rows, value):
+    """Every Arrow type a column may have: the refused cells' rows, their
+    values as Python objects (``value``: the last one's), the other rows
+    as without the column."""
+    schema = _schema()
+    table = pa.table({"s": pa.array(["x", "y", "z"]), attr + "_": pa.array([1, 2, 3])}).append_column(attr, column)
+    batch = event_batches.encode_events(table, schema, "report")
+    assert [(e.event, e.attribute) for e in batch.rejected] == [(r, attr) for r in bad_rows]
+    assert _same_value(batch.rejected[-1].value, value)
+    with pytest.raises(BadEventError) as caught:
+        event_batches.encode_events(table, schema)
+    assert (caught.value.event, caught.value.attribute) == (bad_rows[0], attr)
+    good = pa.concat_tables([table.slice(r, 1) for r in range(3) if r not in bad_rows])     # no take: string_view
+    assert_encoded_as_without(batch, event_batches.encode_events(good, schema), bad_rows)
+
+
+def test_one_error_per_event_the_first_column_in_order():
+    """An event with several bad values is reported once, for its first
+    bad attribute in the input's order (a dict's keys, the columns)."""
+    schema = _schema()
+    events = [{"n": 1, "s": "a"}, {"s": 1, "n": "x", "b": 2}, {"b": "no", "n": math.inf}]
+    batch = event_batches.encode_events(events, schema, "report")
+    assert [(e.event, e.attribute, e.value) for e in batch.rejected] == [(1, "s", 1), (2, "b", "no")]
+    frame = pd.DataFrame({"s": pd.Series(["a", 1, "\ud800"], dtype=object), "n": [1.0, math.inf, math.inf],
+                          "b": pd.Series([True, 2, "no"], dtype=object)})
+    batch = event_batches.encode_events(frame, schema, "report")
+    assert [(e.event, e.attribute) for e in batch.rejected] == [(1, "s"), (2, "s")]
+    table = pa.table({"b": pa.array([None, 1, None]), "n": pa.array([1.0, math.nan, math.inf]),
+                      "s": pa.array(["a", "b", "c"])})
+    batch = event_batches.encode_events(table, schema, "report")
+    assert [(e.event, e.attribute) for e in batch.rejected] == [(1, "b"), (2, "n")]
+    assert_encoded_as_without(batch, event_batches.encode_events(table.slice(0, 1), schema), [1, 2])
+
+
+def _mixed_batch(seed: int, n_events: int, n_columns: int, bad_share: float):
+    """Many float, integer, string and boolean columns: good values in
+    most cells, absent in some, and bad values of the column's own Arrow
+    type (NaN and infinities in float columns, integers beyond 2**53 in
+    integer ones) in about ``bad_share`` of the numeric cells; plus one
+    string column for a numeric attribute, set in a few events only.
+    Returns (schema, {column: values}, {column: Arrow type}, {event: its
+    first bad column})."""
+    rng = np.random.default_rng(seed)
+    schema = Schema()
+    cells, types, first_bad = {}, {}, {}
+    for c in range(n_columns):
+        kind = "fsbi"[c % 4]
+        name = f"{kind}{c}"
+        schema.declare(name, {"f": "numeric", "s": "string", "b": "boolean", "i": "numeric"}[kind])
+        values = []
+        for e in range(n_events):
+            r = rng.random()
+            if r < 0.2:
+                values.append(None)
+            elif kind in "fi" and r > 1 - bad_share:
+                values.append([math.nan, math.inf, -math.inf][rng.integers(3)] if kind == "f"
+                              else [2 ** 60, -(2 ** 53) - 1][rng.integers(2)])
+                first_bad.setdefault(e, name)
+            else:
+                values.append({"f": float(rng.integers(-5, 5)) / 2, "s": f"v{rng.integers(8)}",
+                               "b": bool(rng.integers(2)), "i": int(rng.integers(-5, 5))}[kind])
+        cells[name] = values
+        types[name] = {"f": pa.float64(), "s": pa.string(), "b": pa.bool_(), "i": pa.int64()}[kind]
+    schema.declare("wrong", "numeric")
+    wrong = [None] * n_events
+    for e in sorted(rng.choice(n_events, max(1, int(n_events * bad_share / 4)), replace=False).tolist()):
+        wrong[e] = "text"
+        first_bad.setdefault(e, "wrong")
+    cells["wrong"] = wrong
+    types["wrong"] = pa.string()
+    return schema, cells, types, first_bad
+
+
+@pytest.mark.parametrize("form", ["dicts", "arrow", "pandas"])
+@pytest.mark.parametrize("seed, n_events, n_columns, bad_share",
+                         [(0, 300, 12, 0.05), (1, 50, 30, 0.3), (2, 1000, 6, 0.001)])
+def test_realistic_mixes(form, seed, n_events, n_columns, bad_share):
+    schema, cells, types, first_bad = _mixed_batch(seed, n_events, n_columns, bad_share)
+    if form == "pandas":        # NaN is pandas' missing marker: absent, not bad
+        for name, values in cells.items():
+            if name.startswith("f"):
+                cells[name] = [math.inf if isinstance(v, float) and math.isnan(v) else v for v in values]
+    if form == "dicts":
+        events = [{a: v[i] for a, v in cells.items() if v[i] is not None} for i in range(n_events)]
+    elif form == "pandas":
+        events = pd.DataFrame({a: pd.Series(v, dtype=object) for a, v in cells.items()})
+    else:
+        events = pa.table({a: pa.array(v, types[a]) for a, v in cells.items()})
+    batch = event_batches.encode_events(events, schema, "report")
+    assert [e.event for e in batch.rejected] == sorted(first_bad)
+    assert {e.event: e.attribute for e in batch.rejected} == first_bad
+    bad = sorted(first_bad)
+    good_cells = _good_only(cells, bad)
+    if form == "dicts":
+        good = [{a: v[i] for a, v in good_cells.items() if v[i] is not None} for i in range(n_events - len(bad))]
+    elif form == "pandas":
+        good = pd.DataFrame({a: pd.Series(v, dtype=object) for a, v in good_cells.items()})
+    else:
+        good = pa.table({a: pa.array(v, types[a]) for a, v in good_cells.items()})
+    assert_encoded_as_without(batch, event_batches.encode_events(good, schema), bad)
+    # "null" drops the bad values alone; "raise" names the first bad one found
+    assert event_batches.encode_events(events, schema, "null").rejected == ()
+    if bad:
+        with pytest.raises(BadEventError) as caught:
+            event_batches.encode_events(events, schema)
+        assert caught.value.event in first_bad
+
+
+def test_a_bad_errors_mode_is_a_value_error():
+    with pytest.raises(ValueError, match="'raise', 'null' or 'report'"):
+        event_batches.encode_events([{"n": 1}], _schema(), "ignore")
+
+
+def test_event_batch_takes_its_old_positional_fields():
+    batch = event_batches.encode_events([{"n": 1}], _schema())
+    again = event_batches.EventBatch(batch.offsets, batch.attr, batch.value, batch.token, batch.strings)
+    assert again.rejected == () and again.n_events == 1
+
+
+# ------------------------------------------------------------------ Index.match_batch(errors="report")
+
+def _subscriptions(schema: Schema) -> list[str]:
+    """Predicates of every kind on every attribute of ``schema``, IS NULL
+    and NOT among them (TRUE on an event with no attributes)."""
+    texts = []
+    for name in schema.attr_names:
+        family = schema.families[name].value
+        texts += [f"{name} IS NULL", f"{name} IS NOT NULL", f"NOT ({name} IS NOT NULL)"]
+        texts += {"numeric": [f"{name} > 0", f"NOT ({name} <= 0)", f"{name} != 1"],
+                  "string": [f"{name} = 'v1'", f"{name} LIKE 'v%'", f"NOT ({name} = 'v2')"],
+                  "boolean": [f"{name} = TRUE", f"NOT ({name} = FALSE)"]}[family]
+    names = list(schema.attr_names)
+    texts += [f"{a} IS NULL AND {b} IS NULL" for a, b in zip(names, names[1:])]
+    return texts
+
+
+def _events_in(form: str, cells: dict, types: dict):
+    n = len(next(iter(cells.values())))
+    if form == "dicts":
+        return [{a: v[i] for a, v in cells.items() if v[i] is not None} for i in range(n)]
+    if form == "pandas":
+        return pd.DataFrame({a: pd.Series(v, dtype=object) for a, v in cells.items()})
+    return pa.table({a: pa.array(v, types[a]) for a, v in cells.items()})
+
+
+@pytest.mark.parametrize("algorithm", ["scan", "opindex"])
+@pytest.mark.parametrize("form", ["dicts", "arrow", "pandas"])
+@pytest.mark.parametrize("seed, n_events, n_columns, bad_share", [(3, 200, 8, 0.05), (4, 40, 5, 0.5)])
+def test_match_batch_report_matches_the_good_events_as_alone(algorithm, form, seed, n_events, n_columns,
+                                                            bad_share):
+    """Good events get what matching them alone gives; rejected events
+    match nothing, not even ``x IS NULL`` (they are not events with no
+    attributes); ``rejected`` is the batch's list, with its fields."""
+    schema, cells, types, first_bad = _mixed_batch(seed, n_events, n_columns, bad_share)
+    if form == "pandas":
+        for name, values in cells.items():
+            if name.startswith("f"):
+                cells[name] = [math.inf if isinstance(v, float) and math.isnan(v) else v for v in values]
+    texts = _subscriptions(schema)
+    index = Index(algorithm=algorithm, backend="cpu",
+                  schema={name: schema.families[name].value for name in schema.attr_names})
+    index.add_many(range(len(texts)), texts)
+    events = _events_in(form, cells, types)
+    bad = sorted(first_bad)
+    good_positions = [i for i in range(n_events) if i not in first_bad]
+    alone = index.match_batch(_events_in(form, _good_only(cells, bad), types))
+
+    results, rejected = index.match_batch(events, errors="report")
+    assert [(e.event, e.attribute) for e in rejected] == [(e, first_bad[e]) for e in bad]
+    assert all(isinstance(e, BadEventError) for e in rejected)
+    assert len(results) == n_events
+    assert all(len(results[e]) == 0 for e in bad)
+    assert [results[e].tolist() for e in good_positions] == [m.tolist() for m in alone]
+    assert any(len(m) for m in alone)
+
+    table, rejected_again = index.match_batch(events, errors="report", output="arrow")
+    assert [e.event for e in rejected_again] == bad
+    pairs = list(zip(table["event"].to_pylist(), table["sub_id"].to_pylist()))
+    assert pairs == [(e, int(s)) for e in good_positions for s in results[e]]
+    assert not set(table["event"].to_pylist()) & set(bad)
+
+
+@pytest.mark.parametrize("algorithm", ["scan", "opindex"])
+def test_rejected_events_match_nothing_even_is_null(algorithm):
+    index = Index(algorithm=algorithm, backend="cpu", schema={"x": "numeric", "s": "string"})
+    index.add_many([1, 2, 3, 4], ["x IS NULL", "s IS NULL", "NOT (x > 0)", "x IS NULL AND s IS NULL"])
+    events = [{"x": "bad"}, {}, {"s": 5, "x": 1}, {"x": 2, "s": "a"}, {"x": math.nan}]
+    results, rejected = index.match_batch(events, errors="report")
+    assert [m.tolist() for m in results] == [[], [1, 2, 4], [], [], []]     # NOT (NULL) is NULL
+    assert [(e.event, e.attribute, e.reason) for e in rejected] == [
+        (0, "x", "attribute 'x' is numeric, got 'bad'"), (2, "s", "attribute 's' is string, got 5"),
+        (4, "x", "attribute 'x' is numeric, got nan: not a finite number")]
+    # every event bad; none bad; an empty batch
+    results, rejected = index.match_batch(events[:1] * 3, errors="report")
+    assert [m.tolist() for m in results] == [[], [], []] and [e.event for e in rejected] == [0, 1, 2]
+    results, rejected = index.match_batch(events[1:2], errors="report")
+    assert [m.tolist() for m in results] == [[1, 2, 4]] and rejected == []
+    results, rejected = index.match_batch([], errors="report")
+    assert results == [] and rejected == []
+    # "raise": the first bad event, as a BadEventError with its fields
+    with pytest.raises(BadEventError) as caught:
+        index.match_batch(events)
+    assert (caught.value.event, caught.value.attribute, caught.value.value) == (0, "x", "bad")
