@@ -301,7 +301,10 @@ def _factorize_predicates(attr, op, lo, hi, aux):
 
 @dataclass
 class Segment:
-    """A compiled set of subscriptions: ids, postfix programs, predicates."""
+    """A compiled set of subscriptions: ids, postfix programs, predicates,
+    and which subscriptions are *residual* -- beyond the algorithm's
+    rewrite limit, matched by the residual matcher instead of the
+    algorithm's structure (:mod:`engine.algorithms.residual`)."""
 
     sub_ids: np.ndarray        # int64 [S]
     prog_offsets: np.ndarray   # int64 [S + 1]
@@ -309,6 +312,7 @@ class Segment:
     prog_arg: np.ndarray       # int32 [L] predicate id (LEAF) or arity (AND/OR)
     predicates: PredicateTable
     max_depth: int             # deepest operand stack any program needs
+    residual: np.ndarray | None = None   # bool [S]; None: none is residual
 
     @classmethod
     def empty(cls) -> "Segment":
@@ -321,7 +325,12 @@ class Segment:
     @property
     def nbytes(self) -> int:
         arrays = (self.sub_ids, self.prog_offsets, self.prog_kind, self.prog_arg)
-        return sum(a.nbytes for a in arrays) + self.predicates.nbytes
+        extra = 0 if self.residual is None else self.residual.nbytes
+        return sum(a.nbytes for a in arrays) + self.predicates.nbytes + extra
+
+    @property
+    def n_residual(self) -> int:
+        return 0 if self.residual is None else int(np.count_nonzero(self.residual))
 
     def coded(self, schema) -> "Segment":
         """This segment with its predicates coded under ``schema``
@@ -330,7 +339,8 @@ class Segment:
         table = self.predicates.coded(schema)
         if table is self.predicates:
             return self
-        return Segment(self.sub_ids, self.prog_offsets, self.prog_kind, self.prog_arg, table, self.max_depth)
+        return Segment(self.sub_ids, self.prog_offsets, self.prog_kind, self.prog_arg, table, self.max_depth,
+                       self.residual)
 
     def take(self, positions: np.ndarray) -> "Segment":
         """The sub-segment of the given subscription positions (its
@@ -340,8 +350,9 @@ class Segment:
         lengths = stops - starts
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        residual = None if self.residual is None else _flags(self.residual[positions])
         return Segment(self.sub_ids[positions], offsets, self.prog_kind[gather], self.prog_arg[gather],
-                       self.predicates, self.max_depth)
+                       self.predicates, self.max_depth, residual)
 
     # ----------------------------------------------------------------- reading
     def expression(self, position: int, schema: Schema) -> Node:
@@ -476,8 +487,113 @@ def concat_segments(segments: list[Segment]) -> Segment:
     pred_base_of_code = np.repeat(pred_base, [len(s.prog_kind) for s in segments])
     args[leaves] = inverse[pred_base_of_code[leaves] + args[leaves]]
     offsets = np.concatenate([[0]] + [s.prog_offsets[1:] + base for s, base in zip(segments, prog_base)])
+    residual = None
+    if any(s.residual is not None for s in segments):
+        residual = _flags(np.concatenate([np.zeros(len(s), bool) if s.residual is None else s.residual
+                                          for s in segments]))
     return Segment(np.concatenate([s.sub_ids for s in segments]), offsets.astype(np.int64), kinds, args,
-                   table, max(s.max_depth for s in segments))
+                   table, max(s.max_depth for s in segments), residual)
+
+
+def _flags(residual: np.ndarray) -> np.ndarray | None:
+    """Residual flags, None when none is set (the common case costs nothing)."""
+    return residual if residual.any() else None
+
+
+def sorted_by_id(segment: Segment) -> Segment:
+    order = np.argsort(segment.sub_ids, kind="stable")
+    if len(order) > 1 and (order[1:] < order[:-1]).any():
+        return segment.take(order)
+    return segment
+
+
+def without_unused_predicates(segment: Segment) -> Segment:
+    """Drop predicates no program refers to any more (after removals)."""
+    return compact_predicates(segment)[0]
+
+
+def compact_predicates(segment: Segment) -> tuple[Segment, np.ndarray]:
+    """:func:`without_unused_predicates`, and the rows of the old table the
+    new one keeps."""
+    n = len(segment.predicates)
+    leaves = segment.prog_kind == 0
+    args = segment.prog_arg.take(np.flatnonzero(leaves)) if n else segment.prog_arg[:0]
+    used = np.zeros(n, dtype=bool)
+    used[args] = True
+    if used.all():
+        return segment, np.arange(n)
+    rows = np.flatnonzero(used)
+    new_id = (np.cumsum(used) - 1).astype(segment.prog_arg.dtype)
+    # (non-leaf arguments are arities: clipped into range, then left as they are)
+    args = np.where(leaves, new_id.take(segment.prog_arg, mode="clip"), segment.prog_arg)
+    return Segment(segment.sub_ids, segment.prog_offsets, segment.prog_kind, args,
+                   segment.predicates.take(rows), segment.max_depth, segment.residual), rows
+
+
+def shared_rows(table: PredicateTable, old: PredicateTable) -> np.ndarray:
+    """Per row of ``table`` (a merge's concatenation), the row of ``old`` (the
+    previous main table) it is, else -1.  The concatenation keeps the first
+    segment's distinct rows first and in order; checked, not assumed."""
+    source = np.full(len(table), -1, dtype=np.int64)
+    n = len(old)
+    if table is old or (len(table) >= n and all(np.array_equal(new[:n], before)
+                                                for new, before in zip(table.key_columns(), old.key_columns()))):
+        source[:n] = np.arange(n)
+    return source
+
+
+def carry_codes(table: PredicateTable, source: np.ndarray, old: PredicateTable, schema: Schema) -> None:
+    """Give ``table`` its kernel codes (:meth:`PredicateTable.recode`) without
+    recoding the rows it shares with ``old`` (``source``: the row of ``old``
+    each row is, or -1): a row's codes depend only on its keys and the
+    schema, so a row keeps them when ``old`` was coded under the current
+    dictionary, and a row of a non-string attribute under any dictionary.
+    Recoding every row of a merge costs more than merging the matcher."""
+    if table is old or old.lo is None or old.set_offsets is None or not (source >= 0).any():
+        return                                     # recode() codes what it must when it is needed
+    if old.coded_version != schema.version:       # string codes may have moved since
+        string_attr = np.array([schema.families.get(name) is Family.STRING for name in schema.attr_names])
+        source = np.where((source >= 0) & ~string_attr[table.attr], source, -1)
+    carried, fresh = np.flatnonzero(source >= 0), np.flatnonzero(source < 0)
+    src = source[carried]
+    recoded = table.take(fresh)
+    recoded.recode(schema)
+    n = len(table)
+    lo, hi = np.empty(n), np.empty(n)
+    lo[carried], lo[fresh] = old.lo[src], recoded.lo
+    hi[carried], hi[fresh] = old.hi[src], recoded.hi
+    # IN lists: each row's sorted codes, gathered from either table into one CSR
+    lengths, starts = np.empty(n, np.int64), np.empty(n, np.int64)
+    lengths[carried], lengths[fresh] = np.diff(old.set_offsets)[src], np.diff(recoded.set_offsets)
+    starts[carried], starts[fresh] = old.set_offsets[src], recoded.set_offsets[:-1] + len(old.set_values)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    values = np.concatenate((old.set_values, recoded.set_values))
+    table.lo, table.hi, table.set_offsets = lo, hi, offsets
+    table.set_values = values[np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]))]
+    table.coded_version = schema.version
+
+def merge_segments(main: Segment, alive: np.ndarray, delta: list, coded: PredicateTable, schema) -> tuple:
+    """The next main segment of a merge: the live subscriptions of ``main``
+    (``alive``: its flags) and those of the ``delta`` segments, ids
+    ascending, unused predicates dropped, coded under ``schema`` -- the
+    rows it shares with ``coded`` (the main table as last coded) keep
+    their codes.  Returns it and ``old_to_new``: the new position of each
+    old main position (-1: removed), what a matcher's ``merged`` needs."""
+    kept = np.flatnonzero(alive)
+    parts = [main.take(kept)] if len(kept) < len(main) else [main]
+    merged = concat_segments(parts + list(delta))
+    position = np.arange(len(merged), dtype=np.int64)     # of each concatenated row in the merged segment
+    order = np.argsort(merged.sub_ids, kind="stable")
+    if len(order) and (order[1:] < order[:-1]).any():
+        merged = merged.take(order)
+        position[order] = np.arange(len(order))
+    old_to_new = np.full(len(main), -1, dtype=np.int64)
+    old_to_new[kept] = position[:len(kept)]   # (the surviving main rows come first in the concatenation)
+    source = shared_rows(merged.predicates, main.predicates)
+    segment, rows = compact_predicates(merged)
+    carry_codes(segment.predicates, source[rows], coded, schema)
+    segment.predicates.recode(schema)     # (not published yet: coded in place)
+    return segment, old_to_new
 
 
 def check_ids(ids: np.ndarray, present) -> None:

@@ -26,24 +26,25 @@ nothing and takes back what it added to the schema.
 from __future__ import annotations
 
 import copy
-import inspect
-import json
 import threading
 
 import numpy as np
 import pyarrow as pa
 
 from engine import events as event_batches
-from engine.algorithms import ALGORITHMS, default_algorithm, matcher_class
+from engine.algorithms import ALGORITHMS, default_algorithm, registry
+from engine.algorithms import residual as residual_split
+from engine.algorithms.base import BuildSettings
+from engine.algorithms.options import ScanOptions
 from engine.backend import array_namespace, resolve_backend
 from engine.columnar import compile_columnar
-from engine.compile import PredicateTable, Segment, compile_expressions, concat_segments
-from engine.errors import SchemaError
-from engine.expr import Family, Node, predicates
-from engine.index_file import (check_saved_options, needed_depth, read_index_file, restore_contents,
-                               write_index_file)
+from engine.compile import (Segment, compile_expressions, concat_segments, merge_segments, program_depths,
+                            sorted_by_id, without_unused_predicates)
+from engine.errors import IndexFileError, SchemaError
+from engine.expr import Node, predicates
+from engine.index_file import check_saved_options, needed_depth, read_index_file, restore_contents, write_index_file
 from engine.schema import Schema
-from engine.snapshot import BUILD, Snapshot
+from engine.snapshot import BUILD, MatcherSource, Snapshot
 
 DEFAULT_DNF_LIMIT = 256
 #: working memory of one slice of a large batch (matcher scratch, pairs,
@@ -77,12 +78,16 @@ class Index:
     backend : ``"cpu"`` or ``"cuda"``; default the best available here.
     schema : optional ``{attribute: "numeric" | "string" | "boolean"}``
         declaring type families up front.
-    dnf_limit : the most conjunctions an AND-only algorithm may make of one
-        expression (DESIGN.md §3); an expression beyond it is refused at
-        ``add`` time with :class:`engine.errors.ExpressionTooLarge`.
-    options : algorithm parameters passed to its matcher, e.g.
-        ``{"variant": "bs"}`` for OpIndex-BS, ``{"segments": 64}``, or
-        ``{"event_log": batch}`` for OpIndex's pivot frequencies.
+    dnf_limit : the most conjunctions (or clauses) a normal-form algorithm
+        may make of one expression; an expression beyond it is *residual*:
+        matched exactly by the residual matcher (``scan``) inside the same
+        index and counted in :meth:`statistics`.
+    options : the algorithm's options (its dataclass in
+        :mod:`engine.algorithms.options`), e.g. ``{"variant": "bs"}`` for
+        OpIndex-BS, ``{"segments": 64}``, or ``{"event_log": batch}`` for
+        OpIndex's pivot frequencies; checked here (TypeError/ValueError).
+    strict : refuse residual expressions at ``add`` time with
+        :class:`engine.errors.ExpressionTooLarge` instead.
 
     Any number of threads may match while others update (see the module
     docstring for what a match sees).
@@ -96,16 +101,24 @@ class Index:
     """
 
     def __init__(self, algorithm: str | None = None, backend: str | None = None, *,
-                 schema: dict | None = None, dnf_limit: int = DEFAULT_DNF_LIMIT, options: dict | None = None):
+                 schema: dict | None = None, dnf_limit: int = DEFAULT_DNF_LIMIT, options: dict | None = None,
+                 strict: bool = False):
         self.backend = resolve_backend(backend)
         self.algorithm = default_algorithm(self.backend) if algorithm is None else algorithm
-        self._matcher_class = matcher_class(self.algorithm, self.backend)
-        self.dnf_limit = dnf_limit
+        self._algorithm = registry.get(self.algorithm)
+        self._matcher_class = self._algorithm.matcher_class(self.backend)
+        if isinstance(dnf_limit, (bool, np.bool_)) or not isinstance(dnf_limit, (int, np.integer)) or dnf_limit < 1:
+            raise ValueError(f"dnf_limit must be a positive int, not {dnf_limit!r}")
+        self.dnf_limit = int(dnf_limit)
+        if not isinstance(strict, (bool, np.bool_)):
+            raise TypeError(f"strict must be True or False, not {strict!r}")
+        self.strict = bool(strict)
+        self._options = self._algorithm.make_options(options, self.backend)
         self.options = dict(options or {})
-        self._accepted = set(inspect.signature(self._matcher_class).parameters)
-        unknown = set(self.options) - self._accepted
-        if unknown:
-            raise TypeError(f"algorithm {self.algorithm!r} takes no option(s) {sorted(unknown)}")
+        # the residual matcher runs on the same backend with the same device settings
+        shared = {name: value for name, value in self._options.keywords(self.backend).items()
+                  if name in ScanOptions.__dataclass_fields__}
+        self._residual_options = ScanOptions(**shared)
         self._schema = Schema()
         for attr, family in (schema or {}).items():
             self._schema.declare(attr, family)
@@ -130,11 +143,28 @@ class Index:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the compiled index (main segment and its matcher)."""
+        """Host bytes held by the compiled index (main segment, its matcher
+        once built, the delta)."""
         state = self._state
         matcher = self._matcher
-        extra = getattr(matcher, "nbytes", 0) - state.main.nbytes if matcher is not None else 0
-        return state.main.nbytes + max(extra, 0) + sum(s.nbytes for s in state.delta)
+        main = state.main.nbytes if matcher is None else max(matcher.nbytes, state.main.nbytes)
+        return main + sum(s.nbytes for s in state.delta)
+
+    def statistics(self) -> dict:
+        """What the index holds now: ``subscriptions`` (live), ``main``
+        (live in the main segment), ``delta`` (added since the last merge),
+        ``tombstones`` (removed, not yet merged), ``residual`` (live ones
+        beyond the algorithm's rewrite limit, matched by the residual
+        matcher), ``nbytes`` and ``device_nbytes`` (0 until a match built
+        the matcher on the device)."""
+        state = self._state
+        residual = 0 if state.main.residual is None else \
+            int(np.count_nonzero(state.main.residual & (state.alive != 0)))
+        matcher = self._matcher
+        return {"algorithm": self.algorithm, "backend": self.backend, "subscriptions": len(state),
+                "main": len(state.main) - state.n_dead, "delta": state.delta_size, "tombstones": state.n_dead,
+                "residual": residual + sum(s.n_residual for s in state.delta), "nbytes": self.nbytes,
+                "device_nbytes": 0 if matcher is None else matcher.device_nbytes}
 
     def __len__(self) -> int:
         return len(self._state)
@@ -168,9 +198,9 @@ class Index:
             if not found.all():
                 raise KeyError(f"subscription id {int(ids[~found][0])} is not in the index")
             part = Index(algorithm=self.algorithm, backend=self.backend, dnf_limit=self.dnf_limit,
-                         options=self.options)
+                         options=self.options, strict=self.strict)
             part._schema = copy.deepcopy(self._schema)
-            part._install_main(_without_unused_predicates(state.main.take(positions)))
+            part._install_main(without_unused_predicates(state.main.take(positions)))
         return part
 
     # ------------------------------------------------------------------- updates
@@ -206,9 +236,8 @@ class Index:
         if len(ids) != len(expressions):
             raise ValueError(f"{len(ids)} ids but {len(expressions)} expressions")
         self._check_new_ids(np.array(ids, dtype=np.int64))
-        nodes, all_preds = [], []
+        nodes, all_preds, residual = [], [], []
         fixed: dict = {}
-        check = getattr(self._matcher_class, "check_expression", None)
         for sub_id, expression in zip(ids, expressions):
             node = _parse(expression) if isinstance(expression, str) else _checked_ast(expression)
             preds = list(predicates(node))
@@ -219,14 +248,33 @@ class Index:
                     raise SchemaError(f"subscription {sub_id}: {attr!r} is {fixed[attr].value} in an earlier "
                                       f"subscription of this call, not {family.value}")
             self._check_fixed(fixed, sub_id)
-            if check is not None:   # e.g. opindex: DNF/CNF within dnf_limit (ExpressionTooLarge)
-                check(node, self.dnf_limit)
+            refusal = self._algorithm.limit_error(node, self.dnf_limit)   # e.g. opindex: DNF/CNF within dnf_limit
+            if refusal is not None and self.strict:
+                raise refusal
+            residual.append(refusal is not None)
             nodes.append(node)
             all_preds.append(preds)
         for preds in all_preds:
             self._schema.register(preds)
         segment = compile_expressions(ids, nodes, self._schema)
-        return _sorted_by_id(segment)
+        residual = np.array(residual, dtype=bool)
+        if self.backend == "cuda":      # programs deeper than a device thread's stack run on the host
+            residual |= self._too_deep_for_the_device(segment)
+        if residual.any():
+            segment.residual = residual
+        return sorted_by_id(segment)
+
+    def _too_deep_for_the_device(self, segment: Segment) -> np.ndarray:
+        """Per subscription, whether its program needs more operand slots than
+        a cuda thread holds (an AND/OR of more than
+        ``gpu_kernels.scan.MAX_STACK_DEPTH`` operands): residual, matched on
+        the host -- or refused with ``strict=True``."""
+        from gpu_kernels.scan import MAX_STACK_DEPTH
+        deep = program_depths(segment.prog_offsets, segment.prog_kind, segment.prog_arg) > MAX_STACK_DEPTH
+        if deep.any() and self.strict:
+            from engine.algorithms.cuda_base import check_program_depths
+            check_program_depths(segment.take(np.flatnonzero(deep)[:1]))
+        return deep
 
     def _compile_columnar(self, table) -> Segment:
         if isinstance(table, pa.RecordBatch):
@@ -234,7 +282,7 @@ class Index:
         if not isinstance(table, pa.Table):
             table = pa.table(table)
         segment, _ = compile_columnar(table, self._schema, check_ids=self._refuse_present)
-        return _sorted_by_id(segment)
+        return sorted_by_id(segment)     # (conjunctions: native to every algorithm)
 
     def _check_fixed(self, fixed: dict, sub_id) -> None:
         for attr, family in fixed.items():
@@ -294,55 +342,64 @@ class Index:
     def merge(self) -> None:
         """Fold the delta into the main segment and drop tombstones.
 
-        The main segment is rebuilt aside (ids ascending, unused predicates
-        dropped) and published with the next snapshot; matches in flight
-        keep the snapshot they started with.  The algorithm's structures
-        need not be rebuilt: when the matcher has a ``merged(segment,
-        old_to_new, added, schema)`` method (the merge protocol, e.g.
-        opindex), the next match derives the new matcher from the old one
-        -- ``old_to_new[p]``: the new position of the subscription at old
-        position ``p`` (-1: removed), ``added``: the positions of the others
-        -- instead of building it from scratch."""
+        The main segment is rebuilt aside (:func:`engine.compile.merge_segments`:
+        ids ascending, unused predicates dropped, codes carried) and
+        published with the next snapshot; matches in flight keep the
+        snapshot they started with.  The next match derives the new matcher
+        from the old one through the algorithm's ``merged`` (OpIndex updates
+        its structure instead of building it again)."""
         with self._write_lock:
             state = self._state
             if not (state.n_dead or state.delta):
                 return                          # nothing to fold: keep the matcher
-            kept = np.flatnonzero(state.alive)
-            parts = [state.main.take(kept)] if state.n_dead else [state.main]
-            merged = concat_segments(parts + list(state.delta))
-            position = np.arange(len(merged), dtype=np.int64)     # of each concatenated row in the merged segment
-            order = np.argsort(merged.sub_ids, kind="stable")
-            if len(order) and (order[1:] < order[:-1]).any():
-                merged = merged.take(order)
-                position[order] = np.arange(len(order))
-            old_to_new = np.full(len(state.main), -1, dtype=np.int64)
-            old_to_new[kept] = position[:len(kept)]   # (the surviving main rows come first in the concatenation)
-            source = _rows_of(merged.predicates, state.main.predicates)
-            segment, rows = _compact_predicates(merged)
             coded = state._main_part[0].predicates if state._main_part is not None else state.main.predicates
-            _carry_codes(segment.predicates, source[rows], coded, self._schema)
-            segment.predicates.recode(self._schema)     # (not published yet: coded in place)
+            segment, old_to_new = merge_segments(state.main, state.alive, state.delta, coded, self._schema)
             self._state = Snapshot(self._schema.view(), segment, np.ones(len(segment), np.uint8), 0, (),
                                    state.merged_source(old_to_new))
 
-    def _install_main(self, segment: Segment) -> None:
-        """Make ``segment`` the whole index (load, subset): a fresh matcher."""
+    def _install_main(self, segment: Segment, saved=None) -> None:
+        """Make ``segment`` the whole index (load, subset): a fresh matcher,
+        or the one restored from ``saved`` (``(meta, arrays)`` of a file)."""
         with self._write_lock:
             segment = segment.coded(self._schema)     # (a subset's segment may share a published table)
-            self._state = Snapshot(self._schema.view(), segment, np.ones(len(segment), np.uint8), 0, (), BUILD)
+            source = BUILD
+            if saved is not None:
+                view = self._schema.view()
+                settings = BuildSettings(view, self.dnf_limit, self._options)
+                meta, arrays = saved
+                matcher = residual_split.build(
+                    segment, lambda part: self._matcher_class.from_arrays(part, settings, meta, arrays),
+                    lambda part: self._build_residual(part, view))
+                source = MatcherSource("reuse", matcher, segment)
+            self._state = Snapshot(self._schema.view(), segment, np.ones(len(segment), np.uint8), 0, (), source)
 
     # ------------------------------------------------------------------ matching
-    def _build_matcher(self, segment: Segment, view):
-        """A matcher of ``segment`` from scratch, with the Index-wide
-        settings it declares it takes, plus the caller's ``options``."""
-        shared = {"schema": view, "dnf_limit": self.dnf_limit}
-        options = {**{k: v for k, v in shared.items() if k in self._accepted}, **self.options}
-        return self._matcher_class(segment, self.backend, **options)
+    def build_matcher(self, segment: Segment, view):
+        """The matcher of a main segment from scratch: the algorithm's, with
+        the residual subscriptions split off to the residual matcher."""
+        settings = BuildSettings(view, self.dnf_limit, self._options)
+        return residual_split.build(segment, lambda part: self._matcher_class.build(part, settings),
+                                    lambda part: self._build_residual(part, view))
+
+    def derive_matcher(self, matcher, segment: Segment, old_to_new: np.ndarray, added: np.ndarray, view):
+        """The matcher of a merged main segment, derived from the last one."""
+        return residual_split.derive(matcher, segment, old_to_new, added, view,
+                                     lambda part: self._build_residual(part, view))
+
+    def _build_residual(self, segment: Segment, view):
+        """The residual matcher: on the index's backend, or on the host when
+        a program is too deep for a device thread's stack."""
+        backend = self.backend
+        if backend == "cuda" and len(segment) and self._too_deep_for_the_device(segment).any():
+            backend = "cpu"
+        scan = registry.get(residual_split.RESIDUAL_ALGORITHM)
+        options = self._residual_options if backend == self.backend else scan.make_options(None, backend)
+        return scan.matcher_class(backend).build(segment, BuildSettings(view, self.dnf_limit, options))
 
     def _matchers(self):
         """(segment, alive, matcher) for the main segment and the delta of
         the current snapshot."""
-        return self._state.matchers(self._build_matcher)
+        return self._state.matchers(self)
 
     def match(self, event) -> np.ndarray:
         """Ids of the subscriptions TRUE on one event (dict), ascending."""
@@ -361,7 +418,11 @@ class Index:
         ``output="device"`` (backend ``cuda``): the same two columns as
         device arrays (CuPy; NumPy under the simulator) that never leave
         the GPU, for GPU pipelines.
-        ``errors="null"`` treats values of the wrong type as absent.
+        ``errors="null"`` treats values of the wrong type as absent;
+        ``errors="report"`` returns ``(results, rejected)``: the events with
+        a bad value match nothing (an empty array, no rows) and ``rejected``
+        lists them, one :class:`engine.errors.BadEventError` per event with
+        its ``event`` position, ``attribute``, ``value`` and ``reason``.
 
         The whole batch is matched against one snapshot of the index.  A
         batch whose matches would need more than
@@ -374,21 +435,27 @@ class Index:
             raise ValueError("output='device' needs backend='cuda'")
         state = self._state
         batch = event_batches.encode_events(events, state.view, errors)
+        rejected = list(getattr(batch, "rejected", ()))
         if output == "device":
-            return self._match_encoded(state, batch, device=True)
+            found = self._match_encoded(state, batch, device=True)
+            if rejected:
+                xp = array_namespace(self.backend)
+                keep = ~xp.isin(found[0], xp.asarray([bad.event for bad in rejected], dtype=np.int64))
+                found = (found[0][keep], found[1][keep])
         # each slice goes into the output form as it comes, so that only the
         # output and one slice's working memory are held at once
-        if output == "arrow":
+        elif output == "arrow":
             events_out, ids_out = [], []
-            for _, _, event_idx, sub_ids in self._match_slices(state, batch):
+            for _, _, event_idx, sub_ids in self._match_slices(state, batch, rejected=rejected):
                 events_out.append(event_idx)
                 ids_out.append(sub_ids)
-            return pa.table({"event": pa.chunked_array(events_out, pa.int64()),
-                             "sub_id": pa.chunked_array(ids_out, pa.int64())})
-        out = []
-        for first, stop, event_idx, sub_ids in self._match_slices(state, batch):
-            out.extend(np.split(sub_ids, np.searchsorted(event_idx, np.arange(first + 1, stop))))
-        return out
+            found = pa.table({"event": pa.chunked_array(events_out, pa.int64()),
+                              "sub_id": pa.chunked_array(ids_out, pa.int64())})
+        else:
+            found = []
+            for first, stop, event_idx, sub_ids in self._match_slices(state, batch, rejected=rejected):
+                found.extend(np.split(sub_ids, np.searchsorted(event_idx, np.arange(first + 1, stop))))
+        return (found, rejected) if errors == "report" else found
 
     def match_stream(self, events, *, errors: str = "raise", max_pairs: int | None = None):
         """Match a batch and yield its matches as pyarrow RecordBatches
@@ -397,17 +464,21 @@ class Index:
         :data:`MATCH_MEMORY_BUDGET` holds; one event's matches are never
         split) -- for outputs larger than memory.  The whole batch is
         matched against the snapshot current when the call is made."""
+        if errors == "report":
+            raise ValueError("match_stream takes errors='raise' or 'null'; use match_batch(errors='report') "
+                             "to have bad events reported")
         state = self._state
         batch = event_batches.encode_events(events, state.view, errors)
         for _, _, event_idx, sub_ids in self._match_slices(state, batch, max_pairs):
             yield pa.RecordBatch.from_arrays([pa.array(event_idx, pa.int64()), pa.array(sub_ids, pa.int64())],
                                              names=["event", "sub_id"])
 
-    def _match_slices(self, state: Snapshot, batch, max_pairs: int | None = None):
+    def _match_slices(self, state: Snapshot, batch, max_pairs: int | None = None, rejected=()):
         """``(first, stop, event index, sub ids)`` of each event slice
         ``[first, stop)`` of ``batch``, sized so that a slice's pairs fit
         the working-memory budget; the first slice measures the matches
-        per event."""
+        per event.  The pairs of ``rejected`` events are dropped."""
+        bad = np.array([r.event for r in rejected], dtype=np.int64)
         if max_pairs is None:
             max_pairs = MATCH_MEMORY_BUDGET // _BYTES_PER_PAIR_WORKING
         max_pairs = max(1, int(max_pairs))
@@ -424,29 +495,27 @@ class Index:
             event_idx, sub_ids = self._match_encoded(state, part)
             if first:
                 event_idx = event_idx + first
+            if len(bad):
+                keep = ~np.isin(event_idx, bad)
+                event_idx, sub_ids = event_idx[keep], sub_ids[keep]
             measured = len(sub_ids) / (stop - first)
             per_event = measured if per_event is None else max(0.5 * per_event + 0.5 * measured, measured)
             yield first, stop, event_idx, sub_ids
             first = stop
 
     def _match_encoded(self, state: Snapshot, batch, device: bool = False):
-        matchers = state.matchers(self._build_matcher)
+        matchers = state.matchers(self)
         pairs = matchers[0][0].predicates.pattern_pairs() if len(matchers) == 1 else \
             np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
         truth = event_batches.pattern_truth(batch, state.view, pairs)
         xp = array_namespace(self.backend) if device else np
         events, ids = [], []
-        main_matcher = matchers[0][2]
-        for segment, alive, matcher in matchers:
-            if device and matcher is main_matcher:
-                e, sub_ids = matcher.match(batch, truth, alive, output="device", ids=state.device_ids(xp))
-            elif getattr(matcher, "maps_ids", False):     # a cuda matcher maps positions while copying back
-                e, sub_ids = matcher.match(batch, truth, alive, ids=segment.sub_ids)
-            else:   # the small delta is matched on the host
-                e, positions = matcher.match(batch, truth, alive)
-                e, sub_ids = xp.asarray(e), xp.asarray(segment.sub_ids[positions])
-            events.append(e)
-            ids.append(sub_ids)
+        for k, (segment, alive, matcher) in enumerate(matchers):
+            on_device = device and k == 0        # (the small delta is matched on the host)
+            e, sub_ids = matcher.match(batch, truth, alive, ids=state.device_ids(xp) if on_device else segment.sub_ids,
+                                       output="device" if on_device else "numpy")
+            events.append(xp.asarray(e))
+            ids.append(xp.asarray(sub_ids))
         if len(matchers) == 1:
             return events[0], ids[0]
         event_idx, sub_ids = xp.concatenate(events), xp.concatenate(ids)
@@ -456,46 +525,69 @@ class Index:
     # ------------------------------------------------------------- persistence
     def save(self, path) -> None:
         """Write the index to ``path`` atomically (temp file + rename), with
-        the permissions ``open()`` would give a new file.  Algorithm options
-        that are plain values are saved with it; an ``event_log`` (tuning
-        only: it steers OpIndex's pivots, never the results) is not, and is
-        passed to ``load`` again if wanted."""
+        the permissions ``open()`` would give a new file: the main segment,
+        the schema, and the algorithm's built structure (``to_arrays``), so
+        that :meth:`load` does not build it again -- the matcher is built
+        here if no match has built it yet.  Algorithm options that are
+        plain values are saved with it; an ``event_log`` (tuning only: it
+        steers OpIndex's pivots, never the results) is not, and is passed
+        to ``load`` again if wanted."""
         with self._write_lock:           # one state: no update between the merge and the write
             self.merge()
             self._write(path)
 
     def _write(self, path) -> None:
-        seg, preds = self._state.main, self._state.main.predicates
+        state = self._state
+        seg, preds = state.main, state.main.predicates
         set_offsets, set_keys = self._schema.set_csr()
         arrays = {"sub_ids": seg.sub_ids, "prog_offsets": seg.prog_offsets, "prog_kind": seg.prog_kind,
                   "prog_arg": seg.prog_arg, "pred_attr": preds.attr, "pred_op": preds.op,
                   "pred_lo_key": preds.lo_key, "pred_hi_key": preds.hi_key, "pred_aux": preds.aux,
                   "set_offsets": set_offsets, "set_keys": set_keys}
+        if seg.residual is not None:
+            arrays["residual"] = seg.residual.astype(np.int8)
         meta = {"algorithm": self.algorithm, "backend": self.backend, "dnf_limit": self.dnf_limit,
-                "max_depth": needed_depth(seg),
-                "options": {k: v for k, v in self.options.items() if _json_safe(v)},
+                "strict": self.strict, "max_depth": needed_depth(seg), "options": self._options.saved(),
                 "schema": self._schema.to_json()}
+        structure = state.main_part(self)[1].to_arrays() if len(seg) else None
+        if structure is not None:
+            matcher_meta, matcher_arrays = structure
+            meta["matcher"] = {"algorithm": self.algorithm, "meta": matcher_meta}
+            arrays.update({f"matcher.{name}": array for name, array in matcher_arrays.items()})
         write_index_file(path, meta, arrays)
 
     @classmethod
     def load(cls, path, *, backend: str | None = None, algorithm: str | None = None,
              options: dict | None = None) -> "Index":
-        """Read an index written by :meth:`save`.  Whatever is wrong with the
-        file -- truncated, corrupt, foreign, or crafted contents, saved
-        options included -- raises :class:`engine.errors.IndexFileError`
-        naming ``path`` (a directory too); a missing file raises
-        FileNotFoundError."""
+        """Read an index written by :meth:`save`.  The saved structure of
+        the algorithm is used as it is (no build) unless another algorithm
+        or options changing the structure are asked for.  Whatever is wrong
+        with the file -- truncated, corrupt, foreign, or crafted contents,
+        saved options and structure included -- raises
+        :class:`engine.errors.IndexFileError` naming ``path`` (a directory
+        too); a missing file raises FileNotFoundError."""
         meta, arrays = read_index_file(path)
         schema, segment = restore_contents(path, meta, arrays)
         algorithm = algorithm or meta["algorithm"]
         backend = resolve_backend(backend or meta["backend"])
-        saved_options = meta["options"] if algorithm == meta["algorithm"] else {}
-        check_saved_options(path, matcher_class(algorithm, backend), backend, saved_options,
-                            schema=schema.view(), dnf_limit=meta["dnf_limit"])
+        same = algorithm == meta["algorithm"]
+        saved_options = check_saved_options(path, registry.get(meta["algorithm"]), meta["backend"], backend,
+                                            meta["options"])
+        saved_options = saved_options if same else {}
         index = cls(algorithm=algorithm, backend=backend, dnf_limit=meta["dnf_limit"],
-                    options={**saved_options, **(options or {})})
+                    options={**saved_options, **(options or {})}, strict=meta.get("strict", False))
         index._schema = schema
-        index._install_main(segment)
+        saved = None
+        if same and "matcher" in meta and index._options.same_structure(saved_options, backend):
+            prefix = "matcher."
+            saved = (meta["matcher"]["meta"], {name[len(prefix):]: array for name, array in arrays.items()
+                                               if name.startswith(prefix)})
+        try:
+            index._install_main(segment, saved)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            if saved is None:
+                raise
+            raise IndexFileError(f"{path}: the saved {algorithm} structure is not valid: {exc}") from exc
         return index
 
     def __repr__(self) -> str:
@@ -527,13 +619,6 @@ def _present(state: Snapshot, ids: np.ndarray):
     return None
 
 
-def _sorted_by_id(segment: Segment) -> Segment:
-    order = np.argsort(segment.sub_ids, kind="stable")
-    if len(order) > 1 and (order[1:] < order[:-1]).any():
-        return segment.take(order)
-    return segment
-
-
 def _checked_ast(node) -> Node:
     """An expression given as an AST: a node of engine.expr, within the
     nesting and size limits, shaped as the parser builds them, its text
@@ -551,82 +636,6 @@ def _event_slice(batch, first: int, stop: int):
     lo, hi = int(batch.offsets[first]), int(batch.offsets[stop])
     return type(batch)(batch.offsets[first:stop + 1] - lo, batch.attr[lo:hi], batch.value[lo:hi],
                        batch.token[lo:hi], batch.strings)
-
-
-def _json_safe(value) -> bool:
-    """Whether an option value survives a save and load: JSON without NaN
-    or infinities, its strings valid Unicode (what load accepts)."""
-    try:
-        json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
-        return True
-    except (TypeError, ValueError):
-        return False
-
-
-def _without_unused_predicates(segment: Segment) -> Segment:
-    """Drop predicates no program refers to any more (after removals)."""
-    return _compact_predicates(segment)[0]
-
-
-def _compact_predicates(segment: Segment) -> tuple[Segment, np.ndarray]:
-    """:func:`_without_unused_predicates`, and the rows of the old table the
-    new one keeps."""
-    n = len(segment.predicates)
-    leaves = segment.prog_kind == 0
-    args = segment.prog_arg.take(np.flatnonzero(leaves)) if n else segment.prog_arg[:0]
-    used = np.zeros(n, dtype=bool)
-    used[args] = True
-    if used.all():
-        return segment, np.arange(n)
-    rows = np.flatnonzero(used)
-    new_id = (np.cumsum(used) - 1).astype(segment.prog_arg.dtype)
-    # (non-leaf arguments are arities: clipped into range, then left as they are)
-    args = np.where(leaves, new_id.take(segment.prog_arg, mode="clip"), segment.prog_arg)
-    return Segment(segment.sub_ids, segment.prog_offsets, segment.prog_kind, args,
-                   segment.predicates.take(rows), segment.max_depth), rows
-
-
-def _rows_of(table: PredicateTable, old: PredicateTable) -> np.ndarray:
-    """Per row of ``table`` (a merge's concatenation), the row of ``old`` (the
-    previous main table) it is, else -1.  The concatenation keeps the first
-    segment's distinct rows first and in order; checked, not assumed."""
-    source = np.full(len(table), -1, dtype=np.int64)
-    n = len(old)
-    if table is old or (len(table) >= n and all(np.array_equal(new[:n], before)
-                                                for new, before in zip(table.key_columns(), old.key_columns()))):
-        source[:n] = np.arange(n)
-    return source
-
-
-def _carry_codes(table: PredicateTable, source: np.ndarray, old: PredicateTable, schema: Schema) -> None:
-    """Give ``table`` its kernel codes (:meth:`PredicateTable.recode`) without
-    recoding the rows it shares with ``old`` (``source``: the row of ``old``
-    each row is, or -1): a row's codes depend only on its keys and the
-    schema, so a row keeps them when ``old`` was coded under the current
-    dictionary, and a row of a non-string attribute under any dictionary.
-    Recoding every row of a merge costs more than merging the matcher."""
-    if table is old or old.lo is None or old.set_offsets is None or not (source >= 0).any():
-        return                                     # recode() codes what it must when it is needed
-    if old.coded_version != schema.version:       # string codes may have moved since
-        string_attr = np.array([schema.families.get(name) is Family.STRING for name in schema.attr_names])
-        source = np.where((source >= 0) & ~string_attr[table.attr], source, -1)
-    carried, fresh = np.flatnonzero(source >= 0), np.flatnonzero(source < 0)
-    src = source[carried]
-    recoded = table.take(fresh)
-    recoded.recode(schema)
-    n = len(table)
-    lo, hi = np.empty(n), np.empty(n)
-    lo[carried], lo[fresh] = old.lo[src], recoded.lo
-    hi[carried], hi[fresh] = old.hi[src], recoded.hi
-    # IN lists: each row's sorted codes, gathered from either table into one CSR
-    lengths, starts = np.empty(n, np.int64), np.empty(n, np.int64)
-    lengths[carried], lengths[fresh] = np.diff(old.set_offsets)[src], np.diff(recoded.set_offsets)
-    starts[carried], starts[fresh] = old.set_offsets[src], recoded.set_offsets[:-1] + len(old.set_values)
-    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-    values = np.concatenate((old.set_values, recoded.set_values))
-    table.lo, table.hi, table.set_offsets = lo, hi, offsets
-    table.set_values = values[np.repeat(starts - offsets[:-1], lengths) + np.arange(int(offsets[-1]))]
-    table.coded_version = schema.version
 
 
 __all__ = ["Index", "ALGORITHMS"]

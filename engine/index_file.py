@@ -4,8 +4,11 @@ reads, and the checks that make every malformed file an
 
 A file is a zip archive of uncompressed members: ``meta.json`` (format
 magic and version, algorithm, backend, settings, schema, and the SHA-256 of
-every array) and one ``.npy`` per array of the main segment and the IN
-lists.  Nothing in a file is trusted: a file that opens is checked member by
+every array) and one ``.npy`` per array of the main segment (its residual
+flags when any), the IN lists, and -- version 2 -- the algorithm's built
+structure (``matcher.<name>.npy``, what its matcher's ``to_arrays`` gave,
+checked by its ``from_arrays``).  Version 1 files (no structure: it is
+built at the first match) are read too.  Nothing in a file is trusted: a file that opens is checked member by
 member, field by field and array by array -- types, ranges and the
 cross-references between them -- before any of it reaches a kernel, so that
 a crafted file with valid checksums fails at ``load`` rather than at the
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import io
 import json
 import os
@@ -36,7 +38,7 @@ import zipfile
 import numpy as np
 import re2
 
-from engine.algorithms import ALGORITHMS
+from engine.algorithms import registry
 from engine.backend import BACKENDS
 from engine.compile import PATTERN_CODES, SET_CODES, PredicateTable, Segment, program_depths
 from engine.errors import IndexFileError
@@ -45,12 +47,21 @@ from engine.schema import Schema, like_to_regex
 from gpu_kernels import opcodes
 
 FILE_MAGIC = "bexmatch-index"
-FILE_VERSION = 1
+FILE_VERSION = 2
+READS_VERSIONS = (1, 2)
 #: every array of a file and its dtype (native byte order, one dimension)
 ARRAY_DTYPES = {"sub_ids": np.int64, "prog_offsets": np.int64, "prog_kind": np.int8, "prog_arg": np.int32,
                 "pred_attr": np.int32, "pred_op": np.int8, "pred_lo_key": np.float64, "pred_hi_key": np.float64,
                 "pred_aux": np.int64, "set_offsets": np.int64, "set_keys": np.float64}
+#: the optional arrays (written when there is something to write)
+OPTIONAL_ARRAYS = {"residual": np.int8}
+#: the prefix of the members holding the algorithm's structure
+STRUCTURE_PREFIX = "matcher."
+#: dtype kinds a structure array may have (bool, ints, floats), one or two dimensions
+STRUCTURE_KINDS = "biuf"
 META_FIELDS = {"magic", "version", "algorithm", "backend", "dnf_limit", "max_depth", "options", "schema", "sha256"}
+#: fields of version 2 files, optional
+OPTIONAL_META_FIELDS = {"strict", "matcher"}
 SCHEMA_FIELDS = {"attributes", "strings", "patterns"}
 PATTERN_KINDS = ("like", "regex")
 INT64_MAX = 2 ** 63 - 1
@@ -158,11 +169,11 @@ def read_index_file(path) -> tuple[dict, dict[str, np.ndarray]]:
             if "meta.json" not in members:
                 raise ValueError("no meta.json: not a bexmatch index file")
             meta = _parse_meta(_member(archive, members, "meta.json"))
-            expected = {"meta.json"} | {f"{name}.npy" for name in ARRAY_DTYPES}
+            names = set(meta["sha256"])
+            expected = {"meta.json"} | {f"{name}.npy" for name in names}
             if set(members) != expected or len(members) != len(archive.infolist()):
                 raise ValueError(f"members {sorted(members)} are not those of an index file")
-            arrays = {name: _parse_array(name, _member(archive, members, f"{name}.npy"))
-                      for name in ARRAY_DTYPES}
+            arrays = {name: _parse_array(name, _member(archive, members, f"{name}.npy")) for name in names}
         for name, array in arrays.items():
             if _digest(array) != meta["sha256"][name]:
                 raise ValueError(f"array {name!r} is corrupt (checksum mismatch)")
@@ -199,14 +210,23 @@ def _parse_meta(raw: bytes) -> dict:
     meta = json.loads(raw.decode("utf-8"), parse_constant=no_constant)
     if not isinstance(meta, dict) or meta.get("magic") != FILE_MAGIC:
         raise ValueError("not a bexmatch index file")
-    if not _is_int(meta.get("version")) or meta["version"] != FILE_VERSION:
+    if not _is_int(meta.get("version")) or meta["version"] not in READS_VERSIONS:
         raise ValueError(f"index format version {meta.get('version')!r} is not supported "
-                         f"(this bexmatch reads version {FILE_VERSION})")
-    if set(meta) != META_FIELDS:
-        raise ValueError(f"meta.json has fields {sorted(meta)}, not {sorted(META_FIELDS)}")
+                         f"(this bexmatch reads versions {', '.join(map(str, READS_VERSIONS))})")
+    optional = OPTIONAL_META_FIELDS if meta["version"] >= 2 else set()
+    if not META_FIELDS <= set(meta) <= META_FIELDS | optional:
+        raise ValueError(f"meta.json has fields {sorted(meta)}, not {sorted(META_FIELDS)} "
+                         f"(and optionally {sorted(optional)})")
     _check_text(meta)
-    if meta["algorithm"] not in ALGORITHMS:
+    if meta["algorithm"] not in registry.names():
         raise ValueError(f"unknown algorithm {meta['algorithm']!r}")
+    if not isinstance(meta.get("strict", False), bool):
+        raise ValueError(f"strict {meta['strict']!r} is not true or false")
+    structure = meta.get("matcher")
+    if structure is not None and not (isinstance(structure, dict) and set(structure) == {"algorithm", "meta"}
+                                      and structure["algorithm"] == meta["algorithm"]
+                                      and isinstance(structure["meta"], dict)):
+        raise ValueError("the saved structure is not {algorithm, meta} of the file's algorithm")
     if meta["backend"] not in BACKENDS:
         raise ValueError(f"unknown backend {meta['backend']!r}")
     for name, least in (("dnf_limit", 1), ("max_depth", 0)):
@@ -216,9 +236,14 @@ def _parse_meta(raw: bytes) -> dict:
     if not isinstance(options, dict):
         raise ValueError(f"options {options!r} are not a dict of algorithm parameters")
     digests = meta["sha256"]
-    if not isinstance(digests, dict) or set(digests) != set(ARRAY_DTYPES) \
+    allowed = set(OPTIONAL_ARRAYS) if meta["version"] >= 2 else set()
+    if not isinstance(digests, dict) or not set(ARRAY_DTYPES) <= set(digests) \
             or not all(isinstance(d, str) and re.fullmatch(r"[0-9a-f]{64}", d) for d in digests.values()):
         raise ValueError("the checksums do not name every array")
+    for name in set(digests) - set(ARRAY_DTYPES):
+        if name not in allowed and not (structure is not None and name.startswith(STRUCTURE_PREFIX)
+                                        and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name[len(STRUCTURE_PREFIX):])):
+            raise ValueError(f"array {name!r} is not one an index file holds")
     _check_schema(meta["schema"])
     return meta
 
@@ -283,11 +308,18 @@ def _parse_array(name: str, raw: bytes) -> np.ndarray:
     version = np.lib.format.read_magic(f)
     reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
     shape, fortran_order, dtype = reader(f)
-    if dtype != np.dtype(ARRAY_DTYPES[name]) or len(shape) != 1 or fortran_order:
-        raise ValueError(f"array {name!r} is {dtype} of shape {shape}, not a 1-d {np.dtype(ARRAY_DTYPES[name])}")
-    if shape[0] * dtype.itemsize != len(raw) - f.tell():
-        raise ValueError(f"array {name!r} holds {len(raw) - f.tell()} bytes, not the {shape[0]} items it declares")
-    return np.frombuffer(raw, dtype=dtype, count=shape[0], offset=f.tell()).copy()
+    if name.startswith(STRUCTURE_PREFIX):
+        if dtype.kind not in STRUCTURE_KINDS or not dtype.isnative or dtype.hasobject or len(shape) not in (1, 2) \
+                or fortran_order:
+            raise ValueError(f"array {name!r} is {dtype} of shape {shape}, not a 1-d or 2-d array of numbers")
+    else:
+        want = np.dtype(ARRAY_DTYPES.get(name) or OPTIONAL_ARRAYS[name])
+        if dtype != want or len(shape) != 1 or fortran_order:
+            raise ValueError(f"array {name!r} is {dtype} of shape {shape}, not a 1-d {want}")
+    count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    if count * dtype.itemsize != len(raw) - f.tell():
+        raise ValueError(f"array {name!r} holds {len(raw) - f.tell()} bytes, not the {count} items it declares")
+    return np.frombuffer(raw, dtype=dtype, count=count, offset=f.tell()).reshape(shape).copy()
 
 
 def _check_lengths(arrays: dict[str, np.ndarray]) -> None:
@@ -296,6 +328,9 @@ def _check_lengths(arrays: dict[str, np.ndarray]) -> None:
     for length, *names in groups:
         if any(len(arrays[name]) != length for name in names):
             raise ValueError(f"arrays {', '.join(names)} do not have {length} items each")
+    if "residual" in arrays and (len(arrays["residual"]) != len(arrays["sub_ids"])
+                                 or not np.isin(arrays["residual"], (0, 1)).all()):
+        raise ValueError("the residual flags are not one 0/1 per subscription")
 
 
 # ----------------------------------------------------------------- restoring
@@ -311,8 +346,9 @@ def restore_contents(path, meta: dict, arrays: dict[str, np.ndarray]) -> tuple[S
         table = PredicateTable(arrays["pred_attr"], arrays["pred_op"], arrays["pred_lo_key"],
                                arrays["pred_hi_key"], arrays["pred_aux"])
         depth = _check_programs(arrays, len(table), meta["max_depth"])
+        residual = arrays.get("residual")
         segment = Segment(arrays["sub_ids"], arrays["prog_offsets"], arrays["prog_kind"], arrays["prog_arg"],
-                          table, depth)
+                          table, depth, None if residual is None or not residual.any() else residual.astype(bool))
         _check_predicates(table, schema)
         table.recode(schema)
     return schema, segment
@@ -392,17 +428,14 @@ def _string_ids(keys: np.ndarray, schema: Schema) -> np.ndarray:
     return (keys >= 0) & (keys < len(schema.strings)) & (keys == np.floor(keys))
 
 
-def check_saved_options(path, matcher_class, backend: str, options: dict, *, schema, dnf_limit: int) -> None:
-    """Saved algorithm options must be parameters ``matcher_class`` takes,
-    other than those the Index passes itself (the ``schema`` view and the
-    ``dnf_limit``), with values it accepts: checked now by building a
-    matcher of no subscriptions, so that a bad one fails here rather than
-    at the first match."""
+def check_saved_options(path, algorithm, saved_backend: str, backend: str, options: dict) -> dict:
+    """The saved algorithm options to load with: they must be options of
+    ``algorithm`` (a registry entry) for the backend they were saved on,
+    with values it accepts -- checked now, so that a bad one fails here
+    rather than at the first match.  Options of another backend than the
+    one loading (a cuda index's device settings, loaded on cpu) are left
+    out."""
     with _file_errors(path):
-        settings = {"schema": schema, "dnf_limit": dnf_limit}
-        accepted = set(inspect.signature(matcher_class).parameters)
-        unknown = set(options) - (accepted - {"segment", "backend"} - set(settings))
-        if unknown:
-            raise ValueError(f"saved option(s) {sorted(unknown)} are not parameters of {matcher_class.__name__}")
-        given = {name: value for name, value in settings.items() if name in accepted}
-        matcher_class(Segment.empty().coded(schema), backend, **given, **options)
+        algorithm.make_options(options, saved_backend)
+        fields = algorithm.options.__dataclass_fields__
+        return {name: value for name, value in options.items() if backend in fields[name].metadata["backends"]}

@@ -23,6 +23,10 @@ The matcher of a snapshot comes from its :class:`MatcherSource`:
 * ``derive``: the matcher of an earlier main segment and the position map
   of the merges since (``old_to_new``), handed to the algorithm's
   ``merged`` (the merge protocol, e.g. OpIndex's update without a rebuild).
+
+Building and deriving are the Index's (``builder.build_matcher(segment,
+view)``, ``builder.derive_matcher(matcher, segment, old_to_new, added,
+view)``): it knows the algorithm, its settings and the residual split.
 """
 
 from __future__ import annotations
@@ -77,32 +81,31 @@ class Snapshot:
         return sum(len(s) for s in self.delta)
 
     # ---------------------------------------------------------- matching parts
-    def main_part(self, build) -> tuple[Segment, object]:
+    def main_part(self, builder) -> tuple[Segment, object]:
         """(the main segment coded under the view, its matcher), computed
-        once; ``build(segment, view)`` makes a matcher from scratch."""
+        once (see the module docstring for ``builder``)."""
         part = self._main_part
         if part is None:
             with self._lock:
                 part = self._main_part
                 if part is None:
-                    part = self._main_part = self._resolve(build)
+                    part = self._main_part = self._resolve(builder)
         return part
 
-    def _resolve(self, build) -> tuple[Segment, object]:
+    def _resolve(self, builder) -> tuple[Segment, object]:
         segment = self.main.coded(self.view)
         source = self.source
         if source.kind == "reuse":
             if source.segment is segment:
                 return segment, source.matcher
-            recoded = getattr(source.matcher, "recoded", None)
-            if recoded is not None:
-                return segment, recoded(segment, self.view)
-        elif source.kind == "derive":
+            return segment, source.matcher.recoded(segment, self.view)
+        if source.kind == "derive":
             old_to_new = source.old_to_new
             fresh = np.ones(len(segment), dtype=bool)
             fresh[old_to_new[old_to_new >= 0]] = False
-            return segment, source.matcher.merged(segment, old_to_new, np.flatnonzero(fresh), self.view)
-        return segment, build(segment, self.view)
+            return segment, builder.derive_matcher(source.matcher, segment, old_to_new, np.flatnonzero(fresh),
+                                                   self.view)
+        return segment, builder.build_matcher(segment, self.view)
 
     def delta_part(self):
         """(segment, alive, matcher) of the delta, or None: the delta's
@@ -124,9 +127,9 @@ class Snapshot:
                     part = self._delta_part = (segment, np.ones(len(segment), np.uint8), ScanMatcher(segment, "cpu"))
         return part
 
-    def matchers(self, build) -> list:
+    def matchers(self, builder) -> list:
         """(segment, alive, matcher) of the main segment, and of the delta if any."""
-        segment, matcher = self.main_part(build)
+        segment, matcher = self.main_part(builder)
         out = [(segment, self.alive, matcher)]
         delta = self.delta_part()
         if delta is not None:
@@ -158,8 +161,8 @@ class Snapshot:
     def merged_source(self, old_to_new: np.ndarray) -> MatcherSource:
         """The matcher source of a successor whose main segment is this
         one's merged (``old_to_new``: old position -> new, -1 removed):
-        derived when the matcher follows the merge protocol, composing the
-        maps of merges made while no match built a matcher."""
+        derived from this one's matcher, composing the maps of merges made
+        while no match built a matcher."""
         part = self._main_part
         if part is not None:
             matcher = part[1]
@@ -172,6 +175,4 @@ class Snapshot:
             return MatcherSource("derive", self.source.matcher, old_to_new=composed)
         else:
             return BUILD
-        if callable(getattr(matcher, "merged", None)):
-            return MatcherSource("derive", matcher, old_to_new=old_to_new)
-        return BUILD
+        return MatcherSource("derive", matcher, old_to_new=old_to_new)

@@ -16,9 +16,8 @@ So the copy-back here moves as little as it can and overlaps the rest:
   other on a stream of its own;
 - the output arrays are written once, by all cores, in their final place.
 
-Measured (machine G1, H200, W1, 20,000 events, 200 M pairs): the matcher's
-host-array batch took 2.15 s with int64 pairs into fresh pageable memory,
-0.147 s this way (of which 0.09 s is the copy-back).
+BENCHMARKS.md ("CUDA backend (issue 4), second GPU run") has what this
+saves on W1's 200 M pairs.
 
 Under numba's CUDA simulator the device arrays are NumPy arrays and the
 "copy" of each slice is a plain one; the slicing, double buffering and the

@@ -60,7 +60,8 @@ def matches(index) -> list[list[int]]:
 def members(data: bytes) -> tuple[dict, dict[str, np.ndarray]]:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         meta = json.loads(archive.read("meta.json"))
-        arrays = {name: np.load(io.BytesIO(archive.read(f"{name}.npy"))) for name in ARRAY_DTYPES}
+        arrays = {name[:-len(".npy")]: np.load(io.BytesIO(archive.read(name)))
+                  for name in archive.namelist() if name.endswith(".npy")}
     return meta, arrays
 
 
@@ -392,3 +393,49 @@ def test_save_errors_name_the_path_asked_for(tmp_path):
     target = tmp_path / "no-such-directory" / "subs.bexidx"
     with pytest.raises(FileNotFoundError, match="no-such-directory/subs.bexidx"):
         index.save(target)
+
+
+# ------------------------------------------------- the saved structure
+def test_the_saved_structure_is_loaded_as_it_is(saved):
+    path, data, expected = saved
+    meta, arrays = members(data)
+    assert meta["version"] == 2 and meta["matcher"]["algorithm"] == "opindex"
+    assert any(name.startswith("matcher.") for name in arrays)
+    loaded = Index.load(path)
+    assert loaded._state.source.kind == "reuse"          # restored, not built
+    assert matches(loaded) == expected
+
+
+@pytest.mark.parametrize("craft", ["out_of_bounds", "truncated", "wrong_dtype", "missing", "foreign_name"])
+def test_a_crafted_structure_is_a_file_error_never_a_kernel_read(saved, tmp_path, craft):
+    path, data, expected = saved
+    meta, arrays = members(data)
+    arrays = dict(arrays)
+    if craft == "out_of_bounds":
+        arrays["matcher.ent_target"] = arrays["matcher.ent_target"] + 10_000
+    elif craft == "truncated":
+        arrays["matcher.list_offsets"] = arrays["matcher.list_offsets"][:-1]
+    elif craft == "wrong_dtype":
+        arrays["matcher.counter_sub"] = arrays["matcher.counter_sub"].astype(np.float32)
+    elif craft == "missing":
+        del arrays["matcher.run_start"]
+    else:
+        arrays["matcher.x/../y"] = np.zeros(1)
+    bad = tmp_path / "crafted.bexidx"
+    bad.write_bytes(rewritten(meta, arrays))
+    with pytest.raises(IndexFileError, match="crafted.bexidx"):
+        Index.load(bad)
+
+
+def test_a_version_1_file_without_structure_still_loads(saved, tmp_path):
+    path, data, expected = saved
+    meta, arrays = members(data)
+    old = {k: v for k, v in meta.items() if k not in ("matcher", "strict")}
+    old["version"] = 1
+    v1 = tmp_path / "v1.bexidx"
+    v1.write_bytes(rewritten(old, {k: v for k, v in arrays.items() if not k.startswith("matcher.")}))
+    loaded = Index.load(v1)
+    assert loaded._state.source.kind == "build" and matches(loaded) == expected
+    with pytest.raises(IndexFileError, match="fields"):
+        v1.write_bytes(rewritten({**old, "strict": False}, arrays))
+        Index.load(v1)

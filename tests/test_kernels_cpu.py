@@ -43,3 +43,52 @@ def test_parallel_predicate_dedup_equals_the_serial_one():
     assert len(np.unique(keys[first_p], axis=0)) == len(first_p)    # and distinct rows differ
     first_d, inverse_d = distinct_rows((attr, op, lo, hi, aux))     # the public entry point takes this path
     assert np.array_equal(first_d, first_s) and np.array_equal(inverse_d, inverse_s)
+
+
+def test_opindex_kernels_take_the_struct_whole():
+    """The OpIndex match kernels (parallel and serial) take the index as one
+    OpIndexArrays and the segment's Programs: called directly, they give the
+    matcher's pairs; every built or derived structure passes the checks a
+    loaded one must pass."""
+    from engine import Index
+    from engine import events as event_batches
+    from engine.compile import PATTERN_CODES
+    from gpu_kernels.opindex import cpu
+    from gpu_kernels.opindex.layout import OpIndexArrays, Programs, check_arrays
+
+    schema = {"n0": "numeric", "n1": "numeric", "s0": "string"}
+    index = Index(algorithm="opindex", backend="cpu", schema=schema, dnf_limit=4)
+    exprs = ["n0 = 1 AND s0 = 'ab'", "n1 IN (1, 2) OR s0 LIKE 'a%'", "n0 IS NULL", "n0 BETWEEN 0 AND 2",
+             "(n0 = 1 XOR s0 = 'b') AND n1 > 0", "s0 NOT LIKE '%z' AND n1 IS NULL"]
+    index.add_many(range(len(exprs)), exprs)
+    index.merge()
+    index.match({})
+    events = [{"n0": 1, "s0": "ab", "n1": 2}, {}, {"n0": 0.5, "s0": "b", "n1": 1}, {"s0": "abz"}]
+    matcher = index._matcher
+    seg, a = matcher.segment, matcher.arrays
+    assert isinstance(a, OpIndexArrays) and a.counter_init is matcher.counter_init
+    check_arrays(a, len(seg))
+    batch = event_batches.encode_events(events, matcher.schema)
+    preds = seg.predicates
+    pairs = np.unique(np.stack([preds.attr, preds.aux], axis=1)[np.isin(preds.op, PATTERN_CODES)], axis=0)
+    truth = event_batches.pattern_truth(batch, matcher.schema, pairs)
+    alive = np.ones(len(seg), np.uint8)
+    want_e, want_p = matcher.positions(batch, truth, alive)
+    assert len(want_p)
+    for kernel, n_tasks in ((cpu.opindex_match_kernel, 2), (cpu.opindex_match_serial, 1)):
+        bounds = np.linspace(0, batch.n_events, n_tasks + 1).round().astype(np.int64)
+        cap = 64
+        out = np.empty(n_tasks * cap, np.int32)
+        ev_count = np.zeros(batch.n_events, np.int64)
+        stop, need = np.empty(n_tasks, np.int64), np.empty(n_tasks, np.int64)
+        kernel(bounds[:-1].copy(), bounds[1:].copy(), out, cap, ev_count, stop, need, len(seg), batch.offsets,
+               batch.attr, batch.value, batch.token, truth, a, Programs.of(seg), np.zeros(0, np.uint8), alive)
+        assert stop.tolist() == bounds[1:].tolist()
+        got = np.concatenate([out[t * cap:t * cap + ev_count[bounds[t]:bounds[t + 1]].sum()] for t in range(n_tasks)])
+        assert got.tolist() == want_p.tolist()
+        assert np.repeat(np.arange(batch.n_events), ev_count).tolist() == want_e.tolist()
+    index.remove(0)
+    index.add(9, "n1 < 5 AND s0 >= 'aa'")
+    index.merge()
+    index.match({})
+    check_arrays(index._matcher.arrays, len(index._matcher.segment))

@@ -372,7 +372,7 @@ def test_index_refuses_too_large_expressions_at_add_time_and_passes_options():
     from engine import ExpressionTooLarge, Index
 
     wide = " AND ".join(f"(a{i} = 1 OR b{i} = 2)" for i in range(6))     # DNF 64 conjunctions, CNF 6 clauses
-    index = Index(algorithm="opindex", backend="cpu", dnf_limit=8)
+    index = Index(algorithm="opindex", backend="cpu", dnf_limit=8, strict=True)
     index.add(1, wide)                                                  # CNF fits
     huge = " OR ".join(f"(a{i} = 1 AND b{i} = 2 AND c{i} = 3)" for i in range(4))  # DNF 4, CNF 81
     index.add(2, huge)
@@ -382,7 +382,12 @@ def test_index_refuses_too_large_expressions_at_add_time_and_passes_options():
     assert len(index) == 2 and 3 not in index
     events = [{"a0": 1, "a1": 1, "a2": 1, "a3": 1, "a4": 1, "a5": 1}, {"a2": 1, "b2": 2, "c2": 3}]
     assert [m.tolist() for m in index.match_batch(events)] == [[1], [2]]
+    lenient = Index(algorithm="opindex", backend="cpu", dnf_limit=8)   # (not strict: matched as residual)
+    lenient.add_many([1, 2, 3], [wide, huge, too_big])
+    lenient.merge()
+    events.append({"a0": 1, "a1": 1, "a2": 1, "c0": 0, "c1": 0, "c2": 0})
+    assert [m.tolist() for m in lenient.match_batch(events)] == [[1], [2], [3]]
     bs = Index(algorithm="opindex", backend="cpu", dnf_limit=8, options={"variant": "bs"})
     bs.add_many([1, 2], [wide, huge])
-    assert [m.tolist() for m in bs.match_batch(events)] == [[1], [2]]
+    assert [m.tolist() for m in bs.match_batch(events)] == [[1], [2], []]
     assert bs._matchers()[0][2].variant == "bs"

@@ -30,7 +30,8 @@ from engine.compile import PATTERN_CODES, Segment
 from engine.parse import parse
 from engine.reference import matches
 from engine.workloads import standard
-from gpu_kernels import opindex as K
+from gpu_kernels.opindex import cpu as K
+from gpu_kernels.opindex.layout import L_VERIFY
 from tests import strategies
 
 SCHEMA = {**{a: "numeric" for a in strategies.NUMERIC_ATTRS}, **{a: "string" for a in strategies.STRING_ATTRS},
@@ -71,12 +72,12 @@ def expected(live: dict, events) -> list[list[int]]:
 def assert_lists_sorted(m: OpIndexMatcher) -> None:
     """Every list sorted by (attribute, operand) -- VERIFY by predicate id --
     and every entry pointing at a counter of its own partition."""
-    for l in range(len(m._list_offsets) - 1):
-        a, b = m._list_offsets[l], m._list_offsets[l + 1]
+    for l in range(len(m.list_offsets) - 1):
+        a, b = m.list_offsets[l], m.list_offsets[l + 1]
         if a == b:
             continue
         attr = np.repeat(m.run_attr, np.diff(m.run_start))[a:b]
-        key = m.side_pid[a + m.list_side_base[l]:b + m.list_side_base[l]] if l % 8 == K.L_VERIFY else m.ent_val[a:b]
+        key = m.side_pid[a + m.list_side_base[l]:b + m.list_side_base[l]] if l % 8 == L_VERIFY else m.ent_val[a:b]
         order = np.lexsort((key, attr))
         assert np.array_equal(order, np.arange(b - a)), f"list {l} is not sorted"
         p = l // 8

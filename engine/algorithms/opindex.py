@@ -1,7 +1,8 @@
 """``opindex`` (OpIndex, opindex.txt): two-level partitioned inverted lists
 with counting (DESIGN.md §6).
 
-How the paper maps onto this module and :mod:`gpu_kernels.opindex`:
+How the paper maps onto this module and :mod:`gpu_kernels.opindex` (its
+kernels, CPU and CUDA, and the structure's layout):
 
 * **Pivot attribute** (§4.1, eq. 1): each conjunction's least frequent
   attribute among those an event must carry for it to be TRUE (every
@@ -65,28 +66,38 @@ counters and entries dropped, survivors renumbered (pivots, counters and
 entries kept), added subscriptions built as a full build builds them --
 pivots from the attribute frequencies of the last full build, as the
 paper's inserts (Algorithm 1) -- and their entries merged into the sorted
-lists (:func:`~gpu_kernels.opindex.merge_entries`, one linear pass), then
+lists (:func:`~gpu_kernels.opindex.cpu.merge_entries`, one linear pass), then
 the segment directories and signatures rebuilt.  Operands are re-encoded
 among the grown ``vals`` (float64 once beyond 16-bit ranks), string codes
 followed through the grown dictionary (which is also how a matcher follows
 new strings between merges).  A full build takes over once the churn since
 the last one exceeds :attr:`OpIndexMatcher.REBUILD_SHARE`.
-:func:`check_expression` is the add-time refusal of expressions too large
-for both normal forms.
+
+Saved with the index (:meth:`OpIndexMatcher.to_arrays`): the structure's
+arrays and what merges and recodes read, so that a load restores the
+matcher (:meth:`OpIndexMatcher.from_arrays`: every array checked, then
+assembled without building; operands re-encoded when the dictionary grew
+since).  :func:`check_expression` is the add-time refusal of expressions
+too large for both normal forms.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 
 import numba
 import numpy as np
 
+from engine.algorithms.base import HostMatcher
+from engine.algorithms.options import OpIndexOptions
 from engine.compile import OP_OF_CODE, OPCODE, Segment
 from engine.errors import BackendUnavailable, ExpressionTooLarge
-from engine.expr import And, Family, Node, Or, Pred, Xnor, Xor, to_cnf, to_dnf
+from engine.expr import NEGATED_OP, And, Family, Node, Or, Pred, Xnor, Xor, to_cnf, to_dnf
 from gpu_kernels import opcodes
-from gpu_kernels import opindex as K
+from gpu_kernels.opindex import cpu as K
+from gpu_kernels.opindex.layout import (L_EQ, L_GE, L_GT, L_LE, L_LT, L_NE, L_PREFIX, L_VERIFY, N_LISTS, OpIndexArrays,
+                                        Programs, check_arrays)
 
 #: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
 DEFAULT_LIMIT = 256
@@ -98,17 +109,28 @@ DEFAULT_SIGNATURE_BITS = 64
 
 _N_OPS = 16
 #: list of each operator inside a conjunction (IN and BETWEEN are expanded)
-_LIST_CONJ = np.full(_N_OPS, K.L_VERIFY, dtype=np.int64)
+_LIST_CONJ = np.full(_N_OPS, L_VERIFY, dtype=np.int64)
 _LIST_CONJ[[opcodes.EQ, opcodes.NE, opcodes.LT, opcodes.LE, opcodes.GT, opcodes.GE, opcodes.IN, opcodes.BETWEEN]] = \
-    [K.L_EQ, K.L_NE, K.L_LT, K.L_LE, K.L_GT, K.L_GE, K.L_EQ, K.L_GE]
+    [L_EQ, L_NE, L_LT, L_LE, L_GT, L_GE, L_EQ, L_GE]
 _LIST_CONJ[opcodes.IS_NULL] = -1
 #: ... and inside a CNF clause (BETWEEN is one predicate there: VERIFY)
 _LIST_CNF = _LIST_CONJ.copy()
-_LIST_CNF[opcodes.BETWEEN] = K.L_VERIFY
+_LIST_CNF[opcodes.BETWEEN] = L_VERIFY
 #: operators whose operands are range-scanned (the lists' sort key)
 _VALUED = (opcodes.EQ, opcodes.NE, opcodes.LT, opcodes.LE, opcodes.GT, opcodes.GE, opcodes.BETWEEN)
 #: how each subscription is indexed (§6.1), ``_sub_form`` codes
 FORMS = ("plain", "dnf", "cnf", "always", "never")
+#: the fields of OpIndexArrays, and those a build makes as they are (the
+#: extended table, always_pos and the scalars are packed by OpIndexMatcher._assemble)
+_FIELDS = frozenset(OpIndexArrays._fields)
+_INDEX_FIELDS = OpIndexArrays._fields[:OpIndexArrays._fields.index("x_op")]
+#: the columns of the extended predicate table
+_X_DTYPES = {"attr": np.int32, "op": np.int8, "lo": np.float64, "hi": np.float64, "aux": np.int64,
+             "set_start": np.int64, "set_stop": np.int64}
+#: opcode -> the opcode of its negation (the extended table's appended rows)
+_NEGATED_CODE = np.full(max(OPCODE.values()) + 1, -1, np.int64)
+for _op, _code in OPCODE.items():
+    _NEGATED_CODE[_code] = OPCODE[NEGATED_OP[_op]]
 
 
 def check_expression(node: Node, limit: int = DEFAULT_LIMIT) -> None:
@@ -138,13 +160,37 @@ def _attr_frequency(log, n_attrs: int) -> np.ndarray:
     if attr is not None:
         counts = np.bincount(np.asarray(attr, np.int64), minlength=n_attrs)
     else:
-        counts = np.asarray(log, dtype=np.int64).reshape(-1)
-        if (counts < 0).any():
-            raise ValueError("event_log frequencies must be non-negative")
+        counts = np.asarray(log, dtype=np.int64).reshape(-1)     # (checked by OpIndexOptions)
     out = np.zeros(n_attrs, dtype=np.int64)
     m = min(n_attrs, len(counts))
     out[:m] = counts[:m]
     return out
+
+
+def _log_digest(log, n_attrs: int) -> str | None:
+    """A digest of an event log's per-attribute frequencies (what pivots
+    were chosen with), for a restore to compare; None without a log."""
+    if log is None:
+        return None
+    return hashlib.sha256(_attr_frequency(log, n_attrs).tobytes()).hexdigest()
+
+
+def _check_meta(meta: dict, kinds: dict) -> None:
+    for key, kind in kinds.items():
+        if key not in meta:
+            raise ValueError(f"saved OpIndex structure: meta has no {key!r}")
+        value = meta[key]
+        kinds_ok = kind if isinstance(kind, tuple) else (kind,)
+        ok = any(value is None if k is None else
+                 isinstance(value, k) and (k is bool or not isinstance(value, bool)) for k in kinds_ok)
+        if not ok:
+            raise ValueError(f"saved OpIndex structure: meta {key!r} is {value!r}")
+
+
+def _check_codes(name: str, values: np.ndarray, n_strings: int) -> None:
+    """String operands are the codes ``2 r + 1`` of dictionary strings."""
+    if len(values) and not ((values >= 1) & (values <= 2 * n_strings - 1) & (values % 2 == 1)).all():
+        raise ValueError(f"saved OpIndex structure: {name} holds a string code outside the dictionary")
 
 
 def _like_prefix(pattern: str):
@@ -171,7 +217,7 @@ def _successor(prefix: str):
     return "".join(chars)
 
 
-class OpIndexMatcher:
+class OpIndexMatcher(HostMatcher):
     """OpIndex over one compiled segment (see the module docstring).
 
     ``OpIndexMatcher(segment, backend="cpu", *, schema=None, event_log=None,
@@ -180,30 +226,48 @@ class OpIndexMatcher:
     Index's) enables the PREFIX lists; without it prefix patterns are
     verified like other patterns.  ``operand_ranks`` (default: when there
     are at most 32767 distinct operands) stores operands as 16-bit ranks
-    instead of float64 values."""
+    instead of float64 values.  Option values are checked by
+    :class:`~engine.algorithms.options.OpIndexOptions`.
+
+    The index is :attr:`arrays`, one
+    :class:`~gpu_kernels.opindex.layout.OpIndexArrays` handed whole to the
+    kernels; its fields read as attributes of the matcher too
+    (``matcher.counter_init``...)."""
 
     name = "opindex"
     variant = "full"
-    #: the Index calls this at add time (DNF or CNF within dnf_limit)
-    check_expression = staticmethod(check_expression)
+    #: the index: set once built (or derived, or restored), never changed after
+    arrays: OpIndexArrays
+
+    @classmethod
+    def construct(cls, segment: Segment, settings) -> "OpIndexMatcher":
+        return cls(segment, cls.backend, schema=settings.schema, dnf_limit=settings.dnf_limit,
+                   **cls._structure_keywords(settings.options.keywords(cls.backend)))
+
+    @classmethod
+    def _structure_keywords(cls, keywords: dict) -> dict:
+        """Constructor keywords of a class whose variant is its own (OpIndex-BS)."""
+        if cls.variant != OpIndexMatcher.variant:
+            keywords = {**keywords, "variant": cls.variant}
+        return keywords
 
     def __init__(self, segment: Segment, backend: str = "cpu", *, schema=None, event_log=None,
                  dnf_limit: int | None = None, segments: int = DEFAULT_SEGMENTS,
                  signature_bits: int = DEFAULT_SIGNATURE_BITS, variant: str | None = None,
                  operand_ranks: bool | None = None):
         if backend != "cpu":
-            raise BackendUnavailable(f"opindex runs on 'cpu' (the CUDA twin is not there yet), not {backend!r}")
+            raise BackendUnavailable(f"OpIndexMatcher runs on backend 'cpu' (OpIndexCudaMatcher on 'cuda'), "
+                                     f"not {backend!r}")
         variant = self.variant if variant is None else variant
-        if variant not in ("full", "bs"):
-            raise ValueError(f"variant must be 'full' or 'bs', not {variant!r}")
-        if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 1 \
-                or segments & (segments - 1):
-            raise ValueError(f"segments must be a power of two >= 1, not {segments!r}")
-        if isinstance(signature_bits, bool) or not isinstance(signature_bits, (int, np.integer)) \
-                or not 1 <= signature_bits <= 64 or signature_bits & (signature_bits - 1):
-            raise ValueError(f"signature_bits must be a power of two in [1, 64], not {signature_bits!r}")
+        OpIndexOptions(variant=variant, segments=segments, signature_bits=signature_bits,
+                       operand_ranks=operand_ranks, event_log=event_log)
+        self._configure(segment, schema, event_log, dnf_limit, variant, segments, signature_bits, operand_ranks)
+        self._build()
+
+    def _configure(self, segment, schema, event_log, dnf_limit, variant, segments, signature_bits,
+                   operand_ranks) -> None:
         self.segment = segment
-        self.backend = backend
+        self.backend = "cpu"
         self.schema = schema
         self.event_log = event_log
         self.dnf_limit = DEFAULT_LIMIT if dnf_limit is None else int(dnf_limit)
@@ -213,7 +277,39 @@ class OpIndexMatcher:
         self.operand_ranks = operand_ranks
         self._matches_per_event = 16.0
         self._live = None
-        self._build()
+
+    def _fresh(self, segment: Segment) -> "OpIndexMatcher":
+        """A matcher of ``segment`` built from scratch with this one's
+        parameters and build settings."""
+        fresh = type(self)(segment, "cpu", schema=self.schema, event_log=self.event_log, dnf_limit=self.dnf_limit,
+                           segments=self.n_segments, signature_bits=self.signature_bits, variant=self.variant,
+                           operand_ranks=self.operand_ranks)
+        fresh.settings = self.settings
+        return fresh
+
+    def __getattr__(self, name: str):
+        # the fields of the index read as attributes (only reached when the
+        # instance has no attribute of that name: during a build, the arrays
+        # made so far are attributes, then packed into ``arrays``)
+        arrays = self.__dict__.get("arrays")
+        if arrays is not None and name in _FIELDS:
+            return getattr(arrays, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _assemble(self) -> None:
+        """The arrays of a build or derivation (attributes so far) as the one
+        :attr:`arrays` struct; sizes the build read off them."""
+        x = self._x
+        made = {name: getattr(self, name) for name in _INDEX_FIELDS}
+        self.arrays = OpIndexArrays(
+            **made, x_op=x["op"], x_lo=x["lo"], x_hi=x["hi"], x_set_start=x["set_start"], x_set_stop=x["set_stop"],
+            x_aux=x["aux"], set_values=self.set_values, always_pos=np.asarray(self.always_pos, np.int64),
+            sig_bits=self.signature_bits, use_sig=self.variant == "full", use_rank=bool(self.use_rank))
+        for name in _FIELDS:
+            self.__dict__.pop(name, None)
+        self.n_counters = len(self.arrays.counter_init)
+        self.n_entries = len(self.arrays.ent_val)
+        self.n_partitions = len(self.arrays.part_counter_start) - 1
 
     # ------------------------------------------------------------------ build
     def _build(self) -> None:
@@ -260,7 +356,7 @@ class OpIndexMatcher:
             counter_item, units["n_units"], part_counter_start, units["unit_off"], units["unit_pids"],
             units["copy_clause_off"], units["clause_off"], units["clause_pids"], info, _LIST_CONJ, _LIST_CNF,
             set_rank)
-        n_lists = n_parts * K.N_LISTS
+        n_lists = n_parts * N_LISTS
         order, list_offsets = K.counting_order(e_list, n_lists)
         K.sort_within_lists(list_offsets, order, e_attr, e_rank, max(len(vals), len(rows["op"])) + 1, prefix_rank)
         s_attr, s_val, s_target, side_pid, self.side_hi, self.list_side_base = K.gather_sorted(
@@ -272,6 +368,7 @@ class OpIndexMatcher:
         self.merges = 0
         self._built_subs = n_subs
         self._churn = 0
+        self._assemble()
 
     def _code_predicates(self) -> None:
         preds = self.segment.predicates
@@ -447,7 +544,6 @@ class OpIndexMatcher:
             else np.int32
         self.counter_init = init.astype(dtype)
         self.counter_sub = sub.astype(np.int32 if len(self.segment) < 2 ** 31 else np.int64)
-        self.n_counters = len(init)
 
     def _operands(self, rows) -> tuple[np.ndarray, np.ndarray]:
         """The distinct range-scanned operands of the extended-table rows
@@ -485,7 +581,7 @@ class OpIndexMatcher:
         return vals
 
     def _pack(self, rows: dict, vals: np.ndarray, prefix_ok, prefix_lo):
-        """:func:`~gpu_kernels.opindex.pack_predicates` of the rows, the
+        """:func:`~gpu_kernels.opindex.cpu.pack_predicates` of the rows, the
         ranks of their IN-list values and of their prefix intervals."""
         rank_lo = np.searchsorted(vals, rows["lo"]).astype(np.int64)
         rank_hi = np.searchsorted(vals, rows["hi"]).astype(np.int64)
@@ -498,7 +594,7 @@ class OpIndexMatcher:
     def _set_lists(self, list_offsets, s_attr, s_val, s_target, side_pid) -> None:
         """The sorted entries in their final form, and the segment directory
         and signatures over them (§4.2)."""
-        self._list_offsets = list_offsets
+        self.list_offsets = list_offsets
         self.side_pid = side_pid.astype(np.int32 if len(self._x["op"]) < 2 ** 31 else np.int64)
         # counter pointers relative to the partition: 16 bits when partitions are small
         widest = max(int(np.diff(self.part_counter_start).max(initial=0)),
@@ -510,8 +606,6 @@ class OpIndexMatcher:
          self.bucket_sig) = K.build_directory(list_offsets, s_attr, s_val, self.n_attrs, attr_bits, max_log2,
                                               self.signature_bits, self.variant == "full")
         self.ent_val = s_val.astype(np.uint16) if self.use_rank else s_val
-        self.n_entries = len(s_val)
-        self.n_partitions = len(self.part_counter_start) - 1
 
     # ---------------------------------------------------------------- updates
     #: a merge rebuilds the whole index once the subscriptions added and
@@ -556,9 +650,7 @@ class OpIndexMatcher:
             if derived is not None:
                 derived.merges = self.merges + 1
                 return derived
-        return type(self)(segment, self.backend, schema=self.schema, event_log=self.event_log,
-                          dnf_limit=self.dnf_limit, segments=self.n_segments, signature_bits=self.signature_bits,
-                          variant=self.variant, operand_ranks=self.operand_ranks)
+        return self._fresh(segment)
 
     def _derive(self, segment: Segment, old_to_new: np.ndarray, added: np.ndarray, churn: int):
         """:meth:`merged`'s derivation; None when the old index cannot be
@@ -631,7 +723,7 @@ class OpIndexMatcher:
         add_plain, add_string = new._operands(pids)
         new._vals_plain = np.union1d(self._vals_plain, add_plain)
         new._vals_string = np.union1d(vals_string, add_string)
-        old_prefix = x_map[self._side_pids(K.L_PREFIX)]
+        old_prefix = x_map[self._side_pids(L_PREFIX)]
         old_prefix = np.unique(old_prefix[old_prefix >= 0])
         old_ok, old_lo, old_hi = new._prefix_bounds(old_prefix)
         add_ok, add_lo, add_hi = new._prefix_bounds(pids)
@@ -674,11 +766,11 @@ class OpIndexMatcher:
         self._merge_posts(new, keep, order, add_item, post_start, post_attr)
 
         # ---- entries: the added ones sorted, then merged into the old lists
-        special = (e_list & 7) >= K.L_VERIFY
+        special = (e_list & 7) >= L_VERIFY
         add_pid = np.where(special, pids[np.where(special, e_rank, 0)] if len(pids) else -1, -1).astype(np.int64)
         stored = np.where(special, 0.0, new._stored_rank(np.where(special, 0, e_rank)))
-        stored = np.where((e_list & 7) == K.L_PREFIX, prefix_val[np.maximum(add_pid, 0)], stored)
-        add_key = np.where((e_list & 7) == K.L_VERIFY, add_pid.astype(np.float64), stored)
+        stored = np.where((e_list & 7) == L_PREFIX, prefix_val[np.maximum(add_pid, 0)], stored)
+        add_key = np.where((e_list & 7) == L_VERIFY, add_pid.astype(np.float64), stored)
         first = np.lexsort((add_key, e_attr, e_list))
         if self.use_rank:
             old_vals = self.vals
@@ -692,9 +784,9 @@ class OpIndexMatcher:
                 enc_string = new._stored(moved)
         else:
             enc_plain = enc_string = np.zeros(1)
-        n_lists = n_parts * K.N_LISTS
+        n_lists = n_parts * N_LISTS
         s_attr, s_val, s_target, side_pid, side_hi, list_offsets, unsorted = K.merge_entries(
-            self._list_offsets, self.run_attr, self.run_start, self.ent_val, self.ent_target, self.side_pid,
+            self.list_offsets, self.run_attr, self.run_start, self.ent_val, self.ent_target, self.side_pid,
             self.list_side_base, self.part_counter_start, self.part_slot_start,
             part_map, counter_map, slot_map, new.part_counter_start, new.part_slot_start,
             self.use_rank, enc_plain, enc_string, new._string_attr, code_map, vals, new.use_rank,
@@ -702,7 +794,7 @@ class OpIndexMatcher:
             e_list[first].astype(np.int64), e_attr[first], stored[first], add_key[first],
             e_target[first].astype(np.int64), add_pid[first], n_lists)
         sizes = np.diff(list_offsets)
-        side_sizes = np.where((np.arange(n_lists) & 7) >= K.L_VERIFY, sizes, 0)
+        side_sizes = np.where((np.arange(n_lists) & 7) >= L_VERIFY, sizes, 0)
         new.list_side_base = np.concatenate(([0], np.cumsum(side_sizes)[:-1])).astype(np.int64) - list_offsets[:-1] \
             if n_lists else np.zeros(0, np.int64)
         if unsorted:
@@ -710,6 +802,7 @@ class OpIndexMatcher:
         new.side_hi = side_hi
         new._set_lists(list_offsets, s_attr, s_val, s_target, side_pid)
         new._churn = churn
+        new._assemble()
         return new
 
     def _x_map(self, new: "OpIndexMatcher", old_to_new: np.ndarray):
@@ -741,9 +834,9 @@ class OpIndexMatcher:
 
     def _special_entries(self, lst: int | None = None) -> np.ndarray:
         """Entry indexes of the VERIFY and PREFIX lists (or of list operator ``lst``)."""
-        starts, stops = self._list_offsets[:-1], self._list_offsets[1:]
+        starts, stops = self.list_offsets[:-1], self.list_offsets[1:]
         ops = np.arange(len(starts)) & 7
-        chosen = np.flatnonzero((ops >= K.L_VERIFY) if lst is None else (ops == lst))
+        chosen = np.flatnonzero((ops >= L_VERIFY) if lst is None else (ops == lst))
         lens = (stops - starts)[chosen]
         return np.repeat(starts[chosen] - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) \
             + np.arange(int(lens.sum()))
@@ -751,12 +844,12 @@ class OpIndexMatcher:
     def _side_pids(self, lst: int) -> np.ndarray:
         """The predicate ids of the entries of list operator ``lst`` (VERIFY or PREFIX)."""
         entries = self._special_entries(lst)
-        lists = np.searchsorted(self._list_offsets, entries, side="right") - 1
+        lists = np.searchsorted(self.list_offsets, entries, side="right") - 1
         return self.side_pid[entries + self.list_side_base[lists]].astype(np.int64)
 
     def _entry_counters(self, entries: np.ndarray) -> np.ndarray:
         """The counter each entry decrements (a clause slot's counter for CNF)."""
-        part = (np.searchsorted(self._list_offsets, entries, side="right") - 1) >> 3
+        part = (np.searchsorted(self.list_offsets, entries, side="right") - 1) >> 3
         t = self.ent_target[entries].astype(np.int64)
         out = np.empty(len(entries), np.int64)
         conj = t >= 0
@@ -846,16 +939,12 @@ class OpIndexMatcher:
         return found
 
     def _finish_extension(self) -> None:
-        dtypes = {"attr": np.int32, "op": np.int8, "lo": np.float64, "hi": np.float64, "aux": np.int64,
-                  "set_start": np.int64, "set_stop": np.int64}
         if self._extra["op"]:
-            for key, dtype in dtypes.items():
+            for key, dtype in _X_DTYPES.items():
                 self._x[key] = np.concatenate((self._x[key].astype(dtype, copy=False),
                                                np.array(self._extra[key], dtype)))
-            self._extended_bytes = sum(len(self._extra["op"]) * np.dtype(d).itemsize for d in dtypes.values())
         else:
-            self._x = {key: np.ascontiguousarray(self._x[key], dtype) for key, dtype in dtypes.items()}
-            self._extended_bytes = 0
+            self._x = {key: np.ascontiguousarray(self._x[key], dtype) for key, dtype in _X_DTYPES.items()}
         self.set_values = self.segment.predicates.set_values
         self._extra = None
 
@@ -961,13 +1050,17 @@ class OpIndexMatcher:
     # ------------------------------------------------------------------ match
     @property
     def nbytes(self) -> int:
-        own = (self.vals, self.pivot_of_attr, self.part_counter_start, self.part_slot_start, self.list_shift,
-               self.list_bucket_base, self.list_side_base, self.bucket_run_start, self.bucket_sig, self.run_attr,
-               self.run_start, self.ent_val, self.ent_target, self.side_pid, self.side_hi, self.counter_init,
-               self.counter_sub, self.counter_post_start, self.post_attr, self.slot_counter, self.always_pos,
-               # kept for merges
-               self._list_offsets, self._sub_form, self._vals_plain, self._vals_string, self._sub_freq)
-        return self.segment.nbytes + sum(a.nbytes for a in own) + self._extended_bytes
+        """Host bytes: the segment, the index's arrays and what merges keep;
+        an array shared with the segment (the extended table's rows, when
+        the normal forms appended none) counts once."""
+        seg = self.segment
+        preds = seg.predicates
+        shared = [a for a in (preds.attr, preds.op, preds.lo, preds.hi, preds.aux, preds.set_offsets,
+                              preds.set_values) if a is not None]
+        own = [a for a in self.arrays if isinstance(a, np.ndarray)]
+        own += [self._x["attr"], self._sub_form, self._vals_plain, self._vals_string, self._sub_freq,
+                self._attr_key, self._string_attr]
+        return seg.nbytes + sum(a.nbytes for a in own if not any(np.may_share_memory(a, b) for b in shared))
 
     def _reading(self, schema) -> "OpIndexMatcher":
         """A shallow copy of this matcher that reads ``schema`` (a newer view
@@ -1000,9 +1093,7 @@ class OpIndexMatcher:
             derived = this._derive(segment, np.arange(len(segment)), np.zeros(0, np.int64), self._churn)
             if derived is not None:
                 return derived
-        return type(self)(segment, self.backend, schema=schema, event_log=self.event_log,
-                          dnf_limit=self.dnf_limit, segments=self.n_segments, signature_bits=self.signature_bits,
-                          variant=self.variant, operand_ranks=self.operand_ranks)
+        return this._fresh(segment)
 
     def _counter_live(self, alive: np.ndarray, n_events: int) -> np.ndarray:
         """``alive`` per counter (a counter's subscription position lies far
@@ -1016,7 +1107,7 @@ class OpIndexMatcher:
             self._live = cached = (alive.copy(), alive[self.counter_sub])
         return cached[1]
 
-    def match(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
+    def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
         """(event index, subscription position) of every alive subscription
         TRUE on an event of ``batch``, ascending by event then position."""
         n_events = batch.n_events
@@ -1026,8 +1117,7 @@ class OpIndexMatcher:
             return empty
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
-        seg, preds = self.segment, self.segment.predicates
-        x = self._x
+        index, programs = self.arrays, Programs.of(self.segment)
         threads = numba.get_num_threads()
         n_tasks = 1 if n_events <= SERIAL_EVENTS or threads == 1 else int(min(n_events, 4 * threads))
         kernel = K.opindex_match_serial if n_tasks == 1 else K.opindex_match_kernel
@@ -1043,19 +1133,8 @@ class OpIndexMatcher:
             out = np.empty(len(first) * cap, np.int32)
             stop = np.empty(len(first), np.int64)
             task_need = np.empty(len(first), np.int64)
-            kernel(
-                first, last, out, cap, ev_count, stop, task_need, n_subs,
-                batch.offsets, batch.attr, batch.value, batch.token, pattern_truth,
-                self.pivot_of_attr, self.part_counter_start, self.part_slot_start,
-                self.list_shift, self.list_bucket_base, self.list_side_base, self.bucket_run_start, self.bucket_sig,
-                self.signature_bits, self.variant == "full", self.run_attr, self.run_start, self.ent_val,
-                self.vals, self.use_rank, self.ent_target, self.side_pid, self.side_hi,
-                self.counter_init, self.counter_sub, self._counter_live(alive, n_events), self.counter_post_start,
-                self.post_attr, self.slot_counter,
-                x["op"], x["lo"], x["hi"], x["set_start"], x["set_stop"], self.set_values, x["aux"],
-                self.always_pos, seg.prog_offsets, seg.prog_kind, seg.prog_arg,
-                preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux,
-                seg.max_depth, alive)
+            kernel(first, last, out, cap, ev_count, stop, task_need, n_subs, batch.offsets, batch.attr, batch.value,
+                   batch.token, pattern_truth, index, programs, self._counter_live(alive, n_events), alive)
             done_events = 0
             done_matches = 0
             for t in range(len(first)):
@@ -1080,6 +1159,199 @@ class OpIndexMatcher:
         events = np.repeat(np.arange(n_events, dtype=np.int64), ev_count)
         return events, positions
 
+    # ------------------------------------------------------------ persistence
+    #: the version of the saved form (meta "format")
+    SAVED_FORMAT = 1
+    #: what ``meta`` holds: key -> the type of its value
+    _META = {"format": int, "variant": str, "segments": int, "signature_bits": int, "operand_ranks": (bool, None),
+             "dnf_limit": int, "event_log": (str, None), "subscriptions": int, "predicates": int,
+             "attributes": int, "strings": int, "use_rank": bool, "has_prefix": bool, "merges": int,
+             "built_subs": int, "churn": int}
+    #: the bookkeeping arrays saved besides the index: name -> dtype
+    _SAVED_EXTRA = {"always_pos": np.int64, "negated_pid": np.int64, "negated_op": np.int8, "sub_form": np.int8,
+                    "sub_freq": np.int64, "vals_plain": np.float64, "vals_string": np.float64}
+
+    def _structure(self) -> dict:
+        """The parameters that shape the index (what a restore must agree with)."""
+        return {"variant": self.variant, "segments": self.n_segments, "signature_bits": self.signature_bits,
+                "operand_ranks": self.operand_ranks, "dnf_limit": self.dnf_limit,
+                "event_log": _log_digest(self.event_log, self.n_attrs)}
+
+    def to_arrays(self) -> tuple[dict, dict[str, np.ndarray]] | None:
+        """The built index as JSON-able ``meta`` and flat arrays: the
+        :class:`~gpu_kernels.opindex.layout.OpIndexArrays` (the extended
+        predicate table as the negated rows only: the others are the
+        segment's) and what merges and recodes read -- forms, frequencies,
+        operands by kind, the string count the codes come from, the churn
+        counters.  None when the string dictionary of the codes is unknown
+        (a matcher made without a schema): then the index is built on load."""
+        if self._n_strings is None or self.schema is None:
+            return None
+        n_preds = len(self.segment.predicates)
+        negated = sorted(self._negated.items(), key=lambda item: item[1])
+        rows = np.array([row for _, row in negated], np.int64)
+        if not np.array_equal(rows, n_preds + np.arange(len(rows))):
+            raise AssertionError("the extended table's rows are not the segment's predicates then the negations")
+        meta = {"format": self.SAVED_FORMAT, **self._structure(), "subscriptions": len(self.segment),
+                "predicates": n_preds, "attributes": int(self.n_attrs), "strings": int(self._n_strings),
+                "use_rank": bool(self.use_rank), "has_prefix": bool(self._has_prefix), "merges": int(self.merges),
+                "built_subs": int(self._built_subs), "churn": int(self._churn)}
+        arrays = {name: getattr(self.arrays, name) for name in _INDEX_FIELDS}
+        arrays.update(always_pos=self.arrays.always_pos, negated_pid=np.array([pid for pid, _ in negated], np.int64),
+                      negated_op=np.ascontiguousarray(self._x["op"][n_preds:], np.int8), sub_form=self._sub_form,
+                      sub_freq=self._sub_freq, vals_plain=self._vals_plain, vals_string=self._vals_string)
+        return meta, arrays
+
+    @classmethod
+    def from_arrays(cls, segment: Segment, settings, meta: dict, arrays: dict) -> "OpIndexMatcher":
+        """The matcher :meth:`to_arrays` saved, restored over ``segment``
+        (the same subscriptions, predicates coded under ``settings.schema``)
+        without building: every array checked first
+        (:func:`~gpu_kernels.opindex.layout.check_arrays` and the
+        bookkeeping's own checks), then vectorised assembly.  When the
+        dictionary grew past the strings the codes came from, the operands
+        are re-encoded as :meth:`recoded` does.  ValueError for anything
+        that does not fit: a damaged or crafted file, another segment, or
+        options that shape the index differently (then build instead)."""
+        if not isinstance(meta, dict) or not isinstance(arrays, dict):
+            raise ValueError("saved OpIndex structure: meta must be a dict and arrays a dict of arrays")
+        _check_meta(meta, cls._META)
+        if meta["format"] != cls.SAVED_FORMAT:
+            raise ValueError(f"saved OpIndex structure: format {meta['format']}, this version reads "
+                             f"{cls.SAVED_FORMAT}")
+        names = set(_INDEX_FIELDS) | set(cls._SAVED_EXTRA)
+        if set(arrays) != names:
+            missing, unknown = sorted(names - set(arrays)), sorted(set(arrays) - names)
+            raise ValueError(f"saved OpIndex structure: arrays missing {missing}, unknown {unknown}")
+        # (C order, as the kernels are compiled for; no copy of what is already)
+        arrays = {name: np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a for name, a in arrays.items()}
+        for name, dtype in cls._SAVED_EXTRA.items():
+            value = arrays[name]
+            if not isinstance(value, np.ndarray) or value.ndim != 1 or value.dtype != np.dtype(dtype):
+                raise ValueError(f"saved OpIndex structure: {name} must be a 1-D array of {np.dtype(dtype).name}")
+        options = OpIndexOptions.from_mapping(None, "cpu") if settings.options is None else settings.options
+        schema = settings.schema
+        if schema is None:
+            raise ValueError("saved OpIndex structure: restoring needs the schema its codes come from")
+        keywords = cls._structure_keywords(options.keywords("cpu"))
+        preds = segment.predicates
+        n_subs, n_preds = len(segment), len(preds)
+        if meta["subscriptions"] != n_subs or meta["predicates"] != n_preds:
+            raise ValueError(f"saved OpIndex structure: built over {meta['subscriptions']} subscriptions and "
+                             f"{meta['predicates']} predicates, the segment has {n_subs} and {n_preds}")
+        n_attrs = meta["attributes"]
+        seg_attrs = int(preds.attr.max()) + 1 if n_preds else 1
+        if not seg_attrs <= n_attrs <= max(len(schema.attr_names), 1):
+            raise ValueError(f"saved OpIndex structure: {n_attrs} attributes, the segment uses {seg_attrs} and the "
+                             f"schema has {len(schema.attr_names)}")
+        want = {"variant": keywords.get("variant", cls.variant), "segments": keywords["segments"],
+                "signature_bits": keywords["signature_bits"], "operand_ranks": keywords["operand_ranks"],
+                "dnf_limit": DEFAULT_LIMIT if settings.dnf_limit is None else int(settings.dnf_limit),
+                "event_log": _log_digest(keywords["event_log"], n_attrs)}
+        differ = [key for key, value in want.items() if meta[key] != value]
+        if differ:
+            raise ValueError(f"saved OpIndex structure: built with other {', '.join(differ)} "
+                             f"({', '.join(f'{k}={meta[k]!r}' for k in differ)})")
+
+        # ---- the segment's predicates, coded under the schema
+        if not 0 <= meta["strings"] <= schema.n_strings:
+            raise ValueError(f"saved OpIndex structure: coded with {meta['strings']} strings, the schema has "
+                             f"{schema.n_strings}")
+        matcher = cls.__new__(cls)
+        matcher._configure(segment, schema, keywords["event_log"], want["dnf_limit"], want["variant"],
+                           want["segments"], want["signature_bits"], want["operand_ranks"])
+        matcher._code_predicates()
+        if preds.coded_version != schema.version:
+            raise ValueError("saved OpIndex structure: the segment's predicates are coded under another schema")
+
+        # ---- the extended predicate table: the segment's rows, then the negations
+        neg_pid, neg_op = arrays["negated_pid"], arrays["negated_op"]
+        if len(neg_op) != len(neg_pid) or (len(neg_pid) and (neg_pid.min() < 0 or neg_pid.max() >= n_preds)) \
+                or len(np.unique(neg_pid)) != len(neg_pid):
+            raise ValueError("saved OpIndex structure: negated_pid must be distinct predicate ids, one per negated_op")
+        if len(neg_pid) and not np.array_equal(neg_op, _NEGATED_CODE[preds.op[neg_pid].astype(np.int64)]):
+            raise ValueError("saved OpIndex structure: negated_op must hold the negations of its predicates")
+        matcher._start_table()
+        base = matcher._x
+        matcher._x = {key: np.concatenate((base[key].astype(dtype, copy=False),
+                                           neg_op if key == "op" else base[key][neg_pid].astype(dtype)))
+                      if len(neg_pid) else np.ascontiguousarray(base[key], dtype) for key, dtype in _X_DTYPES.items()}
+        matcher._negated = dict(zip(neg_pid.tolist(), range(n_preds, n_preds + len(neg_pid))))
+        matcher._extra = None
+        x = matcher._x
+        index = OpIndexArrays(**{name: arrays[name] for name in _INDEX_FIELDS}, x_op=x["op"], x_lo=x["lo"],
+                              x_hi=x["hi"], x_set_start=x["set_start"], x_set_stop=x["set_stop"], x_aux=x["aux"],
+                              set_values=preds.set_values, always_pos=arrays["always_pos"],
+                              sig_bits=want["signature_bits"], use_sig=want["variant"] == "full",
+                              use_rank=meta["use_rank"])
+        if len(index.pivot_of_attr) != n_attrs:
+            raise ValueError(f"saved OpIndex structure: pivot_of_attr has {len(index.pivot_of_attr)} attributes, "
+                             f"meta {n_attrs}")
+        check_arrays(index, n_subs)
+
+        # ---- the bookkeeping of merges and recodes
+        sub_form, sub_freq = arrays["sub_form"], arrays["sub_freq"]
+        if len(sub_form) != n_subs or (n_subs and (sub_form.min() < 0 or sub_form.max() >= len(FORMS))):
+            raise ValueError("saved OpIndex structure: sub_form must hold one form per subscription")
+        if n_subs and not np.array_equal(sub_form == 0, K.plain_conjunctions(
+                segment.prog_offsets, segment.prog_kind, segment.prog_arg)):
+            raise ValueError("saved OpIndex structure: its plain conjunctions are not the segment's")
+        if len(sub_freq) != n_attrs or (sub_freq < 0).any():
+            raise ValueError("saved OpIndex structure: sub_freq must hold a frequency >= 0 per attribute")
+        matcher.n_attrs = n_attrs
+        matcher._string_attr = matcher._string_attributes(n_attrs)
+        n_strings = meta["strings"]
+        has = np.zeros(n_subs, bool)
+        has[index.counter_sub] = True
+        always = np.zeros(n_subs, bool)
+        always[index.always_pos] = True
+        if (has & always).any() or not np.array_equal(has | always, sub_form != FORMS.index("never")):
+            raise ValueError("saved OpIndex structure: every subscription but the constant FALSE ones must have "
+                             "counters or be always checked, not both")
+        vals_plain, vals_string = arrays["vals_plain"], arrays["vals_string"]
+        for name, values in (("vals_plain", vals_plain), ("vals_string", vals_string)):
+            if (len(values) > 1 and not (np.diff(values) > 0).all()) or np.isnan(values).any():
+                raise ValueError(f"saved OpIndex structure: {name} must be strictly increasing")
+        _check_codes("vals_string", vals_string, n_strings)
+        if not np.isin(np.union1d(vals_plain, vals_string), index.vals).all():
+            raise ValueError("saved OpIndex structure: vals must hold every operand")
+        # the operands of the range-scanned entries: in vals_string (string attributes) or vals_plain
+        ops = np.arange(len(index.list_offsets) - 1) & (N_LISTS - 1)
+        ranged = np.repeat(ops < L_VERIFY, np.diff(index.list_offsets))
+        string = matcher._string_attr[np.repeat(index.run_attr, np.diff(index.run_start))]
+        string = string[ranged]
+        if meta["use_rank"]:       # (per distinct operand, then gathered by rank)
+            rank = (index.ent_val[ranged].astype(np.int64) - 1) >> 1
+            fits = np.isin(index.vals, vals_string)[rank[string]].all() \
+                and np.isin(index.vals, vals_plain)[rank[~string]].all()
+        else:
+            operand = index.ent_val[ranged]
+            fits = np.isin(operand[string], vals_string).all() and np.isin(operand[~string], vals_plain).all()
+        if not fits:
+            raise ValueError("saved OpIndex structure: an entry's operand is not among the saved operands")
+        matcher._sub_form, matcher._sub_freq = sub_form, sub_freq
+        matcher._attr_key = matcher._frequency_key(sub_freq)
+        matcher._vals_plain, matcher._vals_string = vals_plain, vals_string
+        matcher._has_prefix = meta["has_prefix"]
+        matcher.merges, matcher._built_subs, matcher._churn = meta["merges"], meta["built_subs"], meta["churn"]
+        if min(matcher.merges, matcher._built_subs, matcher._churn) < 0:
+            raise ValueError("saved OpIndex structure: negative merge counters")
+        matcher.arrays = index
+        matcher.n_counters, matcher.n_entries = len(index.counter_init), len(index.ent_val)
+        matcher.n_partitions = len(index.part_counter_start) - 1
+        matcher._count_forms()
+        matcher.settings = settings
+        matcher._n_strings = n_strings
+        if n_strings == schema.n_strings:
+            return matcher
+        if not n_subs:
+            raise ValueError("saved OpIndex structure: an empty index coded with an older dictionary")
+        # the dictionary grew since: operands and PREFIX intervals follow it (as recoded does)
+        derived = matcher._derive(segment, np.arange(n_subs, dtype=np.int64), np.zeros(0, np.int64), matcher._churn)
+        if derived is None:
+            raise ValueError("saved OpIndex structure: its predicates are not the segment's")
+        return derived
+
     # ------------------------------------------------------------ inspection
     LIST_NAMES = ("=", "!=", "<", "<=", ">", ">=", "verify", "prefix")
 
@@ -1103,8 +1375,8 @@ class OpIndexMatcher:
         slots = self.slot_counter
         for attr in np.flatnonzero(self.pivot_of_attr >= 0):
             p = int(self.pivot_of_attr[attr])
-            for op in range(K.N_LISTS):
-                l = p * K.N_LISTS + op
+            for op in range(N_LISTS):
+                l = p * N_LISTS + op
                 if self.list_shift[l] < 0:
                     continue
                 b0 = self.list_bucket_base[l]
@@ -1115,7 +1387,7 @@ class OpIndexMatcher:
                         t = int(self.ent_target[k])
                         counter = int(self.part_counter_start[p]) + t if t >= 0 \
                             else int(slots[int(self.part_slot_start[p]) - t - 1])
-                        if op == K.L_VERIFY:
+                        if op == L_VERIFY:
                             operand = float(self.side_pid[k + self.list_side_base[l]])
                         elif self.use_rank:
                             operand = float(self.vals[(int(self.ent_val[k]) - 1) // 2])

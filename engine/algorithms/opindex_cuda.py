@@ -2,18 +2,20 @@
 
 The index is built on the host, exactly as on ``cpu``
 (:class:`~engine.algorithms.opindex.OpIndexMatcher`: pivots, operator
-lists, segment directory, signatures, counters), and its arrays are copied
-to the device once -- again only when a grown string dictionary makes the
-host matcher rebuild.  Each match call walks the batch in chunks sized to
-the free device memory (:class:`~engine.algorithms.scan_cuda.ChunkedCudaMatcher`);
-per chunk:
+lists, segment directory, signatures, counters) -- or restored from a saved
+index (:meth:`OpIndexCudaMatcher.from_arrays`) -- and its one struct of
+arrays (:class:`~gpu_kernels.opindex.layout.OpIndexArrays`) is copied to
+the device once as its device twin, again only when a grown string
+dictionary makes the host matcher derive a new index.  Each match call
+walks the batch in chunks sized to the free device memory
+(:class:`~engine.algorithms.cuda_base.ChunkedCudaMatcher`); per chunk:
 
 1. the *work items* -- one per (event, pivot partition the event carries),
    Lemma 1 -- are listed with CuPy (a gather of ``pivot_of_attr`` over the
    chunk's attribute entries, the nonzero ones, their events by
    ``searchsorted``), plus one item per event for the always-checked
    subscriptions when there are any;
-2. the OpIndex kernel (:mod:`gpu_kernels.opindex_cuda`) runs one block per
+2. the OpIndex kernel (:mod:`gpu_kernels.opindex.cuda`) runs one block per
    item: range scans, signature tests, counting, verification, and the
    result bits of the chunk's bit matrix;
 3. the bit matrix is compacted into (event, position) pairs, ascending in
@@ -39,12 +41,14 @@ import copy
 
 import numpy as np
 
-from engine.algorithms.opindex import DEFAULT_SEGMENTS, DEFAULT_SIGNATURE_BITS, OpIndexMatcher, check_expression
-from engine.algorithms.scan_cuda import ChunkedCudaMatcher, check_program_depths, pattern_columns
+from engine.algorithms.cuda_base import ChunkedCudaMatcher, check_program_depths, pattern_columns
+from engine.algorithms.opindex import DEFAULT_SEGMENTS, DEFAULT_SIGNATURE_BITS, OpIndexMatcher
+from engine.algorithms.options import SHARED_MEMORY, OpIndexOptions
 from engine.backend import resolve_backend
 from gpu_kernels import cuda_support
 from gpu_kernels.compaction import n_tiles_for
-from gpu_kernels.opindex_cuda import finish_cuda, opindex_kernel_cuda, sort_and_segment
+from gpu_kernels.opindex import layout
+from gpu_kernels.opindex.cuda import finish_cuda, opindex_kernel_cuda, sort_and_segment
 from gpu_kernels.scan import cuda_stack_depth
 
 #: device bytes per attribute entry for its work item (event int64, partition int32, the gather's temporaries)
@@ -52,8 +56,8 @@ ITEM_BYTES = 16
 #: most resident blocks on a real GPU (grid-stride beyond): enough to fill an H100's 132 SMs several times over
 MAX_BLOCKS = 8192
 #: threads per block on a real GPU, chosen per chunk within these bounds by
-#: :func:`block_threads`: on the H200, W1 (15 attributes an event) ran fastest
-#: with 256 (128: 6 % slower, 512: 5 %), W2 (30) with 512 (1.57× faster than 256)
+#: :func:`block_threads` (the measurements behind them: BENCHMARKS.md,
+#: "Tuning the atomic kernel")
 GPU_THREADS = (256, 512)
 #: threads per event attribute: its eight operator lists, two halves each
 THREADS_PER_ATTRIBUTE = 16
@@ -71,23 +75,13 @@ def block_threads(widths: np.ndarray, low: int, high: int) -> int:
         while threads < want and threads < high:
             threads *= 2
     return threads
-#: a partition's counters and clause bits go to shared memory when they fit
-#: this many bytes (48 KiB per block without an opt-in, less the kernel's static 4 KiB)
-SHARED_MEMORY = 40 << 10
-#: counting strategies (gpu_kernels.opindex_cuda): atomic decrements, or sort-and-segment
-COUNTINGS = ("atomic", "sort")
+
+
 #: device bytes per key of sort-and-segment counting: the key, the sort's
 #: output and temporaries, the run starts and lengths
 SORT_BYTES_PER_KEY = 48
 #: most keys sorted at once: CuPy's boolean-mask indexing counts in 32-bit integers
 MAX_SORT_KEYS = 1 << 30
-
-#: the host matcher's arrays copied to the device, by the dtype the kernel reads
-_INDEX_ARRAYS = ("pivot_of_attr", "part_counter_start", "part_slot_start", "list_shift", "list_bucket_base",
-                 "list_side_base", "bucket_run_start", "bucket_sig", "run_attr", "run_start", "ent_val", "vals",
-                 "ent_target", "side_pid", "side_hi", "counter_init", "counter_sub", "counter_post_start",
-                 "post_attr", "slot_counter", "always_pos")
-_PREDICATE_ARRAYS = ("op", "lo", "hi", "set_start", "set_stop", "aux")
 
 
 class OpIndexCudaMatcher(ChunkedCudaMatcher):
@@ -105,7 +99,11 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
     chose it) or ``"sort"`` (sort-and-segment, same results)."""
 
     name = "opindex"
-    check_expression = staticmethod(check_expression)
+
+    @classmethod
+    def construct(cls, segment, settings) -> "OpIndexCudaMatcher":
+        return cls(segment, cls.backend, schema=settings.schema, dnf_limit=settings.dnf_limit,
+                   **settings.options.keywords(cls.backend))
 
     def __init__(self, segment, backend: str = "cuda", *, schema=None, event_log=None, dnf_limit: int | None = None,
                  segments: int = DEFAULT_SEGMENTS, signature_bits: int = DEFAULT_SIGNATURE_BITS,
@@ -115,16 +113,36 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         if backend != "cuda":
             raise ValueError(f"OpIndexCudaMatcher runs on backend 'cuda', not {backend!r}")
         resolve_backend("cuda")    # BackendUnavailable naming what is missing
-        if device_memory is not None and device_memory <= 0:
-            raise ValueError(f"device_memory must be a positive number of bytes, not {device_memory!r}")
-        if shared_memory < 0:
-            raise ValueError(f"shared_memory must be a number of bytes >= 0, not {shared_memory!r}")
-        if counting not in COUNTINGS:
-            raise ValueError(f"counting must be one of {', '.join(map(repr, COUNTINGS))}, not {counting!r}")
-        host = OpIndexMatcher(segment, "cpu", schema=schema, event_log=event_log, dnf_limit=dnf_limit,
-                              segments=segments, signature_bits=signature_bits, variant=variant,
-                              operand_ranks=operand_ranks)
-        self.backend = backend
+        OpIndexOptions(variant=OpIndexMatcher.variant if variant is None else variant, segments=segments,
+                       signature_bits=signature_bits, operand_ranks=operand_ranks, event_log=event_log,
+                       launch=launch, threads=threads, device_memory=device_memory, shared_memory=shared_memory,
+                       counting=counting)
+        self._configure(launch, threads, device_memory, shared_memory, counting)
+        self._attach(OpIndexMatcher(segment, "cpu", schema=schema, event_log=event_log, dnf_limit=dnf_limit,
+                                    segments=segments, signature_bits=signature_bits, variant=variant,
+                                    operand_ranks=operand_ranks))
+
+    @classmethod
+    def from_arrays(cls, segment, settings, meta: dict, arrays: dict) -> "OpIndexCudaMatcher":
+        """The host index restored (:meth:`OpIndexMatcher.from_arrays
+        <engine.algorithms.opindex.OpIndexMatcher.from_arrays>`: every
+        array checked, ValueError otherwise), then copied to the device."""
+        resolve_backend("cuda")
+        host = OpIndexMatcher.from_arrays(segment, settings, meta, arrays)
+        options = settings.options.keywords(cls.backend)
+        matcher = cls.__new__(cls)
+        matcher._configure(options["launch"], options["threads"], options["device_memory"], options["shared_memory"],
+                           options["counting"])
+        matcher._attach(host)
+        matcher.settings = settings
+        return matcher
+
+    def to_arrays(self):
+        return self.host.to_arrays()
+
+    def _configure(self, launch, threads, device_memory, shared_memory, counting) -> None:
+        """The device settings (values checked by OpIndexOptions)."""
+        self.backend = "cuda"
         self.launch = launch or cuda_support.default_launch()
         if threads is None:     # a given launch (or the simulator's tiny default) sets the block
             fixed = launch is not None or cuda_support.simulated()
@@ -137,7 +155,6 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         self.device_memory = device_memory
         self.shared_memory = int(shared_memory)
         self.counting = counting
-        self._attach(host)
 
     def _attach(self, host: OpIndexMatcher) -> None:
         """Serve ``host``'s index (and its segment) from the device."""
@@ -171,27 +188,20 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
     def _refresh(self) -> None:
         host = self.host
         preds = self.segment.predicates
-        source = (host.ent_target, host.ent_val, host.vals, host.side_hi, host._x["lo"], host._x["hi"],
-                  host.set_values, preds.lo, preds.hi, preds.set_values)
+        source = (host.arrays, preds.lo, preds.hi, preds.set_values)
         if self._uploaded_from is not None and all(a is b for a, b in zip(source, self._uploaded_from)):
             return
-        dev = cuda_support.to_device
-        self.d = {name: dev(getattr(host, name)) for name in _INDEX_ARRAYS}
-        self.d.update({f"x_{name}": dev(host._x[name]) for name in _PREDICATE_ARRAYS})
-        self.d["set_values"] = dev(host.set_values, np.float64)
-        seg = self.segment
-        self.d.update(prog_offsets=dev(seg.prog_offsets, np.int64), prog_kind=dev(seg.prog_kind, np.int8),
-                      prog_arg=dev(seg.prog_arg, np.int32), p_attr=dev(preds.attr, np.int32),
-                      p_op=dev(preds.op, np.int8), p_lo=dev(preds.lo, np.float64), p_hi=dev(preds.hi, np.float64),
-                      p_set_offsets=dev(preds.set_offsets, np.int64),
-                      p_set_values=dev(preds.set_values, np.float64), p_aux=dev(preds.aux, np.int64))
-        self.n_always = len(host.always_pos)
+        # the device twins of the index and of the segment's programs
+        self.index_d = layout.to_device(host.arrays)
+        self.programs_d = layout.to_device(layout.Programs.of(self.segment))
+        index = host.arrays
+        self.n_always = len(index.always_pos)
         # the always-checked programs run on a per-thread stack (only they need one)
-        self.stack_depth = check_program_depths(seg) if self.n_always else cuda_stack_depth(1)
+        self.stack_depth = check_program_depths(self.segment) if self.n_always else cuda_stack_depth(1)
         # partitions whose counters and clause bits fit shared memory, and the
         # widths of the two scratch layouts (shared; global, per block)
-        n_counters = np.diff(host.part_counter_start)
-        n_slots = np.diff(host.part_slot_start)
+        n_counters = np.diff(index.part_counter_start)
+        n_slots = np.diff(index.part_slot_start)
         in_shared = 4 * (n_counters + n_slots) <= self.shared_memory
         self.layouts = {True: (int(n_counters[in_shared].max(initial=0)), int(n_slots[in_shared].max(initial=0))),
                         False: (int(n_counters[~in_shared].max(initial=0)), int(n_slots[~in_shared].max(initial=0)))}
@@ -199,9 +209,9 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         # sort-and-segment keys: item * key_stride + (counter, or counter_width + clause slot)
         widest_counters = int(n_counters.max(initial=0))
         self.sort_widths = (widest_counters, max(widest_counters + int(n_slots.max(initial=0)), 1))
-        self._dummy = dev(np.zeros(1, np.int64))
-        self._dummy_i32 = dev(np.zeros(1, np.int32))
-        self.d["part_in_shared"] = dev(in_shared, np.bool_)
+        self._dummy = cuda_support.to_device(np.zeros(1, np.int64))
+        self._dummy_i32 = cuda_support.to_device(np.zeros(1, np.int32))
+        self.part_in_shared = cuda_support.to_device(in_shared, np.bool_)
         self._uploaded_from = source
 
     @property
@@ -211,7 +221,10 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
 
     @property
     def device_nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.d.values())
+        """Device bytes held: the index's and the programs' twins and the
+        per-partition flags."""
+        return layout.nbytes(self.index_d) + layout.nbytes(self.programs_d) + sum(
+            int(a.nbytes) for a in (self.part_in_shared, self._dummy, self._dummy_i32))
 
     # ------------------------------------------------------------- chunking
     def _blocks(self) -> int:
@@ -235,8 +248,8 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         entry whose attribute is a pivot, and (partition -1) one per event
         for the always-checked subscriptions."""
         xp = cuda_support.array_module()
-        pivot_of_attr = self.d["pivot_of_attr"]
-        n_attrs = self.host.n_attrs
+        pivot_of_attr = self.index_d.pivot_of_attr
+        n_attrs = len(self.host.arrays.pivot_of_attr)
         first = int(ev_offsets[0])
         attr = ev_attr[first:int(ev_offsets[n_rows])]
         part = pivot_of_attr[xp.minimum(attr, n_attrs - 1)]
@@ -276,23 +289,13 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
     def _launch(self, mode: str, in_shared: bool, events, parts, chunk_events, bits, n_blocks: int, threads: int,
                 scratch, counter_width: int, block_width: int, sorting=None):
         """One launch of the OpIndex kernel over items (``events``, ``parts``)."""
-        d, host = self.d, self.host
         ev_offsets, ev_attr, ev_value, ev_token, truth_d, alive_d = chunk_events
         item_hits, item_first, keys, key_stride = sorting or (self._dummy, self._dummy, self._dummy, 0)
         opindex_kernel_cuda(
             n_blocks, threads, self.stack_depth, 4 * block_width if in_shared and mode == "atomic" else 0,
             np.int64(events.shape[0]), events, parts, ev_offsets, ev_attr, ev_value, ev_token, truth_d,
-            np.int64(host.n_attrs), d["part_counter_start"], d["part_slot_start"],
-            d["list_shift"], d["list_bucket_base"], d["list_side_base"], d["bucket_run_start"], d["bucket_sig"],
-            np.int64(host.signature_bits), host.variant == "full",
-            d["run_attr"], d["run_start"], d["ent_val"], d["vals"], host.use_rank, d["ent_target"],
-            d["side_pid"], d["side_hi"],
-            d["counter_init"], d["counter_sub"], d["counter_post_start"], d["post_attr"], d["slot_counter"],
-            d["x_op"], d["x_lo"], d["x_hi"], d["x_set_start"], d["x_set_stop"], d["set_values"], d["x_aux"],
-            d["always_pos"], d["prog_offsets"], d["prog_kind"], d["prog_arg"],
-            d["p_attr"], d["p_op"], d["p_lo"], d["p_hi"], d["p_set_offsets"], d["p_set_values"], d["p_aux"],
-            alive_d, scratch, np.int64(counter_width), np.int64(block_width), in_shared, bits,
-            item_hits, item_first, keys, np.int64(key_stride), mode=mode)
+            self.index_d, self.programs_d, alive_d, scratch, np.int64(counter_width), np.int64(block_width),
+            in_shared, bits, item_hits, item_first, keys, np.int64(key_stride), mode=mode)
 
     def _count_atomic(self, item_event, item_part, chunk_events, bits, threads: int) -> None:
         """Counting with atomic decrements; items of partitions whose
@@ -301,7 +304,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         if not item_event.shape[0]:
             return
         if not self.all_shared:     # items of large partitions: counters in global memory
-            shared = self.d["part_in_shared"][xp.maximum(item_part, 0)] | (item_part < 0)
+            shared = self.part_in_shared[xp.maximum(item_part, 0)] | (item_part < 0)
             groups = [(True, xp.flatnonzero(shared)), (False, xp.flatnonzero(~shared))]
             groups = [(mode, item_event[k], item_part[k]) for mode, k in groups if k.shape[0]]
         else:
@@ -322,7 +325,7 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         n_items = int(item_event.shape[0])
         if not n_items:
             return
-        d = self.d
+        index = self.index_d
         n_blocks = min(self._blocks(), n_items)
         item_hits = xp.zeros(n_items, dtype=np.int64)
         self._launch("count", True, item_event, item_part, chunk_events, bits, n_blocks, threads, self._dummy_i32,
@@ -343,11 +346,11 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
             self._launch("emit", True, events, parts, chunk_events, bits, min(n_blocks, hi - lo), threads,
                          self._dummy_i32, counter_width, 0, (self._dummy, first, keys, key_stride))
             sat_item, sat_counter = sort_and_segment(keys, key_stride, counter_width, parts,
-                                                     d["part_counter_start"], d["part_slot_start"],
-                                                     d["slot_counter"], d["counter_init"])
+                                                     index.part_counter_start, index.part_slot_start,
+                                                     index.slot_counter, index.counter_init)
             del keys
-            finish_cuda(events[sat_item], sat_counter, ev_offsets, ev_attr, d["counter_post_start"], d["post_attr"],
-                        d["counter_sub"], chunk_events[5], bits, launch=self.launch)
+            finish_cuda(events[sat_item], sat_counter, ev_offsets, ev_attr, index.counter_post_start,
+                        index.post_attr, index.counter_sub, chunk_events[5], bits, launch=self.launch)
             lo = hi
 
     def __repr__(self) -> str:

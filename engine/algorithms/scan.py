@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.algorithms.base import HostMatcher
 from engine.compile import Segment
 from engine.events import EventBatch
 from gpu_kernels.compaction import compact_hits
@@ -17,18 +18,18 @@ from gpu_kernels.scan import scan_kernel
 HIT_MATRIX_BYTES = 32 << 20
 
 
-class ScanMatcher:
+class ScanMatcher(HostMatcher):
+    """``scan`` on the host: nothing is built beyond the segment, so a
+    merge or a recode is a new matcher of the new segment (the defaults)."""
+
     name = "scan"
 
     def __init__(self, segment: Segment, backend: str = "cpu"):
+        if backend != "cpu":
+            raise ValueError(f"ScanMatcher runs on backend 'cpu', not {backend!r}")
         self.segment = segment
-        self.backend = backend
 
-    @property
-    def nbytes(self) -> int:
-        return self.segment.nbytes
-
-    def match(self, batch: EventBatch, pattern_truth: np.ndarray, alive: np.ndarray):
+    def positions(self, batch: EventBatch, pattern_truth: np.ndarray, alive: np.ndarray):
         seg, preds = self.segment, self.segment.predicates
         n_subs = len(seg)
         if n_subs == 0 or batch.n_events == 0:

@@ -22,8 +22,9 @@ entries), and ``16 * S`` more are always kept free for the results of one
 event (16 bytes a pair).  A batch with an event that cannot fit even alone
 raises :class:`~engine.backend.DeviceMemoryError` before any work.
 
-The helpers here (:class:`DeviceSegment`, :func:`check_batch`,
-:func:`plan_chunk`) are meant for every cuda matcher, not only ``scan``.
+The chunk walk, the input checks and the copy back are
+:class:`~engine.algorithms.cuda_base.ChunkedCudaMatcher`'s, shared by every
+cuda matcher.
 """
 
 from __future__ import annotations
@@ -32,331 +33,13 @@ import copy
 
 import numpy as np
 
-from engine.backend import DeviceMemoryError, cuda_simulated, device_memory_budget, resolve_backend
-from engine.compile import PATTERN_CODES, Segment, program_depths
-from engine.errors import ExpressionTooLarge
-from gpu_kernels import cuda_support, transfer
+from engine.algorithms.cuda_base import ChunkedCudaMatcher, DeviceSegment, check_program_depths, pattern_columns
+from engine.algorithms.options import ScanOptions
+from engine.backend import resolve_backend
+from engine.compile import Segment
+from gpu_kernels import cuda_support
 from gpu_kernels import scan as scan_kernels
-from gpu_kernels.compaction import fill_rows_cuda, hit_offsets_cuda, n_tiles_for
-
-#: bytes of one result pair (event index and subscription position, int64 each)
-PAIR_BYTES = 16
-#: bytes of one event attribute entry on the device (attr int32, value float64, token int32)
-ENTRY_BYTES = 16
-#: bytes per event of the CSR offsets
-OFFSET_BYTES = 8
-
-#: dtype of every EventBatch field the kernels read
-BATCH_DTYPES = {"offsets": np.int64, "attr": np.int32, "value": np.float64, "token": np.int32}
-
-OUTPUTS = ("numpy", "device")
-
-
-# ------------------------------------------------------------------ helpers
-def check_program_depths(segment: Segment) -> int:
-    """The stack tier the CUDA scan kernel needs for ``segment``, or
-    :class:`~engine.errors.ExpressionTooLarge` naming the deepest
-    subscription when a program needs more than
-    ``gpu_kernels.scan.MAX_STACK_DEPTH`` operand slots (an n-ary AND/OR of
-    that many operands, or nesting as deep)."""
-    try:
-        return scan_kernels.cuda_stack_depth(int(segment.max_depth))
-    except ValueError:
-        depths = program_depths(segment.prog_offsets, segment.prog_kind, segment.prog_arg)
-        worst = int(np.argmax(depths))
-        raise ExpressionTooLarge(
-            f"subscription {int(segment.sub_ids[worst])} needs an operand stack of {int(depths[worst])} entries "
-            f"(an AND/OR that wide, or nesting that deep); the cuda backend's scan kernel holds at most "
-            f"{scan_kernels.MAX_STACK_DEPTH} per thread -- use backend='cpu' for it or split the expression"
-        ) from None
-
-
-def _check_array(where: str, x, dtype, ndim: int):
-    kind = getattr(x, "dtype", None)
-    shape = getattr(x, "shape", None)
-    if kind is None or shape is None:
-        raise TypeError(f"{where} must be an array of {np.dtype(dtype).name}, not {type(x).__name__}")
-    if np.dtype(kind) != np.dtype(dtype):
-        raise TypeError(f"{where} must have dtype {np.dtype(dtype).name}, got {np.dtype(kind).name}")
-    if len(shape) != ndim:
-        raise ValueError(f"{where} must be {ndim}-dimensional, got shape {tuple(shape)}")
-
-
-def check_batch(batch, pattern_truth, alive, n_subs: int, n_patterns: int) -> np.ndarray:
-    """Validate a match call's inputs (host or device arrays) before any of
-    them reaches a kernel -- a kernel reading out of bounds does not raise.
-    Returns the batch's event offsets on the host."""
-    for field, dtype in BATCH_DTYPES.items():
-        if not hasattr(batch, field):
-            raise TypeError(f"the event batch must be an engine.events.EventBatch (no {field!r} field), "
-                            f"not {type(batch).__name__}")
-        _check_array(f"event batch field {field!r}", getattr(batch, field), dtype, 1)
-    _check_array("pattern_truth", pattern_truth, np.uint8, 2)
-    _check_array("alive", alive, np.uint8, 1)
-    if alive.shape[0] != n_subs:
-        raise ValueError(f"alive has {alive.shape[0]} flags for a segment of {n_subs} subscriptions")
-    offsets = cuda_support.to_host(batch.offsets)
-    nnz = batch.attr.shape[0]
-    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != nnz or (np.diff(offsets) < 0).any():
-        raise ValueError(f"event batch offsets do not describe {nnz} attribute entries "
-                         f"(they must start at 0, never decrease and end at {nnz})")
-    if batch.value.shape[0] != nnz or batch.token.shape[0] != nnz:
-        raise ValueError(f"event batch fields differ in length: attr {nnz}, value {batch.value.shape[0]}, "
-                         f"token {batch.token.shape[0]}")
-    if pattern_truth.shape[1] < n_patterns:
-        raise ValueError(f"pattern_truth has {pattern_truth.shape[1]} pattern columns; the segment uses "
-                         f"{n_patterns}")
-    if nnz:
-        top = int(cuda_support.to_host(batch.token.max()))
-        if top >= pattern_truth.shape[0]:
-            raise ValueError(f"event batch token {top} has no row in pattern_truth "
-                             f"({pattern_truth.shape[0]} rows)")
-    return offsets
-
-
-def plan_chunk(cost: np.ndarray, start: int, room: int) -> int:
-    """End of the chunk starting at event ``start``: the most events whose
-    cumulative scratch ``cost[stop] - cost[start]`` fits ``room`` bytes (at
-    least one; the caller checked that one fits)."""
-    stop = int(np.searchsorted(cost, cost[start] + room, side="right")) - 1
-    return min(max(stop, start + 1), len(cost) - 1)
-
-
-class DeviceSegment:
-    """A compiled segment's arrays on the device: programs and predicate
-    table, uploaded once; the predicate *codes* (``lo``, ``hi``, IN lists)
-    again whenever :meth:`refresh` sees that a recode replaced them."""
-
-    def __init__(self, segment: Segment):
-        self.segment = segment
-        preds = segment.predicates
-        dev = cuda_support.to_device
-        self.prog_offsets = dev(segment.prog_offsets, np.int64)
-        self.prog_kind = dev(segment.prog_kind, np.int8)
-        self.prog_arg = dev(segment.prog_arg, np.int32)
-        self.pred_attr = dev(preds.attr, np.int32)
-        self.pred_op = dev(preds.op, np.int8)
-        self.pred_aux = dev(preds.aux, np.int64)
-        self._coded_from = None
-        self.refresh()
-
-    def with_codes(self, segment: Segment) -> "DeviceSegment":
-        """The device copy of ``segment``, the same programs with other
-        predicate codes: the programs and keys are shared, only the codes
-        are uploaded (this copy is unchanged)."""
-        derived = copy.copy(self)
-        derived.segment = segment
-        derived._coded_from = None
-        derived.refresh()
-        return derived
-
-    def refresh(self) -> None:
-        preds = self.segment.predicates
-        if preds.lo is None or preds.set_offsets is None:
-            raise ValueError("the segment's predicates carry no codes yet: call "
-                             "segment.predicates.recode(schema) before matching")
-        host = (preds.lo, preds.hi, preds.set_offsets, preds.set_values)
-        if self._coded_from is not None and all(a is b for a, b in zip(host, self._coded_from)):
-            return
-        dev = cuda_support.to_device
-        self.pred_lo = dev(preds.lo, np.float64)
-        self.pred_hi = dev(preds.hi, np.float64)
-        self.set_offsets = dev(preds.set_offsets, np.int64)
-        self.set_values = dev(preds.set_values, np.float64)
-        self._coded_from = host
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in (self.prog_offsets, self.prog_kind, self.prog_arg, self.pred_attr,
-                                           self.pred_op, self.pred_aux, self.pred_lo, self.pred_hi,
-                                           self.set_offsets, self.set_values))
-
-
-def pattern_columns(segment: Segment) -> int:
-    """Columns of the pattern table a segment reads (its largest pattern id + 1)."""
-    patterns = segment.predicates.aux[np.isin(segment.predicates.op, PATTERN_CODES)]
-    return int(patterns.max()) + 1 if len(patterns) else 0
-
-
-def _empty_result(output: str):
-    if output == "device":
-        xp = cuda_support.array_module()
-        return xp.zeros(0, dtype=np.int64), xp.zeros(0, dtype=np.int64)
-    return np.zeros(0, np.int64), np.zeros(0, np.int64)
-
-
-# ------------------------------------------------------------------ matcher
-class ChunkedCudaMatcher:
-    """What every cuda matcher shares: input checks, the pattern table and
-    ``alive`` flags copied over (or taken in place), and the walk over the
-    batch in chunks sized to the device memory budget, results copied back
-    chunk by chunk or kept on the device.  A subclass says what one event
-    of a chunk costs (:meth:`_event_bytes`), what a call holds besides
-    (:meth:`_fixed_bytes`), and matches one chunk (:meth:`_match_chunk`)."""
-
-    #: :meth:`match` takes ``ids`` (the Index passes its subscription ids)
-    maps_ids = True
-    #: per-phase device times when a benchmark sets an enabled
-    #: :class:`~gpu_kernels.cuda_support.PhaseTimer` here (off by default: it synchronises)
-    phases = cuda_support.PhaseTimer(enabled=False)
-    segment: Segment
-    launch: cuda_support.LaunchConfig
-    device_memory: int | None
-    _n_patterns: int
-
-    def _refresh(self) -> None:
-        """Bring the device copy of the index up to date (recoded strings)."""
-
-    def _event_bytes(self) -> tuple[int, str]:
-        """Device scratch bytes of one event of a chunk besides its
-        attributes, and what they are (for the error message)."""
-        raise NotImplementedError
-
-    def _fixed_bytes(self) -> int:
-        """Device scratch bytes a match call holds whatever the chunk size."""
-        return 0
-
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
-                     col_dtype=np.int64):
-        """Match events ``[start, stop)``; yields :meth:`_compact`'s pieces."""
-        raise NotImplementedError
-
-    def match(self, batch, pattern_truth, alive, *, output: str = "numpy", ids=None):
-        """(event index, subscription position) pairs, ascending by event
-        then position -- NumPy int64 arrays, or device arrays (CuPy; NumPy
-        under the simulator) with ``output="device"``.  The batch's arrays
-        may be host arrays or already on the device.  With ``ids`` (int64,
-        one per subscription position; host or device) the second array
-        holds ``ids[position]`` instead, mapped on the way back."""
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {output!r}")
-        seg = self.segment
-        n_subs = len(seg)
-        if ids is not None and (getattr(ids, "shape", None) != (n_subs,) or np.dtype(ids.dtype) != np.int64):
-            raise ValueError(f"ids must be an int64 array of the segment's {n_subs} subscription ids")
-        offsets = check_batch(batch, pattern_truth, alive, n_subs, self._n_patterns)
-        n_events = len(offsets) - 1
-        if n_subs == 0 or n_events == 0:
-            return _empty_result(output)
-        self._refresh()
-
-        # a batch with any field on the device is used in place (its host fields copied over whole);
-        # a host batch is sliced per chunk
-        on_device = any(cuda_support.is_device_array(getattr(batch, f)) for f in BATCH_DTYPES)
-        fixed = self._fixed_bytes()
-        if cuda_support.is_device_array(pattern_truth):
-            truth_d = cuda_support.as_device(pattern_truth)
-        else:
-            truth_d = cuda_support.to_device(pattern_truth)
-            fixed += truth_d.nbytes
-        if cuda_support.is_device_array(alive):
-            alive_d = cuda_support.as_device(alive)
-        else:
-            alive_d = cuda_support.to_device(alive)
-            fixed += alive_d.nbytes
-        if on_device:
-            events_d = tuple(cuda_support.as_device(getattr(batch, f)) for f in BATCH_DTYPES)
-            row_bytes, entry_bytes = 0, self._item_bytes()
-        else:
-            events_d = None
-            row_bytes, entry_bytes = OFFSET_BYTES, ENTRY_BYTES + self._item_bytes()
-        event_bytes, what = self._event_bytes()
-        row_bytes += event_bytes
-        cost = np.arange(n_events + 1, dtype=np.int64) * row_bytes + offsets * entry_bytes
-        single = np.diff(cost)
-        reserve = PAIR_BYTES * n_subs
-        fixed_budget = self.device_memory is not None or cuda_simulated()
-
-        def room(held: int) -> tuple[int, int]:
-            budget = device_memory_budget(self.device_memory)
-            return budget - fixed - reserve - (held if fixed_budget else 0), budget
-
-        free, budget = room(0)
-        worst = int(np.argmax(single))
-        if single[worst] > free:
-            raise DeviceMemoryError(
-                f"event {worst} of the batch cannot fit the device memory budget: matching it against "
-                f"{n_subs} subscriptions needs {int(single[worst]) + reserve} bytes on the device ({what}, "
-                f"{int(single[worst]) - event_bytes} for its attributes, up to {reserve} for its results), but the "
-                f"budget of {budget} bytes leaves {free + reserve} after {fixed} for the batch's pattern table, "
-                f"alive flags and the matcher's scratch. Free device memory, raise device_memory, or shard the "
-                f"subscriptions over several indexes")
-
-        # positions travel to the host as int32 when they fit (see gpu_kernels.transfer)
-        col_dtype = np.int64 if output == "device" or n_subs > np.iinfo(np.int32).max else np.int32
-        host_ids = None if ids is None or output == "device" else cuda_support.to_host(ids)
-        results_row, results_col = [], []
-        held = 0
-        start = 0
-        while start < n_events:
-            free, budget = room(held)
-            if single[start] > free:
-                raise DeviceMemoryError(
-                    f"device results of earlier chunks hold {held} bytes and leave too little of the {budget}-byte "
-                    f"budget for event {start}; use output='numpy' (results copied back chunk by chunk)")
-            stop = plan_chunk(cost, start, free)
-            pieces = self._match_chunk(batch, events_d, offsets, start, stop, truth_d, alive_d,
-                                       free + reserve - int(cost[stop] - cost[start]), col_dtype)
-            for first_row, row_ends, rows, cols in pieces:
-                if output == "device":
-                    held += PAIR_BYTES * int(rows.shape[0])
-                    results_row.append(rows)
-                    results_col.append(cols)
-                else:       # rows rebuilt from the per-event counts; positions through pinned staging
-                    with self.phases("copy-back"):
-                        n_pairs = int(row_ends[-1])
-                        host_rows = np.empty(n_pairs, np.int64)
-                        transfer.expand_rows(row_ends, np.int64(first_row), host_rows)
-                        host_cols = np.empty(n_pairs, np.int64)
-                        transfer.positions_to_host(cols, host_cols, host_ids)
-                    results_row.append(host_rows)
-                    results_col.append(host_cols)
-            start = stop
-        if not results_row:
-            return _empty_result(output)
-        xp = cuda_support.array_module() if output == "device" else np
-        rows, cols = (results_row[0], results_col[0]) if len(results_row) == 1 else \
-            (xp.concatenate(results_row), xp.concatenate(results_col))
-        if output == "device" and ids is not None:
-            cols = cuda_support.as_device(ids)[cols]
-        return rows, cols
-
-    def _item_bytes(self) -> int:
-        """Device scratch bytes per attribute entry besides the entry itself."""
-        return 0
-
-    def _chunk_events(self, batch, events_d, offsets, start: int, stop: int):
-        """The chunk's events on the device: (offsets, attr, value, token,
-        first event) -- a host batch's slice, or the device batch in place."""
-        if events_d is None:
-            a, b = int(offsets[start]), int(offsets[stop])
-            with self.phases("events-in"):
-                return (cuda_support.to_device(offsets[start:stop + 1] - a), cuda_support.to_device(batch.attr[a:b]),
-                        cuda_support.to_device(batch.value[a:b]), cuda_support.to_device(batch.token[a:b]), 0)
-        return (*events_d, start)
-
-    def _compact(self, hits, n_rows: int, start: int, result_room: int, col_dtype=np.int64):
-        """Pieces of the chunk's hit matrix (bytes or bit words), split so
-        that each piece's results fit ``result_room`` bytes: (first event
-        index, the piece's row ends on the host -- ascending from 0, one
-        more than its rows --, event indices, positions as ``col_dtype``)."""
-        with self.phases("compaction"):
-            hit_offsets, n_tiles = hit_offsets_cuda(hits, n_rows, launch=self.launch)
-            row_ends = cuda_support.to_host(hit_offsets[::n_tiles])
-        total = int(row_ends[-1])
-        if PAIR_BYTES * total <= result_room:
-            bounds = [0, n_rows]
-        else:   # too many results for the room left: fill (and hand back) a few rows at a time
-            bounds = [0]
-            while bounds[-1] < n_rows:
-                first = bounds[-1]
-                limit = row_ends[first] + result_room // PAIR_BYTES
-                bounds.append(min(max(int(np.searchsorted(row_ends, limit, side="right")) - 1, first + 1), n_rows))
-        for first, last in zip(bounds[:-1], bounds[1:]):
-            with self.phases("compaction"):
-                rows, cols = fill_rows_cuda(hits, first, last, start, hit_offsets, n_tiles, launch=self.launch,
-                                            col_dtype=col_dtype)
-            yield start + first, row_ends[first:last + 1] - row_ends[first], rows, cols
+from gpu_kernels.compaction import n_tiles_for
 
 
 class ScanCudaMatcher(ChunkedCudaMatcher):
@@ -375,14 +58,14 @@ class ScanCudaMatcher(ChunkedCudaMatcher):
 
     name = "scan"
 
+    backend = "cuda"
+
     def __init__(self, segment: Segment, backend: str = "cuda", *, launch=None, device_memory: int | None = None):
         if backend != "cuda":
             raise ValueError(f"ScanCudaMatcher runs on backend 'cuda', not {backend!r}")
         resolve_backend("cuda")    # BackendUnavailable naming what is missing
-        if device_memory is not None and device_memory <= 0:
-            raise ValueError(f"device_memory must be a positive number of bytes, not {device_memory!r}")
+        ScanOptions(launch=launch, device_memory=device_memory)     # the registry's checks, for direct callers
         self.segment = segment
-        self.backend = backend
         self.launch = launch or cuda_support.default_launch()
         self.device_memory = device_memory
         self.stack_depth = check_program_depths(segment)
@@ -430,7 +113,7 @@ class ScanCudaMatcher(ChunkedCudaMatcher):
             scan_kernels.scan_kernel_cuda(event_start, n_rows, ev_offsets, ev_attr, ev_value, ev_token,
                                           dev.prog_offsets, dev.prog_kind, dev.prog_arg, alive_d,
                                           dev.pred_attr, dev.pred_op, dev.pred_lo, dev.pred_hi, dev.set_offsets,
-                                          dev.set_values, dev.pred_aux, truth_d, seg.max_depth, hits,
+                                          dev.set_values, dev.pred_aux, truth_d, self.stack_depth, hits,
                                           launch=self.launch)
         del ev_offsets, ev_attr, ev_value, ev_token
         yield from self._compact(hits, n_rows, start, result_room, col_dtype)

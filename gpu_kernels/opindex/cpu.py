@@ -1,53 +1,18 @@
-"""OpIndex kernels (opindex.txt §4-§6): building the two-level index and
+"""OpIndex CPU kernels (opindex.txt §4-§6): building the two-level index and
 matching events against it by counting.
 
-Layout (built by :mod:`engine.algorithms.opindex`; every structure is a flat
-array):
+The structure is one :class:`~gpu_kernels.opindex.layout.OpIndexArrays`
+(its layout: :mod:`gpu_kernels.opindex.layout`), built by
+:mod:`engine.algorithms.opindex` and handed whole to the kernels here and
+to their CUDA twins in :mod:`gpu_kernels.opindex.cuda`.
 
-* **Level 1, pivot partitions.**  ``pivot_of_attr[attr]`` is the compact
-  pivot id of an attribute (-1: no subscription has it as pivot).  The
-  counters of partition ``p`` are ``[part_counter_start[p],
-  part_counter_start[p + 1])`` -- the paper's counter array ``V_{A_p}``,
-  one counter per (conjunction | CNF copy), initialised to
-  ``counter_init`` = its number of predicates (clauses for CNF) and
-  decremented by each matching predicate; a counter reaching 0 is a match.
-  CNF copies also own clause slots ``[part_slot_start[p], ...)``: the
-  paper's clause bitmap, one flag per clause (§6.1).
-* **Level 2, operator partitions.**  List ``l = p * N_LISTS + op`` holds the
-  predicates of partition ``p`` with list operator ``op`` (``=``, ``!=``,
-  ``<``, ``<=``, ``>``, ``>=``, VERIFY, PREFIX), sorted by (attribute,
-  operand).  Each list is split into ``2**k`` segments by attribute (the
-  segment directory: segment ``attr >> list_shift[l]``, bucket
-  ``list_bucket_base[l] + segment``), each segment with a ``w``-bit
-  signature ``bucket_sig`` (bit ``h(attr, operand)`` for ``=``, ``h(attr)``
-  otherwise).  Inside a segment the predicates of one attribute form a
-  *run* (``run_attr``, entries ``[run_start[r], run_start[r + 1])``);
-  entries hold the operand ``ent_val`` (``2 * rank + 1`` among the
-  distinct operands ``vals`` when ``use_rank``: 16 bits) and the counter pointer
-  ``ent_target``, relative to the partition (``>= 0``: counter
-  ``part_counter_start[p] + t``; ``< 0``: clause slot
-  ``part_slot_start[p] - t - 1``), 16 bits when partitions are small.
-  ``list_shift[l] < 0`` marks an empty list.
-* VERIFY lists hold the predicates no range scan decides (NOT IN, NOT
-  BETWEEN, LIKE, NOT LIKE, MATCHES, NOT MATCHES, IS NOT NULL, and BETWEEN
-  inside a CNF clause): found by attribute only, decided exactly by
-  :func:`gpu_kernels.predicates.predicate_truth` on the event's value.
-  PREFIX lists hold ``LIKE 'abc%'`` as the code range of the strings with
-  that prefix (§6.2), checked exactly with the batch's pattern results.
-  Their side arrays (``side_pid``, ``side_hi``) are indexed by entry +
-  ``list_side_base[l]``.
-* IS NULL cannot be found through an event's attributes: it is checked when
-  its conjunction's counter reaches 0 (``counter_post_start`` / ``post_attr``);
-  subscriptions with a conjunction made only of IS NULL tests (or too large
-  for DNF and CNF) are evaluated on every event (``always_pos``).
-
-Matching (Algorithm 2) is ``match_task`` (built by :func:`make_match_task`),
-a plain function of a range of events over these arrays plus per-thread
-scratch (counters, clause bits, the counters that reached 0, and a two-level
-bitmap of matched subscription positions that de-duplicates and orders the
-output); the CPU kernel runs it over ``prange`` tasks of events, a CUDA
-twin would run it per thread over its own events with the same arguments.
-Building is a few sequential passes (:func:`plain_units`,
+Matching (Algorithm 2) is :func:`match_task`, a function of a range of
+events over the structure, the segment's :class:`~gpu_kernels.opindex.layout.Programs`
+and per-thread scratch (counters, clause bits, the counters that reached 0,
+and a two-level bitmap of matched subscription positions that
+de-duplicates and orders the output); :func:`opindex_match_kernel` runs it
+over ``prange`` tasks of events, :func:`opindex_match_serial` on the
+calling thread.  Building is a few sequential passes (:func:`plain_units`,
 :func:`choose_pivots`, :func:`emit_entries`, :func:`counting_order`,
 :func:`sort_within_lists`, :func:`gather_sorted`, :func:`build_directory`);
 a merge (DESIGN.md §4) merges the entries of added subscriptions into an
@@ -62,54 +27,23 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
+from gpu_kernels.opindex.layout import L_EQ, L_LE, L_PREFIX, L_VERIFY, N_LISTS, attr_bit_py, eq_bit_py
 from gpu_kernels.predicates import find_attribute, predicate_truth
 from gpu_kernels.scan import run_program
 
-#: list operators (second-level partitions)
-L_EQ, L_NE, L_LT, L_LE, L_GT, L_GE, L_VERIFY, L_PREFIX = range(8)
-N_LISTS = 8
-
-_K1 = np.uint64(0x9E3779B97F4A7C15)
-_K2 = np.uint64(0xC2B2AE3D27D4EB4F)
-_K3 = np.uint64(0x165667B19E3779F9)
 _DEBRUIJN_MUL = np.uint64(0x03F79D71B4CB0A89)
 _DEBRUIJN = np.zeros(64, dtype=np.int64)
 for _i in range(64):
     _DEBRUIJN[((1 << _i) * 0x03F79D71B4CB0A89 & 0xFFFFFFFFFFFFFFFF) >> 58] = _i
 
-
-# --------------------------------------------------------------------------
-# shared scalar helpers (plain functions: compiled for the CPU below, and for
-# a CUDA twin with cuda.jit(device=True))
-# --------------------------------------------------------------------------
-def attr_bit_py(attr, w):
-    """Signature bit of a predicate on ``attr`` whose operator is not ``=``."""
-    h = (np.uint64(attr) + np.uint64(1)) * _K1
-    h = h ^ (h >> np.uint64(29))
-    return np.int64((h >> np.uint64(32)) & np.uint64(w - 1))
-
-
-def eq_bit_py(attr, value, w):
-    """Signature bit of ``attr = value`` (attribute and operand)."""
-    if value > 4.0e18:
-        value = 4.0e18
-    if value < -4.0e18:
-        value = -4.0e18
-    k = np.uint64(np.int64(value))
-    h = (np.uint64(attr) + np.uint64(1)) * _K1
-    h = (h ^ (k * _K2)) * _K3
-    h = h ^ (h >> np.uint64(31))
-    return np.int64((h >> np.uint64(32)) & np.uint64(w - 1))
-
-
-def ctz_py(bit):
-    """Index of the single set bit of ``bit`` (de Bruijn)."""
-    return _DEBRUIJN[np.int64((bit * _DEBRUIJN_MUL) >> np.uint64(58))]
-
-
 attr_bit = njit(inline="always", nogil=True)(attr_bit_py)
 eq_bit = njit(inline="always", nogil=True)(eq_bit_py)
-ctz = njit(inline="always", nogil=True)(ctz_py)
+
+
+@njit(inline="always", nogil=True)
+def ctz(bit):
+    """Index of the single set bit of ``bit`` (de Bruijn)."""
+    return _DEBRUIJN[np.int64((bit * _DEBRUIJN_MUL) >> np.uint64(58))]
 
 
 # --------------------------------------------------------------------------
@@ -119,270 +53,300 @@ ctz = njit(inline="always", nogil=True)(ctz_py)
 # updates (atomic, shared between threads) around every call that passes
 # arrays, inlined helpers included, and those cost more than the work.
 # --------------------------------------------------------------------------
-def make_match_task(truth, run_prog, attr_bit_fn, eq_bit_fn, ctz_fn, find):
-    def match_task(e_first, e_last, out, base, cap, ev_count,
-                   ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
-                   pivot_of_attr, part_counter_start, part_slot_start,
-                   list_shift, list_bucket_base, list_side_base, bucket_run_start, bucket_sig, sig_bits, use_sig,
-                   run_attr, run_start, ent_val, vals, use_rank, ent_target, side_pid, side_hi,
-                   counter_init, counter_sub, counter_live, counter_post_start, post_attr, slot_counter,
-                   x_op, x_lo, x_hi, x_set_start, x_set_stop, set_values, x_aux,
-                   always_pos, prog_offsets, prog_kind, prog_arg,
-                   p_attr, p_op, p_lo, p_hi, p_set_offsets, p_set_values, p_aux,
-                   alive, counters, slots, hits, bm0, bm1, stack, result):
-        """Match events ``[e_first, e_last)``: write each event's alive TRUE
-        subscription positions, ascending, to ``out[base + used:]`` and
-        their number to ``ev_count[e]``.  When an event's positions do not
-        fit in ``cap``, stop: ``result = (that event, its count)``; else
-        ``result = (e_last, 0)``."""
-        n_attrs = len(pivot_of_attr)
-        has_post = len(counter_post_start) > 1     # (length 1: no IS NULL tests at all)
-        used = 0
-        result[0] = e_last
-        result[1] = 0
-        for e in range(e_first, e_last):
-            ev_start = ev_offsets[e]
-            ev_stop = ev_offsets[e + 1]
-            found = 0
-            # subscriptions no event attribute can find: evaluated on every event
-            for k in range(len(always_pos)):
-                pos = always_pos[k]
-                if alive[pos] != 0:
-                    if run_prog(prog_offsets[pos], prog_offsets[pos + 1], prog_kind, prog_arg, ev_start, ev_stop,
-                                ev_attr, ev_value, ev_token, p_attr, p_op, p_lo, p_hi, p_set_offsets,
-                                p_set_values, p_aux, pattern_truth, stack) == TRUE:
-                        word = pos >> 6
-                        mask = np.uint64(1) << np.uint64(pos & 63)
-                        if (bm0[word] & mask) == 0:
-                            bm0[word] |= mask
-                            bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
-                            found += 1
-            # Lemma 1: only the partitions of pivots the event carries
-            for j in range(ev_start, ev_stop):
-                pivot_attr = ev_attr[j]
-                if pivot_attr >= n_attrs:
+@njit(nogil=True)
+def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
+               index, programs, counter_live, alive, counters, slots, hits, bm0, bm1, stack, result):
+    """Match events ``[e_first, e_last)``: write each event's alive TRUE
+    subscription positions, ascending, to ``out[base + used:]`` and
+    their number to ``ev_count[e]``.  When an event's positions do not
+    fit in ``cap``, stop: ``result = (that event, its count)``; else
+    ``result = (e_last, 0)``."""
+    # the structure's arrays, read once (no reference-count updates in the loops)
+    pivot_of_attr = index.pivot_of_attr
+    part_counter_start = index.part_counter_start
+    part_slot_start = index.part_slot_start
+    list_shift = index.list_shift
+    list_bucket_base = index.list_bucket_base
+    list_side_base = index.list_side_base
+    bucket_run_start = index.bucket_run_start
+    bucket_sig = index.bucket_sig
+    sig_bits = index.sig_bits
+    use_sig = index.use_sig
+    run_attr = index.run_attr
+    run_start = index.run_start
+    ent_val = index.ent_val
+    vals = index.vals
+    use_rank = index.use_rank
+    ent_target = index.ent_target
+    side_pid = index.side_pid
+    side_hi = index.side_hi
+    counter_init = index.counter_init
+    counter_sub = index.counter_sub
+    counter_post_start = index.counter_post_start
+    post_attr = index.post_attr
+    slot_counter = index.slot_counter
+    x_op = index.x_op
+    x_lo = index.x_lo
+    x_hi = index.x_hi
+    x_set_start = index.x_set_start
+    x_set_stop = index.x_set_stop
+    set_values = index.set_values
+    x_aux = index.x_aux
+    always_pos = index.always_pos
+    prog_offsets = programs.prog_offsets
+    prog_kind = programs.prog_kind
+    prog_arg = programs.prog_arg
+    p_attr = programs.p_attr
+    p_op = programs.p_op
+    p_lo = programs.p_lo
+    p_hi = programs.p_hi
+    p_set_offsets = programs.p_set_offsets
+    p_set_values = programs.p_set_values
+    p_aux = programs.p_aux
+    n_attrs = len(pivot_of_attr)
+    has_post = len(counter_post_start) > 1     # (length 1: no IS NULL tests at all)
+    used = 0
+    result[0] = e_last
+    result[1] = 0
+    for e in range(e_first, e_last):
+        ev_start = ev_offsets[e]
+        ev_stop = ev_offsets[e + 1]
+        found = 0
+        # subscriptions no event attribute can find: evaluated on every event
+        for k in range(len(always_pos)):
+            pos = always_pos[k]
+            if alive[pos] != 0:
+                if run_program(prog_offsets[pos], prog_offsets[pos + 1], prog_kind, prog_arg, ev_start, ev_stop,
+                               ev_attr, ev_value, ev_token, p_attr, p_op, p_lo, p_hi, p_set_offsets,
+                               p_set_values, p_aux, pattern_truth, stack) == TRUE:
+                    word = pos >> 6
+                    mask = np.uint64(1) << np.uint64(pos & 63)
+                    if (bm0[word] & mask) == 0:
+                        bm0[word] |= mask
+                        bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                        found += 1
+        # Lemma 1: only the partitions of pivots the event carries
+        for j in range(ev_start, ev_stop):
+            pivot_attr = ev_attr[j]
+            if pivot_attr >= n_attrs:
+                continue
+            p = pivot_of_attr[pivot_attr]
+            if p < 0:
+                continue
+            # entries point at counters (>= 0) and clause slots (< 0) relative to the partition's
+            c_base = part_counter_start[p]
+            s_base = part_slot_start[p]
+            for c in range(c_base, part_counter_start[p + 1]):   # initialise V_{A_p}
+                counters[c] = counter_init[c]
+            for c in range(s_base, part_slot_start[p + 1]):
+                slots[c] = 0
+            n_hits = 0
+            for i in range(ev_start, ev_stop):
+                attr = ev_attr[i]
+                if attr >= n_attrs:
                     continue
-                p = pivot_of_attr[pivot_attr]
-                if p < 0:
-                    continue
-                # entries point at counters (>= 0) and clause slots (< 0) relative to the partition's
-                c_base = part_counter_start[p]
-                s_base = part_slot_start[p]
-                for c in range(c_base, part_counter_start[p + 1]):   # initialise V_{A_p}
-                    counters[c] = counter_init[c]
-                for c in range(s_base, part_slot_start[p + 1]):
-                    slots[c] = 0
-                n_hits = 0
-                for i in range(ev_start, ev_stop):
-                    attr = ev_attr[i]
-                    if attr >= n_attrs:
+                v = ev_value[i]
+                vq = v           # the value in the lists' operand domain
+                if use_rank:     # operands stored as 2 * rank + 1 among the distinct operands
+                    lo = 0
+                    n = len(vals)
+                    while n > 0:
+                        half = n >> 1
+                        go = vals[lo + half] < v
+                        lo = lo + half + 1 if go else lo
+                        n = n - half - 1 if go else half
+                    vq = 2.0 * lo + (1.0 if lo < len(vals) and vals[lo] == v else 0.0)
+                for op in range(8):
+                    l = p * 8 + op
+                    shift = list_shift[l]
+                    if shift < 0:
                         continue
-                    v = ev_value[i]
-                    vq = v           # the value in the lists' operand domain
-                    if use_rank:     # operands stored as 2 * rank + 1 among the distinct operands
-                        lo = 0
-                        n = len(vals)
+                    # segment directory, then the segment's signature (Example 3)
+                    bucket = list_bucket_base[l] + (attr >> shift)
+                    if use_sig:
+                        bit = eq_bit(attr, vq, sig_bits) if op == 0 else attr_bit(attr, sig_bits)
+                        if ((bucket_sig[bucket] >> np.uint64(bit)) & np.uint64(1)) == 0:
+                            continue
+                    # the attribute's run in the segment
+                    lo = find_attribute(run_attr, bucket_run_start[bucket], bucket_run_start[bucket + 1], attr)
+                    if lo < 0:
+                        continue
+                    a = run_start[lo]
+                    b = run_start[lo + 1]
+                    # range scans of §4.2 (entries sorted by operand):
+                    # first >= v (lower) and first > v (upper)
+                    # (branch-free binary searches: the comparisons are unpredictable)
+                    lower = a
+                    upper = b
+                    if op != 2 and op != 5 and op != 7:
+                        lo = a
+                        n = b - a
                         while n > 0:
                             half = n >> 1
-                            go = vals[lo + half] < v
+                            go = ent_val[lo + half] < vq
                             lo = lo + half + 1 if go else lo
                             n = n - half - 1 if go else half
-                        vq = 2.0 * lo + (1.0 if lo < len(vals) and vals[lo] == v else 0.0)
-                    for op in range(8):
-                        l = p * 8 + op
-                        shift = list_shift[l]
-                        if shift < 0:
-                            continue
-                        # segment directory, then the segment's signature (Example 3)
-                        bucket = list_bucket_base[l] + (attr >> shift)
-                        if use_sig:
-                            bit = eq_bit_fn(attr, vq, sig_bits) if op == 0 else attr_bit_fn(attr, sig_bits)
-                            if ((bucket_sig[bucket] >> np.uint64(bit)) & np.uint64(1)) == 0:
+                        lower = lo
+                    if op == 0 or op == 1 or op == 2 or op == 5 or op == 7:
+                        lo = lower
+                        n = b - lower
+                        while n > 0:
+                            half = n >> 1
+                            go = ent_val[lo + half] <= vq
+                            lo = lo + half + 1 if go else lo
+                            n = n - half - 1 if go else half
+                        upper = lo
+                    lo0 = a
+                    hi0 = b
+                    lo1 = b
+                    if op == 0:      # operand == v
+                        lo0 = lower
+                        hi0 = upper
+                    elif op == 1:    # operand != v
+                        hi0 = lower
+                        lo1 = upper
+                    elif op == 2:    # v < operand
+                        lo0 = upper
+                    elif op == 3:    # v <= operand
+                        lo0 = lower
+                    elif op == 4:    # v > operand
+                        hi0 = lower
+                    elif op == 5 or op == 7:    # v >= operand; PREFIX: interval starts at or below v
+                        hi0 = upper
+                    if op < 6:
+                        for half in range(2):
+                            k0 = lo0 if half == 0 else lo1
+                            k1 = hi0 if half == 0 else b
+                            for k in range(k0, k1):
+                                t = np.int64(ent_target[k]) + c_base
+                                if t < c_base:       # a CNF clause: its bit, once
+                                    slot = s_base - 1 - (t - c_base)
+                                    if slots[slot] != 0:
+                                        continue
+                                    slots[slot] = 1
+                                    t = slot_counter[slot]
+                                x = counters[t] - 1
+                                counters[t] = x
+                                hits[n_hits] = t         # kept when the counter reached 0 (no branch)
+                                n_hits += x == 0
+                        continue
+                    side = list_side_base[l]
+                    token = ev_token[i]
+                    for k in range(lo0, hi0):
+                        pid = side_pid[k + side]
+                        if op == 6:      # VERIFY: exact three-valued test on the present value
+                            pop = x_op[pid]
+                            hit = False
+                            if pop >= LIKE and pop <= NOT_MATCHES:
+                                hit = pattern_truth[token, x_aux[pid]] != 0
+                            s0 = 0
+                            s1 = 0
+                            if pop == IN or pop == NOT_IN:
+                                s0 = x_set_start[pid]
+                                s1 = x_set_stop[pid]
+                            if predicate_truth(pop, x_lo[pid], x_hi[pid], set_values, s0, s1, hit, True, v) != TRUE:
                                 continue
-                        # the attribute's run in the segment
-                        lo = find(run_attr, bucket_run_start[bucket], bucket_run_start[bucket + 1], attr)
-                        if lo < 0:
-                            continue
-                        a = run_start[lo]
-                        b = run_start[lo + 1]
-                        # range scans of §4.2 (entries sorted by operand):
-                        # first >= v (lower) and first > v (upper)
-                        # (branch-free binary searches: the comparisons are unpredictable)
-                        lower = a
-                        upper = b
-                        if op != 2 and op != 5 and op != 7:
-                            lo = a
-                            n = b - a
-                            while n > 0:
-                                half = n >> 1
-                                go = ent_val[lo + half] < vq
-                                lo = lo + half + 1 if go else lo
-                                n = n - half - 1 if go else half
-                            lower = lo
-                        if op == 0 or op == 1 or op == 2 or op == 5 or op == 7:
-                            lo = lower
-                            n = b - lower
-                            while n > 0:
-                                half = n >> 1
-                                go = ent_val[lo + half] <= vq
-                                lo = lo + half + 1 if go else lo
-                                n = n - half - 1 if go else half
-                            upper = lo
-                        lo0 = a
-                        hi0 = b
-                        lo1 = b
-                        if op == 0:      # operand == v
-                            lo0 = lower
-                            hi0 = upper
-                        elif op == 1:    # operand != v
-                            hi0 = lower
-                            lo1 = upper
-                        elif op == 2:    # v < operand
-                            lo0 = upper
-                        elif op == 3:    # v <= operand
-                            lo0 = lower
-                        elif op == 4:    # v > operand
-                            hi0 = lower
-                        elif op == 5 or op == 7:    # v >= operand; PREFIX: interval starts at or below v
-                            hi0 = upper
-                        if op < 6:
-                            for half in range(2):
-                                k0 = lo0 if half == 0 else lo1
-                                k1 = hi0 if half == 0 else b
-                                for k in range(k0, k1):
-                                    t = np.int64(ent_target[k]) + c_base
-                                    if t < c_base:       # a CNF clause: its bit, once
-                                        slot = s_base - 1 - (t - c_base)
-                                        if slots[slot] != 0:
-                                            continue
-                                        slots[slot] = 1
-                                        t = slot_counter[slot]
-                                    x = counters[t] - 1
-                                    counters[t] = x
-                                    hits[n_hits] = t         # kept when the counter reached 0 (no branch)
-                                    n_hits += x == 0
-                            continue
-                        side = list_side_base[l]
-                        token = ev_token[i]
-                        for k in range(lo0, hi0):
-                            pid = side_pid[k + side]
-                            if op == 6:      # VERIFY: exact three-valued test on the present value
-                                pop = x_op[pid]
-                                hit = False
-                                if pop >= LIKE and pop <= NOT_MATCHES:
-                                    hit = pattern_truth[token, x_aux[pid]] != 0
-                                s0 = 0
-                                s1 = 0
-                                if pop == IN or pop == NOT_IN:
-                                    s0 = x_set_start[pid]
-                                    s1 = x_set_stop[pid]
-                                if truth(pop, x_lo[pid], x_hi[pid], set_values, s0, s1, hit, True, v) != TRUE:
-                                    continue
-                            else:            # PREFIX: interval end, then the exact pattern result
-                                if side_hi[k + side] < v or pattern_truth[token, x_aux[pid]] == 0:
-                                    continue
-                            t = np.int64(ent_target[k]) + c_base
-                            if t < c_base:
-                                slot = s_base - 1 - (t - c_base)
-                                if slots[slot] != 0:
-                                    continue
-                                slots[slot] = 1
-                                t = slot_counter[slot]
-                            x = counters[t] - 1
-                            counters[t] = x
-                            if x == 0:
-                                hits[n_hits] = t
-                                n_hits += 1
-                # counters that reached 0: their IS NULL tests, then the subscription
-                for h in range(n_hits):
-                    t = hits[h]
-                    if has_post:
-                        absent = True
-                        for q in range(counter_post_start[t], counter_post_start[t + 1]):
-                            if find(ev_attr, ev_start, ev_stop, post_attr[q]) >= 0:
-                                absent = False
-                                break
-                        if not absent:
-                            continue
-                    pos = counter_sub[t]
-                    # counter_live: alive per counter (next to the counters); empty: read alive
-                    if (counter_live[t] if len(counter_live) else alive[pos]) != 0:
-                        word = pos >> 6
-                        mask = np.uint64(1) << np.uint64(pos & 63)
-                        if (bm0[word] & mask) == 0:
-                            bm0[word] |= mask
-                            bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
-                            found += 1
-            # the marked positions, ascending (and the bitmap cleared)
-            write = used + found <= cap
-            at = base + used
-            for w1 in range(len(bm1)):
-                y1 = bm1[w1]
-                if y1 == 0:
-                    continue
-                bm1[w1] = np.uint64(0)
-                while y1 != 0:
-                    low = y1 & (~y1 + np.uint64(1))
-                    y1 ^= low
-                    w = w1 * 64 + ctz_fn(low)
-                    y = bm0[w]
-                    bm0[w] = np.uint64(0)
-                    while y != 0:
-                        lb = y & (~y + np.uint64(1))
-                        y ^= lb
-                        if write:
-                            out[at] = w * 64 + ctz_fn(lb)
-                            at += 1
-            if not write:
-                result[0] = e
-                result[1] = found
-                return
-            used += found
-            ev_count[e] = found
-    return match_task
-
-
-match_task = njit(nogil=True)(make_match_task(predicate_truth, run_program, attr_bit, eq_bit, ctz,
-                                               find_attribute))
+                        else:            # PREFIX: interval end, then the exact pattern result
+                            if side_hi[k + side] < v or pattern_truth[token, x_aux[pid]] == 0:
+                                continue
+                        t = np.int64(ent_target[k]) + c_base
+                        if t < c_base:
+                            slot = s_base - 1 - (t - c_base)
+                            if slots[slot] != 0:
+                                continue
+                            slots[slot] = 1
+                            t = slot_counter[slot]
+                        x = counters[t] - 1
+                        counters[t] = x
+                        if x == 0:
+                            hits[n_hits] = t
+                            n_hits += 1
+            # counters that reached 0: their IS NULL tests, then the subscription
+            for h in range(n_hits):
+                t = hits[h]
+                if has_post:
+                    absent = True
+                    for q in range(counter_post_start[t], counter_post_start[t + 1]):
+                        if find_attribute(ev_attr, ev_start, ev_stop, post_attr[q]) >= 0:
+                            absent = False
+                            break
+                    if not absent:
+                        continue
+                pos = counter_sub[t]
+                # counter_live: alive per counter (next to the counters); empty: read alive
+                if (counter_live[t] if len(counter_live) else alive[pos]) != 0:
+                    word = pos >> 6
+                    mask = np.uint64(1) << np.uint64(pos & 63)
+                    if (bm0[word] & mask) == 0:
+                        bm0[word] |= mask
+                        bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                        found += 1
+        # the marked positions, ascending (and the bitmap cleared)
+        write = used + found <= cap
+        at = base + used
+        for w1 in range(len(bm1)):
+            y1 = bm1[w1]
+            if y1 == 0:
+                continue
+            bm1[w1] = np.uint64(0)
+            while y1 != 0:
+                low = y1 & (~y1 + np.uint64(1))
+                y1 ^= low
+                w = w1 * 64 + ctz(low)
+                y = bm0[w]
+                bm0[w] = np.uint64(0)
+                while y != 0:
+                    lb = y & (~y + np.uint64(1))
+                    y ^= lb
+                    if write:
+                        out[at] = w * 64 + ctz(lb)
+                        at += 1
+        if not write:
+            result[0] = e
+            result[1] = found
+            return
+        used += found
+        ev_count[e] = found
 
 
 def opindex_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions,
-                         ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
-                         pivot_of_attr, part_counter_start, part_slot_start,
-                         list_shift, list_bucket_base, list_side_base, bucket_run_start, bucket_sig, sig_bits,
-                         use_sig, run_attr, run_start, ent_val, vals, use_rank, ent_target, side_pid, side_hi,
-                         counter_init, counter_sub, counter_live, counter_post_start, post_attr, slot_counter,
-                         x_op, x_lo, x_hi, x_set_start, x_set_stop, set_values, x_aux,
-                         always_pos, prog_offsets, prog_kind, prog_arg,
-                         p_attr, p_op, p_lo, p_hi, p_set_offsets, p_set_values, p_aux, max_depth, alive):
+                            ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, index, programs, counter_live,
+                            alive):
     """Match events ``[task_first[t], task_last[t])`` for every task ``t``
-    in parallel, with per-task counters, clause bits and output bitmap.
+    in parallel, with per-task counters, clause bits and output bitmap,
+    against ``index`` (an :class:`~gpu_kernels.opindex.layout.OpIndexArrays`)
+    and ``programs`` (the segment's, for the always-checked subscriptions).
+    ``counter_live``: ``alive`` per counter, or empty to read ``alive``.
     Task ``t`` writes its events' positions, ascending per event, to
     ``out[t * cap:]`` and ``ev_count[e]``; when the next event does not fit
     it stops there (``task_stop[t]``, ``task_need[t]`` = that event's match
     count) so the caller can resume with more room."""
     n_words = (n_positions + 63) >> 6
-    max_part = 0
+    # room for the counters that reach 0 in one visit of a partition: each of
+    # its counters once -- and, were a counter decremented past its dtype's
+    # range (a built index never is; a loaded one is only checked to keep its
+    # entries within their partitions), once more per 2**(bits - 1) of the
+    # partition's entries and clause slots
+    part_counter_start = index.part_counter_start
+    part_slot_start = index.part_slot_start
+    list_offsets = index.list_offsets
+    turn = 8 * index.counter_init.itemsize - 1
+    max_hits = 0
     for p in range(len(part_counter_start) - 1):
-        max_part = max(max_part, part_counter_start[p + 1] - part_counter_start[p])
+        n_dec = list_offsets[(p + 1) * N_LISTS] - list_offsets[p * N_LISTS] + part_slot_start[p + 1] \
+            - part_slot_start[p]
+        max_hits = max(max_hits, part_counter_start[p + 1] - part_counter_start[p] + (n_dec >> turn))
     for t in prange(len(task_first)):
-        counters = np.empty(len(counter_init), dtype=counter_init.dtype)
-        slots = np.zeros(max(len(slot_counter), 1), dtype=np.uint8)
+        counters = np.empty(len(index.counter_init), dtype=index.counter_init.dtype)
+        slots = np.zeros(max(len(index.slot_counter), 1), dtype=np.uint8)
         bm0 = np.zeros(max(n_words, 1), dtype=np.uint64)
         bm1 = np.zeros(max((n_words + 63) >> 6, 1), dtype=np.uint64)
-        stack = np.empty(max(max_depth, 1), dtype=np.int8)
-        hits = np.empty(max_part + 1, dtype=np.int64)
+        stack = np.empty(max(programs.max_depth, 1), dtype=np.int8)
+        hits = np.empty(max_hits + 1, dtype=np.int64)
         result = np.empty(2, dtype=np.int64)
-        match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count,
-                   ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
-                   pivot_of_attr, part_counter_start, part_slot_start,
-                   list_shift, list_bucket_base, list_side_base, bucket_run_start, bucket_sig, sig_bits,
-                   use_sig, run_attr, run_start, ent_val, vals, use_rank, ent_target, side_pid, side_hi,
-                   counter_init, counter_sub, counter_live, counter_post_start, post_attr, slot_counter,
-                   x_op, x_lo, x_hi, x_set_start, x_set_stop, set_values, x_aux,
-                   always_pos, prog_offsets, prog_kind, prog_arg,
-                   p_attr, p_op, p_lo, p_hi, p_set_offsets, p_set_values, p_aux,
-                   alive, counters, slots, hits, bm0, bm1, stack, result)
+        match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
+                   ev_token, pattern_truth, index, programs, counter_live, alive, counters, slots, hits, bm0, bm1,
+                   stack, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
 

@@ -1,5 +1,7 @@
-"""CUDA twin of OpIndex matching (:mod:`gpu_kernels.opindex`, Algorithm 2
-of opindex.txt) over the very arrays the CPU build makes.
+"""CUDA twin of OpIndex matching (:mod:`gpu_kernels.opindex.cpu`, Algorithm 2
+of opindex.txt) over the very structure the CPU build makes: the device twin
+of its :class:`~gpu_kernels.opindex.layout.OpIndexArrays`
+(:func:`gpu_kernels.opindex.layout.to_device`), handed whole to the kernel.
 
 The CPU kernel gives each thread a range of events and walks, per event,
 the pivot partitions the event carries (Lemma 1) with private counters.  A
@@ -41,10 +43,9 @@ work item per event whose threads run their postfix programs
 three modes (a compile-time constant, so each is its own machine code):
 
 - ``"atomic"`` -- steps 1-4 above: the default, chosen by measurement
-  (BENCHMARKS.md, machine G1: on an H200, 20,000 device-resident events,
-  atomics took 0.045 s on W1, 0.28 s on W2, 0.012 s on W3, sort-and-segment
-  6.1×, 4.5× and 1.9× that -- a sort moves every satisfied entry through
-  global memory several times, an atomic touches one shared-memory word);
+  (BENCHMARKS.md, "CUDA backend (issue 4)": a sort moves every satisfied
+  entry through global memory several times, an atomic touches one
+  shared-memory word);
 - ``"count"`` and ``"emit"`` -- the two passes of the *sort-and-segment*
   count: ``count`` only runs the range scans and writes each item's number
   of entries; ``emit`` writes, at the item's offset, one int64 key per
@@ -68,7 +69,7 @@ import numpy as np
 
 from gpu_kernels import cuda_support
 from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
-from gpu_kernels.opindex import attr_bit_py, eq_bit_py
+from gpu_kernels.opindex.layout import DTYPES, PROGRAM_DTYPES, OpIndexArrays, Programs, attr_bit_py, eq_bit_py
 from gpu_kernels.predicates import cuda_device_functions
 from gpu_kernels.scan import cuda_run_program
 
@@ -208,16 +209,51 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomi
     emit = mode == "emit"
     scans_only = mode == "count"
 
-    def kernel(n_items, item_event, item_part, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
-               n_attrs, part_counter_start, part_slot_start,
-               list_shift, list_bucket_base, list_side_base, bucket_run_start, bucket_sig, sig_bits, use_sig,
-               run_attr, run_start, ent_val, vals, use_rank, ent_target, side_pid, side_hi,
-               counter_init, counter_sub, counter_post_start, post_attr, slot_counter,
-               x_op, x_lo, x_hi, x_set_start, x_set_stop, set_values, x_aux,
-               always_pos, prog_offsets, prog_kind, prog_arg,
-               p_attr, p_op, p_lo, p_hi, p_set_offsets, p_set_values, p_aux,
-               alive, scratch, counter_width, block_width, in_shared, bits,
-               item_hits, item_first, keys, key_stride):
+    def kernel(n_items, item_event, item_part, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, index,
+               programs, alive, scratch, counter_width, block_width, in_shared, bits, item_hits, item_first, keys,
+               key_stride):
+        # the structure's arrays (``index``: OpIndexArrays; ``programs``: the segment's Programs)
+        n_attrs = index.pivot_of_attr.shape[0]
+        part_counter_start = index.part_counter_start
+        part_slot_start = index.part_slot_start
+        list_shift = index.list_shift
+        list_bucket_base = index.list_bucket_base
+        list_side_base = index.list_side_base
+        bucket_run_start = index.bucket_run_start
+        bucket_sig = index.bucket_sig
+        sig_bits = index.sig_bits
+        use_sig = index.use_sig
+        run_attr = index.run_attr
+        run_start = index.run_start
+        ent_val = index.ent_val
+        vals = index.vals
+        use_rank = index.use_rank
+        ent_target = index.ent_target
+        side_pid = index.side_pid
+        side_hi = index.side_hi
+        counter_init = index.counter_init
+        counter_sub = index.counter_sub
+        counter_post_start = index.counter_post_start
+        post_attr = index.post_attr
+        slot_counter = index.slot_counter
+        x_op = index.x_op
+        x_lo = index.x_lo
+        x_hi = index.x_hi
+        x_set_start = index.x_set_start
+        x_set_stop = index.x_set_stop
+        set_values = index.set_values
+        x_aux = index.x_aux
+        always_pos = index.always_pos
+        prog_offsets = programs.prog_offsets
+        prog_kind = programs.prog_kind
+        prog_arg = programs.prog_arg
+        p_attr = programs.p_attr
+        p_op = programs.p_op
+        p_lo = programs.p_lo
+        p_hi = programs.p_hi
+        p_set_offsets = programs.p_set_offsets
+        p_set_values = programs.p_set_values
+        p_aux = programs.p_aux
         tid = cuda.threadIdx.x
         blk = cuda.blockIdx.x
         # counters at [0, counter_width) of the block's scratch, clause bits after them
@@ -367,6 +403,28 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomi
                 item_hits[item] = emitted
 
     return cuda.jit(kernel)
+
+
+def kernel_types(ent_val=np.uint16, ent_target=np.int16, counter_init=np.int8) -> tuple:
+    """The numba argument types of the OpIndex kernel for an index with
+    these entry and counter dtypes (the rest as the builder makes them when
+    positions and predicate rows fit 32 bits): what ``cuda.compile_ptx``
+    needs to compile it without a GPU.  Needs no ``numba.cuda``."""
+    from numba import types
+    from numba.np.numpy_support import from_dtype
+
+    def array(dtype, ndim=1):
+        return types.Array(from_dtype(np.dtype(dtype)), ndim, "C")
+
+    picked = {"ent_val": ent_val, "ent_target": ent_target, "counter_init": counter_init, "counter_sub": np.int32,
+              "side_pid": np.int32}
+    index = types.NamedTuple([array(picked.get(name, DTYPES[name][0])) for name in OpIndexArrays._fields
+                              if name in DTYPES] + [types.int64, types.boolean, types.boolean], OpIndexArrays)
+    programs = types.NamedTuple([array(dtype) for dtype in PROGRAM_DTYPES] + [types.int64], Programs)
+    i64 = types.int64
+    return (i64, array(np.int64), array(np.int32), array(np.int64), array(np.int32), array(np.float64),
+            array(np.int32), array(np.uint8, 2), index, programs, array(np.uint8), array(np.int32), i64, i64,
+            types.boolean, array(np.uint64, 2), array(np.int64), array(np.int64), array(np.int64), i64)
 
 
 def opindex_kernel_cuda(n_blocks: int, threads: int, stack_depth: int, shared_bytes: int, *args,

@@ -1,0 +1,188 @@
+"""Each algorithm's options: one frozen dataclass shared by both backends.
+
+``Index(algorithm=..., options={...})`` turns the mapping into the
+algorithm's options dataclass at once (:meth:`Options.from_mapping`), so an
+unknown name, an option of the other backend or a bad value fails when the
+index is made -- not at its first match.  A field's metadata says which
+backends it applies to and whether ``Index.save`` keeps it; the matchers
+receive the fields of their backend as keyword arguments
+(:meth:`Options.keywords`).  This module imports nothing heavy: the
+registry validates options without loading an algorithm's kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+BOTH = ("cpu", "cuda")
+CUDA = ("cuda",)
+
+
+def option(default, *, backends: tuple[str, ...] = BOTH, saved: bool = True, doc: str = ""):
+    """A dataclass field of an options class: its default, the backends it
+    applies to, whether a saved index keeps it, and what it does."""
+    return field(default=default, metadata={"backends": backends, "saved": saved, "doc": doc})
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _power_of_two(value, low: int, high: int) -> bool:
+    return _is_int(value) and low <= value <= high and not value & (value - 1)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Base of the options dataclasses (no options)."""
+
+    #: the algorithm these options belong to (for messages)
+    algorithm = ""
+
+    @classmethod
+    def from_mapping(cls, mapping: dict | None, backend: str) -> "Options":
+        """The options named in ``mapping`` for ``backend``, every other
+        field at its default: TypeError for a name the algorithm does not
+        take or one of another backend, ValueError/TypeError for a bad value."""
+        mapping = dict(mapping or {})
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(mapping) - set(fields))
+        if unknown:
+            takes = ", ".join(sorted(fields)) or "none"
+            raise TypeError(f"algorithm {cls.algorithm!r} takes no option(s) {unknown}; its options are: {takes}")
+        for name in mapping:
+            backends = fields[name].metadata["backends"]
+            if backend not in backends:
+                raise TypeError(f"option {name!r} of algorithm {cls.algorithm!r} applies to backend "
+                                f"{' and '.join(map(repr, backends))}, not {backend!r}")
+        return cls(**mapping)
+
+    def keywords(self, backend: str) -> dict:
+        """The fields that apply to ``backend``, as constructor keywords."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if backend in f.metadata["backends"]}
+
+    def saved(self) -> dict:
+        """The fields ``Index.save`` keeps: those marked saved whose value is
+        not the default and survives JSON (strings valid Unicode)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["saved"] and value != f.default and _json_safe(value):
+                out[f.name] = value
+        return out
+
+    def same_structure(self, saved: dict, backend: str) -> bool:
+        """Whether these options build the structure that options ``saved``
+        (a saved index's) built: the fields of both backends shape it, the
+        device-only ones (launch, memory) do not."""
+        for f in dataclasses.fields(self):
+            if f.metadata["backends"] == BOTH:
+                value = getattr(self, f.name)
+                before = saved.get(f.name, f.default)
+                if value is not before and (not _json_safe(value) or value != before):
+                    return False
+        return True
+
+    def given(self) -> dict:
+        """The fields whose value is not the default (what a copy of the
+        index -- ``subset`` -- is made with)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not f.default}
+
+
+def _json_safe(value) -> bool:
+    try:
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def check_device_memory(value) -> None:
+    if value is not None and (not _is_int(value) or value <= 0):
+        raise ValueError(f"device_memory must be a positive number of bytes, not {value!r}")
+
+
+def check_launch(value) -> None:
+    if value is not None:
+        from gpu_kernels.cuda_support import LaunchConfig
+        if not isinstance(value, LaunchConfig):
+            raise TypeError(f"launch must be a gpu_kernels.cuda_support.LaunchConfig, not {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class ScanOptions(Options):
+    """``scan``: no index, so only the cuda launch settings."""
+
+    algorithm = "scan"
+    launch: object = option(None, backends=CUDA, saved=False,
+                            doc="a gpu_kernels.cuda_support.LaunchConfig (default: one fit for the device)")
+    device_memory: int | None = option(None, backends=CUDA,
+                                       doc="bytes of device memory one match call may use "
+                                           "(default: a share of the free memory)")
+
+    def __post_init__(self):
+        check_launch(self.launch)
+        check_device_memory(self.device_memory)
+
+
+#: OpIndex's counting strategies on the device: atomic decrements, or sort-and-segment
+COUNTINGS = ("atomic", "sort")
+#: a partition's counters and clause bits go to shared memory when they fit
+#: this many bytes (48 KiB per block without an opt-in, less the kernel's static 4 KiB)
+SHARED_MEMORY = 40 << 10
+
+
+@dataclass(frozen=True)
+class OpIndexOptions(Options):
+    """``opindex`` (OpIndex §4-§7): the paper's parameters and the device's."""
+
+    algorithm = "opindex"
+    variant: str = option("full", doc="'full' (segments and signatures) or 'bs' (OpIndex-BS: binary search only)")
+    segments: int = option(32, doc="segments per operator list (§4.2; the paper's b), a power of two")
+    signature_bits: int = option(64, doc="bits of a segment signature (§4.2; the paper's w), a power of two <= 64")
+    operand_ranks: bool | None = option(None, doc="store operands as 16-bit ranks (default: when at most "
+                                                   "32767 distinct operands)")
+    event_log: object = option(None, saved=False,
+                               doc="an EventBatch or per-attribute counts: pivots from event frequencies (§4.1)")
+    launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
+    threads: object = option(None, backends=CUDA,
+                             doc="threads per block: a power of two in [2, 1024] or a (low, high) range")
+    device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
+    shared_memory: int = option(SHARED_MEMORY, backends=CUDA,
+                                doc="largest partition (bytes of counters) kept in shared memory")
+    counting: str = option("atomic", backends=CUDA, doc="'atomic' or 'sort' (sort-and-segment)")
+
+    def __post_init__(self):
+        if self.variant not in ("full", "bs"):
+            raise ValueError(f"variant must be 'full' or 'bs', not {self.variant!r}")
+        if not _power_of_two(self.segments, 1, 1 << 30):
+            raise ValueError(f"segments must be a power of two >= 1, not {self.segments!r}")
+        if not _power_of_two(self.signature_bits, 1, 64):
+            raise ValueError(f"signature_bits must be a power of two in [1, 64], not {self.signature_bits!r}")
+        if self.operand_ranks not in (None, True, False):
+            raise TypeError(f"operand_ranks must be None, True or False, not {self.operand_ranks!r}")
+        log = self.event_log
+        if log is not None and not hasattr(log, "attr"):
+            counts = np.asarray(log)
+            if counts.dtype.kind not in "iu" or counts.ndim != 1 or (counts < 0).any():
+                raise ValueError("event_log must be an EventBatch or a 1-D array of non-negative "
+                                 "per-attribute event counts")
+        check_launch(self.launch)
+        threads = self.threads
+        if threads is not None:
+            low, high = (threads, threads) if _is_int(threads) else \
+                (tuple(threads) if isinstance(threads, (tuple, list)) and len(threads) == 2 else (0, 0))
+            if not (_power_of_two(low, 2, 1024) and _power_of_two(high, 2, 1024) and low <= high):
+                raise ValueError(f"threads must be a power of two in [2, 1024] or a (low, high) range of them, "
+                                 f"not {threads!r}")
+        check_device_memory(self.device_memory)
+        if not _is_int(self.shared_memory) or self.shared_memory < 0:
+            raise ValueError(f"shared_memory must be a number of bytes >= 0, not {self.shared_memory!r}")
+        if self.counting not in COUNTINGS:
+            raise ValueError(f"counting must be one of {', '.join(map(repr, COUNTINGS))}, not {self.counting!r}")

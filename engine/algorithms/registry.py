@@ -1,0 +1,151 @@
+"""The registry of matching algorithms: what exists, where its paper says
+it, and how to build it on each backend.
+
+One :class:`Algorithm` entry per algorithm: its name, the paper and sections
+it implements, its matcher class per backend (as ``"module:Class"``,
+imported on first use so that ``import engine`` loads no kernel), its
+options dataclass (:mod:`engine.algorithms.options`), the expression forms
+it indexes natively, and -- for an algorithm with a rewrite limit -- the
+add-time test that sends an expression beyond it to the residual matcher
+(:mod:`engine.algorithms.residual`).  Adding an algorithm is its modules
+plus one :func:`register` call here; the Index, the CLI, the benchmarks and
+the conformance suite (``tests/test_conformance.py``) take it from the
+registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+from engine.algorithms.options import OpIndexOptions, Options, ScanOptions
+from engine.errors import BackendUnavailable, ExpressionTooLarge
+
+
+def _load(target: str):
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One registered algorithm (see the module docstring)."""
+
+    name: str
+    #: the paper's name for it, the paper (``papers/`` file) and the sections implemented
+    title: str
+    paper: str
+    sections: str
+    #: backend -> "module:Class" of its matcher
+    implementations: dict = field(default_factory=dict)
+    options: type = Options
+    #: the expression forms matched by the algorithm's own structure
+    native_forms: tuple = ()
+    #: "module:function" raising ExpressionTooLarge for an expression beyond
+    #: the algorithm's rewrite limit (``f(node, dnf_limit)``); None: every
+    #: expression is native
+    limit_check: str | None = None
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(self.implementations)
+
+    def matcher_class(self, backend: str):
+        target = self.implementations.get(backend)
+        if target is None:
+            runs = ", ".join(self.implementations) or "no backend"
+            raise BackendUnavailable(f"algorithm {self.name!r} is not implemented for backend {backend!r}; "
+                                     f"it runs on {runs}")
+        return target if isinstance(target, type) else _load(target)
+
+    def make_options(self, mapping: dict | None, backend: str) -> Options:
+        return self.options.from_mapping(mapping, backend)
+
+    def indexes(self, node, dnf_limit: int) -> bool:
+        """Whether the algorithm's own structure takes ``node`` (else the
+        residual matcher does)."""
+        if self.limit_check is None:
+            return True
+        try:
+            _load(self.limit_check)(node, dnf_limit)
+        except ExpressionTooLarge:
+            return False
+        return True
+
+    def limit_error(self, node, dnf_limit: int) -> ExpressionTooLarge | None:
+        """The algorithm's refusal of ``node`` (for ``strict=True``), or None."""
+        if self.limit_check is None:
+            return None
+        try:
+            _load(self.limit_check)(node, dnf_limit)
+        except ExpressionTooLarge as exc:
+            return exc
+        return None
+
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
+    """Add ``algorithm`` to the registry (``replace=True`` to redefine one)."""
+    if not algorithm.name or not algorithm.name.replace("-", "_").isidentifier():
+        raise ValueError(f"an algorithm name is a word, not {algorithm.name!r}")
+    if algorithm.name in _REGISTRY and not replace:
+        raise ValueError(f"algorithm {algorithm.name!r} is registered already")
+    if not algorithm.implementations:
+        raise ValueError(f"algorithm {algorithm.name!r} names no implementation")
+    _REGISTRY[algorithm.name] = algorithm
+    return algorithm
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def algorithms() -> tuple[Algorithm, ...]:
+    return tuple(_REGISTRY.values())
+
+
+def names(backend: str | None = None) -> tuple[str, ...]:
+    """The registered algorithms (those implemented on ``backend``)."""
+    return tuple(a.name for a in _REGISTRY.values() if backend is None or backend in a.implementations)
+
+
+def get(name: str) -> Algorithm:
+    found = _REGISTRY.get(name)
+    if found is None:
+        raise BackendUnavailable(f"unknown algorithm {name!r}; algorithms are {', '.join(_REGISTRY)}")
+    return found
+
+
+def matcher_class(name: str, backend: str):
+    """The matcher class of algorithm ``name`` on ``backend``, or a clear error."""
+    return get(name).matcher_class(backend)
+
+
+def default_algorithm(backend: str) -> str:
+    """The best registered algorithm on ``backend``."""
+    for name in ("opindex", "scan"):
+        if name in _REGISTRY and backend in _REGISTRY[name].implementations:
+            return name
+    found = names(backend)
+    if not found:
+        raise BackendUnavailable(f"no algorithm is implemented for backend {backend!r}")
+    return found[0]
+
+
+register(Algorithm(
+    name="scan", title="scan", paper="(none: the baseline)", sections="",
+    implementations={"cpu": "engine.algorithms.scan:ScanMatcher",
+                     "cuda": "engine.algorithms.scan_cuda:ScanCudaMatcher"},
+    options=ScanOptions,
+    native_forms=("every expression: its postfix program evaluated on every event",)))
+
+register(Algorithm(
+    name="opindex", title="OpIndex", paper="opindex.txt", sections="§4 (index and matching), §6 (DNF/CNF, prefix)",
+    implementations={"cpu": "engine.algorithms.opindex:OpIndexMatcher",
+                     "cuda": "engine.algorithms.opindex_cuda:OpIndexCudaMatcher"},
+    options=OpIndexOptions,
+    native_forms=("conjunctions", "DNF within dnf_limit conjunctions", "CNF within dnf_limit clauses",
+                  "prefix LIKE 'abc%' (PREFIX lists)"),
+    limit_check="engine.algorithms.opindex:check_expression"))
