@@ -4,7 +4,7 @@
 #   make run   [ARGS=...]          the Spark main job (local Spark, generated workload)
 #   make test  [PYTEST_ARGS=...]   the test suite, e.g. PYTEST_ARGS='-m "not slow"'
 #   make bench [ARGS=...]          benchmarks on the CPU backend
-#   make bench-gpu [ARGS=...]      W1-W4, scan and opindex on cpu and cuda, and the ratios (needs a GPU)
+#   make bench-gpu [ARGS=...]      W1-W4, every cuda algorithm on cpu and cuda, and the ratios (needs a GPU)
 #   make clean                     remove the venv and every build or run output
 
 PYTHON ?= python3
@@ -56,7 +56,7 @@ bench: $(STAMP)
 	$(VENV)/bin/bexmatch bench $(ARGS)
 
 bench-gpu: $(STAMP)
-	$(VPY) -m engine.bench_gpu $(ARGS)
+	$(VPY) -m engine.bench.gpu $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis \

@@ -4,6 +4,9 @@
     bexmatch run   [...]        the Spark main job (spark_integration.job)
     bexmatch bench [...]        benchmarks (engine.bench)
 
+Only ``run`` imports Spark (pyspark, spark_integration): the other commands
+work without it.
+
 Subscriptions are ``id<TAB>expression`` text lines or Parquet in the
 columnar form (engine.columnar); events are JSON Lines or Parquet (one row
 per event); matches are written as JSON Lines (default, to stdout) or
@@ -29,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from engine.algorithms import registry
 from engine.errors import BexmatchError
 
 EVENT_BATCH = 8192
@@ -272,8 +276,6 @@ def command_match(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.algorithms import ALGORITHMS
-
     parser = argparse.ArgumentParser(prog="bexmatch", description="Match events against Boolean-expression "
                                      "subscriptions on CPU cores, GPUs and Spark.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -285,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     match.add_argument("--events", required=True, help="JSON Lines or Parquet, one event per line/row")
     match.add_argument("--out", help="output file: .parquet for Parquet, anything else for JSON Lines "
                        "(default: JSON Lines on stdout)")
-    match.add_argument("--algorithm", choices=ALGORITHMS, help="matching algorithm (default: best available)")
+    match.add_argument("--algorithm", choices=registry.names(), help="matching algorithm (default: best available)")
     match.add_argument("--backend", choices=("cpu", "cuda"), help="backend (default: best available)")
     match.add_argument("--batch-size", type=int, default=EVENT_BATCH, help="events per batch (default %(default)s)")
     match.add_argument("--errors", choices=("raise", "null"), default="raise",
@@ -307,7 +309,7 @@ def _spark_job(argv) -> int:
 
 
 def _bench(argv) -> int:
-    from engine.bench import main as bench_main
+    from engine.bench.cli import main as bench_main
     return bench_main(argv) or 0
 
 

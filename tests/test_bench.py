@@ -1,6 +1,7 @@
 """``bexmatch bench`` (engine.bench): end to end at a tiny scale -- rows, CSV,
-PNG, sweeps, skipped and failing combinations, and that wrong answers are
-never reported as plain speed."""
+PNG, sweeps, skipped and failing combinations, that wrong answers are never
+reported as plain speed, and that what it runs comes from the algorithm
+registry (an algorithm registered at runtime included)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import math
 
 import pytest
 
-from engine import ALGORITHMS, Index, bench
-from engine.errors import BackendUnavailable
+from engine import Index, bench
+from engine.algorithms import registry
+from engine.algorithms.options import ScanOptions
+from engine.bench import algorithms as bench_algorithms
+from engine.bench import measure
 from engine.workloads import standard
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -33,21 +37,35 @@ def scan_matches_per_event(workload):
 
 
 @pytest.fixture
-def unimplemented(monkeypatch):
-    """An algorithm that does not run on cpu: a real one while there is
-    one, else one made unavailable for the test."""
-    missing = [a for a in ALGORITHMS if a not in bench.implemented_algorithms(["cpu"])]
-    if missing:
-        return missing[-1]
-    real = bench.matcher_class
+def registered():
+    """``registered(name, implementations)``: an algorithm registered for one
+    test with scan's options (a registered name is replaced, and restored
+    in its place afterwards)."""
+    previous = {}
 
-    def matcher_class(algorithm, backend):
-        if algorithm == "atree":
-            raise BackendUnavailable("atree made unavailable by the test")
-        return real(algorithm, backend)
+    def register(name, implementations):
+        if name not in previous:
+            previous[name] = registry.get(name) if name in registry.names() else None
+        return registry.register(registry.Algorithm(name=name, title=name, paper="(test)", sections="",
+                                                    implementations=implementations, options=ScanOptions),
+                                 replace=True)
 
-    monkeypatch.setattr(bench, "matcher_class", matcher_class)
-    return "atree"
+    yield register
+    for name, algorithm in previous.items():
+        if algorithm is None:
+            registry.unregister(name)
+        else:
+            registry.register(algorithm, replace=True)
+
+
+SCAN_CPU = {"cpu": "engine.algorithms.scan:ScanMatcher"}
+
+
+@pytest.fixture
+def unimplemented(registered):
+    """A registered algorithm that does not run on cpu."""
+    registered("cuda_only", {"cuda": "engine.algorithms.scan_cuda:ScanCudaMatcher"})
+    return "cuda_only"
 
 
 def read_csv(path):
@@ -160,10 +178,9 @@ class ScanAlias(Index):
 
 
 @pytest.fixture
-def scan_alias(monkeypatch):
-    real = bench.matcher_class
-    monkeypatch.setattr(bench, "matcher_class", lambda a, b: object if a == FAKE else real(a, b))
-    monkeypatch.setattr(bench, "Index", ScanAlias)
+def scan_alias(registered, monkeypatch):
+    registered(FAKE, SCAN_CPU)
+    monkeypatch.setattr(bench_algorithms, "Index", ScanAlias)
     monkeypatch.setattr(ScanAlias, "broken", False)
     monkeypatch.setattr(ScanAlias, "boom", False)
     return ScanAlias
@@ -183,8 +200,8 @@ def test_scan_sample_and_ratio(workload, scan_alias):
 
 def test_auto_scan_sample_size():
     assert bench.scan_sample_size(1000, 200) == 200
-    assert bench.scan_sample_size(10 ** 6, 10_000) == bench.SCAN_SAMPLE_MIN
-    assert bench.scan_sample_size(10 ** 5, 10_000) == bench.SCAN_SAMPLE_MAX
+    assert bench.scan_sample_size(10 ** 6, 10_000) == measure.SCAN_SAMPLE_MIN
+    assert bench.scan_sample_size(10 ** 5, 10_000) == measure.SCAN_SAMPLE_MAX
     assert bench.scan_sample_size(10 ** 6, 10_000, "all") == 10_000
     assert bench.scan_sample_size(10 ** 6, 10_000, 7) == 7
 
@@ -197,7 +214,6 @@ def test_wrong_answers_are_flagged(workload, scan_alias, tmp_path, monkeypatch, 
     assert alias["note"].startswith("WRONG") and "1 matches missing" in alias["note"]
     assert "NO" in bench.format_table(rows)
     # the command line reports it and fails
-    monkeypatch.setattr(bench, "ALGORITHMS", (*bench.ALGORITHMS, FAKE))
     argv = ["--scale", "0.001", "--events", "50", "--repeats", "1", "--latency-samples", "5", "--quiet",
             "--algorithm", "scan", "--algorithm", FAKE]
     assert bench.main(argv) == 1
@@ -215,22 +231,39 @@ def test_failing_algorithm_is_an_error_row(workload, scan_alias, monkeypatch):
         bench.run_benchmark([workload], [FAKE], ["cpu"], strict=True, **FAST)
 
 
-def test_unavailable_backend_is_skipped(workload, monkeypatch):
-    monkeypatch.setattr(bench, "matcher_class", _unavailable_on("cuda"))
+def test_unavailable_backend_is_skipped(workload, registered):
+    registered("scan", SCAN_CPU)       # scan without its cuda matcher, whether or not this machine has a GPU
     rows = bench.run_benchmark([workload], ["scan"], ["cpu", "cuda"], **FAST)
     assert [r["backend"] for r in rows] == ["cpu", "cuda"]
     assert rows[0]["status"] == "ok" and rows[0]["correct"] is True
-    assert rows[1]["status"] == "skipped" and "cuda" in rows[1]["note"]
+    assert rows[1]["status"] == "skipped" and "backend 'cuda'" in rows[1]["note"]
 
 
-def _unavailable_on(backend):
-    from engine.algorithms import matcher_class
+def test_what_runs_comes_from_the_registry(registered, tmp_path, capsys):
+    """The algorithm choices, ``--algorithm all`` and the default are the
+    registry's, read when asked: an algorithm registered at runtime is
+    benchmarked (and checked against scan) like any other."""
+    assert bench_algorithms.names() == (*registry.names(), "opindex-bs")
+    assert bench.implemented_algorithms(["cpu"]) == list(registry.names("cpu"))
+    with pytest.raises(SystemExit):
+        bench.main(["--algorithm", "scan_again"])
+    assert "invalid choice: 'scan_again'" in capsys.readouterr().err
 
-    def check(algorithm, on):
-        if on == backend:
-            raise BackendUnavailable(f"backend {backend!r} is not available here (test)")
-        return matcher_class(algorithm, on)
-    return check
+    registered("scan_again", SCAN_CPU)
+    assert "scan_again" in bench_algorithms.names()
+    assert "scan_again" in bench.implemented_algorithms(["cpu"])
+    assert "scan_again" not in bench.implemented_algorithms(["cuda"])
+    csv_path = tmp_path / "all.csv"
+    argv = ["--scale", "0.0005", "--events", "40", "--repeats", "1", "--latency-samples", "5", "--quiet",
+            "--csv", str(csv_path)]
+    assert bench.main([*argv, "--algorithm", "all"]) == 0
+    _, rows = read_csv(csv_path)
+    assert [r["algorithm"] for r in rows] == list(registry.names())
+    assert all(r["status"] == "ok" and r["correct"] == "True" for r in rows), rows
+    assert bench.main([*argv, "--algorithm", "scan_again", "--backend", "cuda"]) == 0
+    _, rows = read_csv(csv_path)
+    assert [(r["algorithm"], r["backend"], r["status"]) for r in rows] == [("scan_again", "cuda", "skipped")]
+    assert "it runs on cpu" in rows[0]["note"]
 
 
 # ------------------------------------------------------------------ sweeps
@@ -276,7 +309,7 @@ def test_sweep_aliases():
 
 
 def test_plot_without_results(tmp_path):
-    rows = [bench._empty_row(workload="w", algorithm="atree", backend="cpu", status="skipped", note="n/a")]
+    rows = [measure.empty_row(workload="w", algorithm="toy", backend="cpu", status="skipped", note="n/a")]
     bench.plot(rows, tmp_path / "empty.png")
     assert_png(tmp_path / "empty.png")
 
@@ -285,13 +318,12 @@ def test_event_dicts_drop_nulls():
     import pyarrow as pa
     table = pa.table({"a": pa.array([1, None, 3]), "b": pa.array([None, None, None], pa.int64()),
                       "c": pa.array(["x", "y", None])})
-    assert bench._event_dicts(table, 3) == [{"a": 1, "c": "x"}, {"c": "y"}, {"a": 3}]
-    assert bench._event_dicts(table, 1) == [{"a": 1, "c": "x"}]
+    assert measure.event_dicts(table, 3) == [{"a": 1, "c": "x"}, {"c": "y"}, {"a": 3}]
+    assert measure.event_dicts(table, 1) == [{"a": 1, "c": "x"}]
 
 
 def test_ingest_mode_reports_parse_and_ingestion_rates(capsys):
     from engine.bench import ingest_rates, main
-    from engine.workloads import standard
 
     workload = standard("W1", scale=0.0005, n_events=100)
     rates = ingest_rates(workload, n_texts=100, repeats=1)
@@ -320,10 +352,21 @@ def test_update_costs_time_both_merge_paths():
     the rebuild share restored afterwards."""
     from engine.algorithms.opindex import OpIndexMatcher
     from engine.bench import update_costs
-    from engine.workloads import standard
 
     share = OpIndexMatcher.REBUILD_SHARE
     cost = update_costs(standard("W1", scale=0.003, n_events=5), n=20, repeats=1)
     assert cost["n"] == 20 and cost["n_subscriptions"] == 3000
     assert cost["incremental_s"] > 0 and cost["full_s"] > 0
     assert OpIndexMatcher.REBUILD_SHARE == share
+
+
+def test_load_costs_restore_the_saved_structure(capsys):
+    from engine.bench.costs import load_costs
+    cost = load_costs(standard("W1", scale=0.001, n_events=100), repeats=1)
+    assert cost["structure_restored"] and cost["same_answers"]
+    assert cost["n_subscriptions"] == 1000 and cost["file_bytes"] > 0
+    assert 0 < cost["load_s"] <= cost["load_first_match_s"]
+    assert bench.main(["--load", "--workload", "W1", "--scale", "0.001", "--repeats", "1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "W1 begen-uniform opindex/cpu (1,000 subscriptions)" in out
+    assert "structure restored: True; same answers: True" in out

@@ -1,4 +1,4 @@
-"""``make bench-gpu`` (:mod:`engine.bench_gpu`) end to end under numba's
+"""``make bench-gpu`` (:mod:`engine.bench.gpu`) end to end under numba's
 CUDA simulator (or on a GPU): every row correct, the ratio, copy-share,
 phase and counting tables printed with measured values.  The simulator
 runs each thread in Python, so the standard workload is swapped for a toy
@@ -8,13 +8,36 @@ from __future__ import annotations
 
 import pytest
 
+from engine.algorithms import registry
+from engine.algorithms.options import ScanOptions
 from tests.test_cuda_sim import needs_cuda
 
-pytestmark = [pytest.mark.cuda, needs_cuda]
+
+def test_bench_gpu_runs_the_algorithms_registered_on_cuda():
+    """``--algorithm`` takes the cuda algorithms of the registry (and their
+    bench variants), read when the parser is built; not a cpu-only one."""
+    from engine.bench import gpu
+
+    assert gpu.cuda_algorithms() == (*registry.names("cuda"), "opindex-bs")
+    cpu_only = registry.Algorithm(name="cpu_only", title="cpu_only", paper="(test)", sections="",
+                                  implementations={"cpu": "engine.algorithms.scan:ScanMatcher"}, options=ScanOptions)
+    on_cuda = registry.Algorithm(name="on_cuda", title="on_cuda", paper="(test)", sections="",
+                                 implementations={"cuda": "engine.algorithms.scan_cuda:ScanCudaMatcher"},
+                                 options=ScanOptions)
+    registry.register(cpu_only)
+    registry.register(on_cuda)
+    try:
+        assert "on_cuda" in gpu.cuda_algorithms() and "cpu_only" not in gpu.cuda_algorithms()
+    finally:
+        registry.unregister("cpu_only")
+        registry.unregister("on_cuda")
 
 
+@pytest.mark.cuda
+@needs_cuda
 def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypatch):
-    from engine import bench_gpu, workloads
+    from engine import workloads
+    from engine.bench import gpu
 
     def toy(name, scale=1.0, n_events=None):
         assert name == "W1"
@@ -22,12 +45,12 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
                                match_prob=0.3, name="W1-toy")
 
     monkeypatch.setattr(workloads, "standard", toy)
-    rc = bench_gpu.main(["--workload", "W1", "--events", "2", "--cpu-events", "2", "--repeats", "1",
-                         "--latency-samples", "0", "--block-sizes", "2,8", "--quiet"])
+    rc = gpu.main(["--workload", "W1", "--events", "2", "--cpu-events", "2", "--repeats", "1",
+                   "--latency-samples", "0", "--block-sizes", "2,8", "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0, out
     ratios = out.split("== cuda / cpu")[1].split("==")[0].splitlines()
-    assert sorted(line.split()[1] for line in ratios[2:] if line.split()) == ["opindex", "scan"]
+    assert sorted(line.split()[1] for line in ratios[2:] if line.split()) == sorted(registry.names("cuda"))
     phases = out.split("phases synchronised, seconds)")[1].splitlines()[1]
     assert phases.startswith("W1-toy: events-in ") and "counting" in phases and "copy-back" in phases
     counting = out.split("atomic decrements vs sort-and-segment")[1].splitlines()

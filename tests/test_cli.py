@@ -100,6 +100,28 @@ def test_bad_event_fails_naming_it_unless_errors_null(files, capsys):
     assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
 
 
+def test_algorithm_choices_are_the_registry(files, capsys):
+    """``--algorithm`` takes what the registry holds when the command runs,
+    an algorithm registered at runtime included."""
+    from engine.algorithms import registry
+    from engine.algorithms.options import ScanOptions
+
+    tmp, subs, events = files
+    argv = ["match", "--subs", str(subs), "--events", str(events), "--quiet", "--algorithm", "scan_copy"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and "invalid choice: 'scan_copy'" in capsys.readouterr().err
+    registry.register(registry.Algorithm(name="scan_copy", title="scan_copy", paper="(test)", sections="",
+                                         implementations={"cpu": "engine.algorithms.scan:ScanMatcher"},
+                                         options=ScanOptions))
+    try:
+        assert main([*argv, "--backend", "cpu"]) == 0
+    finally:
+        registry.unregister("scan_copy")
+    out = capsys.readouterr().out
+    assert [(r["event"], r["sub_id"]) for r in map(json.loads, out.splitlines())] == EXPECTED
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["match", "--help"]])
 def test_help(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -207,3 +229,31 @@ def test_the_console_script_prints_no_traceback(files):
                            "--quiet"], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 2
     assert done.stderr == f"bexmatch: error: {bad}:2: subscription id 99999999999999999999 does not fit in int64\n"
+
+
+def test_only_run_imports_spark(files, tmp_path):
+    """``bexmatch match``, ``bench`` and ``--help`` work without Spark: none
+    of them imports pyspark or spark_integration (a fresh interpreter, the
+    modules loaded listed at exit)."""
+    tmp, subs, events = files
+    commands = [["--help"], ["bench", "--help"],
+                ["match", "--subs", str(subs), "--events", str(events), "--out", str(tmp / "m.jsonl"), "--quiet"],
+                ["bench", "--scale", "0.0002", "--events", "5", "--repeats", "1", "--latency-samples", "1",
+                 "--algorithm", "scan", "--quiet"]]
+    script = (
+        "import json, sys\n"
+        "from engine.cli import main\n"
+        "codes = []\n"
+        f"for argv in {commands!r}:\n"
+        "    try:\n"
+        "        codes.append(main(argv))\n"
+        "    except SystemExit as exc:\n"
+        "        codes.append(exc.code)\n"
+        "spark = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'spark_integration'))\n"
+        "print(json.dumps({'codes': codes, 'spark': spark}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result == {"codes": [0, 0, 0, 0], "spark": []}, done.stderr[-3000:]
+    assert read_jsonl(tmp / "m.jsonl") == EXPECTED

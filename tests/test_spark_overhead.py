@@ -1,4 +1,4 @@
-"""spark_integration.bench_overhead at a tiny scale, on the session's local
+"""spark_integration.bench.overhead at a tiny scale, on the session's local
 Spark (conftest.py's ``spark`` fixture): the Spark result equals the
 in-process one, each Python worker loads the index exactly once whatever the
 number of runs, and the report has every field."""
@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from spark_integration import bench_overhead
+from spark_integration.bench import overhead, ship
 
 
 def test_wide_to_map_round_trips_through_the_map_layout():
@@ -20,7 +20,7 @@ def test_wide_to_map_round_trips_through_the_map_layout():
     from engine.schema import Schema
 
     events = workloads.standard("W1", scale=0.001, n_events=200).events
-    column = bench_overhead.wide_to_map(events)
+    column = overhead.wide_to_map(events)
     assert len(column) == events.num_rows
     schema = Schema()
     for name in events.column_names:
@@ -31,19 +31,27 @@ def test_wide_to_map_round_trips_through_the_map_layout():
         assert np.array_equal(getattr(wide, field), getattr(mapped, field)), field
 
 
+@pytest.mark.parametrize("module", [overhead, ship])
+def test_help_names_the_module_to_run(module, capsys):
+    with pytest.raises(SystemExit) as exc:
+        module.main(["--help"])
+    assert exc.value.code == 0
+    assert f"usage: python -m {module.__name__}" in capsys.readouterr().out
+
+
 def test_pairs_helper_sorts_lexicographically():
-    e, s = bench_overhead._pairs(np.array([2, 1, 2, 1]), np.array([5, 9, 3, 4]))
+    e, s = overhead._pairs(np.array([2, 1, 2, 1]), np.array([5, 9, 3, 4]))
     assert e.tolist() == [1, 1, 2, 2] and s.tolist() == [4, 9, 3, 5]
 
 
 @pytest.mark.spark
 def test_overhead_bench_tiny(spark):
-    result = bench_overhead.run(spark, workload="W1", scale=0.001, n_events=300, repeats=2, layout="map",
+    result = overhead.run(spark, workload="W1", scale=0.001, n_events=300, repeats=2, layout="map",
                                 profile=True)
 
-    assert set(result) == set(bench_overhead.FIELDS)
+    assert set(result) == set(overhead.FIELDS)
     # None only: Spark's default Arrow batch size, and the wide layout's conversion (not measured here)
-    assert [k for k in bench_overhead.FIELDS if result[k] is None] == ["arrow_batch_size", "to_wide_s"]
+    assert [k for k in overhead.FIELDS if result[k] is None] == ["arrow_batch_size", "to_wide_s"]
 
     # the workload and both sides agree
     assert result["subscriptions"] == 1_000 and result["events"] == 300
@@ -73,33 +81,33 @@ def test_overhead_bench_tiny(spark):
     assert set(result["profile"]["map"]) == {"input only", "match, no output", "match_events() call",
                                              "full match_events"}
 
-    report = bench_overhead.format_report(result, "python -m spark_integration.bench_overhead --scale 0.001")
+    report = overhead.format_report(result, "python -m spark_integration.bench.overhead --scale 0.001")
     assert "ratio spark (map) / in-process" in report and "loads per worker" in report
     assert "profile (spark medians" in report
 
 
 @pytest.mark.spark
 def test_overhead_bench_wide_grouped_noop_restores_the_batch_size(spark):
-    key = bench_overhead.ARROW_BATCH_CONF
+    key = overhead.ARROW_BATCH_CONF
     before = spark.conf.get(key, None)
-    result = bench_overhead.run(spark, scale=0.001, n_events=150, repeats=1, layout="wide", output="grouped",
+    result = overhead.run(spark, scale=0.001, n_events=150, repeats=1, layout="wide", output="grouped",
                                 action="noop", arrow_batch_size=40)
     assert spark.conf.get(key, None) == before
-    assert [k for k in bench_overhead.FIELDS if result[k] is None] == ["to_map_s", "profile"]
+    assert [k for k in overhead.FIELDS if result[k] is None] == ["to_map_s", "profile"]
     assert result["verified"] is True and result["verified_pairs"] == result["matches"] > 0
     assert list(result["spark_layouts"]) == ["wide"] and result["layout"] == "wide"
     assert set(result["loads_per_worker"].values()) <= {1}      # the index may already be loaded: no new load
     assert result["loads_per_worker_index"] in ([], [1])
     assert result["spark_batches"] >= 2 * (150 // 40)           # batches of at most 40 events, warm-up + 1 run
-    assert f"spark {spark.sparkContext.master} wide grouped+noop" in bench_overhead.format_report(result)
+    assert f"spark {spark.sparkContext.master} wide grouped+noop" in overhead.format_report(result)
 
 
 @pytest.mark.spark
 def test_overhead_bench_sends_a_map_workload_as_it_is(spark):
     """W3's events are one map column already: the map layout sends it as
     it is (both sides agree), and the wide layout is refused before any work."""
-    result = bench_overhead.run(spark, workload="W3", scale=0.001, n_events=200, repeats=1, layout="map")
+    result = overhead.run(spark, workload="W3", scale=0.001, n_events=200, repeats=1, layout="map")
     assert result["verified"] is True and result["verified_pairs"] == result["matches"] > 0
     assert list(result["spark_layouts"]) == ["map"]
     with pytest.raises(ValueError, match="come as one map column: use layout='map'"):
-        bench_overhead.run(spark, workload="W3", scale=0.0005, n_events=60, repeats=1, layout="wide")
+        overhead.run(spark, workload="W3", scale=0.0005, n_events=60, repeats=1, layout="wide")

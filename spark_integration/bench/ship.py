@@ -1,7 +1,7 @@
 """Broadcast vs SparkFiles for shipping the index: the measurement behind
 ``spark_integration.shipping.DEFAULT_SHIP`` (README.md, "Shipping the index").
 
-    python -m spark_integration.bench_ship --scale 0.1 --reps 3 --master 'local[2]'
+    python -m spark_integration.bench.ship --scale 0.1 --reps 3 --master 'local[2]'
 
 For each method and repetition (a fresh index content each time, so nothing
 is reused): seconds on the driver (serialise + broadcast/addFile), seconds
@@ -35,7 +35,7 @@ class _Touch:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m spark_integration.bench.ship", description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", type=float, default=0.1, help="W1 scale of the index (default 0.1: 100k subs)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--master", default="local[2]")

@@ -1,16 +1,17 @@
-"""The GPU benchmark (``make bench-gpu``, ``python -m engine.bench_gpu``).
+"""The GPU benchmark (``make bench-gpu``, ``python -m engine.bench.gpu``).
 
-Runs the standard workloads (default W1-W4 at full scale) for ``scan`` and
-``opindex`` on ``cpu`` and on ``cuda`` in one run with
-:func:`engine.bench.run_benchmark` (answers checked against ``scan`` on
-cpu), then prints, per workload and algorithm, events/s on each backend and
-their ratio -- the ``cpu`` rows with ``--cpu-threads`` numba threads (2: the
-project's 2-core reference machine) -- and the share of the cuda time spent
-in host<->device copies: one batch matched from host arrays with results
-copied back, against the same batch already on the device with results left
-there (both after the host-side event encoding, which is the same on every
-backend) -- and, for ``opindex``, the device-resident batch once more with
-sort-and-segment counting, the alternative to atomic decrements.
+Runs the standard workloads (default W1-W4 at full scale) for every
+algorithm registered on ``cuda`` (``--algorithm`` to choose) on ``cpu`` and
+on ``cuda`` in one run with :func:`engine.bench.measure.run_benchmark`
+(answers checked against ``scan`` on cpu), then prints, per workload and
+algorithm, events/s on each backend and their ratio -- the ``cpu`` rows
+with ``--cpu-threads`` numba threads (2: the project's 2-core reference
+machine) -- and the share of the cuda time spent in host<->device copies:
+one batch matched from host arrays with results copied back, against the
+same batch already on the device with results left there (both after the
+host-side event encoding, which is the same on every backend) -- and, for
+``opindex``, the device-resident batch once more with sort-and-segment
+counting, the alternative to atomic decrements.
 """
 
 from __future__ import annotations
@@ -24,13 +25,22 @@ import time
 import numba
 import numpy as np
 
-from engine import Index
 from engine import events as event_batches
+from engine.algorithms import registry
 from engine.backend import available_backends
-from engine.bench import format_table, run_benchmark, write_csv
+from engine.bench import algorithms as bench_algorithms
+from engine.bench.measure import run_benchmark
+from engine.bench.report import format_table, write_csv
+from engine.index import Index
 from gpu_kernels import cuda_support
 
-ALGORITHMS = ("scan", "opindex")
+
+def cuda_algorithms() -> tuple[str, ...]:
+    """The names ``--algorithm`` takes: the algorithms registered on cuda
+    and the bench variants of them."""
+    on_cuda = registry.names("cuda")
+    return tuple(name for name in bench_algorithms.names()
+                 if name in on_cuda or bench_algorithms.VARIANTS.get(name, ("",))[0] in on_cuda)
 
 
 def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting: bool = True,
@@ -128,12 +138,12 @@ def _table(dicts, keys) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.bench_gpu", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.bench.gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", action="append", help="standard workload (repeatable; default W1-W4)")
     parser.add_argument("--scale", type=float, default=1.0, help="workload scale (default 1.0: full)")
     parser.add_argument("--events", type=int, default=None, help="events per workload (default: the workload's)")
-    parser.add_argument("--algorithm", action="append", choices=(*ALGORITHMS, "opindex-bs"),
-                        help="repeatable; default scan and opindex")
+    parser.add_argument("--algorithm", action="append", choices=cuda_algorithms(),
+                        help="repeatable; default every algorithm registered on cuda")
     parser.add_argument("--cpu-events", type=int, default=None,
                         help="time the cpu rows on the first N events only (default: all)")
     parser.add_argument("--cpu-threads", type=int, default=2, help="numba threads for the cpu rows (default 2)")
@@ -153,7 +163,7 @@ def main(argv=None) -> int:
         return 2
     from engine.workloads import standard
 
-    algorithms = args.algorithm or list(ALGORITHMS)
+    algorithms = args.algorithm or list(registry.names("cuda"))
     try:
         block_sizes = [int(t) for t in args.block_sizes.split(",") if t.strip()]
     except ValueError:

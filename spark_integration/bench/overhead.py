@@ -1,6 +1,6 @@
 """Spark's overhead over the in-process engine, measured in one run.
 
-    python -m spark_integration.bench_overhead [--workload W1] [--scale 0.01] [--events N]
+    python -m spark_integration.bench.overhead [--workload W1] [--scale 0.01] [--events N]
         [--algorithm ALG] [--repeats 3] [--master 'local[2]'] [--layout map|wide|both]
         [--output pairs|grouped] [--partitions P] [--arrow-batch-size N]
         [--action count|noop] [--profile]
@@ -69,8 +69,8 @@ import time
 DEFAULT_WORKLOAD = "W1"
 DEFAULT_SCALE = 0.01
 #: events by default: enough that a warm Spark job's fixed cost (scheduling
-#: two tasks, ~0.2 s) is small next to the matching, yet the whole run, both
-#: layouts, stays around two minutes on 2 cores
+#: its tasks) is small next to the matching, yet few enough for a quick run on
+#: 2 cores (BENCHMARKS.md, "Spark", has the timings)
 DEFAULT_EVENTS = 40_000
 DEFAULT_REPEATS = 3
 DEFAULT_MASTER = "local[2]"
@@ -204,7 +204,7 @@ class _MatchNoOutput(_InputOnly):
 # ------------------------------------------------------------------ verification
 
 def batch_pairs(table, grouped: bool):
-    """(event ids, sub ids) of match_events' output as a pyarrow Table."""
+    """(event ids, sub ids) as arrays, from match_events' output read back as a pyarrow Table."""
     import pyarrow.compute as pc
 
     if not grouped:
@@ -628,7 +628,7 @@ def format_report(r: dict, command: str | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m spark_integration.bench_overhead",
+    p = argparse.ArgumentParser(prog="python -m spark_integration.bench.overhead",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--workload", default=DEFAULT_WORKLOAD)
     p.add_argument("--scale", type=float, default=DEFAULT_SCALE)
@@ -658,7 +658,7 @@ def main(argv=None) -> int:
                  repeats=args.repeats, master=args.master, layout=args.layout, partitions=args.partitions,
                  arrow_batch_size=args.arrow_batch_size, output=args.output, action=args.action,
                  profile=args.profile, seed=args.seed, verbose=not args.quiet)
-    command = " ".join(["python -m spark_integration.bench_overhead", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m spark_integration.bench.overhead", *(argv if argv is not None else sys.argv[1:])])
     print(format_report(result, command))
     return 0
 

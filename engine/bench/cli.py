@@ -1,0 +1,194 @@
+"""``bexmatch bench``: the command line of the benchmarks (``bexmatch
+bench --help``; also ``python -m engine.bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from engine.algorithms import registry
+from engine.bench import algorithms as bench_algorithms
+from engine.bench.costs import ingest_rates, load_costs, update_costs
+from engine.bench.measure import DEFAULT_SCALE, SCAN_BUDGET, SCAN_SAMPLE_MAX, SCAN_SAMPLE_MIN, run_benchmark
+from engine.bench.report import format_table, plot, write_csv
+from engine.bench.sweep import SWEEP_BASE, coerce_value, resolve_sweep_param, sweep, sweep_base
+from engine.workloads import read_parquet, standard
+
+
+def _csv_list(text: str) -> list[str]:
+    return [v for v in (p.strip() for p in text.split(",")) if v]
+
+
+def _scan_sample_arg(text: str):
+    if text in ("auto", "all"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto', 'all' or a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {value}")
+    return value
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bexmatch bench",
+        description="Benchmark algorithms x backends on the papers' workloads: build time, index bytes, "
+                    "events/s, latency percentiles, matches/event and the ratio to scan measured in the same "
+                    "run, with every algorithm's answers checked against scan's.",
+        epilog="Examples:\n"
+               "  bexmatch bench --workload W1 --workload W3 --scale 0.01 --csv out.csv --plot out.png\n"
+               "  bexmatch bench --algorithm all --backend cpu --backend cuda\n"
+               "  bexmatch bench --sweep N --values 1000,10000,100000 --generator opindex --plot fig10a.png\n"
+               "  bexmatch bench --sweep theta --values 0.2,0.4,0.6,0.8 --param N=20000\n"
+               "Exit status: 0 when every run that ran gave scan's answers, 1 when one was wrong or failed.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = parser.add_argument_group("what to run")
+    what.add_argument("--workload", action="append", metavar="W",
+                      help="standard workload W1..W4, W6 or an alias such as begen-uniform (repeatable; "
+                           "default W1 unless --parquet or --sweep is given)")
+    what.add_argument("--parquet", action="append", metavar="DIR",
+                      help="a workload directory written by engine.workloads.write_parquet (repeatable)")
+    what.add_argument("--scale", type=_positive(float), default=DEFAULT_SCALE,
+                      help="subscriptions as a share of the full-scale workload (default %(default)s)")
+    what.add_argument("--events", type=_positive(int), metavar="N",
+                      help="events per workload (generated workloads: generate N; Parquet: the first N)")
+    what.add_argument("--seed", type=int, default=0, help="generator seed (default %(default)s)")
+    what.add_argument("--algorithm", action="append", choices=(*bench_algorithms.names(), "all"),
+                      help="a registered algorithm or a bench variant of one (repeatable; 'all' for every "
+                           "registered algorithm, those not implemented on a backend reported as skipped there; "
+                           "default every algorithm implemented on a --backend)")
+    what.add_argument("--backend", action="append", choices=("cpu", "cuda"),
+                      help="backend (repeatable; default cpu)")
+    how = parser.add_argument_group("how to measure")
+    how.add_argument("--repeats", type=_positive(int), default=3,
+                     help="timed match_batch runs after one warm-up; the median counts (default %(default)s)")
+    how.add_argument("--latency-samples", type=int, default=200, metavar="N",
+                     help="events matched one at a time for the latency percentiles (default %(default)s)")
+    how.add_argument("--scan-sample", type=_scan_sample_arg, default="auto", metavar="auto|all|N",
+                     help="events scan is timed and answers are checked on: 'auto' (all of them when "
+                          f"subscriptions x events <= {SCAN_BUDGET:,}, else the first "
+                          f"{SCAN_SAMPLE_MIN}..{SCAN_SAMPLE_MAX}), 'all', or the first N (default %(default)s)")
+    swp = parser.add_argument_group("sweeps (OpIndex Fig. 10)")
+    swp.add_argument("--sweep", metavar="PARAM",
+                     help="vary one generator parameter: N, dims, Γmax/gamma_max, m, θ/theta, σ/cardinality, "
+                          "zipf, ... (any keyword of engine.workloads.opindex_gen or begen)")
+    swp.add_argument("--values", type=_csv_list, metavar="V1,V2,...", help="the values of the swept parameter "
+                     "('none' for None)")
+    swp.add_argument("--generator", choices=tuple(SWEEP_BASE), default="opindex",
+                     help="generator of the sweep (default %(default)s; base parameters: W3 for opindex, "
+                          "W1 for begen, subscriptions times --scale)")
+    swp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a base parameter of the sweep's generator (repeatable)")
+    what.add_argument("--updates", type=_positive(int), metavar="N",
+                      help="time N removals + N adds merged into opindex, derived vs fully rebuilt")
+    what.add_argument("--ingest", action="store_true",
+                      help="measure the ways in instead: text parse rate and columnar ingestion rate")
+    what.add_argument("--load", action="store_true",
+                      help="measure build vs Index.load + first match of the saved index (each --algorithm, "
+                           "default opindex, on the first --backend)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--csv", metavar="PATH", help="write every row, every column, as CSV")
+    out.add_argument("--plot", metavar="PATH", help="write events/s and index bytes as a PNG")
+    out.add_argument("--strict", action="store_true", help="stop at the first algorithm that raises")
+    out.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    backends = args.backend or ["cpu"]
+    algorithms = None
+    if args.algorithm:
+        algorithms = list(registry.names()) if "all" in args.algorithm else list(dict.fromkeys(args.algorithm))
+    options = dict(repeats=args.repeats, latency_samples=max(args.latency_samples, 0),
+                   scan_sample=args.scan_sample, progress=not args.quiet, strict=args.strict)
+
+    if args.sweep is not None:
+        if args.workload or args.parquet:
+            parser.error("--sweep generates its own workloads: leave out --workload and --parquet")
+        if not args.values:
+            parser.error("--sweep needs --values v1,v2,...")
+        params = {}
+        for item in args.param:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                parser.error(f"--param expects KEY=VALUE, not {item!r}")
+            params[key.strip()] = value
+        try:   # bad names and values are usage errors, found before any work
+            key = resolve_sweep_param(args.generator, args.sweep)
+            sweep_base(args.generator, args.scale, params, args.events)
+            [coerce_value(args.generator, key, v) for v in args.values]
+        except ValueError as exc:
+            parser.error(str(exc))
+        rows = sweep(args.sweep, args.values, args.generator, params, algorithms, backends, scale=args.scale,
+                     events_limit=args.events, seed=args.seed, **options)
+    else:
+        if args.values or args.param:
+            parser.error("--values and --param go with --sweep")
+        if args.updates:
+            for name in args.workload or ["W1"]:
+                cost = update_costs(standard(name, scale=args.scale, n_events=10, seed=args.seed), args.updates,
+                                    repeats=args.repeats)
+                print(f"{cost['workload']} ({cost['n_subscriptions']:,} subscriptions): {cost['n']:,} removals + "
+                      f"{cost['n']:,} adds, merged and matched: {cost['incremental_s']:.3f} s with opindex's "
+                      f"derived matcher, {cost['full_s']:.3f} s with a full rebuild "
+                      f"({cost['full_s'] / cost['incremental_s']:.1f}x)")
+            return 0
+        if args.load:
+            for name in args.workload or ["W1"]:
+                workload = standard(name, scale=args.scale, n_events=100, seed=args.seed)
+                for algorithm in algorithms or ["opindex"]:
+                    cost = load_costs(workload, algorithm, backends[0], repeats=args.repeats)
+                    print(f"{cost['workload']} {algorithm}/{cost['backend']} ({cost['n_subscriptions']:,} "
+                          f"subscriptions): build + first match {cost['build_s']:.2f} s; save {cost['save_s']:.2f} s "
+                          f"({cost['file_bytes'] / 2 ** 20:.1f} MiB); load {cost['load_s']:.2f} s, + first match "
+                          f"{cost['load_first_match_s']:.2f} s ({cost['build_s'] / cost['load_first_match_s']:.1f}x "
+                          f"faster than the build); structure restored: {cost['structure_restored']}; "
+                          f"same answers: {cost['same_answers']}")
+            return 0
+        if args.ingest:
+            for name in args.workload or ["W1"]:
+                rates = ingest_rates(standard(name, scale=args.scale, n_events=100, seed=args.seed),
+                                     repeats=args.repeats)
+                print(f"{rates['workload']}: parse {rates['parse_per_s']:,.0f} expressions/s "
+                      f"({rates['n_texts']:,} texts, {rates['mean_predicates_per_text']:.1f} predicates each); "
+                      f"columnar ingestion {rates['ingest_per_s']:,.0f} subscriptions/s "
+                      f"({rates['n_subscriptions']:,} in {rates['ingest_s']:.2f} s)")
+            return 0
+        workloads = []
+        if args.parquet:
+            workloads += [read_parquet(d) for d in args.parquet]
+        if args.workload or not args.parquet:
+            for name in args.workload or ["W1"]:
+                try:
+                    workloads.append(standard(name, scale=args.scale, n_events=args.events, seed=args.seed))
+                except ValueError as exc:
+                    parser.error(str(exc))
+        rows = run_benchmark(workloads, algorithms, backends, events_limit=args.events, **options)
+
+    print(format_table(rows))
+    if args.csv:
+        write_csv(rows, args.csv)
+    if args.plot:
+        plot(rows, args.plot)
+    failed = [r for r in rows if r["status"] == "error" or r["correct"] is False]
+    for row in failed:
+        print(f"bexmatch bench: {row['workload']} {row['algorithm']}/{row['backend']}: {row['note']}",
+              file=sys.stderr)
+    return 1 if failed else 0

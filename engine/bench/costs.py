@@ -1,0 +1,136 @@
+"""Costs beside matching: the two ways in (``bexmatch bench --ingest``) and
+what a merge costs opindex (``bexmatch bench --updates``)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.bench.measure import first_subscriptions
+from engine.index import Index
+
+
+def ingest_rates(workload, n_texts: int = 20_000, repeats: int = 3) -> dict:
+    """The two ways in: text parse rate (7-predicate conjunctions, the
+    workload's first subscriptions printed as text) and columnar ingestion
+    rate (``Index.add_many`` of the whole columnar table, build of the
+    compiled segment included).  Medians of ``repeats``."""
+    from engine.compile import predicate_ast
+    from engine.expr import And
+    from engine.parse import parse, to_text
+
+    sample = Index(algorithm="scan")
+    sample.add_many(first_subscriptions(workload.subscriptions, n_texts))
+    segment = sample._main
+    texts = []
+    for position in range(len(segment)):
+        start, stop = segment.prog_offsets[position], segment.prog_offsets[position + 1]
+        leaves = segment.prog_arg[start:stop - 1]
+        preds = tuple(predicate_ast(segment.predicates, int(p), sample.schema) for p in leaves)
+        texts.append(to_text(And(preds) if len(preds) > 1 else preds[0]))
+    parse_s, ingest_s = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for text in texts:
+            parse(text)
+        parse_s.append(time.perf_counter() - started)
+        index = Index(algorithm="scan")
+        started = time.perf_counter()
+        index.add_many(workload.subscriptions)
+        ingest_s.append(time.perf_counter() - started)
+    return {"workload": workload.name, "n_texts": len(texts),
+            "mean_predicates_per_text": float(np.mean([t.count(" AND ") + 1 for t in texts])),
+            "parse_per_s": len(texts) / statistics.median(parse_s),
+            "n_subscriptions": workload.n_subscriptions, "ingest_s": statistics.median(ingest_s),
+            "ingest_per_s": workload.n_subscriptions / statistics.median(ingest_s)}
+
+
+def update_costs(workload, n: int = 1000, repeats: int = 3) -> dict:
+    """What a merge costs opindex (DESIGN.md §4): ``n`` removals and ``n``
+    new subscriptions (columnar, new ids; their rows copied from random
+    subscriptions of the workload) folded into the main index, up to the
+    first match after it -- with the matcher derived from the last one, and
+    with a full rebuild forced (``REBUILD_SHARE = 0``).  Alternating runs,
+    medians of ``repeats`` each."""
+    from engine.algorithms.opindex import OpIndexMatcher
+
+    subs = workload.subscriptions
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many(subs)
+    index.merge()
+    index.match({})
+    rng = np.random.default_rng(0)
+    source_ids = np.unique(subs["sub_id"].to_numpy())
+    next_id = int(source_ids.max()) + 1
+    share = OpIndexMatcher.REBUILD_SHARE
+    times = {"incremental": [], "full": []}
+    try:
+        for k in range(2 * repeats):
+            mode = "incremental" if k % 2 == 0 else "full"
+            OpIndexMatcher.REBUILD_SHARE = share if mode == "incremental" else 0.0
+            gone = rng.choice(index.ids(), n, replace=False)
+            copied = np.sort(rng.choice(source_ids, n, replace=False))
+            rows = subs.filter(pc.is_in(subs["sub_id"], value_set=pa.array(copied)))
+            new_ids = next_id + np.searchsorted(copied, rows["sub_id"].to_numpy())
+            next_id += n
+            rows = rows.set_column(rows.schema.get_field_index("sub_id"), "sub_id", pa.array(new_ids, pa.int64()))
+            started = time.perf_counter()
+            for sub_id in gone:
+                index.remove(int(sub_id))
+            index.add_many(rows)            # a columnar add merges at once
+            index.match({})                 # derives (or rebuilds) the matcher
+            times[mode].append(time.perf_counter() - started)
+            assert (index._matcher.merges > 0) == (mode == "incremental")
+    finally:
+        OpIndexMatcher.REBUILD_SHARE = share
+    return {"workload": workload.name, "n_subscriptions": len(index), "n": n,
+            "incremental_s": statistics.median(times["incremental"]), "full_s": statistics.median(times["full"])}
+
+
+def load_costs(workload, algorithm: str = "opindex", backend: str = "cpu", repeats: int = 3,
+               directory=None) -> dict:
+    """What a saved index spares a reader (every Spark worker loads one):
+    the build -- ``add_many`` of the columnar subscriptions, merge, first
+    match (which builds the matcher) -- against ``Index.load`` of the saved
+    file up to its first match, which uses the saved structure as it is.
+    Also the save itself and the file's size; answers of the first events
+    compared.  Medians of ``repeats``."""
+    import os
+    import tempfile
+
+    events = workload.events.slice(0, 100)
+    first = workload.events.slice(0, 1)
+    build_s, save_s, load_s, first_s = [], [], [], []
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        path = os.path.join(tmp, "bench.bexidx")
+        warm = Index(algorithm=algorithm, backend=backend)      # kernels compiled before any timing
+        warm.add_many(first_subscriptions(workload.subscriptions, 1000))
+        warm.match_batch(first)
+        warm.save(path)
+        Index.load(path, backend=backend).match_batch(first)
+        for _ in range(repeats):
+            started = time.perf_counter()
+            index = Index(algorithm=algorithm, backend=backend)
+            index.add_many(workload.subscriptions)
+            index.match_batch(first)
+            build_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            index.save(path)
+            save_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            loaded = Index.load(path, backend=backend)
+            load_s.append(time.perf_counter() - started)
+            loaded.match_batch(first)
+            first_s.append(time.perf_counter() - started)
+        restored = loaded._state.source.kind == "reuse"
+        same = [a.tolist() for a in loaded.match_batch(events)] == [a.tolist() for a in index.match_batch(events)]
+        size = os.path.getsize(path)
+    return {"workload": workload.name, "algorithm": algorithm, "backend": backend,
+            "n_subscriptions": len(index), "build_s": statistics.median(build_s),
+            "save_s": statistics.median(save_s), "load_s": statistics.median(load_s),
+            "load_first_match_s": statistics.median(first_s), "file_bytes": size,
+            "structure_restored": restored, "same_answers": same}

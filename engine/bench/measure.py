@@ -1,0 +1,343 @@
+"""The measurements of ``bexmatch bench``: per (workload, algorithm,
+backend) one row, with the columns of :data:`COLUMNS`:
+
+=================  ============================================================
+column             meaning
+=================  ============================================================
+workload           the workload's name (sweeps: ``generator param=value``)
+sweep_param        the swept generator parameter (empty outside sweeps)
+sweep_value        its value in this row (empty outside sweeps)
+algorithm          a registered algorithm (:mod:`engine.algorithms.registry`)
+                   or a bench variant of one (:data:`~engine.bench.algorithms.VARIANTS`)
+backend            ``cpu`` or ``cuda``
+status             ``ok``; ``skipped`` (the combination does not run here:
+                   ``note`` says why); ``error`` (it raised: ``note`` has the
+                   exception)
+n_subscriptions    subscriptions in the workload
+n_predicates       rows of the columnar subscription table
+n_events           events timed (the whole event table, or its first
+                   ``events_limit``; for ``scan``: the scan sample)
+build_s            seconds for ``Index(...)``, ``add_many(columnar table)``,
+                   ``merge()`` and the first one-event ``match_batch`` (which
+                   builds the algorithm's lazily constructed structures);
+                   numba compilation is excluded by an untimed warm-up build
+                   on a slice of the workload
+index_bytes        ``index.nbytes`` after the build (compiled segment plus the
+                   algorithm's structures)
+events_per_s       events / median seconds of ``repeats`` runs of
+                   ``match_batch(events, output="arrow")`` after one warm-up run
+latency_p50_us,    percentiles of single-event ``index.match(dict)`` times over
+latency_p99_us     the first ``latency_samples`` events (after one warm-up call)
+matches_per_event  (event, subscription) matches / events
+scan_events_per_s  ``scan``'s events/s on the same workload and backend, in the
+                   same run
+scan_sample        the number of events ``scan`` was timed on and every
+                   algorithm's answers were checked on: the first
+                   ``scan_sample`` events (= ``n_events`` unless scan was too
+                   slow to run on all of them)
+ratio_to_scan      events_per_s / scan_events_per_s
+correct            whether the algorithm's matches on the scan sample -- batch
+                   and single-event -- equal ``scan``'s on ``cpu``; a row never
+                   reports speed without saying whether the answers were right
+note               why a row was skipped or failed, or what was wrong
+=================  ============================================================
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from tqdm import tqdm
+
+from engine.bench import algorithms as bench_algorithms
+from engine.errors import BackendUnavailable
+from engine.index import Index
+
+COLUMNS = ("workload", "sweep_param", "sweep_value", "algorithm", "backend", "status", "n_subscriptions",
+           "n_predicates", "n_events", "build_s", "index_bytes", "events_per_s", "latency_p50_us",
+           "latency_p99_us", "matches_per_event", "scan_events_per_s", "scan_sample", "ratio_to_scan", "correct",
+           "note")
+
+#: scan runs on the whole event table when subscriptions x events is at most this
+SCAN_BUDGET = 20_000_000
+#: otherwise on the first SCAN_BUDGET // subscriptions events, clamped to these bounds
+SCAN_SAMPLE_MAX = 200
+SCAN_SAMPLE_MIN = 20
+#: subscriptions and events of the untimed warm-up build (numba compilation)
+WARMUP_SUBS = 64
+WARMUP_EVENTS = 8
+DEFAULT_SCALE = 0.01
+
+
+# ------------------------------------------------------------------ helpers
+def event_dicts(events: pa.Table, n: int) -> list[dict]:
+    """The first ``n`` events as dicts without the absent (null) attributes."""
+    table = events.slice(0, n)
+    dicts = [{} for _ in range(table.num_rows)]
+    for name in table.column_names:
+        column = table[name]
+        if column.null_count == len(column):
+            continue
+        if pa.types.is_map(column.type):      # sparse events: attribute name -> value
+            for row, pairs in enumerate(column.to_pylist()):
+                dicts[row].update((k, v) for k, v in pairs or () if v is not None)
+            continue
+        rows = np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
+        for row, value in zip(rows.tolist(), column.take(pa.array(rows)).to_pylist()):
+            dicts[row][name] = value
+    return dicts
+
+
+def first_subscriptions(subscriptions: pa.Table, n: int) -> pa.Table:
+    """The rows of the first ``n`` distinct subscription ids."""
+    ids = pc.unique(subscriptions["sub_id"]).slice(0, n)
+    return subscriptions.filter(pc.is_in(subscriptions["sub_id"], value_set=ids))
+
+
+def scan_sample_size(n_subscriptions: int, n_events: int, scan_sample="auto", budget: int = SCAN_BUDGET) -> int:
+    """How many of the first events scan is timed and checked on.
+
+    ``"auto"``: all of them when ``n_subscriptions * n_events <= budget``,
+    else ``budget // n_subscriptions`` clamped to [SCAN_SAMPLE_MIN,
+    SCAN_SAMPLE_MAX]; ``None`` or ``"all"``: all of them; an int: that many."""
+    if scan_sample is None or scan_sample == "all":
+        return n_events
+    if scan_sample == "auto":
+        if n_subscriptions * n_events <= budget:
+            return n_events
+        k = budget // max(n_subscriptions, 1)
+        return min(n_events, max(SCAN_SAMPLE_MIN, min(SCAN_SAMPLE_MAX, k)))
+    k = int(scan_sample)
+    if k < 1:
+        raise ValueError(f"scan_sample must be 'auto', 'all', None or a positive int, not {scan_sample!r}")
+    return min(n_events, k)
+
+
+def empty_row(**fields) -> dict:
+    """A row with every column of :data:`COLUMNS`, None but for ``fields``."""
+    row = dict.fromkeys(COLUMNS)
+    row.update(fields)
+    return row
+
+
+@dataclass
+class _Measurement:
+    build_s: float
+    index_bytes: int
+    n_events: int
+    events_per_s: float | None
+    n_matches: int
+    pairs: tuple            # (event index, sub id) arrays of the first run
+    latency_p50_us: float | None
+    latency_p99_us: float | None
+    singles: list           # index.match results of the latency events
+
+
+def _warm_up(algorithm, backend, subscriptions, events, dicts) -> None:
+    """A small untimed build and match, so that numba compiles outside the timings."""
+    index = bench_algorithms.new_index(algorithm, backend)
+    index.add_many(first_subscriptions(subscriptions, WARMUP_SUBS))
+    index.merge()
+    index.match_batch(events.slice(0, WARMUP_EVENTS), output="arrow")
+    if dicts:
+        index.match(dicts[0])
+
+
+def _measure(algorithm, backend, subscriptions, events, dicts, repeats, *, latency=True, status) -> _Measurement:
+    status("warm-up")
+    _warm_up(algorithm, backend, subscriptions, events, dicts)
+    status("build")
+    start = time.perf_counter()
+    index = bench_algorithms.new_index(algorithm, backend)
+    index.add_many(subscriptions)
+    index.merge()
+    index.match_batch(events.slice(0, 1), output="arrow")   # builds what the index builds lazily
+    build_s = time.perf_counter() - start
+    index_bytes = int(index.nbytes)
+
+    n = events.num_rows
+    status("match")
+    first = index.match_batch(events, output="arrow")       # warm-up (and the answers)
+    pairs = (first["event"].to_numpy(zero_copy_only=False), first["sub_id"].to_numpy(zero_copy_only=False))
+    times = []
+    for _ in range(max(repeats, 1)):
+        start = time.perf_counter()
+        index.match_batch(events, output="arrow")
+        times.append(time.perf_counter() - start)
+    events_per_s = n / max(statistics.median(times), 1e-9) if n else None
+
+    p50 = p99 = None
+    singles = []
+    if latency and dicts:
+        status("latency")
+        index.match(dicts[0])
+        elapsed = []
+        for event in dicts:
+            start = time.perf_counter_ns()
+            singles.append(index.match(event))
+            elapsed.append(time.perf_counter_ns() - start)
+        p50, p99 = (float(v) / 1e3 for v in np.percentile(np.asarray(elapsed, dtype=np.float64), [50, 99]))
+    return _Measurement(build_s, index_bytes, n, events_per_s, first.num_rows, pairs, p50, p99, singles)
+
+
+def _sorted_pairs(events, ids, limit):
+    keep = events < limit
+    events, ids = events[keep], ids[keep]
+    order = np.lexsort((ids, events))
+    return events[order], ids[order]
+
+
+def _check(measurement: _Measurement, reference, k: int) -> tuple[bool, str | None]:
+    """Compare an algorithm's answers on the first ``k`` events with scan's."""
+    ref_events, ref_ids = reference
+    events, ids = _sorted_pairs(*measurement.pairs, k)
+    problems = []
+    if not (np.array_equal(events, ref_events) and np.array_equal(ids, ref_ids)):
+        got = set(zip(events.tolist(), ids.tolist()))
+        want = set(zip(ref_events.tolist(), ref_ids.tolist()))
+        bad_events = {e for e, _ in got ^ want}
+        problems.append(f"match_batch differs from scan on {len(bad_events)} of {k} events "
+                        f"({len(want - got)} matches missing, {len(got - want)} extra)")
+    bounds = np.searchsorted(ref_events, np.arange(k + 1))
+    bad = sum(1 for i, single in enumerate(measurement.singles[:k])
+              if not np.array_equal(np.sort(np.asarray(single)), ref_ids[bounds[i]:bounds[i + 1]]))
+    if bad:
+        problems.append(f"match(dict) differs from scan on {bad} of {min(k, len(measurement.singles))} events")
+    return (not problems), ("WRONG: " + "; ".join(problems) if problems else None)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _resolve_workload(workload, scale, events_limit, seed):
+    if isinstance(workload, str):
+        from engine import workloads as generators
+        return generators.standard(workload, scale=scale, n_events=events_limit, seed=seed)
+    return workload
+
+
+# --------------------------------------------------------------- benchmarks
+def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit=None, repeats: int = 3,
+                  latency_samples: int = 200, scan_sample="auto", scan_budget: int = SCAN_BUDGET,
+                  scale: float = DEFAULT_SCALE, seed: int = 0, progress: bool = True, strict: bool = False,
+                  extra: dict | None = None) -> list[dict]:
+    """Benchmark ``algorithms`` x ``backends`` on each workload; one row per
+    combination with the columns of :data:`COLUMNS`.
+
+    ``workloads``: :class:`engine.workloads.Workload` objects, or standard
+    workload names (``"W1"``...) generated at ``scale`` with ``seed`` (and
+    ``events_limit`` events).  ``algorithms``: registered algorithms or bench
+    variants (:func:`engine.bench.algorithms.names`); default every
+    registered algorithm implemented on one of ``backends``.  A combination
+    that does not run here gives a ``skipped`` row with the reason.
+    ``events_limit``: time only the first that many events.
+    ``scan_sample``: see :func:`scan_sample_size`.  ``strict``: re-raise an
+    algorithm's exception instead of reporting an ``error`` row.
+    ``extra``: columns to set on every row (sweeps)."""
+    backends = list(backends)
+    if algorithms is None:
+        algorithms = bench_algorithms.implemented_algorithms(backends)
+    algorithms = list(algorithms)
+    workloads = list(workloads)
+    rows = []
+    total = len(workloads) * len(backends) * len(algorithms)
+    bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, leave=False, file=sys.stderr)
+    try:
+        for workload in workloads:
+            bar.set_postfix_str(f"{workload if isinstance(workload, str) else workload.name}: generate")
+            workload = _resolve_workload(workload, scale, events_limit, seed)
+            rows += _bench_workload(workload, algorithms, backends, bar, events_limit=events_limit,
+                                    repeats=repeats, latency_samples=latency_samples, scan_sample=scan_sample,
+                                    scan_budget=scan_budget, strict=strict, extra=extra or {})
+    finally:
+        bar.close()
+    return rows
+
+
+def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeats, latency_samples, scan_sample,
+                    scan_budget, strict, extra) -> list[dict]:
+    subscriptions, events = workload.subscriptions, workload.events
+    if events_limit is not None:
+        events = events.slice(0, int(events_limit))
+    n_events, n_subs = events.num_rows, workload.n_subscriptions
+    k = scan_sample_size(n_subs, n_events, scan_sample, scan_budget)
+    sample = events.slice(0, k)
+    dicts = event_dicts(events, min(latency_samples, n_events)) if latency_samples > 0 else []
+    base = dict(workload=workload.name, n_subscriptions=n_subs, n_predicates=subscriptions.num_rows, **extra)
+
+    def status(algorithm, backend):
+        return lambda phase: bar.set_postfix_str(f"{workload.name}: {algorithm}/{backend} {phase}")
+
+    # scan, timed on the sample on every backend; scan on cpu is the reference answer
+    scans: dict[str, _Measurement | BaseException] = {}
+    for backend in sorted(backends, key=lambda b: b != "cpu"):
+        try:
+            bench_algorithms.matcher_class("scan", backend)
+            scans[backend] = _measure("scan", backend, subscriptions, sample, dicts, repeats,
+                                      latency="scan" in algorithms, status=status("scan", backend))
+        except BackendUnavailable as exc:
+            scans[backend] = exc
+        except Exception as exc:
+            if strict:
+                raise
+            scans[backend] = exc
+    if isinstance(scans.get("cpu"), _Measurement):
+        reference = _sorted_pairs(*scans["cpu"].pairs, k)
+    else:
+        bar.set_postfix_str(f"{workload.name}: scan/cpu reference")
+        ref_index = Index(algorithm="scan", backend="cpu")
+        ref_index.add_many(subscriptions)
+        ref_index.merge()
+        found = ref_index.match_batch(sample, output="arrow")
+        reference = _sorted_pairs(found["event"].to_numpy(zero_copy_only=False),
+                                  found["sub_id"].to_numpy(zero_copy_only=False), k)
+        del ref_index
+
+    rows = []
+    for backend in backends:
+        scan = scans[backend]
+        for algorithm in algorithms:
+            row = empty_row(**base, algorithm=algorithm, backend=backend, n_events=n_events, scan_sample=k)
+            if isinstance(scan, _Measurement):
+                row["scan_events_per_s"] = scan.events_per_s
+            try:
+                if algorithm == "scan":
+                    if isinstance(scan, BaseException):
+                        raise scan
+                    measured = scan
+                else:
+                    bench_algorithms.matcher_class(algorithm, backend)   # BackendUnavailable before any work
+                    measured = _measure(algorithm, backend, subscriptions, events, dicts, repeats,
+                                        status=status(algorithm, backend))
+            except BackendUnavailable as exc:
+                row.update(status="skipped", note=str(exc))
+            except Exception as exc:
+                if strict:
+                    raise
+                row.update(status="error", note=_describe(exc))
+            else:
+                correct, note = _check(measured, reference, k)
+                row.update(status="ok", n_events=measured.n_events, build_s=measured.build_s,
+                           index_bytes=measured.index_bytes, events_per_s=measured.events_per_s,
+                           latency_p50_us=measured.latency_p50_us, latency_p99_us=measured.latency_p99_us,
+                           matches_per_event=measured.n_matches / measured.n_events if measured.n_events else None,
+                           correct=correct, note=note)
+                if algorithm == "scan":
+                    row["ratio_to_scan"] = 1.0
+                elif isinstance(scan, _Measurement) and scan.events_per_s and measured.events_per_s:
+                    row["ratio_to_scan"] = measured.events_per_s / scan.events_per_s
+                else:
+                    why = f"no scan on {backend} to compare with ({scan})" if isinstance(scan, BaseException) \
+                        else "no events"
+                    row["note"] = why if note is None else f"{note}; {why}"
+                del measured
+            rows.append(row)
+            bar.update(1)
+    return rows
