@@ -1,5 +1,5 @@
 """bexmatch: match streams of events against millions of standing Boolean
-expressions (DESIGN.md).  The public API (DESIGN.md §3)::
+expressions (docs/README.md).  The public API (docs/architecture.md#the-public-api)::
 
     from engine import Index, ParseError, ALGORITHMS, available_backends
 

@@ -1,4 +1,4 @@
-"""The columnar subscription form, ingested vectorised (DESIGN.md §3).
+"""The columnar subscription form, ingested vectorised (docs/architecture.md#the-compiled-index).
 
 One row per predicate; the rows of one ``sub_id`` are ANDed:
 

@@ -1,4 +1,4 @@
-"""Expressions -> the compiled columnar index (DESIGN.md §4).
+"""Expressions -> the compiled columnar index (docs/architecture.md#the-compiled-index).
 
 A :class:`Segment` is a struct of flat arrays, never a graph of Python
 objects:

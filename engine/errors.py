@@ -30,7 +30,7 @@ class ParseError(BexmatchError, ValueError):
 
 
 class SchemaError(BexmatchError, ValueError):
-    """A value whose type family does not fit its attribute (DESIGN.md §2),
+    """A value whose type family does not fit its attribute (docs/language.md#types-and-type-families),
     or a literal that bexmatch cannot represent exactly."""
 
 

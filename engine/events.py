@@ -10,7 +10,7 @@ Arrow's hash kernels: exact for every string, NULs included) so that LIKE
 and MATCHES are evaluated once per distinct string of the pattern's
 attribute in a batch, not once per event.
 
-Attributes that no subscription uses are ignored (DESIGN.md §2).  What an
+Attributes that no subscription uses are ignored (docs/language.md#events-and-the-event-value-rule).  What an
 attribute takes is one rule, the same for every input form:
 
 * Absent: a missing key or None in a dict, a null in Arrow; in a DataFrame,

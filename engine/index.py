@@ -1,8 +1,8 @@
-"""``engine.Index``: the public API of DESIGN.md §3.
+"""``engine.Index``: the public API (docs/architecture.md#the-public-api).
 
 An index is a *main* compiled segment, matched by the chosen algorithm, plus
 a small *delta* of subscriptions added since the last merge (A-PCM's update
-scheme, DESIGN.md §4): the delta is compiled at ``add`` time and matched
+scheme, docs/architecture.md#the-index-life-cycle): the delta is compiled at ``add`` time and matched
 alongside the main segment, removals are tombstones (a cleared ``alive``
 flag) until the next merge, and a merge rebuilds the main segment when the
 delta or the tombstones grow.  The algorithm's structures need not be

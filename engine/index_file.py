@@ -377,7 +377,7 @@ def _check_programs(arrays: dict[str, np.ndarray], n_preds: int, recorded_depth:
     depths = program_depths(offsets, kind, arg)
     if (depths < 0).any():
         raise ValueError(f"program of subscription {int(arrays['sub_ids'][np.argmin(depths)])} is malformed")
-    if (np.diff(arrays["sub_ids"]) <= 0).any():
+    if (arrays["sub_ids"][1:] <= arrays["sub_ids"][:-1]).any():     # (np.diff overflows at int64's ends)
         raise ValueError("subscription ids are not unique and sorted")
     depth = int(depths.max()) if len(depths) else 0
     # the depth sizes every kernel's operand stack, so the one the programs

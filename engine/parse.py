@@ -1,4 +1,4 @@
-"""Expression text -> AST, and AST -> text (DESIGN.md §2).
+"""Expression text -> AST, and AST -> text (docs/language.md#grammar).
 
 This module owns the text syntax of a subscription: the grammar, the
 conversion of literals, every syntax error a caller can provoke, and the
@@ -504,7 +504,7 @@ def _text_tokens(text: str) -> list[tuple[int, object]]:
 
 
 def parse(text: str) -> Node:
-    """Parse one expression (DESIGN.md §2) into its AST.
+    """Parse one expression (docs/language.md#grammar) into its AST.
 
     Raises `ParseError` (with 1-based ``line`` and ``column`` of the offending
     character and the ``expected`` alternatives) for any malformed text,

@@ -1,4 +1,4 @@
-"""Workload generators of the papers (DESIGN.md §7), columnar and vectorised.
+"""Workload generators of the papers (docs/architecture.md#workloads-and-benchmarks), columnar and vectorised.
 
 Every generator returns a :class:`Workload`: subscriptions in the columnar
 one-row-per-predicate form of :mod:`engine.columnar` (ready for
@@ -82,7 +82,7 @@ and ``>=``.  Events: ``U[1, m]`` pairs (exactly ``m`` with
 ``fixed_event_size``) on distinct attributes, drawn from the same
 distributions.  The matching probability is not controlled (as in the paper).
 
-Standard workloads (DESIGN.md §7): :func:`standard`.
+Standard workloads (docs/architecture.md#workloads-and-benchmarks): :func:`standard`.
 """
 
 from __future__ import annotations
@@ -735,7 +735,7 @@ def opindex_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 
 
 # ------------------------------------------------------- standard workloads
 STANDARD_WORKLOADS = {
-    # name: (aliases, generator, full-scale keyword arguments); DESIGN.md §7
+    # name: (aliases, generator, full-scale keyword arguments); docs/architecture.md#workloads-and-benchmarks
     "W1": (("begen-uniform",), begen,
            dict(n_subs=1_000_000, dims=400, cardinality=48, sub_size=7, event_size=15, eq_share=0.3,
                 op_class="med", match_prob=0.01, zipf=None)),
@@ -769,7 +769,7 @@ def _canonical(name: str) -> str:
 
 
 def standard(name: str, scale: float = 1.0, n_events: int | None = None, seed: int = 0) -> Workload:
-    """A standard workload of DESIGN.md §7 by name ("W1", "begen-uniform",
+    """A standard workload (docs/architecture.md#workloads-and-benchmarks) by name ("W1", "begen-uniform",
     "w1-begen-uniform", ...; case-insensitive), with its subscription count
     multiplied by ``scale`` (at least 1).  Default events:
     ``max(100, round(10,000 * scale))`` (W3: 1,000 instead of 10,000, its

@@ -1,4 +1,4 @@
-"""Plumbing shared by every numba-CUDA twin (DESIGN.md §5): lazy access to
+"""Plumbing shared by every numba-CUDA twin (docs/architecture.md#backends-and-kernels): lazy access to
 ``numba.cuda``, launch geometry, device arrays and free device memory.
 
 Nothing here touches CUDA at import time.  ``numba.cuda`` is imported on

@@ -4,7 +4,7 @@ matcher).
 The functions are written once in plain Python over scalars and arrays and
 compiled twice: as numba CPU functions here, and as CUDA device functions by
 the CUDA twins (``cuda.jit(device=True)`` over the same source).  Values are
-already codes (DESIGN.md §4): numbers as float64, strings as order-preserving
+already codes (docs/architecture.md#the-compiled-index): numbers as float64, strings as order-preserving
 codes, booleans as 0/1, so every comparison is a float comparison.
 """
 

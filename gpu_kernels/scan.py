@@ -1,6 +1,6 @@
 """``scan``: every subscription's postfix program against every event.
 
-The baseline every other matcher is measured against (DESIGN.md §6): no
+The baseline every other matcher is measured against (docs/papers.md#scan-the-baseline): no
 index, each program evaluated in full under three-valued logic.  The CPU
 kernel splits (event, block of subscriptions) tasks over all cores with
 ``prange`` so that a single event is parallel too.

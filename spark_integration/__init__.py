@@ -1,4 +1,4 @@
-"""bexmatch on Spark (DESIGN.md §8): Arrow batches in, matches out.
+"""bexmatch on Spark (docs/architecture.md#spark): Arrow batches in, matches out.
 
     from spark_integration import match_events
     matches = match_events(events_df, index_or_path)        # (event_id, sub_id)

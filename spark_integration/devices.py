@@ -1,4 +1,4 @@
-"""Which backend a Spark task matches with (DESIGN.md §8).
+"""Which backend a Spark task matches with (docs/architecture.md#spark).
 
 A task that holds a GPU matches on the ``cuda`` backend.  "Holds a GPU"
 means, in this order:

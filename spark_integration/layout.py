@@ -13,7 +13,7 @@ Worker side, a map batch goes to :meth:`engine.Index.match_batch` as it
 is (the engine reads ``map<string, V>`` columns entry by entry, vectorised,
 however many distinct keys there are).
 
-Bad events (DESIGN.md §2: a value whose type family is not its
+Bad events (docs/language.md#events-and-the-event-value-rule: a value whose type family is not its
 attribute's, a NaN or infinity, an integer beyond ±2**53) are not looked
 for here: the worker matches each batch with ``errors="report"``, and the
 engine returns the refused events beside the matches, each an

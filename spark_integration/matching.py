@@ -1,5 +1,5 @@
 """``match_events``: a DataFrame of events in, a DataFrame of matches out,
-through ``mapInArrow`` (DESIGN.md §8)."""
+through ``mapInArrow`` (docs/architecture.md#spark)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ settings.register_profile("no-shrink", phases=[Phase.explicit, Phase.reuse, Phas
 # ---------------------------------------------------------------- Spark
 @pytest.fixture(scope="session")
 def spark():
-    """One real local Spark for the whole session (DESIGN.md §8: never a mock).
+    """One real local Spark for the whole session (docs/architecture.md#spark: never a mock).
 
     ``local[2,2]``: two cores, and -- local mode's only way to allow task
     retries -- up to two attempts per task, so that the fault-tolerance

@@ -1,4 +1,4 @@
-"""DuckDB as the test suite's oracle (DESIGN.md §2).
+"""DuckDB as the test suite's oracle (docs/language.md#checking-against-sql).
 
 An expression AST is translated into a SQL boolean expression and evaluated
 by a real in-memory DuckDB over a table with one column per attribute, one
@@ -17,7 +17,7 @@ Translation notes (checked by tests/test_semantics.py):
   writing ``x`` and ``y`` twice -- the definitional form doubles the SQL at
   every nesting level, 2**40 times over for a chain 40 XORs deep
   (``to_sql(node, xor_by_definition=True)`` still writes it, and
-  tests/test_scan_differential.py checks the two agree on every
+  tests/test_conformance.py checks the two agree on every
   TRUE/FALSE/NULL pair);
 * ``LIKE``/``NOT LIKE`` -> DuckDB ``LIKE``/``NOT LIKE`` as is: DuckDB's LIKE
   has no default escape character (a backslash in the pattern is an ordinary
@@ -31,7 +31,7 @@ String comparisons use DuckDB's default binary collation, i.e. UTF-8 byte
 order, which is Unicode code-point order.
 
 Exactness for the values users send (found by trying, with DuckDB 2.0.1,
-and re-checked by `semantics_mismatches`, which tests/test_scan_differential.py
+and re-checked by `semantics_mismatches`, which tests/test_conformance.py
 runs over every pool of tests/strategies.py):
 
 * NUL: DuckDB's VARCHAR holds embedded NULs, in stored values (both the

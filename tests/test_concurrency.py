@@ -1,4 +1,4 @@
-"""Matching while another thread updates (DESIGN.md §4, Concurrency).
+"""Matching while another thread updates (docs/architecture.md#concurrency).
 
 Reader threads match in a loop while a writer adds, removes and merges.
 Every answer must be the reference answer of ONE state of the index that

@@ -1,6 +1,7 @@
-"""The ``cuda`` backend: every CUDA kernel against its CPU twin, ``scan`` on
-cuda against ``scan`` on cpu and the reference evaluator, and the cuda
-path's errors.
+"""The ``cuda`` backend: every CUDA kernel against its CPU twin, the scan
+matcher's chunking, device input and output and id mapping, and the cuda
+path's errors.  The Index on cuda against the reference evaluator and
+DuckDB, every algorithm and life cycle, is tests/test_conformance.py's.
 
 Runs on a GPU, or without one under numba's CUDA simulator::
 
@@ -23,10 +24,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from engine import Index, available_backends
 from engine import events as event_batches
@@ -34,7 +32,6 @@ from engine.compile import PATTERN_CODES, compile_expressions
 from engine.errors import ExpressionTooLarge
 from engine.expr import predicates
 from engine.parse import parse
-from engine.reference import matches
 from engine.schema import Schema
 from gpu_kernels import cuda_support, opcodes
 from tests import strategies
@@ -49,7 +46,6 @@ SIMULATED = HAVE_CUDA and cuda_support.simulated()
 
 SCHEMA = {**{a: "numeric" for a in strategies.NUMERIC_ATTRS}, **{a: "string" for a in strategies.STRING_ATTRS},
           **{a: "boolean" for a in strategies.BOOLEAN_ATTRS}}
-ARROW_TYPES = {"numeric": pa.float64(), "string": pa.string(), "boolean": pa.bool_()}
 
 #: expressions over every operator and connective, absent attributes included
 EXPRESSIONS = [
@@ -110,8 +106,9 @@ def compiled(expressions=EXPRESSIONS, events=EVENTS):
 def test_import_engine_never_touches_cuda():
     """``import engine`` and every kernel module import without numba.cuda
     (so without a GPU, CUDA bindings or driver, and at no import cost)."""
-    code = ("import sys, engine, engine.algorithms.scan_cuda, engine.algorithms.opindex_cuda, gpu_kernels.scan, "
-            "gpu_kernels.compaction, gpu_kernels.predicates, gpu_kernels.opindex_cuda, gpu_kernels.cuda_support; "
+    code = ("import sys, engine, engine.algorithms.scan_cuda, engine.algorithms.opindex_cuda, "
+            "engine.algorithms.cuda_base, engine.algorithms.residual, gpu_kernels.scan, gpu_kernels.compaction, "
+            "gpu_kernels.predicates, gpu_kernels.opindex.cuda, gpu_kernels.cuda_support; "
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda was imported'; print('ok')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -146,7 +143,9 @@ PTX_CHECK = textwrap.dedent("""
     import numba.cuda.dispatcher as dispatcher
     # no GPU here: device functions compile for a stated compute capability
     dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
-    from gpu_kernels import compaction, encoding, opindex_cuda, predicates, scan
+    from gpu_kernels import compaction, predicates, scan
+    from gpu_kernels.opindex import cuda as opindex_cuda
+    import numpy as np
     A = lambda dt, nd=1, layout="C": T.Array(dt, nd, layout)
     i64, i32, i16, i8, u8, u16, u64, f64 = T.int64, T.int32, T.int16, T.int8, T.uint8, T.uint16, T.uint64, T.float64
     scan_sig = (i64, i64, A(i64), A(i32), A(f64), A(i32), A(i64), A(i8), A(i32), A(u8), A(i32), A(i8), A(f64),
@@ -155,24 +154,17 @@ PTX_CHECK = textwrap.dedent("""
     jobs = [(scan.build_scan_kernel_cuda(d), scan_sig) for d in scan.STACK_DEPTH_TIERS]
     # OpIndex: 16-bit operand ranks and counter pointers, and their wide forms; every counting mode
     modes = ("atomic", "atomic", "count", "emit")
-    for mode, (val, target, init) in zip(modes, ((u16, i16, i8), (f64, i32, i32), (u16, i16, i8), (f64, i32, i32))):
+    narrow, wide = (np.uint16, np.int16, np.int8), (np.float64, np.int32, np.int32)
+    for mode, dtypes in zip(modes, (narrow, wide, narrow, wide)):
         jobs.append((opindex_cuda.build_opindex_kernel_cuda(256, scan.STACK_DEPTH_TIERS[0], mode),
-                     (i64, A(i64), A(i32), A(i64), A(i32), A(f64), A(i32), A(u8, 2), i64, A(i64), A(i64),
-                      A(i8), A(i64), A(i64), A(i64), A(u64), i64, T.boolean, A(i32), A(i64), A(val), A(f64),
-                      T.boolean, A(target), A(i32), A(f64), A(init), A(i32), A(i64), A(i32), A(i64),
-                      A(i8), A(f64), A(f64), A(i64), A(i64), A(f64), A(i64), A(i64), A(i64), A(i8), A(i32),
-                      A(i32), A(i8), A(f64), A(f64), A(i64), A(f64), A(i64), A(u8), A(i32), i64, i64,
-                      T.boolean, A(u64, 2), A(i64), A(i64), A(i64), i64)))
+                     opindex_cuda.kernel_types(*dtypes)))
     jobs.append((opindex_cuda._finish_kernel(), (i64, A(i64), A(i64), A(i64), A(i32), A(i64), A(i32), A(i32),
                                                  A(u8), A(u64, 2))))
     jobs += [(count, (A(u8, 2), i64, A(i64, 2))), (fill, (A(u8, 2, "A"), i64, i64, A(i64, 2, "A"), A(i64), A(i64))),
              (count_bits, (A(u64, 2), i64, A(i64, 2))),
              (fill_bits, (A(u64, 2, "A"), i64, i64, A(i64, 2, "A"), A(i64), A(i64))),
              (predicates._predicate_truth_kernel(),
-              (A(i8), A(f64), A(f64), A(i64), A(f64), A(u8), A(u8), A(f64), A(i8))),
-             (encoding._encode_bitmaps_kernel_cuda(),
-              (A(i64), A(i32), A(f64), A(i32), A(i64), A(i64), A(i32), A(i8), A(f64), A(f64), A(i64), A(f64),
-               A(i64), A(u8, 2), A(T.uint64), A(T.uint64, 2)))]
+              (A(i8), A(f64), A(f64), A(i64), A(f64), A(u8), A(u8), A(f64), A(i8)))]
     try:
         for kernel, sig in jobs:
             ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
@@ -294,7 +286,9 @@ def test_compaction_kernels_match_cpu_twins(launch):
     assert len(host(rows)) == 0 and len(host(cols)) == 0
 
 
-# ============================================================ differential
+# ============================================================ the Index on cuda
+# scan and opindex on cuda against the reference evaluator and DuckDB, every
+# life cycle and output (output="device" included): tests/test_conformance.py
 def _merged_index(backend, exprs):
     index = Index(algorithm="scan", backend=backend, schema=SCHEMA)
     index.add_many(range(len(exprs)), exprs)
@@ -302,24 +296,9 @@ def _merged_index(backend, exprs):
     return index
 
 
-@needs_cuda
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(exprs=st.lists(strategies.expressions(max_leaves=8, with_not_matches=True), min_size=1, max_size=6),
-       events=st.lists(strategies.events(), min_size=1, max_size=4),
-       data=st.data())
-def test_scan_cuda_agrees_with_cpu_and_reference(exprs, events, data):
-    expected = [[i for i, expr in enumerate(exprs) if matches(expr, event)] for event in events]
-    on_cpu = _merged_index("cpu", exprs)
-    on_cuda = _merged_index("cuda", exprs)
-    assert [m.tolist() for m in on_cpu.match_batch(events)] == expected
-    assert [m.tolist() for m in on_cuda.match_batch(events)] == expected
-    table = pa.table({a: pa.array([e.get(a) for e in events], ARROW_TYPES[f]) for a, f in SCHEMA.items()})
-    assert [m.tolist() for m in on_cuda.match_batch(table)] == expected
-    removed = data.draw(st.sets(st.integers(0, len(exprs) - 1), max_size=len(exprs) - 1))
-    for i in sorted(removed):      # tombstones: the cleared alive flags reach the device
-        on_cuda.remove(i)
-    assert [m.tolist() for m in on_cuda.match_batch(events)] == [[i for i in m if i not in removed]
-                                                                  for m in expected]
+def test_device_output_needs_the_cuda_backend():
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        Index(algorithm="scan", backend="cpu").match_batch([{"a": 1}], output="device")
 
 
 # ================================================================= matcher
@@ -336,14 +315,14 @@ def _cpu_pairs(segment, batch, truth, alive):
 
 def _event_costs(batch, n_subs):
     """Device scratch bytes of each event of a host batch (as ScanCudaMatcher plans chunks)."""
-    from engine.algorithms.scan_cuda import ENTRY_BYTES, OFFSET_BYTES
+    from engine.algorithms.cuda_base import ENTRY_BYTES, OFFSET_BYTES
     n_tiles = -(-n_subs // cuda_support.default_launch().compaction_tile)
     return n_subs + 16 * n_tiles + OFFSET_BYTES + ENTRY_BYTES * np.diff(batch.offsets)
 
 
 @needs_cuda
 def test_matcher_chunks_small_budgets_and_returns_device_arrays(monkeypatch):
-    from engine.algorithms import scan_cuda
+    from engine.algorithms import cuda_base, scan_cuda
     seg, batch, truth = compiled()
     n_subs = len(seg)
     alive = np.ones(n_subs, np.uint8)
@@ -355,15 +334,15 @@ def test_matcher_chunks_small_budgets_and_returns_device_arrays(monkeypatch):
     for budget in (tight, fixed + int(costs[:3].sum()), None):
         e, p = _matcher(seg, device_memory=budget).match(batch, truth, alive)
         assert (e.tolist(), p.tolist()) == want
-    with pytest.raises(scan_cuda.DeviceMemoryError):
+    with pytest.raises(cuda_base.DeviceMemoryError):
         _matcher(seg, device_memory=tight - 1).match(batch, truth, alive)
 
     # chunks of several events whose results overflow the room left are filled a row at a time
     scans, fills = [], []
-    real_scan, real_fill = scan_cuda.scan_kernels.scan_kernel_cuda, scan_cuda.fill_rows_cuda
+    real_scan, real_fill = scan_cuda.scan_kernels.scan_kernel_cuda, cuda_base.fill_rows_cuda
     monkeypatch.setattr(scan_cuda.scan_kernels, "scan_kernel_cuda", lambda *a, **k: scans.append(a[1]) or
                         real_scan(*a, **k))
-    monkeypatch.setattr(scan_cuda, "fill_rows_cuda", lambda *a, **k: fills.append(a[2] - a[1]) or
+    monkeypatch.setattr(cuda_base, "fill_rows_cuda", lambda *a, **k: fills.append(a[2] - a[1]) or
                         real_fill(*a, **k))
     always, always_batch, always_truth = compiled(["n0 IS NULL OR n0 IS NOT NULL"] * 5)
     ones = np.ones(5, np.uint8)
@@ -380,7 +359,7 @@ def test_matcher_chunks_small_budgets_and_returns_device_arrays(monkeypatch):
     assert type(e) is type(cuda_support.array_module().zeros(0))
     assert (host(e).tolist(), host(p).tolist()) == want
     # device results stay on the device and count against the budget
-    with pytest.raises(scan_cuda.DeviceMemoryError, match="device results of earlier chunks hold .* output='numpy'"):
+    with pytest.raises(cuda_base.DeviceMemoryError, match="device results of earlier chunks hold .* output='numpy'"):
         _matcher(seg, device_memory=tight).match(batch, truth, alive, output="device")
     # a batch already on the device is used in place
     e, p = _matcher(seg).match(_on_device(batch), _to_device_input(truth), _to_device_input(alive))
@@ -420,7 +399,7 @@ def test_matcher_maps_ids_and_copies_int32_positions_back(monkeypatch):
     """Host results: positions cross as int32 through the staging buffers
     (tiny here) and come out int64; ``ids`` maps them on the way, on both
     outputs; several result pieces are concatenated in order."""
-    from engine.algorithms import scan_cuda
+    from engine.algorithms import cuda_base
     from gpu_kernels import transfer
     seg, batch, truth = compiled()
     n_subs = len(seg)
@@ -429,7 +408,7 @@ def test_matcher_maps_ids_and_copies_int32_positions_back(monkeypatch):
     ids = (np.arange(n_subs, dtype=np.int64) * 7 - 3)[::-1].copy()
     crossed = []
     real = transfer.positions_to_host
-    monkeypatch.setattr(scan_cuda.transfer, "positions_to_host",
+    monkeypatch.setattr(cuda_base.transfer, "positions_to_host",
                         lambda d, out, table=None: crossed.append(np.dtype(d.dtype)) or
                         real(d, out, table, staging_bytes=8))
     e, p = _matcher(seg).match(batch, truth, alive)
@@ -518,9 +497,15 @@ def test_bad_inputs_on_the_cuda_path_raise_clear_errors(monkeypatch):
     monkeypatch.setattr(scan_kernels, "MAX_STACK_DEPTH", 3)
     with pytest.raises(ExpressionTooLarge, match=r"subscription 1 needs an operand stack of 4 entries.*at most 3"):
         _matcher(compiled(["n0 = 1", "n0 = 1 AND n1 = 2 AND n2 = 3 AND s0 = 'a'"])[0])
-    index = _merged_index("cuda", ["n0 = 1 AND n1 = 2 AND n2 = 3 AND s0 = 'a'"])
+    # ... and the Index matches it on the host as a residual subscription, or refuses it with strict=True
+    deep = "n0 = 1 AND n1 = 2 AND n2 = 3 AND s0 = 'a'"
     with pytest.raises(ExpressionTooLarge):
-        index.match({"n0": 1})
+        Index(algorithm="scan", backend="cuda", strict=True).add(1, deep)
+    for exprs in ([deep], [deep, "n0 = 1"]):
+        index = _merged_index("cuda", exprs)
+        assert index.statistics()["residual"] == 1
+        assert index.match({"n0": 1, "n1": 2, "n2": 3, "s0": "a"}).tolist() == list(range(len(exprs)))
+        assert index.match({"n0": 1}).tolist() == [1][:len(exprs) - 1]
 
 
 # ============================================================ real hardware
@@ -579,62 +564,3 @@ class TestFullSize:
         assert matcher.stack_depth == 256
         e, p = matcher.match(batch, truth, np.ones(2, np.uint8))
         assert (e.tolist(), p.tolist()) == _cpu_pairs(seg, batch, truth, np.ones(2, np.uint8))
-
-
-@pytest.mark.cuda
-def test_index_device_output_matches_numpy_output():
-    """``match_batch(output="device")`` keeps results on the device and
-    equals the host result, delta subscriptions included."""
-    if "cuda" not in available_backends():
-        pytest.skip("needs a CUDA GPU with CuPy, or numba's simulator (NUMBA_ENABLE_CUDASIM=1 set before the run)")
-    from engine import Index
-    from engine.backend import array_namespace
-
-    index = Index(algorithm="scan", backend="cuda")
-    index.add_many([3, 1], ["a > 1 AND b = 'x'", "a IS NULL OR b LIKE 'y%'"])
-    index.merge()
-    index.add(2, "a = 5")                      # stays in the delta
-    events = [{"a": 5, "b": "x"}, {"b": "yes"}, {"a": 0}]
-    event_idx, sub_ids = index.match_batch(events, output="device")
-    xp = array_namespace("cuda")
-    assert isinstance(sub_ids, xp.ndarray)
-    host = index.match_batch(events, output="arrow")
-    assert list(zip(_to_host(event_idx).tolist(), _to_host(sub_ids).tolist())) == \
-        list(zip(host["event"].to_pylist(), host["sub_id"].to_pylist())) == [(0, 2), (0, 3), (1, 1)]
-    with pytest.raises(ValueError, match="backend='cuda'"):
-        Index(algorithm="scan", backend="cpu").match_batch(events, output="device")
-
-
-def _to_host(array):
-    return array.get() if hasattr(array, "get") else np.asarray(array)
-
-
-@needs_cuda
-@pytest.mark.parametrize("launch", launches(), ids=["default", "tiny"])
-def test_bitmap_encoding_kernel_matches_cpu(launch):
-    """The word-parallel CUDA encoding writes the same bitmaps as the CPU
-    twin, across more than one 64-bit word, with absent attributes (IS NULL
-    bits), IN lists and LIKE/MATCHES."""
-    from gpu_kernels.encoding import BitmapLayout, encode_bitmaps, encode_bitmaps_kernel_cuda
-
-    index = Index(algorithm="scan", backend="cpu")
-    texts = [f"x = {i}" for i in range(70)] + ["y IS NULL", "s LIKE 'a%'", "s MATCHES 'b$'", "x IN (3, 65)",
-                                                 "y NOT BETWEEN 1 AND 2", "s IS NOT NULL"]
-    index.add_many(range(len(texts)), texts)
-    index.merge()
-    table, schema = index._main.predicates, index.schema
-    table.recode(schema)
-    layout = BitmapLayout.of(table.attr, table.op, len(schema.attr_names))
-    events = [{"x": 3, "s": "ab"}, {"y": 1.5}, {"x": 65, "y": 7, "s": "xb"}, {}]
-    batch = event_batches.encode_events(events, schema)
-    truth = event_batches.pattern_truth(batch, schema, table.pattern_pairs())
-    want = encode_bitmaps(batch, table, layout, truth)
-    out = np.zeros_like(want)
-    arrays = [cuda_support.to_device(a) for a in (
-        batch.offsets, batch.attr, batch.value, batch.token, layout.attr_bit_offsets, layout.bit_predicate,
-        table.attr, table.op, table.lo, table.hi, table.set_offsets, table.set_values, table.aux, truth,
-        layout.absent_words)]
-    out_d = cuda_support.to_device(out)
-    encode_bitmaps_kernel_cuda(*arrays, out_d, launch=launch)
-    assert layout.n_words == 2
-    assert cuda_support.to_host(out_d).tolist() == want.tolist()

@@ -1,10 +1,9 @@
-"""The public API contract of engine.Index (DESIGN.md §3): results, bad
+"""The public API contract of engine.Index (docs/architecture.md#the-public-api): results, bad
 input that changes nothing, ids, persistence."""
 
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pytest
 

@@ -12,9 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import ExpressionTooLarge
-from engine.expr import (And, Interval, Not, Op, Or, Pred, Xnor, Xor, _too_large, merge_conjunction, negate,
-                         to_cnf, to_dnf, to_interval, to_nnf)
-from engine.reference import evaluate, matches
+from engine.expr import And, Not, Op, Or, Pred, Xnor, Xor, _too_large, negate, to_cnf, to_dnf, to_nnf
+from engine.reference import evaluate
 from tests import strategies as S
 from tests.sql_oracle import STRATEGIES_SCHEMA, duckdb_evaluate
 
@@ -86,16 +85,6 @@ def test_dnf_and_cnf_keep_truth(expr, events):
         # Kleene AND/OR are a distributive lattice: the value itself is kept
         assert _dnf_value(dnf, ev) is want
         assert _cnf_value(cnf, ev) is want
-
-
-@settings(max_examples=150, deadline=None)
-@given(S.expressions(max_leaves=8, with_not_matches=True), any_events)
-def test_merged_dnf_keeps_truth(expr, events):
-    """merge_conjunction on every DNF conjunction (the BE-Tree / OpIndex
-    route) keeps the TRUE-ness of the whole expression."""
-    merged = [m for m in (merge_conjunction(c) for c in to_dnf(expr, limit=BIG)) if m is not None]
-    for ev in events:
-        assert any(all(evaluate(p, ev) is True for p in c) for c in merged) is matches(expr, ev)
 
 
 def test_constants_and_shapes():
@@ -234,177 +223,6 @@ def test_predicates_equal_across_int_and_float_but_not_bool():
     assert a1 == a1f and hash(a1) == hash(a1f)
     assert a1 != a_true
     assert len({a1, a1f, a_true}) == 2
-
-
-# ---------------------------------------------------------------- intervals (BE-Tree Table 1)
-
-
-def _values_for(attr):
-    if attr in S.NUMERIC_ATTRS:
-        return _numeric
-    if attr in S.STRING_ATTRS:
-        return _string
-    return st.booleans()
-
-
-pred_and_value = st.one_of(
-    S.predicates(),
-    st.sampled_from(S.STRING_ATTRS).flatmap(lambda a: S.regex_patterns.map(lambda r: P(a, Op.NOT_MATCHES, r))),
-).flatmap(lambda p: st.tuples(st.just(p), _values_for(p.attr)))
-
-EXACT_OPS = {Op.LT, Op.LE, Op.EQ, Op.GT, Op.GE, Op.BETWEEN}
-
-
-@settings(max_examples=500, deadline=None)
-@given(pred_and_value)
-def test_interval_is_superset(pv):
-    pred, value = pv
-    iv = to_interval(pred)
-    truth = evaluate(pred, {pred.attr: value})
-    if pred.op is Op.IS_NULL:
-        assert iv is None
-        return
-    assert isinstance(iv, Interval)
-    if truth is True:
-        assert not iv.is_empty and iv.contains(value)
-    if pred.op in EXACT_OPS:
-        assert iv.contains(value) is truth
-    assert evaluate(pred, {}) is not True          # only IS NULL is TRUE on absence
-
-
-def test_interval_table():
-    W = Interval(None, None, False, False)
-    assert to_interval(P("a", Op.LT, 3)) == Interval(None, 3, False, False)
-    assert to_interval(P("a", Op.LE, 3)) == Interval(None, 3, False, True)
-    assert to_interval(P("a", Op.GT, 3)) == Interval(3, None, False, False)
-    assert to_interval(P("a", Op.GE, 3)) == Interval(3, None, True, False)
-    assert to_interval(P("a", Op.EQ, 3)) == Interval(3, 3, True, True)
-    assert to_interval(P("a", Op.IN, 5, 1, 3)) == Interval(1, 5, True, True)
-    assert to_interval(P("a", Op.BETWEEN, 1, 5)) == Interval(1, 5, True, True)
-    assert to_interval(P("a", Op.BETWEEN, 5, 1)).is_empty
-    for op, vs in [(Op.NE, (3,)), (Op.NOT_IN, (1, 2)), (Op.NOT_BETWEEN, (1, 2)), (Op.LIKE, ("a%",)),
-                   (Op.NOT_LIKE, ("a%",)), (Op.MATCHES, ("a",)), (Op.NOT_MATCHES, ("a",)),
-                   (Op.IS_NOT_NULL, ())]:
-        assert to_interval(Pred("a", op, vs)) == W
-    assert to_interval(P("a", Op.IS_NULL)) is None
-    assert Interval(3, 3, True, False).is_empty and not Interval(3, 3, True, True).is_empty
-    assert to_interval(P("s", Op.IN, "b", "é", "Z")) == Interval("Z", "é", True, True)
-    with pytest.raises(TypeError):
-        to_interval(P("a", Op.IN, 1, True))
-
-
-# ---------------------------------------------------------------- merge_conjunction
-
-
-def test_merge_examples():
-    m = merge_conjunction
-    assert m([P("a", Op.GE, 3), P("a", Op.LE, 7)]) == (P("a", Op.BETWEEN, 3, 7),)
-    assert m([P("a", Op.GT, 3), P("a", Op.LT, 7)]) == (P("a", Op.GT, 3), P("a", Op.LT, 7))
-    assert m([P("a", Op.GT, 3), P("a", Op.GE, 3), P("a", Op.GT, 1), P("a", Op.LT, 9), P("a", Op.LE, 7)]) == \
-        (P("a", Op.GT, 3), P("a", Op.LE, 7))
-    assert m([P("a", Op.IN, 1, 2, 3), P("a", Op.NE, 2), P("a", Op.LE, 2)]) == (P("a", Op.EQ, 1),)
-    assert m([P("a", Op.IN, 3, 1, 2), P("a", Op.NE, 2)]) == (P("a", Op.IN, 1, 3),)
-    assert m([P("a", Op.EQ, 5), P("a", Op.IN, 5, 6)]) == (P("a", Op.EQ, 5),)
-    assert m([P("a", Op.EQ, 5), P("a", Op.GT, 7)]) is None
-    assert m([P("a", Op.IS_NULL), P("a", Op.EQ, 1)]) is None
-    assert m([P("a", Op.IS_NULL), P("a", Op.NE, 1)]) is None
-    assert m([P("a", Op.IS_NULL), P("a", Op.IS_NOT_NULL)]) is None
-    assert m([P("a", Op.IS_NULL), P("a", Op.IS_NULL)]) == (P("a", Op.IS_NULL),)
-    assert m([P("a", Op.BETWEEN, 5, 1)]) is None
-    assert m([P("a", Op.GT, 5), P("a", Op.LT, 5)]) is None
-    assert m([P("a", Op.GE, 5), P("a", Op.LT, 5)]) is None
-    assert m([P("a", Op.GE, 5), P("a", Op.LE, 5)]) == (P("a", Op.EQ, 5),)
-    assert m([P("a", Op.GE, 5), P("a", Op.LE, 5), P("a", Op.NE, 5)]) is None
-    assert m([P("a", Op.IN, 1, 2), P("a", Op.IN, 3)]) is None
-    assert m([P("a", Op.IN, 1, 2), P("a", Op.NOT_IN, 1, 2)]) is None
-    # IS NOT NULL is implied by any other predicate on the attribute
-    assert m([P("a", Op.IS_NOT_NULL), P("a", Op.NE, 1)]) == (P("a", Op.NE, 1),)
-    assert m([P("a", Op.IS_NOT_NULL), P("a", Op.IS_NOT_NULL)]) == (P("a", Op.IS_NOT_NULL),)
-    # != on a closed end opens it; outside the interval it is dropped
-    assert m([P("a", Op.GE, 3), P("a", Op.NE, 3), P("a", Op.NE, 10), P("a", Op.LE, 7)]) == \
-        (P("a", Op.GT, 3), P("a", Op.LE, 7))
-    assert m([P("a", Op.GE, 3), P("a", Op.NE, 3), P("a", Op.NE, 10)]) == (P("a", Op.GT, 3), P("a", Op.NE, 10))
-    assert m([P("a", Op.BETWEEN, 1, 9), P("a", Op.NOT_IN, 0, 5, 9)]) == \
-        (P("a", Op.GE, 1), P("a", Op.LT, 9), P("a", Op.NE, 5))
-    assert m([P("a", Op.NE, 1), P("a", Op.NE, 3), P("a", Op.NOT_IN, 2, 1)]) == (P("a", Op.NOT_IN, 1, 2, 3),)
-    # NOT BETWEEN: disjoint -> dropped, covering an end -> cuts it, inside -> kept, empty -> presence
-    assert m([P("a", Op.LT, 0), P("a", Op.NOT_BETWEEN, 1, 2)]) == (P("a", Op.LT, 0),)
-    assert m([P("a", Op.BETWEEN, 0, 10), P("a", Op.NOT_BETWEEN, -5, 2)]) == (P("a", Op.GT, 2), P("a", Op.LE, 10))
-    assert m([P("a", Op.BETWEEN, 0, 10), P("a", Op.NOT_BETWEEN, 4, 5)]) == \
-        (P("a", Op.BETWEEN, 0, 10), P("a", Op.NOT_BETWEEN, 4, 5))
-    assert m([P("a", Op.BETWEEN, 0, 10), P("a", Op.NOT_BETWEEN, -1, 11)]) is None
-    assert m([P("a", Op.NOT_BETWEEN, 5, 1)]) == (P("a", Op.IS_NOT_NULL),)
-    assert m([P("a", Op.NOT_BETWEEN, 1, 5)]) == (P("a", Op.NOT_BETWEEN, 1, 5),)
-    # patterns are kept, but a finite set is filtered by them
-    assert m([P("s", Op.LIKE, "a%"), P("s", Op.GT, "b")]) == (P("s", Op.GT, "b"), P("s", Op.LIKE, "a%"))
-    assert m([P("s", Op.IN, "ab", "ba", "ax"), P("s", Op.LIKE, "a%"), P("s", Op.NOT_MATCHES, "x")]) == \
-        (P("s", Op.EQ, "ab"),)
-    assert m([P("s", Op.EQ, "b"), P("s", Op.MATCHES, "^a")]) is None
-    # booleans: a finite domain
-    assert m([P("b", Op.NE, True)]) == (P("b", Op.EQ, False),)
-    assert m([P("b", Op.GT, False), P("b", Op.NE, True)]) is None
-    assert m([P("b", Op.NOT_IN, True, False)]) is None
-    assert m([P("b", Op.LE, True)]) == (P("b", Op.IS_NOT_NULL),)
-    # numbers: int and float are one family; the domain is continuous
-    assert m([P("a", Op.EQ, 1), P("a", Op.IN, 1.0, 2)]) == (P("a", Op.EQ, 1),)
-    assert m([P("a", Op.GT, 3), P("a", Op.LT, 4)]) == (P("a", Op.GT, 3), P("a", Op.LT, 4))
-    # several attributes: order of first appearance, each merged on its own
-    assert m([P("a", Op.GE, 1), P("b", Op.EQ, True), P("a", Op.LE, 2), P("c", Op.LIKE, "x")]) == \
-        (P("a", Op.BETWEEN, 1, 2), P("b", Op.EQ, True), P("c", Op.LIKE, "x"))
-    assert m([P("a", Op.GE, 1), P("b", Op.IS_NULL), P("b", Op.EQ, True)]) is None
-    assert m([]) == ()
-
-
-@pytest.mark.parametrize("preds", [
-    [P("a", Op.EQ, 1), P("a", Op.EQ, "x")],
-    [P("a", Op.EQ, 1), P("a", Op.EQ, True)],
-    [P("a", Op.GT, 1), P("a", Op.LIKE, "x%")],
-    [P("a", Op.IN, 1, "x")],
-])
-def test_merge_rejects_mixed_families(preds):
-    with pytest.raises(TypeError):
-        merge_conjunction(preds)
-
-
-def _basic_preds(attr, literals):
-    return st.one_of(
-        st.builds(lambda op, v: P(attr, op, v), st.sampled_from(S.COMPARISONS), literals),
-        st.builds(lambda op, vs: Pred(attr, op, tuple(vs)), st.sampled_from([Op.IN, Op.NOT_IN]),
-                  st.lists(literals, min_size=1, max_size=4)),
-        st.builds(lambda op, lo, hi: P(attr, op, lo, hi), st.sampled_from([Op.BETWEEN, Op.NOT_BETWEEN]),
-                  literals, literals),
-        st.builds(lambda op: P(attr, op), st.sampled_from([Op.IS_NULL, Op.IS_NOT_NULL])),
-    )
-
-
-def _preds_on(attr):
-    if attr in S.NUMERIC_ATTRS:
-        return _basic_preds(attr, S.numeric_literals)
-    if attr in S.STRING_ATTRS:
-        return st.one_of(
-            _basic_preds(attr, S.string_literals),
-            st.builds(lambda op, p: P(attr, op, p), st.sampled_from([Op.LIKE, Op.NOT_LIKE]), S.like_patterns),
-            st.builds(lambda op, p: P(attr, op, p), st.sampled_from([Op.MATCHES, Op.NOT_MATCHES]),
-                      S.regex_patterns))
-    return _basic_preds(attr, st.booleans())
-
-
-conjunctions = st.sampled_from([("n0",), ("s0",), ("b0",), ("n0", "n1"), ("n0", "s0"), ("s0", "b0")]).flatmap(
-    lambda attrs: st.lists(st.sampled_from(attrs).flatmap(_preds_on), min_size=1, max_size=7))
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(conjunctions, any_events)
-def test_merge_keeps_truth(preds, events):
-    merged = merge_conjunction(preds)
-    for ev in events:
-        want = all(evaluate(p, ev) is True for p in preds)
-        got = merged is not None and all(evaluate(p, ev) is True for p in merged)
-        assert got is want, (preds, merged, ev)
-    if merged is not None:
-        assert {p.attr for p in merged} == {p.attr for p in preds}
-        assert len({p.attr for p in merged if p.op in (Op.EQ, Op.IN)}) == \
-            sum(1 for p in merged if p.op in (Op.EQ, Op.IN))        # one set per attribute
 
 
 # ---------------------------------------------------------------- reference vs DuckDB

@@ -1,4 +1,4 @@
-"""``opindex`` (OpIndex, opindex.txt) and OpIndex-BS on ``cpu``: the paper's
+"""``opindex`` (OpIndex, Zhang, Chan, Tan, PVLDB 2014) and OpIndex-BS on ``cpu``: the paper's
 running example (Tables 1, Figures 4-5, Examples 2 and 5), differential
 tests against the reference evaluator and DuckDB on random expressions over
 every operator and connective (DNF and CNF routes, prefix lists, absent

@@ -1,4 +1,4 @@
-"""OpIndex updates without a full rebuild (DESIGN.md §4, opindex.txt §4.3):
+"""OpIndex updates without a full rebuild (docs/architecture.md#the-index-life-cycle, Zhang, Chan, Tan, PVLDB 2014, §4.3):
 a merge derives the next matcher from the last one (``OpIndexMatcher.merged``,
 the Index's merge protocol) -- removed subscriptions' counters and entries
 dropped, survivors renumbered, added subscriptions' entries merged into the

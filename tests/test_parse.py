@@ -1,4 +1,4 @@
-"""The expression language of DESIGN.md §2: what `engine.parse.parse` builds
+"""The expression language (docs/language.md#grammar): what `engine.parse.parse` builds
 from text, every error it reports (with position and what was expected), and
 the printer `to_text` that writes ASTs back as text."""
 

@@ -1,4 +1,4 @@
-"""DESIGN.md §2 as an explicit table: every operator and connective, with
+"""The semantics of docs/language.md as an explicit table: every operator and connective, with
 NULL (absent attributes), on the reference evaluator AND on DuckDB.
 
 Each row is (expression, event, expected three-valued result); both

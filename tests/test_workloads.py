@@ -1,5 +1,5 @@
 """engine.workloads: the papers' generators hit their controlled parameters
-(DESIGN.md §7), produce the columnar subscription form that Index ingests,
+(docs/architecture.md#workloads-and-benchmarks), produce the columnar subscription form that Index ingests,
 and are deterministic by seed."""
 
 from __future__ import annotations

@@ -62,6 +62,8 @@ def check_program_depths(segment: Segment) -> int:
     except ValueError:
         # max_depth bounds the programs from above (a part of a segment keeps the whole's): the exact depths
         depths = program_depths(segment.prog_offsets, segment.prog_kind, segment.prog_arg)
+        if not len(depths):                 # no program at all (every one residual)
+            return scan_kernels.STACK_DEPTH_TIERS[0]
         worst = int(np.argmax(depths))
         if depths[worst] <= scan_kernels.MAX_STACK_DEPTH:
             return scan_kernels.cuda_stack_depth(int(depths[worst]))

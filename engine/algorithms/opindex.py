@@ -1,5 +1,5 @@
-"""``opindex`` (OpIndex, opindex.txt): two-level partitioned inverted lists
-with counting (DESIGN.md §6).
+"""``opindex`` (OpIndex, Zhang, Chan, Tan, PVLDB 2014): two-level partitioned inverted lists
+with counting (docs/papers.md#opindex).
 
 How the paper maps onto this module and :mod:`gpu_kernels.opindex` (its
 kernels, CPU and CUDA, and the structure's layout):
@@ -57,7 +57,7 @@ over all cores (``prange``), each with its own counters; single events run
 on the calling thread.  Output per event is de-duplicated and ordered by a
 two-level bitmap of positions.
 
-Updates (DESIGN.md §4): the :class:`~engine.index.Index` matches new
+Updates (docs/architecture.md#the-index-life-cycle): the :class:`~engine.index.Index` matches new
 subscriptions in a small delta by scan and tombstones removals through
 ``alive`` (copied per counter, next to the counters, when it changes); a
 merge derives the next matcher from this one (:meth:`OpIndexMatcher.merged`,
@@ -150,8 +150,8 @@ def check_expression(node: Node, limit: int = DEFAULT_LIMIT) -> None:
         raise ExpressionTooLarge(
             f"opindex indexes an expression through its DNF (one simple subscription per conjunction) or its "
             f"CNF (one bit per clause), OpIndex §6.1; this expression needs more than {limit} conjunctions and "
-            f"more than {limit} clauses (dnf_limit={limit}). Raise dnf_limit or use algorithm 'scan' or "
-            f"'atree'.") from None
+            f"more than {limit} clauses (dnf_limit={limit}). Without strict=True the Index matches it with "
+            f"the residual matcher; or raise dnf_limit.") from None
 
 
 def _attr_frequency(log, n_attrs: int) -> np.ndarray:
@@ -616,7 +616,7 @@ class OpIndexMatcher(HostMatcher):
 
     def merged(self, segment: Segment, old_to_new, added, schema=None) -> "OpIndexMatcher":
         """The matcher of ``segment``, the Index's next main segment, derived
-        from this one (the Index's merge protocol, DESIGN.md §4).
+        from this one (the Index's merge protocol, docs/architecture.md#the-index-life-cycle).
 
         ``old_to_new[p]`` is the position in ``segment`` of the subscription
         at position ``p`` of this matcher's segment (-1: removed), whose
@@ -1403,7 +1403,7 @@ class OpIndexMatcher(HostMatcher):
 
 
 class OpIndexBSMatcher(OpIndexMatcher):
-    """OpIndex-BS (opindex.txt §7): the same index without segments and
+    """OpIndex-BS (Zhang, Chan, Tan, PVLDB 2014, §7): the same index without segments and
     signatures -- each predicate list searched by binary search only."""
 
     name = "opindex-bs"

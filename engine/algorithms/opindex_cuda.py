@@ -1,4 +1,4 @@
-"""``opindex`` on the ``cuda`` backend (DESIGN.md §5-§6).
+"""``opindex`` on the ``cuda`` backend (docs/architecture.md#backends-and-kernels, docs/papers.md#opindex).
 
 The index is built on the host, exactly as on ``cpu``
 (:class:`~engine.algorithms.opindex.OpIndexMatcher`: pivots, operator

@@ -32,7 +32,7 @@ class Algorithm:
     """One registered algorithm (see the module docstring)."""
 
     name: str
-    #: the paper's name for it, the paper (``papers/`` file) and the sections implemented
+    #: the paper's name for it, the paper (a citation) and the sections implemented
     title: str
     paper: str
     sections: str
@@ -142,7 +142,9 @@ register(Algorithm(
     native_forms=("every expression: its postfix program evaluated on every event",)))
 
 register(Algorithm(
-    name="opindex", title="OpIndex", paper="opindex.txt", sections="§4 (index and matching), §6 (DNF/CNF, prefix)",
+    name="opindex", title="OpIndex",
+    paper="Zhang, Chan, Tan. An Efficient Publish/Subscribe Index for E-Commerce Databases. PVLDB 7(8), 2014",
+    sections="§4 (index and matching), §6 (DNF/CNF, prefix)",
     implementations={"cpu": "engine.algorithms.opindex:OpIndexMatcher",
                      "cuda": "engine.algorithms.opindex_cuda:OpIndexCudaMatcher"},
     options=OpIndexOptions,

@@ -1,4 +1,4 @@
-"""``scan`` (DESIGN.md §6): every compiled expression against every event.
+"""``scan`` (docs/papers.md#scan-the-baseline): every compiled expression against every event.
 
 No index at all; the postfix programs of engine.compile are run by
 gpu_kernels.scan.  Events are processed in chunks so that the dense hit

@@ -1,4 +1,4 @@
-"""``scan`` on the ``cuda`` backend (DESIGN.md §5, §6).
+"""``scan`` on the ``cuda`` backend (docs/architecture.md#backends-and-kernels, docs/papers.md#scan-the-baseline).
 
 The compiled segment is copied to the device once (:class:`DeviceSegment`;
 the predicate codes again only when a grown string dictionary recodes them).

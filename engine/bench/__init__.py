@@ -1,4 +1,4 @@
-"""``bexmatch bench``: algorithms x backends over the papers' workloads (DESIGN.md §7).
+"""``bexmatch bench``: algorithms x backends over the papers' workloads (docs/architecture.md#workloads-and-benchmarks).
 
 Every algorithm of the registry (:mod:`engine.algorithms.registry`), and
 the bench's variants of them, is built and timed on each workload, and its

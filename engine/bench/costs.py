@@ -50,7 +50,7 @@ def ingest_rates(workload, n_texts: int = 20_000, repeats: int = 3) -> dict:
 
 
 def update_costs(workload, n: int = 1000, repeats: int = 3) -> dict:
-    """What a merge costs opindex (DESIGN.md §4): ``n`` removals and ``n``
+    """What a merge costs opindex (docs/architecture.md#the-index-life-cycle): ``n`` removals and ``n``
     new subscriptions (columnar, new ids; their rows copied from random
     subscriptions of the workload) folded into the main index, up to the
     first match after it -- with the matcher derived from the last one, and

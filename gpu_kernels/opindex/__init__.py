@@ -1,4 +1,4 @@
-"""OpIndex kernels (opindex.txt §4-§7), CPU and CUDA twins side by side.
+"""OpIndex kernels (Zhang, Chan, Tan, PVLDB 2014, §4-§7), CPU and CUDA twins side by side.
 
 * :mod:`gpu_kernels.opindex.layout` -- the structure as one struct of
   arrays (:class:`~gpu_kernels.opindex.layout.OpIndexArrays`), its layout,

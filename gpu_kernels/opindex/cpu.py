@@ -1,4 +1,4 @@
-"""OpIndex CPU kernels (opindex.txt §4-§6): building the two-level index and
+"""OpIndex CPU kernels (Zhang, Chan, Tan, PVLDB 2014, §4-§6): building the two-level index and
 matching events against it by counting.
 
 The structure is one :class:`~gpu_kernels.opindex.layout.OpIndexArrays`
@@ -15,7 +15,7 @@ over ``prange`` tasks of events, :func:`opindex_match_serial` on the
 calling thread.  Building is a few sequential passes (:func:`plain_units`,
 :func:`choose_pivots`, :func:`emit_entries`, :func:`counting_order`,
 :func:`sort_within_lists`, :func:`gather_sorted`, :func:`build_directory`);
-a merge (DESIGN.md §4) merges the entries of added subscriptions into an
+a merge (docs/architecture.md#the-index-life-cycle) merges the entries of added subscriptions into an
 old index's lists in one linear pass (:func:`merge_entries`, with
 :func:`sort_runs` for runs whose keys moved) before
 :func:`build_directory`.

@@ -1,5 +1,5 @@
 """CUDA twin of OpIndex matching (:mod:`gpu_kernels.opindex.cpu`, Algorithm 2
-of opindex.txt) over the very structure the CPU build makes: the device twin
+of Zhang, Chan, Tan, PVLDB 2014) over the very structure the CPU build makes: the device twin
 of its :class:`~gpu_kernels.opindex.layout.OpIndexArrays`
 (:func:`gpu_kernels.opindex.layout.to_device`), handed whole to the kernel.
 

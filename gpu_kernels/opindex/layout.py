@@ -1,4 +1,4 @@
-"""The OpIndex structure as one struct of arrays (opindex.txt §4-§6).
+"""The OpIndex structure as one struct of arrays (Zhang, Chan, Tan, PVLDB 2014, §4-§6).
 
 :class:`OpIndexArrays` holds every array of a built index (built by
 :mod:`engine.algorithms.opindex`); the CPU kernels (:mod:`.cpu`) take it

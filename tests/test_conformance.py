@@ -1,0 +1,196 @@
+"""The conformance suite: every registered algorithm × each backend it runs
+on × every life cycle of an index, against the reference evaluator and
+DuckDB (the harness and what each life cycle means: tests/conformance.py).
+
+The algorithms are read from the registry when the tests are collected: a
+newly registered algorithm is covered with no edit here, and
+``test_a_registered_toy_algorithm_runs_the_whole_suite`` shows it by
+registering ``scan``'s matchers under another name.  ``cuda`` cases are
+marked ``cuda``: they run under numba's CUDA simulator in CI's simulator
+slice (``NUMBA_ENABLE_CUDASIM=1 pytest -m cuda``) on tiny workloads, and on
+a GPU where there is one.  The tests of the oracles themselves close the
+module.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import re2
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import Index
+from engine.algorithms import registry
+from engine.algorithms.registry import Algorithm
+from engine.errors import ExpressionTooLarge
+from engine.expr import Op, Pred, Xnor, Xor
+from engine.reference import matches
+from tests import conformance, strategies
+from tests.conformance import LIFECYCLES, RESIDUAL_MATCHER, SLOW_OK, cases
+from tests.sql_oracle import OracleCannotRepresent, _check_stored, duckdb_matches, semantics_mismatches
+
+
+# ------------------------------------------------------------------ the suite
+@pytest.mark.parametrize("lifecycle", LIFECYCLES)
+@pytest.mark.parametrize("algorithm,backend", cases())
+def test_lifecycle(algorithm, backend, lifecycle, tmp_path):
+    conformance.check_lifecycle(algorithm, backend, lifecycle, tmp_path)
+
+
+@pytest.mark.parametrize("algorithm,backend", cases())
+def test_pinned_examples(algorithm, backend):
+    """Long strings sharing prefixes, UUIDs, embedded NUL (numpy issue
+    31533's reproducers), int64's ends as ids, in the delta and in main, by
+    every route."""
+    conformance.check_pinned(algorithm, backend)
+
+
+@pytest.mark.parametrize("algorithm,backend", cases(("cpu",)))
+def test_large_batch(algorithm, backend):
+    conformance.check_large_batch(algorithm, backend)
+
+
+@pytest.mark.cuda
+def test_the_simulator_slice_runs_the_cuda_cases():
+    """Under ``NUMBA_ENABLE_CUDASIM=1`` (CI's simulator slice) the cuda
+    backend must be available: else every cuda case would be skipped and
+    the slice would pass having checked nothing."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        pytest.skip("not the simulator slice (NUMBA_ENABLE_CUDASIM=1 not set)")
+    assert conformance.available("cuda"), "NUMBA_ENABLE_CUDASIM=1 but the cuda backend is not available"
+
+
+def test_every_registered_algorithm_is_a_case():
+    want = {(a.name, backend) for a in registry.algorithms() for backend in a.backends}
+    assert {tuple(p.values) for p in cases()} == want
+    assert {"scan", "opindex"} <= {name for name, _ in want}
+
+
+# ------------------------------------------------------------------ a new algorithm
+@pytest.fixture
+def toy_algorithm():
+    """``scan``'s matchers registered as a new algorithm, for one test."""
+    from engine.algorithms.options import ScanOptions
+    from engine.algorithms.scan import ScanMatcher
+    from engine.algorithms.scan_cuda import ScanCudaMatcher
+
+    toy = registry.register(Algorithm(name="toy-scan", title="toy scan", paper="(a test)", sections="",
+                                      implementations={"cpu": ScanMatcher, "cuda": ScanCudaMatcher},
+                                      options=ScanOptions))
+    try:
+        yield toy.name
+    finally:
+        registry.unregister(toy.name)
+
+
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=conformance.backend_marks(b)) for b in ("cpu", "cuda")])
+def test_a_registered_toy_algorithm_runs_the_whole_suite(toy_algorithm, backend, tmp_path):
+    """Registering is all it takes: the toy is a case as soon as it is
+    registered, and runs every check of the suite."""
+    assert (toy_algorithm, backend) in {tuple(p.values) for p in cases()}
+    tallies = conformance.run_whole_suite(toy_algorithm, backend, tmp_path, max_examples=3 if backend == "cpu" else 2)
+    assert set(tallies) == set(LIFECYCLES)
+
+
+# ------------------------------------------------------------------ beyond a rewrite limit
+#: ``n0 = 0 XOR n1 = 1 XOR ... XOR s0 = 'k'``: neither its DNF nor its CNF fits 256 terms
+BEYOND_LIMITS = " XOR ".join([f"n{i % 3} = {i}" for i in range(9)] + ["s0 = 'a'", "s1 = 'b'", "b0 = TRUE"])
+
+_limited = [p for p in cases() if registry.get(p.values[0]).limit_check is not None]
+
+
+@pytest.mark.skipif(not RESIDUAL_MATCHER, reason="the residual matcher is not switched on "
+                                                 "(tests/conformance.py RESIDUAL_MATCHER)")
+@pytest.mark.parametrize("algorithm,backend", _limited)
+def test_expressions_beyond_the_limit_are_residual_unless_strict(algorithm, backend):
+    from engine.parse import parse
+    node = parse(BEYOND_LIMITS)
+    assert not registry.get(algorithm).indexes(node, 256)
+    with pytest.raises(ExpressionTooLarge):
+        Index(algorithm=algorithm, backend=backend, strict=True).add(1, node)
+    index = Index(algorithm=algorithm, backend=backend)
+    index.add_many([1, 2], [node, "n0 = 0"])
+    events = [{"n0": 0}, {"n0": 0, "s0": "a"}, {"n0": 3, "n1": 4}, {}]
+    want = [[i for i, e in ((1, node), (2, parse("n0 = 0"))) if matches(e, ev)] for ev in events]
+    for merged in (False, True):
+        assert [m.tolist() for m in index.match_batch(events)] == want
+        index.merge()
+    assert index.statistics()["residual"] == 1
+
+
+# ------------------------------------------------------------------ the generators
+def test_the_pools_collide():
+    """Most event values are literal values: the generator makes matches,
+    equalities and bounds happen (a generator whose events never equal a
+    literal would not have caught numpy issue 31533)."""
+    rng = random.Random(1)
+    events = [conformance.pool_event(rng) for _ in range(400)]
+    literal_strings = set(strategies.STRING_POOL)
+    hits = sum(v in literal_strings for e in events for a, v in e.items() if a in strategies.STRING_ATTRS)
+    assert hits > 0.6 * sum(a in e for e in events for a in strategies.STRING_ATTRS)
+    assert sum(len(s) >= 16 for s in strategies.STRING_POOL) >= 10
+    assert sum("\x00" in s for s in strategies.STRING_POOL) >= 3
+    assert any(ord(c) > 0xFFFF for s in strategies.STRING_POOL for c in s)
+
+
+# ------------------------------------------------------------------ the oracles themselves
+def test_duckdb_is_exact_on_every_pool_value_and_pattern():
+    """DuckDB's string semantics (stored and literal NULs, code-point order,
+    LIKE, RE2) equal Python's and the reference evaluator's on every value
+    and pattern the strategies can produce from their pools."""
+    values = strategies.STRING_POOL + strategies.STRING_EVENT_EXTRAS
+    pool = strategies.STRING_POOL
+    likes = (list(strategies.LIKE_POOL) + list(pool) + [v + "%" for v in pool] + ["%" + v for v in pool]
+             + [v[:-1] + "_" for v in pool])
+    regexes = list(strategies.REGEX_POOL) + [re2.escape(v) for v in pool] + [
+        "^" + re2.escape(v) for v in pool] + [re2.escape(v) + "$" for v in pool]
+    assert semantics_mismatches(values, likes, regexes) == []
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=SLOW_OK)
+@given(values=st.lists(strategies.strings(max_size=40), min_size=1, max_size=8))
+def test_duckdb_is_exact_on_arbitrary_strings(values):
+    patterns = [v + "%" for v in values] + ["%" + v for v in values] + [v[:-1] + "_" for v in values]
+    regexes = [re2.escape(v) for v in values] + ["^" + re2.escape(v) + "$" for v in values]
+    assert semantics_mismatches(values + list(strategies.STRING_POOL[:8]), patterns, regexes) == []
+
+
+def test_xor_translation_equals_the_definition():
+    """``x <> y`` / ``x = y`` (the oracle's XOR / XNOR) equal the
+    definitions on every TRUE / FALSE / NULL pair."""
+    import duckdb
+
+    from tests.sql_oracle import duckdb_evaluate, to_sql
+
+    sides = [Pred("n0", Op.EQ, (1,)), Pred("n1", Op.EQ, (1,))]
+    events = [{a: v for a, v in zip(("n0", "n1"), pair) if v is not None}
+              for pair in [(x, y) for x in (1, 0, None) for y in (1, 0, None)]]
+    exprs = [Xor(*sides), Xnor(*sides), Xor(Xnor(*sides), sides[0])]
+    schema = {"n0": "DOUBLE", "n1": "DOUBLE"}
+    assert all("<>" in to_sql(e) or "=" in to_sql(e) for e in exprs)
+    by_definition = [[row[0] for row in duckdb.execute(
+        f"SELECT {to_sql(e, xor_by_definition=True)} FROM (SELECT ?::DOUBLE AS n0, ?::DOUBLE AS n1)",
+        [ev.get("n0"), ev.get("n1")]).fetchall()] for e in exprs for ev in events]
+    got = duckdb_evaluate(exprs, events, schema)
+    assert [[v] for row in got for v in row] == by_definition
+    assert got[0] == [False, True, None, True, False, None, None, None, None]
+
+
+def test_oracle_refuses_what_duckdb_cannot_hold():
+    import duckdb
+
+    with pytest.raises(OracleCannotRepresent):
+        duckdb_matches([Pred("s0", Op.EQ, ("\ud800",))], [{}], {"s0": "VARCHAR"})
+    with pytest.raises(OracleCannotRepresent):
+        duckdb_matches([Pred("s0", Op.IS_NULL, ())], [{"s0": "a\udfff"}], {"s0": "VARCHAR"})
+    con = duckdb.connect(":memory:")     # a value that came back changed is caught, not compared
+    con.execute("CREATE TABLE t (__bexmatch_event_idx BIGINT, s VARCHAR, n DOUBLE)")
+    con.execute("INSERT INTO t VALUES (0, 'a', 9007199254740992)")
+    _check_stored(con, "t", {"s": "VARCHAR", "n": "DOUBLE"}, [{"s": "a", "n": 2 ** 53}])
+    with pytest.raises(OracleCannotRepresent):
+        _check_stored(con, "t", {"s": "VARCHAR"}, [{"s": "a\x00"}])
+    with pytest.raises(OracleCannotRepresent):
+        _check_stored(con, "t", {"n": "DOUBLE"}, [{"n": 2 ** 53 + 1}])
