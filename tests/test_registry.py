@@ -30,7 +30,7 @@ def test_the_registry_lists_what_exists_with_its_paper():
         assert algorithm.paper and algorithm.native_forms
         cpu = algorithm.matcher_class("cpu")
         assert issubclass(cpu, HostMatcher) and cpu.name == algorithm.name
-    assert "PVLDB 2014" in registry.get("opindex").paper and "§6" in registry.get("opindex").sections
+    assert "PVLDB 7(8), 2014" in registry.get("opindex").paper and "§6" in registry.get("opindex").sections
     with pytest.raises(BackendUnavailable, match="unknown algorithm 'betree'"):
         registry.get("betree")
 
