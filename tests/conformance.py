@@ -119,7 +119,7 @@ class Size:
 SIZES = {"cpu": Size(min_exprs=2, max_exprs=14, max_events=8, max_leaves=10,
                      flavours=("mixed", "mixed", "strings", "deep"), examples=15, witnesses=3),
          "cuda": Size(min_exprs=3, max_exprs=5, max_events=3, max_leaves=6,
-                      flavours=("mixed", "strings"), examples=3, witnesses=2)}
+                      flavours=("mixed", "strings"), examples=2, witnesses=2)}
 
 
 # ------------------------------------------------------------------ the cases
