@@ -174,35 +174,6 @@ def test_opindex_agrees_with_reference_and_duckdb(exprs, events):
         assert run_matcher(matcher, index, events) == expected, matcher
 
 
-@settings(max_examples=25, **HYPOTHESIS)
-@given(exprs=st.lists(strategies.expressions().filter(strategies.fits_normal_form), min_size=2, max_size=20),
-       events=st.lists(strategies.events(), min_size=1, max_size=10),
-       data=st.data())
-def test_interleaved_adds_and_removes(exprs, events, data):
-    """A subscription's result never depends on whether it sits in the main
-    lists, the delta or behind a tombstone."""
-    index = Index(algorithm="opindex", backend="cpu", schema=SCHEMA)
-    half = len(exprs) // 2
-    index.add_many(range(half), exprs[:half])
-    index.merge()
-    expected_half = reference_matches(exprs[:half], events)
-    assert [m.tolist() for m in index.match_batch(events)] == expected_half
-    for i in range(half, len(exprs)):
-        index.add(i, exprs[i])
-    removed = data.draw(st.sets(st.integers(0, len(exprs) - 1), max_size=len(exprs)))
-    alive = [i for i in range(len(exprs)) if i not in removed]
-    for i in sorted(removed):
-        index.remove(i)
-        if data.draw(st.booleans()):     # match between removals: tombstones change under a built matcher
-            survivors = [j for j in range(len(exprs)) if j not in removed or j > i]
-            assert [m.tolist() for m in index.match_batch(events)] == \
-                [[j for j in survivors if matches(exprs[j], e)] for e in events]
-    expected = [[i for i in alive if matches(exprs[i], e)] for e in events]
-    assert [m.tolist() for m in index.match_batch(events)] == expected
-    index.merge()
-    assert [m.tolist() for m in index.match_batch(events)] == expected
-
-
 # ------------------------------------------------------------ §6.1, §6.2
 def test_dnf_and_cnf_routes():
     exprs = [
