@@ -88,12 +88,6 @@ class Options:
                     return False
         return True
 
-    def given(self) -> dict:
-        """The fields whose value is not the default (what a copy of the
-        index -- ``subset`` -- is made with)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) is not f.default}
-
 
 def _json_safe(value) -> bool:
     try:

@@ -64,13 +64,7 @@ class Algorithm:
     def indexes(self, node, dnf_limit: int) -> bool:
         """Whether the algorithm's own structure takes ``node`` (else the
         residual matcher does)."""
-        if self.limit_check is None:
-            return True
-        try:
-            _load(self.limit_check)(node, dnf_limit)
-        except ExpressionTooLarge:
-            return False
-        return True
+        return self.limit_error(node, dnf_limit) is None
 
     def limit_error(self, node, dnf_limit: int) -> ExpressionTooLarge | None:
         """The algorithm's refusal of ``node`` (for ``strict=True``), or None."""
