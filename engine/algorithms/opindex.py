@@ -86,10 +86,10 @@ from __future__ import annotations
 import copy
 import hashlib
 
-import numba
 import numpy as np
 
 from engine.algorithms.base import HostMatcher
+from engine.algorithms.host_tasks import match_in_tasks
 from engine.algorithms.options import OpIndexOptions
 from engine.compile import OP_OF_CODE, OPCODE, Segment
 from engine.errors import BackendUnavailable, ExpressionTooLarge
@@ -101,8 +101,6 @@ from gpu_kernels.opindex.layout import (L_EQ, L_GE, L_GT, L_LE, L_LT, L_NE, L_PR
 
 #: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
 DEFAULT_LIMIT = 256
-#: batches up to this many events are matched on the calling thread
-SERIAL_EVENTS = 4
 #: the paper's settings (§7.1): 32 segments per list, 64-bit signatures
 DEFAULT_SEGMENTS = 32
 DEFAULT_SIGNATURE_BITS = 64
@@ -1118,45 +1116,13 @@ class OpIndexMatcher(HostMatcher):
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         index, programs = self.arrays, Programs.of(self.segment)
-        threads = numba.get_num_threads()
-        n_tasks = 1 if n_events <= SERIAL_EVENTS or threads == 1 else int(min(n_events, 4 * threads))
-        kernel = K.opindex_match_serial if n_tasks == 1 else K.opindex_match_kernel
-        bounds = np.linspace(0, n_events, n_tasks + 1).round().astype(np.int64)
-        first, last = bounds[:-1].copy(), bounds[1:].copy()
-        ev_count = np.zeros(n_events, np.int64)
-        pieces = []          # (first event, slab, start, length)
-        estimate = self._matches_per_event
-        need = 0
-        while len(first):
-            span = int((last - first).max())
-            cap = int(max(1024, need, min(span * estimate * 1.25 + 64, 1 << 31)))
-            out = np.empty(len(first) * cap, np.int32)
-            stop = np.empty(len(first), np.int64)
-            task_need = np.empty(len(first), np.int64)
-            kernel(first, last, out, cap, ev_count, stop, task_need, n_subs, batch.offsets, batch.attr, batch.value,
-                   batch.token, pattern_truth, index, programs, self._counter_live(alive, n_events), alive)
-            done_events = 0
-            done_matches = 0
-            for t in range(len(first)):
-                n = int(ev_count[first[t]:stop[t]].sum())
-                pieces.append((int(first[t]), out, t * cap, n))
-                done_events += int(stop[t] - first[t])
-                done_matches += n
-            unfinished = stop < last
-            if done_events:
-                estimate = max(estimate, done_matches / done_events)
-            if unfinished.any():
-                estimate *= 2
-                need = int(task_need[unfinished].max()) + 1
-            first, last = stop[unfinished], last[unfinished]
-        self._matches_per_event = max(1.0, 0.5 * self._matches_per_event + 0.5 * estimate)
-        pieces.sort(key=lambda piece: piece[0])
-        positions = np.empty(int(ev_count.sum()), np.int64)
-        at = 0
-        for _, slab, start, n in pieces:
-            positions[at:at + n] = slab[start:start + n]
-            at += n
-        events = np.repeat(np.arange(n_events, dtype=np.int64), ev_count)
+        counter_live = self._counter_live(alive, n_events)
+
+        def launch(first, last, out, cap, ev_count, stop, need, serial):
+            kernel = K.opindex_match_serial if serial else K.opindex_match_kernel
+            kernel(first, last, out, cap, ev_count, stop, need, n_subs, batch.offsets, batch.attr, batch.value,
+                   batch.token, pattern_truth, index, programs, counter_live, alive)
+        events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
         return events, positions
 
     # ------------------------------------------------------------ persistence

@@ -180,3 +180,43 @@ class OpIndexOptions(Options):
             raise ValueError(f"shared_memory must be a number of bytes >= 0, not {self.shared_memory!r}")
         if self.counting not in COUNTINGS:
             raise ValueError(f"counting must be one of {', '.join(map(repr, COUNTINGS))}, not {self.counting!r}")
+
+
+#: BE-Tree's leaf capacity by the workload's matching probability (Table 4):
+#: below 1 %, from 1 % to 10 %, from 10 %
+MAX_CAP_BY_MATCH_PROBABILITY = ((0.01, 5), (0.10, 20), (float("inf"), 160))
+#: the l-node capacity for the paper's standard workloads (1 % matching probability)
+DEFAULT_MAX_CAP = 20
+#: the paper's minimum partition size (§7: min_size = 3)
+DEFAULT_MIN_SIZE = 3
+
+
+def max_cap_for(match_probability: float) -> int:
+    """Table 4's ``max_cap`` for a workload's matching probability (a fraction)."""
+    if not 0 <= match_probability <= 1:
+        raise ValueError(f"a matching probability is a fraction in [0, 1], not {match_probability!r}")
+    for below, cap in MAX_CAP_BY_MATCH_PROBABILITY:
+        if match_probability < below:
+            return cap
+    return MAX_CAP_BY_MATCH_PROBABILITY[-1][1]
+
+
+@dataclass(frozen=True)
+class BETreeOptions(Options):
+    """``betree`` (BE-Tree §4-§7): the paper's parameters and the device's."""
+
+    algorithm = "betree"
+    max_cap: int = option(DEFAULT_MAX_CAP, doc="l-node capacity max_cap (§4.2); Table 4: 5 below 1 % matching "
+                                               "probability, 20 up to 10 %, 160 beyond (max_cap_for)")
+    min_size: int = option(DEFAULT_MIN_SIZE, doc="fewest units an attribute must constrain to partition on it "
+                                                 "(§4.2, min_size)")
+    launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
+    device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
+
+    def __post_init__(self):
+        if not _is_int(self.max_cap) or self.max_cap < 1:
+            raise ValueError(f"max_cap must be an integer >= 1, not {self.max_cap!r}")
+        if not _is_int(self.min_size) or self.min_size < 1:
+            raise ValueError(f"min_size must be an integer >= 1, not {self.min_size!r}")
+        check_launch(self.launch)
+        check_device_memory(self.device_memory)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
-from engine.algorithms.options import OpIndexOptions, Options, ScanOptions
+from engine.algorithms.options import BETreeOptions, OpIndexOptions, Options, ScanOptions
 from engine.errors import BackendUnavailable, ExpressionTooLarge
 
 
@@ -145,3 +145,13 @@ register(Algorithm(
     native_forms=("conjunctions", "DNF within dnf_limit conjunctions", "CNF within dnf_limit clauses",
                   "prefix LIKE 'abc%' (PREFIX lists)"),
     limit_check="engine.algorithms.opindex:check_expression"))
+
+register(Algorithm(
+    name="betree", title="BE-Tree",
+    paper="Sadoghi, Jacobsen. BE-Tree: An Index Structure to Efficiently Match Boolean Expressions over "
+          "High-dimensional Discrete Space. SIGMOD 2011",
+    sections="§3 (expressions), §4 (space partitioning and clustering), §5 (ranking), §6 (matching)",
+    implementations={"cpu": "engine.algorithms.betree:BETreeMatcher"},
+    options=BETreeOptions,
+    native_forms=("conjunctions", "DNF within dnf_limit conjunctions"),
+    limit_check="engine.algorithms.betree:check_expression"))

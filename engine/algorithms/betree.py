@@ -1,0 +1,378 @@
+"""``betree`` (BE-Tree, Sadoghi and Jacobsen, SIGMOD 2011): two-phase space cutting
+over a high-dimensional discrete space (docs/papers.md#be-tree).
+
+How the paper maps onto this module and :mod:`gpu_kernels.betree`:
+
+* **Expressions** (§3): BE-Tree indexes conjunctions.  Each subscription's
+  conjunctions -- itself when it is one, its DNF otherwise -- are its
+  *units* (:mod:`engine.algorithms.units`); beyond ``dnf_limit``
+  conjunctions the Index's residual matcher takes the subscription.  A
+  subscription matches when one of its units does, reported once.
+* **Table 1** (§4.3): each predicate becomes an interval of 64-bit keys
+  (:func:`interval_keys`; the keys: :mod:`gpu_kernels.betree.layout`);
+  ``!=``, ``NOT IN``, ``NOT BETWEEN``, ``LIKE``, ``MATCHES`` and ``IS NOT
+  NULL`` span the whole domain (they need the attribute present), ``IN``
+  spans its smallest to its largest value, ``IS NULL`` gives none (it
+  needs the attribute absent).  Predicates of one unit on one attribute
+  intersect; a unit whose intersection is empty is never TRUE and is not
+  inserted.
+* **The structure** (§4): p-nodes, c-nodes with the grid clustering
+  directory, l-nodes; insertion with space partitioning and clustering,
+  the forced split rule, ``max_cap`` and ``min_size``; deletion with the
+  merge rule -- :mod:`gpu_kernels.betree.tree` (numba).
+* **Self-adjustment** (§5): p-node scores are the rank with the paper's
+  optimistic loss (see :mod:`gpu_kernels.betree.tree`); *subsumed*
+  predicates -- an ``=`` decided by an atomic bucket on the unit's path --
+  are not evaluated again at the leaf (:func:`gpu_kernels.betree.tree.leaf_arrays`).
+* **Matching** (§6, Algorithms 1-2): :mod:`gpu_kernels.betree.cpu` over
+  the flattened tree.
+
+Updates (docs/architecture.md#the-index-life-cycle): the Index matches new
+subscriptions in its delta and tombstones removals; a merge derives the
+next matcher (:meth:`BETreeMatcher.merged`): the flattened tree is thawed
+into a dynamic one, the removed subscriptions' units deleted, the added
+ones inserted one at a time, and the result flattened again -- never a
+rebuild, and nothing a match in flight reads is changed.  String keys use
+the codes of the dictionary the tree was built under (*base codes*, see
+:mod:`gpu_kernels.betree.layout`), so a grown dictionary changes no key: a
+recode only maps the current codes to the base ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.algorithms.base import HostMatcher
+from engine.algorithms.host_tasks import match_in_tasks
+from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE
+from engine.algorithms.units import Units, check_dnf, dnf_units
+from engine.compile import Segment
+from engine.expr import Family, Node
+from gpu_kernels import opcodes
+from gpu_kernels.betree import cpu as K
+from gpu_kernels.betree.layout import (KEY_MAX, KEY_MIN, BETreeArrays, LeafArrays, base_codes, check_arrays,
+                                       event_keys, float_keys)
+from gpu_kernels.betree.tree import DynamicTree, leaf_arrays
+
+#: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
+DEFAULT_LIMIT = 256
+PAPER = "BE-Tree, Sadoghi and Jacobsen, SIGMOD 2011, §3"
+
+
+def check_expression(node: Node, limit: int = DEFAULT_LIMIT) -> None:
+    """Refuse, at add time, an expression whose DNF exceeds ``limit``
+    conjunctions (ExpressionTooLarge); None otherwise."""
+    check_dnf(node, limit, "betree", PAPER)
+
+
+# ------------------------------------------------------------------ strings
+def string_attributes(schema, n_attrs: int) -> np.ndarray:
+    """Per attribute id (at least ``n_attrs``): 1 for a string attribute."""
+    names = schema.attr_names if schema is not None else []
+    out = np.zeros(max(n_attrs, len(names)), np.uint8)
+    for i, name in enumerate(names):
+        out[i] = schema.families.get(name) is Family.STRING
+    return out
+
+
+def string_map(schema, base_strings: int) -> np.ndarray:
+    """Current code -> base code, for a dictionary grown beyond its first
+    ``base_strings`` strings (empty: nothing grew).  A current string of
+    the base dictionary keeps its base code ``2r + 1``; any other current
+    code becomes the base gap it falls in, ``2k`` (``k``: base strings
+    below it)."""
+    if schema is None or schema.n_strings <= base_strings:
+        return np.zeros(0, np.float64)
+    order = np.asarray(schema.dictionary().order, np.int64)
+    is_base = order < base_strings
+    below = np.concatenate(([0], np.cumsum(is_base))).astype(np.float64)
+    out = np.empty(2 * len(order) + 1, np.float64)
+    out[0::2] = 2 * below
+    out[1::2] = np.where(is_base, 2 * below[:-1] + 1, 2 * below[:-1])
+    return out
+
+
+# ---------------------------------------------------------------- Table 1
+def interval_keys(rows, string_attr: np.ndarray, str_map: np.ndarray):
+    """Table 1 on keys, per row of the extended predicate table: (low key,
+    high key, has an interval).  ``IS NULL`` has none; ``< v`` ends at the
+    key below ``v``'s for numbers, at ``v``'s for strings (a base code may
+    stand for several current strings, so a string bound stays closed)."""
+    op = rows.op
+    n = len(op)
+    attr = rows.attr.astype(np.int64)
+    lo_v = base_codes(rows.lo, attr, string_attr, str_map)
+    hi_v = base_codes(rows.hi, attr, string_attr, str_map)
+    # IN: its smallest and largest value (lists are sorted)
+    set_len = np.diff(rows.set_offsets)
+    is_in = (op == opcodes.IN) & (set_len > 0)
+    first = rows.set_offsets[:-1][is_in]
+    set_lo = np.zeros(n)
+    set_hi = np.zeros(n)
+    set_lo[is_in] = rows.set_values[first]
+    set_hi[is_in] = rows.set_values[rows.set_offsets[1:][is_in] - 1]
+    set_lo = base_codes(set_lo, attr, string_attr, str_map)
+    set_hi = base_codes(set_hi, attr, string_attr, str_map)
+    k_lo = float_keys(lo_v)
+    k_hi = float_keys(hi_v)
+    low = np.full(n, KEY_MIN, np.uint64)
+    high = np.full(n, KEY_MAX, np.uint64)
+    is_string = np.zeros(n, bool)
+    known = attr < len(string_attr)
+    is_string[known] = string_attr[attr[known]] != 0
+    one = np.uint64(1)
+    eq = op == opcodes.EQ
+    low[eq] = high[eq] = k_lo[eq]
+    lt = op == opcodes.LT
+    high[lt] = np.where(is_string[lt], k_lo[lt], k_lo[lt] - one)
+    le = op == opcodes.LE
+    high[le] = k_lo[le]
+    gt = op == opcodes.GT
+    low[gt] = np.where(is_string[gt], k_lo[gt], k_lo[gt] + one)
+    ge = op == opcodes.GE
+    low[ge] = k_lo[ge]
+    between = op == opcodes.BETWEEN
+    low[between] = k_lo[between]
+    high[between] = k_hi[between]
+    low[is_in] = float_keys(set_lo[is_in])
+    high[is_in] = float_keys(set_hi[is_in])
+    empty_in = (op == opcodes.IN) & (set_len == 0)
+    low[empty_in] = KEY_MAX
+    high[empty_in] = KEY_MIN
+    return low, high, op != opcodes.IS_NULL
+
+
+def unit_keys(units: Units, string_attr: np.ndarray, str_map: np.ndarray):
+    """Per unit, its key interval on every attribute it constrains (CSR by
+    unit, attributes ascending: the intersection of its predicates' Table 1
+    intervals), and whether the unit can be TRUE at all (no empty
+    intersection)."""
+    low, high, has = interval_keys(units.rows, string_attr, str_map)
+    pids = units.pids
+    owner = np.repeat(np.arange(len(units), dtype=np.int64), np.diff(units.offsets))
+    keep = has[pids]
+    owner, pids = owner[keep], pids[keep]
+    attr = units.rows.attr[pids].astype(np.int64)
+    order = np.lexsort((attr, owner))
+    owner, attr, lo, hi = owner[order], attr[order], low[pids][order], high[pids][order]
+    if len(owner):
+        start = np.flatnonzero(np.concatenate(([True], (owner[1:] != owner[:-1]) | (attr[1:] != attr[:-1]))))
+        g_owner, g_attr = owner[start], attr[start]
+        g_lo = np.maximum.reduceat(lo, start)
+        g_hi = np.minimum.reduceat(hi, start)
+    else:
+        g_owner = g_attr = np.zeros(0, np.int64)
+        g_lo = g_hi = np.zeros(0, np.uint64)
+    possible = np.ones(len(units), bool)
+    possible[g_owner[g_lo > g_hi]] = False
+    k_off = np.concatenate(([0], np.cumsum(np.bincount(g_owner, minlength=len(units))))).astype(np.int64)
+    return (k_off, g_attr, g_lo.astype(np.uint64), g_hi.astype(np.uint64)), possible
+
+
+def exact_equalities(rows, string_attr: np.ndarray, str_map: np.ndarray) -> np.ndarray:
+    """Per row: an ``=`` whose key stands for its value alone (a number, or
+    a string of the base dictionary: an odd base code), which an atomic
+    bucket therefore decides."""
+    attr = rows.attr.astype(np.int64)
+    is_string = np.zeros(len(attr), bool)
+    known = attr < len(string_attr)
+    is_string[known] = string_attr[attr[known]] != 0
+    base = base_codes(rows.lo, attr, string_attr, str_map)
+    odd = np.mod(base, 2) == 1
+    return ((rows.op == opcodes.EQ) & (~is_string | odd)).astype(np.uint8)
+
+
+# ------------------------------------------------------------------ matcher
+class BETreeMatcher(HostMatcher):
+    """BE-Tree on the host (see the module docstring).  Options: ``max_cap``
+    (the l-node capacity, Table 4: 5 / 20 / 160 by matching probability),
+    ``min_size`` (the fewest units an attribute must constrain to
+    partition on it); ``schema`` (the index's schema view) keys strings."""
+
+    name = "betree"
+
+    @classmethod
+    def construct(cls, segment: Segment, settings) -> "BETreeMatcher":
+        return cls(segment, cls.backend, schema=settings.schema, dnf_limit=settings.dnf_limit,
+                   **settings.options.keywords(cls.backend))
+
+    def __init__(self, segment: Segment, backend: str = "cpu", *, schema=None, dnf_limit: int = DEFAULT_LIMIT,
+                 max_cap: int = DEFAULT_MAX_CAP, min_size: int = DEFAULT_MIN_SIZE):
+        if backend != "cpu":
+            raise ValueError(f"BETreeMatcher runs on backend 'cpu', not {backend!r}")
+        from engine.algorithms.options import BETreeOptions
+        BETreeOptions(max_cap=max_cap, min_size=min_size)       # the values' checks
+        self.segment = segment
+        self.schema = schema
+        self.dnf_limit = int(dnf_limit)
+        self.max_cap = int(max_cap)
+        self.min_size = int(min_size)
+        self.base_strings = schema.n_strings if schema is not None else 0
+        self._read_segment()
+        dyn = self._dynamic_tree(None, None)
+        dyn.insert(np.flatnonzero(self._possible))
+        self._set_tree(dyn.freeze())
+        self.merges = 0
+
+    # --------------------------------------------------------------- parts
+    def _read_segment(self) -> None:
+        """Units, string attributes, the base-code map and the units' keys
+        of this matcher's segment under its schema."""
+        seg = self.segment
+        if seg.predicates.lo is None:
+            if self.schema is None:
+                raise ValueError("the segment's predicates are not coded yet: recode them or pass schema=")
+            seg.predicates.recode(self.schema)
+        self.units = dnf_units(seg, self.dnf_limit)
+        n_attrs = int(self.units.rows.attr.max(initial=-1)) + 1
+        self.string_attr = string_attributes(self.schema, n_attrs)
+        self.str_map = string_map(self.schema, self.base_strings)
+        self._keys, self._possible = unit_keys(self.units, self.string_attr, self.str_map)
+
+    def _dynamic_tree(self, flat: BETreeArrays | None, unit_map) -> DynamicTree:
+        n_attrs = len(self.string_attr) + 1
+        if flat is None:
+            return DynamicTree(len(self.units), self._keys, n_attrs, self.max_cap, self.min_size)
+        return DynamicTree.thawed(flat, unit_map, len(self.units), self._keys, n_attrs, self.max_cap,
+                                  self.min_size)
+
+    def _set_tree(self, tree: BETreeArrays) -> None:
+        self.tree = tree
+        units = self.units
+        exact = exact_equalities(units.rows, self.string_attr, self.str_map)
+        self.leaf = LeafArrays(*leaf_arrays(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_attr,
+                                            tree.p_top, tree.leaf_unit, units.sub, units.offsets, units.pids,
+                                            units.rows.attr, units.rows.op, exact))
+        self._matches_per_event = 16.0
+
+    def _derived(self, segment: Segment, schema) -> "BETreeMatcher":
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.segment = segment
+        new.schema = schema
+        new._read_segment()
+        return new
+
+    # -------------------------------------------------------------- updates
+    def merged(self, segment: Segment, old_to_new, added, schema=None) -> "BETreeMatcher":
+        """The merge protocol without a rebuild: the removed subscriptions'
+        units deleted from a thawed copy of the tree, the added ones
+        inserted one at a time (Algorithm 3), the result flattened."""
+        old = self.units
+        new = self._derived(segment, schema if schema is not None else self.schema)
+        old_to_new = np.asarray(old_to_new, np.int64)
+        # a subscription kept with one unit keeps it; a DNF of several is
+        # re-inserted (its conjunctions' order is to_dnf's, not a key)
+        n_old_units = np.diff(old.first)
+        new_sub = old_to_new[old.sub]
+        single = (n_old_units[old.sub] == 1) & (new_sub >= 0)
+        single[single] = np.diff(new.units.first)[new_sub[single]] == 1
+        unit_map = np.full(len(old), -1, np.int64)
+        unit_map[single] = new.units.first[new_sub[single]]
+        dyn = new._dynamic_tree(self.tree, unit_map)
+        kept = np.zeros(len(new.units), bool)
+        kept[unit_map[single]] = True
+        fresh = np.flatnonzero(~kept & new._possible)
+        dyn.insert(fresh)
+        new._set_tree(dyn.freeze())
+        new.merges = self.merges + 1
+        return new
+
+    def recoded(self, segment: Segment, schema) -> "BETreeMatcher":
+        """The same tree under a grown string dictionary: keys are base
+        codes, so only the predicate codes and the base-code map change."""
+        if segment is self.segment:
+            return self
+        new = self._derived(segment, schema)
+        new._matches_per_event = 16.0
+        return new
+
+    # ------------------------------------------------------------- matching
+    def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
+        n_events = batch.n_events
+        n_subs = len(self.segment)
+        if n_events == 0 or n_subs == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        alive = np.ascontiguousarray(alive, dtype=np.uint8)
+        pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
+        ev_key = event_keys(batch.value, batch.attr, self.string_attr, self.str_map)
+        tree, leaf, rows = self.tree, self.leaf, self.units.rows
+
+        def launch(first, last, out, cap, ev_count, stop, need, serial):
+            kernel = K.betree_match_serial if serial else K.betree_match_kernel
+            kernel(first, last, out, cap, ev_count, stop, need, n_subs, batch.offsets, batch.attr, batch.value,
+                   batch.token, ev_key, pattern_truth, tree, leaf, rows, alive)
+        events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
+        return events, positions
+
+    # --------------------------------------------------------------- memory
+    @property
+    def nbytes(self) -> int:
+        arrays = list(self.tree) + list(self.leaf) + list(self.units[:4]) + list(self.units.rows) + \
+            list(self._keys)
+        return self.segment.nbytes + sum(int(a.nbytes) for a in arrays)
+
+    def statistics(self) -> dict:
+        """The tree's shape: node counts, depths, l-node sizes."""
+        tree = self.tree
+        sizes = np.diff(tree.c_leaf)
+        return {"units": len(self.units), "indexed_units": len(tree.leaf_unit), "c_nodes": len(tree.c_depth),
+                "p_nodes": len(tree.p_attr), "root_units": int(sizes[0]),
+                "largest_leaf": int(sizes.max(initial=0)), "atomic_buckets": int((tree.c_depth == 64).sum()),
+                "deepest_bucket": int(tree.c_depth.max(initial=0)),
+                "verified_predicates": len(self.leaf.v_pid), "unit_predicates": len(self.units.pids)}
+
+    # ---------------------------------------------------------- persistence
+    SAVED_FORMAT = 1
+    _META = {"format": int, "max_cap": int, "min_size": int, "dnf_limit": int, "base_strings": int, "units": int,
+             "merges": int}
+
+    def to_arrays(self):
+        meta = {"format": self.SAVED_FORMAT, "max_cap": self.max_cap, "min_size": self.min_size,
+                "dnf_limit": self.dnf_limit, "base_strings": self.base_strings, "units": len(self.units),
+                "merges": self.merges}
+        return meta, dict(self.tree._asdict())
+
+    @classmethod
+    def from_arrays(cls, segment: Segment, settings, meta: dict, arrays: dict) -> "BETreeMatcher":
+        """The saved tree, checked (ValueError for anything a build could
+        not have made), without building."""
+        for key, kind in cls._META.items():
+            if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+                raise ValueError(f"saved BE-Tree: meta {key!r} missing or not {kind.__name__}")
+        if meta["format"] != cls.SAVED_FORMAT:
+            raise ValueError(f"saved BE-Tree: format {meta['format']} (this version reads {cls.SAVED_FORMAT})")
+        options = settings.options.keywords("cpu")
+        if meta["max_cap"] != options["max_cap"] or meta["min_size"] != options["min_size"] \
+                or meta["dnf_limit"] != settings.dnf_limit:
+            return cls.build(segment, settings)        # other parameters: this file's tree is not the one asked for
+        schema = settings.schema
+        if not 0 <= meta["base_strings"] <= (schema.n_strings if schema is not None else 0):
+            raise ValueError("saved BE-Tree: base dictionary larger than the index's")
+        missing = sorted(set(BETreeArrays._fields) - set(arrays))
+        if missing:
+            raise ValueError(f"saved BE-Tree: arrays {missing} missing")
+        tree = BETreeArrays(*(arrays[name] for name in BETreeArrays._fields))
+        new = object.__new__(cls)
+        new.segment, new.schema, new.dnf_limit = segment, schema, settings.dnf_limit
+        new.max_cap, new.min_size, new.base_strings = meta["max_cap"], meta["min_size"], meta["base_strings"]
+        new.settings = settings
+        new._read_segment()
+        if len(new.units) != meta["units"]:
+            raise ValueError(f"saved BE-Tree: {meta['units']} units, the segment has {len(new.units)}")
+        check_arrays(tree, len(new.units))
+        indexed = np.zeros(len(new.units), bool)
+        indexed[tree.leaf_unit] = True
+        if not np.array_equal(indexed, new._possible):
+            raise ValueError("saved BE-Tree: its leaves do not hold exactly the segment's units")
+        new._set_tree(tree)
+        new.merges = meta["merges"]
+        return new
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return (f"BETreeMatcher({len(self.segment)} subscriptions, {s['units']} units, {s['c_nodes']} c-nodes, "
+                f"{s['p_nodes']} p-nodes, max_cap={self.max_cap}, min_size={self.min_size})")
+
+
+__all__ = ["BETreeMatcher", "check_expression", "interval_keys", "unit_keys", "string_map"]

@@ -1,0 +1,64 @@
+"""Matching a batch on every core: events split into tasks, results gathered.
+
+The CPU kernels of the indexing algorithms (OpIndex, BE-Tree) share one
+calling protocol: task ``t`` matches events ``[first[t], last[t])`` on its
+own core, writes each event's subscription positions, ascending, to its
+slab ``out[t * cap:]`` and their number to ``ev_count[e]``, and stops at
+the first event whose positions do not fit (``stop[t]``, with that event's
+count in ``need[t]``).  :func:`match_in_tasks` sizes the slabs from a running
+estimate of matches per event, launches, resumes the unfinished tasks with
+more room, and gathers the slabs into (event, position) pairs ascending by
+event then position.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+#: batches of at most this many events run on the calling thread: waking
+#: the other threads for a handful of events costs more than the events
+SERIAL_EVENTS = 4
+
+
+def match_in_tasks(n_events: int, launch, estimate: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """``launch(first, last, out, cap, ev_count, stop, need, serial)`` runs
+    the kernel (``serial``: one task, on the calling thread).  Returns
+    (events, positions, the updated matches-per-event estimate)."""
+    threads = numba.get_num_threads()
+    n_tasks = 1 if n_events <= SERIAL_EVENTS or threads == 1 else int(min(n_events, 4 * threads))
+    bounds = np.linspace(0, n_events, n_tasks + 1).round().astype(np.int64)
+    first, last = bounds[:-1].copy(), bounds[1:].copy()
+    ev_count = np.zeros(n_events, np.int64)
+    pieces = []          # (first event, slab, start, length)
+    running = estimate
+    need = 0
+    while len(first):
+        span = int((last - first).max())
+        cap = int(max(1024, need, min(span * running * 1.25 + 64, 1 << 31)))
+        out = np.empty(len(first) * cap, np.int32)
+        stop = np.empty(len(first), np.int64)
+        task_need = np.empty(len(first), np.int64)
+        launch(first, last, out, cap, ev_count, stop, task_need, n_tasks == 1)
+        done_events = 0
+        done_matches = 0
+        for t in range(len(first)):
+            n = int(ev_count[first[t]:stop[t]].sum())
+            pieces.append((int(first[t]), out, t * cap, n))
+            done_events += int(stop[t] - first[t])
+            done_matches += n
+        unfinished = stop < last
+        if done_events:
+            running = max(running, done_matches / done_events)
+        if unfinished.any():
+            running *= 2
+            need = int(task_need[unfinished].max()) + 1
+        first, last = stop[unfinished], last[unfinished]
+    pieces.sort(key=lambda piece: piece[0])
+    positions = np.empty(int(ev_count.sum()), np.int64)
+    at = 0
+    for _, slab, start, n in pieces:
+        positions[at:at + n] = slab[start:start + n]
+        at += n
+    events = np.repeat(np.arange(n_events, dtype=np.int64), ev_count)
+    return events, positions, max(1.0, 0.5 * estimate + 0.5 * running)
