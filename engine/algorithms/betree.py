@@ -240,9 +240,12 @@ class BETreeMatcher(HostMatcher):
         self.tree = tree
         units = self.units
         exact = exact_equalities(units.rows, self.string_attr, self.str_map)
-        self.leaf = LeafArrays(*leaf_arrays(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_attr,
-                                            tree.p_top, tree.leaf_unit, units.sub, units.offsets, units.pids,
-                                            units.rows.attr, units.rows.op, exact))
+        l_sub, l_verify, v_pid = leaf_arrays(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_attr,
+                                             tree.p_top, tree.leaf_unit, units.sub, units.offsets, units.pids,
+                                             units.rows.attr, units.rows.op, exact)
+        rows = units.rows
+        self.leaf = LeafArrays(l_sub, l_verify, v_pid, rows.attr[v_pid], rows.op[v_pid], rows.lo[v_pid],
+                               rows.hi[v_pid])
         self._matches_per_event = 16.0
 
     def _derived(self, segment: Segment, schema) -> "BETreeMatcher":

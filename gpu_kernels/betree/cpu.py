@@ -29,9 +29,8 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.betree.layout import ATOMIC
-from gpu_kernels.betree.tree import half_of
-from gpu_kernels.opcodes import TRUE
-from gpu_kernels.predicates import entry_truth, find_attribute
+from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
+from gpu_kernels.predicates import predicate_truth
 
 
 @njit(inline="always", nogil=True)
@@ -45,37 +44,8 @@ def ctz(bit):
 
 
 @njit(nogil=True)
-def _find_pnode(p_attr, k0, k1, attr):
-    lo = k0
-    hi = k1
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if p_attr[mid] < attr:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < k1 and p_attr[lo] == attr:
-        return lo
-    return -1
-
-
-@njit(inline="always", nogil=True)
-def _search_cdir(top, key, c_depth, c_child, stack, sp):
-    """Algorithm 2: push every bucket from ``top`` down that holds ``key``."""
-    d = top
-    while d >= 0:
-        stack[sp] = d
-        sp += 1
-        depth = c_depth[d]
-        if depth >= ATOMIC:
-            break
-        d = c_child[2 * d + half_of(key, depth)]
-    return sp
-
-
-@njit(nogil=True)
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_key,
-               pattern_truth, tree, leaf, rows, alive, stack, bm0, bm1, result):
+               pattern_truth, tree, leaf, rows, alive, stack, ev_pos, bm0, bm1, result):
     """Match events ``[e_first, e_last)``: each event's alive TRUE
     positions, ascending, to ``out[base + used:]`` and their number to
     ``ev_count[e]``; stop at an event whose positions do not fit ``cap``:
@@ -89,19 +59,23 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
     l_sub = leaf.l_sub
     l_verify = leaf.l_verify
     v_pid = leaf.v_pid
-    x_attr = rows.attr
-    x_op = rows.op
-    x_lo = rows.lo
-    x_hi = rows.hi
+    v_attr = leaf.v_attr
+    v_op = leaf.v_op
+    v_lo = leaf.v_lo
+    v_hi = leaf.v_hi
     x_aux = rows.aux
     x_set_offsets = rows.set_offsets
     set_values = rows.set_values
+    n_pos = len(ev_pos)
     used = 0
     result[0] = e_last
     result[1] = 0
     for e in range(e_first, e_last):
         s0 = ev_offsets[e]
         s1 = ev_offsets[e + 1]
+        for at in range(s0, s1):           # attribute -> entry, for the leaf checks (-1: absent)
+            if ev_attr[at] < len(ev_pos):
+                ev_pos[ev_attr[at]] = at
         found = 0
         stack[0] = 0
         sp = 1
@@ -117,31 +91,69 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 mask = np.uint64(1) << np.uint64(pos & 63)
                 if (bm0[word] & mask) != 0:
                     continue
+                # its predicates, read inline; the shared three-valued predicate_truth decides
+                # (written out here: a helper taking these arrays costs reference counting per call)
                 ok = True
                 for v in range(l_verify[i], l_verify[i + 1]):
-                    p = v_pid[v]
-                    at = find_attribute(ev_attr, s0, s1, x_attr[p])
-                    if entry_truth(p, at, ev_value, ev_token, x_op, x_lo, x_hi, x_set_offsets, set_values, x_aux,
-                                   pattern_truth) != TRUE:
+                    op = v_op[v]
+                    at = ev_pos[v_attr[v]]
+                    present = at >= 0
+                    value = ev_value[at] if present else 0.0
+                    hit = False
+                    if present and op >= LIKE and op <= NOT_MATCHES:
+                        hit = pattern_truth[ev_token[at], x_aux[v_pid[v]]] != 0
+                    set_start = 0
+                    set_stop = 0
+                    if op == IN or op == NOT_IN:
+                        set_start = x_set_offsets[v_pid[v]]
+                        set_stop = x_set_offsets[v_pid[v] + 1]
+                    if predicate_truth(op, v_lo[v], v_hi[v], set_values, set_start, set_stop, hit, present,
+                                       value) != TRUE:
                         ok = False
                         break
                 if ok:
                     bm0[word] |= mask
                     bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
                     found += 1
-            # lines 2-6: the p-directory entries of the event's attributes
+            # lines 2-6: the p-directory entries of the event's attributes (the smaller
+            # side looked up in the other), and Algorithm 2 for each: down the clustering
+            # directory along the halves holding the event's key (helpers written out, see above)
             k0 = c_pdir[c]
             k1 = c_pdir[c + 1]
-            if k1 - k0 <= s1 - s0:
-                for k in range(k0, k1):
-                    at = find_attribute(ev_attr, s0, s1, p_attr[k])
-                    if at >= 0:
-                        sp = _search_cdir(p_top[k], ev_key[at], c_depth, c_child, stack, sp)
-            else:
-                for at in range(s0, s1):
-                    k = _find_pnode(p_attr, k0, k1, ev_attr[at])
-                    if k >= 0:
-                        sp = _search_cdir(p_top[k], ev_key[at], c_depth, c_child, stack, sp)
+            small = k1 - k0 <= s1 - s0
+            n_look = k1 - k0 if small else s1 - s0
+            for q in range(n_look):
+                if small:
+                    k = k0 + q
+                    at = ev_pos[p_attr[k]] if p_attr[k] < n_pos else -1
+                    if at < 0:
+                        continue
+                else:
+                    at = s0 + q
+                    attr = ev_attr[at]
+                    lo = k0
+                    hi = k1
+                    while lo < hi:
+                        mid = (lo + hi) >> 1
+                        if p_attr[mid] < attr:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    if lo >= k1 or p_attr[lo] != attr:
+                        continue
+                    k = lo
+                key = ev_key[at]
+                d = p_top[k]
+                while d >= 0:
+                    stack[sp] = d
+                    sp += 1
+                    depth = c_depth[d]
+                    if depth >= ATOMIC:
+                        break
+                    d = c_child[2 * d + ((key >> np.uint64(63 - depth)) & np.uint64(1))]
+        for at in range(s0, s1):
+            if ev_attr[at] < len(ev_pos):
+                ev_pos[ev_attr[at]] = -1
         # the marked positions, ascending (and the bitmap cleared)
         write = used + found <= cap
         at = base + used
@@ -179,13 +191,19 @@ def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop,
     arrays and the extended predicate ``rows``."""
     n_words = (n_positions + 63) >> 6
     n_c = len(tree.c_depth)
+    n_attrs = 1
+    for v in range(len(leaf.v_attr)):
+        n_attrs = max(n_attrs, leaf.v_attr[v] + 1)
+    for k in range(len(tree.p_attr)):
+        n_attrs = max(n_attrs, tree.p_attr[k] + 1)
     for t in prange(len(task_first)):
         stack = np.empty(n_c + 1, dtype=np.int64)
+        ev_pos = np.full(n_attrs, -1, dtype=np.int64)
         bm0 = np.zeros(max(n_words, 1), dtype=np.uint64)
         bm1 = np.zeros(max((n_words + 63) >> 6, 1), dtype=np.uint64)
         result = np.empty(2, dtype=np.int64)
         match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
-                   ev_token, ev_key, pattern_truth, tree, leaf, rows, alive, stack, bm0, bm1, result)
+                   ev_token, ev_key, pattern_truth, tree, leaf, rows, alive, stack, ev_pos, bm0, bm1, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
 

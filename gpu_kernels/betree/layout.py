@@ -81,11 +81,19 @@ class BETreeArrays(NamedTuple):
 
 class LeafArrays(NamedTuple):
     """What the kernels read per leaf entry, derived from the structure and
-    the units (:func:`gpu_kernels.betree.tree.leaf_arrays`)."""
+    the units (:func:`gpu_kernels.betree.tree.leaf_arrays`).  The
+    predicates to verify are stored inline, in leaf order (attribute,
+    operator, operands: a leaf's checks read consecutive memory, not rows
+    scattered over the predicate table); ``v_pid`` gives the row for what
+    is not inline (IN lists, pattern ids)."""
 
     l_sub: np.ndarray       # int64 [n_l]
     l_verify: np.ndarray    # int64 [n_l + 1]
     v_pid: np.ndarray       # int32 [n_v]
+    v_attr: np.ndarray      # int32 [n_v]
+    v_op: np.ndarray        # int8 [n_v]
+    v_lo: np.ndarray        # float64 [n_v]
+    v_hi: np.ndarray        # float64 [n_v]
 
 
 DTYPES = {"c_depth": np.int16, "c_child": np.int32, "c_cap": np.int64, "c_leaf": np.int64, "c_pdir": np.int64,

@@ -1,7 +1,10 @@
 """The dynamic BE-Tree (Sadoghi, Jacobsen, SIGMOD 2011, §4-§6), in numba.
 
-The tree lives in growable arrays (:class:`TreeArrays`), changed in place by
-the compiled functions below and flattened into
+The tree lives in a few growable arrays (:class:`TreeArrays`: one row per
+c-node, p-node, hash slot and unit, the fields of a node side by side),
+changed in place by the compiled functions below -- each helper takes only
+the arrays it reads, since numba pays reference counting per array argument
+on every call -- and flattened into
 :class:`~gpu_kernels.betree.layout.BETreeArrays` for matching
 (:func:`freeze`); :func:`thaw` makes a dynamic tree of a flattened one
 again, so an update starts from an immutable structure and never touches
@@ -12,8 +15,10 @@ the unit's attributes that have a p-node in the current c-node's
 p-directory (a hash table over (c-node, attribute)), take the p-node of
 highest score; descend its clustering directory to the smallest bucket that
 encloses the unit's interval on that attribute (Algorithm 4,
-``InsertCDir``: the *insertion rule*); repeat from that bucket's c-node.
-With no such p-node the unit joins the current c-node's l-node.
+``InsertCDir``: the *insertion rule*; a half the grid has but the tree
+dropped when it emptied is made again on the way); repeat from that
+bucket's c-node.  With no such p-node the unit joins the current c-node's
+l-node.
 
 **Overflow** (Algorithms 5 and 6) of an l-node beyond its capacity
 ``max_cap^j`` is resolved by a work list of c-nodes:
@@ -56,6 +61,14 @@ from numba import njit
 from gpu_kernels.betree.layout import ATOMIC, BETreeArrays
 from gpu_kernels.opcodes import EQ
 
+# c-node fields (columns of C)
+DEPTH, PREFIX, CHILD, CHILD1, PARENT, PNODE, PDEPTH, FIRST, COUNT, CAP, PFIRST, NP, ALIVE = range(13)
+N_CFIELDS = 13
+# p-node fields (columns of P)
+P_ATTR, P_TOP, P_PARENT, P_NEXT, P_PREV, P_SCORE, P_ALIVE = range(7)
+N_PFIELDS = 7
+# unit fields (columns of U)
+U_CNODE, U_NEXT, U_PREV = range(3)
 # counts[] slots
 N_C, N_P, H_USED, MAX_CAP, MIN_SIZE = range(5)
 EMPTY = -1
@@ -63,45 +76,20 @@ DELETED = -2
 
 
 class TreeArrays(NamedTuple):
-    """The dynamic tree (see the module docstring); every array is grown by
-    :class:`engine.algorithms.betree.DynamicTree` between compiled calls."""
+    """The dynamic tree (see the module docstring); ``C``, ``P`` and ``H``
+    are grown by :class:`DynamicTree` between compiled calls."""
 
-    # c-nodes (capacity: len(c_depth))
-    c_depth: np.ndarray      # int64 bucket depth
-    c_prefix: np.ndarray     # uint64 the bucket's top c_depth key bits
-    c_child: np.ndarray      # int64 [2 cap] halves (-1)
-    c_parent: np.ndarray     # int64 parent bucket in the same directory (-1: top bucket or root)
-    c_pnode: np.ndarray      # int64 p-node owning the directory (-1: root)
-    c_pdepth: np.ndarray     # int64 p-nodes on the path from the root
-    c_first: np.ndarray      # int64 first unit of the l-node (-1)
-    c_count: np.ndarray      # int64 units in the l-node
-    c_cap: np.ndarray        # int64 l-node capacity max_cap^j
-    c_pfirst: np.ndarray     # int64 first p-node of the p-directory (-1)
-    c_np: np.ndarray         # int64 p-nodes in the p-directory
-    c_alive: np.ndarray      # uint8
-    # p-nodes (capacity: len(p_attr))
-    p_attr: np.ndarray       # int64
-    p_top: np.ndarray        # int64 top bucket (c-node)
-    p_parent: np.ndarray     # int64 c-node whose p-directory holds it
-    p_next: np.ndarray       # int64 sibling list of the p-directory
-    p_prev: np.ndarray       # int64
-    p_score: np.ndarray      # int64 (see the module docstring)
-    p_alive: np.ndarray      # uint8
-    # p-directory hash: (c-node << 32 | attribute) -> p-node, open addressing
-    h_key: np.ndarray        # int64 (EMPTY, DELETED or a key)
-    h_val: np.ndarray        # int64
-    # units: l-node membership (doubly linked) and key intervals (CSR, by attribute)
-    u_cnode: np.ndarray      # int64 (-1: not in the tree)
-    u_next: np.ndarray       # int64
-    u_prev: np.ndarray       # int64
-    k_off: np.ndarray        # int64 [n_units + 1]
-    k_attr: np.ndarray       # int64
-    k_lo: np.ndarray         # uint64
-    k_hi: np.ndarray         # uint64
-    # scratch of the partitioning choice, one slot per attribute
-    attr_count: np.ndarray   # int64
-    touched: np.ndarray      # int64
-    counts: np.ndarray       # int64 [N_C, N_P, H_USED, MAX_CAP, MIN_SIZE]
+    C: np.ndarray           # int64 [c-nodes, N_CFIELDS]; PREFIX holds the uint64 prefix's bits
+    P: np.ndarray           # int64 [p-nodes, N_PFIELDS]
+    H: np.ndarray           # int64 [slots, 2]: p-directory hash (c-node << 32 | attribute) -> p-node
+    U: np.ndarray           # int64 [units, 3]: l-node membership, doubly linked
+    k_off: np.ndarray       # int64 [units + 1]: the units' key intervals, CSR by unit,
+    k_attr: np.ndarray      # int64              attributes ascending
+    k_lo: np.ndarray        # uint64
+    k_hi: np.ndarray        # uint64
+    attr_count: np.ndarray  # int64 scratch of the partitioning choice, one slot per attribute
+    touched: np.ndarray     # int64
+    counts: np.ndarray      # int64 [N_C, N_P, H_USED, MAX_CAP, MIN_SIZE]
 
 
 # ------------------------------------------------------------------ buckets
@@ -119,6 +107,13 @@ def half_of(key, depth):
     return np.int64((key >> np.uint64(63 - depth)) & np.uint64(1))
 
 
+@njit(inline="always", nogil=True)
+def _encloses(C, c, lo, hi):
+    depth = C[c, DEPTH]
+    prefix = np.uint64(C[c, PREFIX])
+    return bucket_has(depth, prefix, lo) and bucket_has(depth, prefix, hi)
+
+
 # --------------------------------------------------------------------- hash
 @njit(inline="always", nogil=True)
 def _slot(key, mask):
@@ -126,42 +121,42 @@ def _slot(key, mask):
 
 
 @njit(nogil=True)
-def find_pnode(T, c, attr):
+def find_pnode(H, c, attr):
     """The p-node of attribute ``attr`` in c-node ``c``'s p-directory, or -1."""
     key = (c << 32) | attr
-    mask = len(T.h_key) - 1
+    mask = len(H) - 1
     i = _slot(key, mask)
     while True:
-        k = T.h_key[i]
+        k = H[i, 0]
         if k == key:
-            return T.h_val[i]
+            return H[i, 1]
         if k == EMPTY:
             return -1
         i = (i + 1) & mask
 
 
 @njit(nogil=True)
-def _hash_put(T, c, attr, p):
+def _hash_put(H, counts, c, attr, p):
     key = (c << 32) | attr
-    mask = len(T.h_key) - 1
+    mask = len(H) - 1
     i = _slot(key, mask)
-    while T.h_key[i] >= 0:
+    while H[i, 0] >= 0:
         i = (i + 1) & mask
-    if T.h_key[i] == EMPTY:
-        T.counts[H_USED] += 1
-    T.h_key[i] = key
-    T.h_val[i] = p
+    if H[i, 0] == EMPTY:
+        counts[H_USED] += 1
+    H[i, 0] = key
+    H[i, 1] = p
 
 
 @njit(nogil=True)
-def _hash_delete(T, c, attr):
+def _hash_delete(H, c, attr):
     key = (c << 32) | attr
-    mask = len(T.h_key) - 1
+    mask = len(H) - 1
     i = _slot(key, mask)
     while True:
-        k = T.h_key[i]
+        k = H[i, 0]
         if k == key:
-            T.h_key[i] = DELETED
+            H[i, 0] = DELETED
             return
         if k == EMPTY:
             return
@@ -169,174 +164,181 @@ def _hash_delete(T, c, attr):
 
 
 @njit(nogil=True, cache=True)
-def rehash(T):
+def rehash(P, H, counts):
     """Fill an empty hash table (a grown one) with the live p-nodes."""
-    T.h_key[:] = EMPTY
-    T.counts[H_USED] = 0
-    for p in range(T.counts[N_P]):
-        if T.p_alive[p]:
-            _hash_put(T, T.p_parent[p], T.p_attr[p], p)
+    H[:, 0] = EMPTY
+    counts[H_USED] = 0
+    for p in range(counts[N_P]):
+        if P[p, P_ALIVE]:
+            _hash_put(H, counts, P[p, P_PARENT], P[p, P_ATTR], p)
 
 
 # -------------------------------------------------------------------- nodes
 @njit(nogil=True)
-def _new_cnode(T, depth, prefix, parent, pnode, pdepth):
-    c = T.counts[N_C]
-    T.counts[N_C] = c + 1
-    T.c_depth[c] = depth
-    T.c_prefix[c] = prefix
-    T.c_child[2 * c] = -1
-    T.c_child[2 * c + 1] = -1
-    T.c_parent[c] = parent
-    T.c_pnode[c] = pnode
-    T.c_pdepth[c] = pdepth
-    T.c_first[c] = -1
-    T.c_count[c] = 0
-    T.c_cap[c] = T.counts[MAX_CAP]
-    T.c_pfirst[c] = -1
-    T.c_np[c] = 0
-    T.c_alive[c] = 1
+def _new_cnode(C, counts, depth, prefix, parent, pnode, pdepth):
+    c = counts[N_C]
+    counts[N_C] = c + 1
+    C[c, DEPTH] = depth
+    C[c, PREFIX] = np.int64(prefix)
+    C[c, CHILD] = -1
+    C[c, CHILD1] = -1
+    C[c, PARENT] = parent
+    C[c, PNODE] = pnode
+    C[c, PDEPTH] = pdepth
+    C[c, FIRST] = -1
+    C[c, COUNT] = 0
+    C[c, CAP] = counts[MAX_CAP]
+    C[c, PFIRST] = -1
+    C[c, NP] = 0
+    C[c, ALIVE] = 1
     return c
 
 
 @njit(nogil=True)
-def _new_pnode(T, c, attr):
+def _new_half(C, counts, c, half):
+    """Bucket ``c``'s half ``half`` (0: low keys, 1: high keys), made and linked."""
+    depth = C[c, DEPTH]
+    base = np.uint64(C[c, PREFIX]) << np.uint64(1) if depth > 0 else np.uint64(0)
+    h = _new_cnode(C, counts, depth + 1, base | np.uint64(half), c, C[c, PNODE], C[c, PDEPTH])
+    C[c, CHILD + half] = h
+    return h
+
+
+@njit(nogil=True)
+def _new_pnode(C, P, H, counts, c, attr):
     """A p-node for ``attr`` in c-node ``c``'s p-directory, with the empty
     top bucket of its clustering directory (Algorithm 5, line 4)."""
-    p = T.counts[N_P]
-    T.counts[N_P] = p + 1
-    T.p_attr[p] = attr
-    T.p_parent[p] = c
-    T.p_score[p] = 0
-    T.p_alive[p] = 1
-    first = T.c_pfirst[c]
-    T.p_next[p] = first
-    T.p_prev[p] = -1
+    p = counts[N_P]
+    counts[N_P] = p + 1
+    P[p, P_ATTR] = attr
+    P[p, P_PARENT] = c
+    P[p, P_SCORE] = 0
+    P[p, P_ALIVE] = 1
+    first = C[c, PFIRST]
+    P[p, P_NEXT] = first
+    P[p, P_PREV] = -1
     if first >= 0:
-        T.p_prev[first] = p
-    T.c_pfirst[c] = p
-    T.c_np[c] += 1
-    T.p_top[p] = _new_cnode(T, 0, np.uint64(0), -1, p, T.c_pdepth[c] + 1)
-    _hash_put(T, c, attr, p)
+        P[first, P_PREV] = p
+    C[c, PFIRST] = p
+    C[c, NP] += 1
+    P[p, P_TOP] = _new_cnode(C, counts, 0, np.uint64(0), -1, p, C[c, PDEPTH] + 1)
+    _hash_put(H, counts, c, attr, p)
     return p
 
 
 @njit(nogil=True)
-def _drop_pnode(T, p):
-    c = T.p_parent[p]
-    nxt = T.p_next[p]
-    prv = T.p_prev[p]
+def _drop_pnode(C, P, H, p):
+    c = P[p, P_PARENT]
+    nxt = P[p, P_NEXT]
+    prv = P[p, P_PREV]
     if prv >= 0:
-        T.p_next[prv] = nxt
+        P[prv, P_NEXT] = nxt
     else:
-        T.c_pfirst[c] = nxt
+        C[c, PFIRST] = nxt
     if nxt >= 0:
-        T.p_prev[nxt] = prv
-    T.c_np[c] -= 1
-    _hash_delete(T, c, T.p_attr[p])
-    T.p_alive[p] = 0
-    T.c_alive[T.p_top[p]] = 0
+        P[nxt, P_PREV] = prv
+    C[c, NP] -= 1
+    _hash_delete(H, c, P[p, P_ATTR])
+    P[p, P_ALIVE] = 0
+    C[P[p, P_TOP], ALIVE] = 0
 
 
 @njit(nogil=True)
-def _add_score(T, c, delta):
+def _add_score(C, P, c, delta):
     """Add ``delta`` to the score of every p-node on c-node ``c``'s path."""
-    p = T.c_pnode[c]
+    p = C[c, PNODE]
     while p >= 0:
-        T.p_score[p] += delta
-        p = T.c_pnode[T.p_parent[p]]
+        P[p, P_SCORE] += delta
+        p = C[P[p, P_PARENT], PNODE]
 
 
 @njit(nogil=True)
-def _link(T, u, c):
-    first = T.c_first[c]
-    T.u_next[u] = first
-    T.u_prev[u] = -1
+def _link(C, P, U, u, c):
+    first = C[c, FIRST]
+    U[u, U_NEXT] = first
+    U[u, U_PREV] = -1
     if first >= 0:
-        T.u_prev[first] = u
-    T.c_first[c] = u
-    T.c_count[c] += 1
-    T.u_cnode[u] = c
-    _add_score(T, c, T.c_pdepth[c])
+        U[first, U_PREV] = u
+    C[c, FIRST] = u
+    C[c, COUNT] += 1
+    U[u, U_CNODE] = c
+    _add_score(C, P, c, C[c, PDEPTH])
 
 
 @njit(nogil=True)
-def _unlink(T, u):
-    c = T.u_cnode[u]
-    nxt = T.u_next[u]
-    prv = T.u_prev[u]
+def _unlink(C, P, U, u):
+    c = U[u, U_CNODE]
+    nxt = U[u, U_NEXT]
+    prv = U[u, U_PREV]
     if prv >= 0:
-        T.u_next[prv] = nxt
+        U[prv, U_NEXT] = nxt
     else:
-        T.c_first[c] = nxt
+        C[c, FIRST] = nxt
     if nxt >= 0:
-        T.u_prev[nxt] = prv
-    T.c_count[c] -= 1
-    T.u_cnode[u] = -1
-    _add_score(T, c, -T.c_pdepth[c])
+        U[nxt, U_PREV] = prv
+    C[c, COUNT] -= 1
+    U[u, U_CNODE] = -1
+    _add_score(C, P, c, -C[c, PDEPTH])
     return c
 
 
 @njit(nogil=True)
-def _update_capacity(T, c):
+def _update_capacity(C, counts, c):
     """UpdateClusterCapacity (§4.2): ``ceil(|l| / max_cap) * max_cap``, or
     ``max_cap`` for an empty l-node."""
-    m = T.counts[MAX_CAP]
-    n = T.c_count[c]
-    T.c_cap[c] = ((n + m - 1) // m) * m if n > 0 else m
+    m = counts[MAX_CAP]
+    n = C[c, COUNT]
+    C[c, CAP] = ((n + m - 1) // m) * m if n > 0 else m
 
 
 @njit(nogil=True)
-def _key_of(T, u, attr):
+def _key_of(k_off, k_attr, u, attr):
     """The unit's key entry for ``attr`` (-1: it does not constrain it)."""
-    for j in range(T.k_off[u], T.k_off[u + 1]):
-        if T.k_attr[j] == attr:
+    for j in range(k_off[u], k_off[u + 1]):
+        if k_attr[j] == attr:
             return j
     return -1
 
 
 @njit(nogil=True)
-def _encloses(T, c, j):
-    return bucket_has(T.c_depth[c], T.c_prefix[c], T.k_lo[j]) and bucket_has(T.c_depth[c], T.c_prefix[c],
-                                                                             T.k_hi[j])
-
-
-@njit(nogil=True)
-def _insert_cdir(T, u, top, attr):
+def _insert_cdir(C, counts, lo, hi, top):
     """Algorithm 4 (InsertCDir): the smallest bucket below ``top`` that
-    encloses the unit's interval on ``attr``."""
-    j = _key_of(T, u, attr)
+    encloses ``[lo, hi]``.  In a split bucket, a half the grid has but the
+    tree dropped (it emptied) is made again: the grid is fixed, whatever
+    the tree holds."""
     c = top
-    while True:
-        moved = False
-        for half in range(2):
-            h = T.c_child[2 * c + half]
-            if h >= 0 and _encloses(T, h, j):
-                c = h
-                moved = True
-                break
-        if not moved:
+    while C[c, CHILD] >= 0 or C[c, CHILD1] >= 0:
+        depth = C[c, DEPTH]
+        if depth >= ATOMIC:
             return c
+        half = half_of(lo, depth)
+        if half != half_of(hi, depth):
+            return c
+        h = C[c, CHILD + half]
+        if h < 0:
+            h = _new_half(C, counts, c, half)
+        c = h
+    return c
 
 
 # ------------------------------------------------------------ space cutting
 @njit(nogil=True)
-def _best_new_attr(T, c):
+def _best_new_attr(C, P, H, U, k_off, k_attr, attr_count, touched, counts, c):
     """The attribute to partition c-node ``c``'s l-node on (Algorithm 5,
     line 3): not used on its path, no p-node here yet, constrained by the
     most units (at least ``min_size``; ties: the smallest id), or -1."""
-    path = np.empty(T.c_pdepth[c] + 1, np.int64)
+    path = np.empty(C[c, PDEPTH] + 1, np.int64)
     n_path = 0
-    p = T.c_pnode[c]
+    p = C[c, PNODE]
     while p >= 0:
-        path[n_path] = T.p_attr[p]
+        path[n_path] = P[p, P_ATTR]
         n_path += 1
-        p = T.c_pnode[T.p_parent[p]]
+        p = C[P[p, P_PARENT], PNODE]
     n_touched = 0
-    u = T.c_first[c]
+    u = C[c, FIRST]
     while u >= 0:
-        for j in range(T.k_off[u], T.k_off[u + 1]):
-            a = T.k_attr[j]
+        for j in range(k_off[u], k_off[u + 1]):
+            a = k_attr[j]
             used = False
             for q in range(n_path):
                 if path[q] == a:
@@ -344,70 +346,21 @@ def _best_new_attr(T, c):
                     break
             if used:
                 continue
-            if T.attr_count[a] == 0:
-                T.touched[n_touched] = a
+            if attr_count[a] == 0:
+                touched[n_touched] = a
                 n_touched += 1
-            T.attr_count[a] += 1
-        u = T.u_next[u]
+            attr_count[a] += 1
+        u = U[u, U_NEXT]
     best = -1
-    best_count = T.counts[MIN_SIZE] - 1
+    best_count = counts[MIN_SIZE] - 1
     for q in range(n_touched):
-        a = T.touched[q]
-        n = T.attr_count[a]
-        T.attr_count[a] = 0
-        if (n > best_count or (n == best_count and best >= 0 and a < best)) and find_pnode(T, c, a) < 0:
+        a = touched[q]
+        n = attr_count[a]
+        attr_count[a] = 0
+        if (n > best_count or (n == best_count and best >= 0 and a < best)) and find_pnode(H, c, a) < 0:
             best = a
             best_count = n
     return best
-
-
-@njit(nogil=True)
-def _partition(T, c, work, n_work):
-    """Space partitioning of c-node ``c`` (Algorithm 5); pushes the top
-    buckets it fills onto ``work``.  Returns (work, n_work)."""
-    while T.c_count[c] > T.c_cap[c]:
-        attr = _best_new_attr(T, c)
-        if attr < 0:
-            break
-        p = _new_pnode(T, c, attr)
-        top = T.p_top[p]
-        u = T.c_first[c]
-        while u >= 0:
-            nxt = T.u_next[u]
-            if _key_of(T, u, attr) >= 0:
-                _unlink(T, u)
-                _link(T, u, top)
-            u = nxt
-        work, n_work = _push(work, n_work, top)
-    _update_capacity(T, c)
-    return work, n_work
-
-
-@njit(nogil=True)
-def _split(T, c, work, n_work):
-    """Space clustering of c-node ``c`` (Algorithm 6): its bucket split in
-    halves, the units a half encloses moved there; ``c`` and the halves are
-    handled again."""
-    depth = T.c_depth[c]
-    prefix = T.c_prefix[c] << np.uint64(1) if depth > 0 else np.uint64(0)
-    for half in range(2):
-        T.c_child[2 * c + half] = _new_cnode(T, depth + 1, prefix | np.uint64(half), c, T.c_pnode[c], T.c_pdepth[c])
-    attr = T.p_attr[T.c_pnode[c]]
-    u = T.c_first[c]
-    while u >= 0:
-        nxt = T.u_next[u]
-        j = _key_of(T, u, attr)
-        for half in range(2):
-            h = T.c_child[2 * c + half]
-            if _encloses(T, h, j):
-                _unlink(T, u)
-                _link(T, u, h)
-                break
-        u = nxt
-    work, n_work = _push(work, n_work, c)
-    work, n_work = _push(work, n_work, T.c_child[2 * c])
-    work, n_work = _push(work, n_work, T.c_child[2 * c + 1])
-    return work, n_work
 
 
 @njit(nogil=True)
@@ -423,61 +376,100 @@ def _push(work, n_work, c):
 @njit(nogil=True, cache=True)
 def resolve_overflow(T, c0):
     """Resolve the overflow of c-node ``c0``'s l-node and every overflow
-    that causes (the two-phase space cutting of §4)."""
+    that causes (the two-phase space cutting of §4), with a work list:
+
+    * space partitioning (Algorithm 5) of the root, a non-leaf bucket or an
+      atomic bucket: while it overflows, a new p-node for the best unused
+      attribute takes the units constraining it into its top bucket (which
+      is handled in turn); then the capacity is updated;
+    * space clustering (Algorithm 6) of a non-atomic leaf bucket: split in
+      halves (the forced split rule), the units a half encloses moved
+      there; the bucket and both halves are handled again."""
+    C, P, H, U = T.C, T.P, T.H, T.U
+    k_off, k_attr, k_lo, k_hi, counts = T.k_off, T.k_attr, T.k_lo, T.k_hi, T.counts
     work = np.empty(64, np.int64)
     work[0] = c0
     n_work = 1
     while n_work > 0:
         n_work -= 1
         c = work[n_work]
-        if T.c_count[c] <= T.c_cap[c]:
+        if C[c, COUNT] <= C[c, CAP]:
             continue
-        leaf_bucket = T.c_child[2 * c] < 0 and T.c_child[2 * c + 1] < 0
-        if c == 0 or not leaf_bucket or T.c_depth[c] >= ATOMIC:
-            work, n_work = _partition(T, c, work, n_work)
+        leaf_bucket = C[c, CHILD] < 0 and C[c, CHILD1] < 0
+        if c == 0 or not leaf_bucket or C[c, DEPTH] >= ATOMIC:
+            while C[c, COUNT] > C[c, CAP]:
+                attr = _best_new_attr(C, P, H, U, k_off, k_attr, T.attr_count, T.touched, counts, c)
+                if attr < 0:
+                    break
+                p = _new_pnode(C, P, H, counts, c, attr)
+                top = P[p, P_TOP]
+                u = C[c, FIRST]
+                while u >= 0:
+                    nxt = U[u, U_NEXT]
+                    if _key_of(k_off, k_attr, u, attr) >= 0:
+                        _unlink(C, P, U, u)
+                        _link(C, P, U, u, top)
+                    u = nxt
+                work, n_work = _push(work, n_work, top)
+            _update_capacity(C, counts, c)
         else:
-            work, n_work = _split(T, c, work, n_work)
-
-
-@njit(nogil=True)
-def _descend(T, u):
-    """Algorithm 3 without its overflow handling: the c-node whose l-node
-    takes unit ``u``."""
-    c = 0
-    while True:
-        best = -1
-        best_score = np.int64(-1)
-        best_attr = np.int64(-1)
-        if T.c_np[c] > 0:
-            for j in range(T.k_off[u], T.k_off[u + 1]):
-                p = find_pnode(T, c, T.k_attr[j])
-                if p >= 0 and T.p_score[p] > best_score:
-                    best = p
-                    best_score = T.p_score[p]
-                    best_attr = T.k_attr[j]
-        if best < 0:
-            return c
-        c = _insert_cdir(T, u, T.p_top[best], best_attr)
+            depth = C[c, DEPTH]
+            _new_half(C, counts, c, 0)
+            _new_half(C, counts, c, 1)
+            attr = P[C[c, PNODE], P_ATTR]
+            u = C[c, FIRST]
+            while u >= 0:
+                nxt = U[u, U_NEXT]
+                j = _key_of(k_off, k_attr, u, attr)
+                half = half_of(k_lo[j], depth)
+                if half == half_of(k_hi[j], depth):
+                    _unlink(C, P, U, u)
+                    _link(C, P, U, u, C[c, CHILD + half])
+                u = nxt
+            work, n_work = _push(work, n_work, c)
+            work, n_work = _push(work, n_work, C[c, CHILD])
+            work, n_work = _push(work, n_work, C[c, CHILD1])
 
 
 @njit(nogil=True, cache=True)
 def insert_units(T, units, start, reserve_per_unit):
-    """Insert ``units[start:]`` one at a time (Algorithm 3).  Stops early
-    when an overflow might need more nodes than are free: returns
-    ``(next, pending)`` -- the unit index to go on from and the c-node
-    whose overflow is still to resolve (-1: none); ``next == len(units)``
-    when all are in."""
-    cap_c = len(T.c_depth)
-    cap_p = len(T.p_attr)
-    cap_h = len(T.h_key)
+    """Insert ``units[start:]`` one at a time (Algorithm 3): from the root,
+    the p-node of highest score among the unit's attributes found in the
+    c-node's p-directory, down its clustering directory (Algorithm 4),
+    until no p-node applies; the unit joins that l-node, whose overflow is
+    then resolved.  Stops early when an overflow might need more nodes than
+    are free: returns ``(next, pending)`` -- the unit index to go on from and
+    the c-node whose overflow is still to resolve (-1: none)."""
+    C, P, H, U = T.C, T.P, T.H, T.U
+    k_off, k_attr, k_lo, k_hi, counts = T.k_off, T.k_attr, T.k_lo, T.k_hi, T.counts
+    cap_c = len(C)
+    cap_p = len(P)
+    cap_h = len(H)
     for i in range(start, len(units)):
         u = units[i]
-        c = _descend(T, u)
-        _link(T, u, c)
-        if T.c_count[c] > T.c_cap[c]:
-            room = reserve_per_unit * (T.c_count[c] + 1)
-            if T.counts[N_C] + room > cap_c or T.counts[N_P] + T.c_count[c] + 1 > cap_p \
-                    or 2 * (T.counts[H_USED] + T.c_count[c] + 1) > cap_h:
+        # the way down may make again a half per bucket level: 65 per p-node level at most
+        if counts[N_C] + 65 * (k_off[u + 1] - k_off[u] + 1) > cap_c:
+            return i, -1
+        c = 0
+        while True:
+            best = -1
+            best_score = np.int64(-1)
+            best_j = np.int64(-1)
+            if C[c, NP] > 0:
+                for j in range(k_off[u], k_off[u + 1]):
+                    p = find_pnode(H, c, k_attr[j])
+                    if p >= 0 and P[p, P_SCORE] > best_score:
+                        best = p
+                        best_score = P[p, P_SCORE]
+                        best_j = j
+            if best < 0:
+                break
+            c = _insert_cdir(C, counts, k_lo[best_j], k_hi[best_j], P[best, P_TOP])
+        _link(C, P, U, u, c)
+        if C[c, COUNT] > C[c, CAP]:
+            n = C[c, COUNT] + 1
+            if counts[N_C] + reserve_per_unit * n > cap_c or counts[N_P] + n > cap_p \
+                    or 2 * (counts[H_USED] + n) > cap_h:
                 return i + 1, c
             resolve_overflow(T, c)
     return len(units), -1
@@ -487,62 +479,85 @@ def insert_units(T, units, start, reserve_per_unit):
 def delete_units(T, units):
     """Delete ``units`` (each in the tree), with the upward clean-up and
     the merge rule (see the module docstring)."""
+    C, P, U = T.C, T.P, T.U
     for i in range(len(units)):
-        c = _unlink(T, units[i])
-        _update_capacity(T, c)
-        _clean_up(T, c)
+        c = _unlink(C, P, U, units[i])
+        _update_capacity(C, T.counts, c)
+        _clean_up(C, P, T.H, U, c)
 
 
 @njit(nogil=True)
-def _clean_up(T, c):
-    while c != 0 and T.c_alive[c]:
-        lo = T.c_child[2 * c]
-        hi = T.c_child[2 * c + 1]
-        childless = lo < 0 and hi < 0
-        if childless and T.c_count[c] == 0 and T.c_np[c] == 0:
-            b = T.c_parent[c]
-            T.c_alive[c] = 0
+def _clean_up(C, P, H, U, c):
+    while c != 0 and C[c, ALIVE]:
+        childless = C[c, CHILD] < 0 and C[c, CHILD1] < 0
+        if childless and C[c, COUNT] == 0 and C[c, NP] == 0:
+            b = C[c, PARENT]
+            C[c, ALIVE] = 0
             if b >= 0:                          # an empty half: its parent bucket loses it
-                if T.c_child[2 * b] == c:
-                    T.c_child[2 * b] = -1
+                if C[b, CHILD] == c:
+                    C[b, CHILD] = -1
                 else:
-                    T.c_child[2 * b + 1] = -1
+                    C[b, CHILD1] = -1
                 c = b
             else:                               # an empty top bucket: its p-node goes
-                p = T.c_pnode[c]
-                c = T.p_parent[p]
-                _drop_pnode(T, p)
+                p = C[c, PNODE]
+                c = P[p, P_PARENT]
+                _drop_pnode(C, P, H, p)
             continue
-        b = T.c_parent[c]
-        if not (childless and T.c_np[c] == 0 and b >= 0 and T.c_np[b] == 0):
+        b = C[c, PARENT]
+        if not (childless and C[c, NP] == 0 and b >= 0 and C[b, NP] == 0):
             return
-        s = T.c_child[2 * b] if T.c_child[2 * b] != c else T.c_child[2 * b + 1]
-        if s >= 0 and (T.c_child[2 * s] >= 0 or T.c_child[2 * s + 1] >= 0 or T.c_np[s] > 0):
+        s = C[b, CHILD] if C[b, CHILD] != c else C[b, CHILD1]
+        if s >= 0 and (C[s, CHILD] >= 0 or C[s, CHILD1] >= 0 or C[s, NP] > 0):
             return
-        total = T.c_count[b] + T.c_count[c] + (T.c_count[s] if s >= 0 else 0)
-        if 2 * total > T.c_cap[b]:
+        total = C[b, COUNT] + C[c, COUNT] + (C[s, COUNT] if s >= 0 else 0)
+        if 2 * total > C[b, CAP]:
             return
         for h in (c, s):                        # the merge rule: both halves back into the open parent
             if h < 0:
                 continue
-            u = T.c_first[h]
+            u = C[h, FIRST]
             while u >= 0:
-                nxt = T.u_next[u]
-                _unlink(T, u)
-                _link(T, u, b)
+                nxt = U[u, U_NEXT]
+                _unlink(C, P, U, u)
+                _link(C, P, U, u, b)
                 u = nxt
-            T.c_alive[h] = 0
-        T.c_child[2 * b] = -1
-        T.c_child[2 * b + 1] = -1
+            C[h, ALIVE] = 0
+        C[b, CHILD] = -1
+        C[b, CHILD1] = -1
         c = b
 
 
 # --------------------------------------------------------------- flattening
+@njit(nogil=True)
+def _pnodes_by_attr(C, P, c):
+    k = C[c, NP]
+    ps = np.empty(k, np.int64)
+    attrs = np.empty(k, np.int64)
+    p = C[c, PFIRST]
+    q = 0
+    while p >= 0:
+        ps[q] = p
+        attrs[q] = P[p, P_ATTR]
+        q += 1
+        p = P[p, P_NEXT]
+    order = np.argsort(attrs)
+    return ps[order], attrs[order]
+
+
+@njit(nogil=True)
+def _kept(C, c):
+    """Whether the flattened tree keeps c-node ``c``: an empty half with
+    nothing below is dropped (the grid makes it again when a unit needs it)."""
+    return C[c, COUNT] > 0 or C[c, NP] > 0 or C[c, CHILD] >= 0 or C[c, CHILD1] >= 0 or C[c, PARENT] < 0
+
+
 @njit(nogil=True, cache=True)
 def freeze(T):
     """The tree as :class:`~gpu_kernels.betree.layout.BETreeArrays` fields:
-    live c-nodes renumbered in preorder from the root, p-directories
-    sorted by attribute, units in leaf order."""
+    c-nodes renumbered in preorder from the root, p-directories sorted by
+    attribute, units in leaf order."""
+    C, P, U = T.C, T.P, T.U
     n_c = T.counts[N_C]
     new_id = np.full(n_c, -1, np.int64)
     order = np.empty(n_c, np.int64)
@@ -558,27 +573,17 @@ def freeze(T):
         new_id[c] = n
         order[n] = c
         n += 1
-        n_l += T.c_count[c]
+        n_l += C[c, COUNT]
         # pushed in reverse, so popped: halves (low, high), then the p-nodes' tops by attribute
-        k = T.c_np[c]
-        n_p += k
-        if k:
-            ps = np.empty(k, np.int64)
-            attrs = np.empty(k, np.int64)
-            p = T.c_pfirst[c]
-            q = 0
-            while p >= 0:
-                ps[q] = p
-                attrs[q] = T.p_attr[p]
-                q += 1
-                p = T.p_next[p]
-            by_attr = ps[np.argsort(attrs)]
-            for q in range(k - 1, -1, -1):
-                stack[sp] = T.p_top[by_attr[q]]
+        if C[c, NP]:
+            ps, _ = _pnodes_by_attr(C, P, c)
+            n_p += len(ps)
+            for q in range(len(ps) - 1, -1, -1):
+                stack[sp] = P[ps[q], P_TOP]
                 sp += 1
         for half in range(1, -1, -1):
-            h = T.c_child[2 * c + half]
-            if h >= 0:
+            h = C[c, CHILD + half]
+            if h >= 0 and _kept(C, h):
                 stack[sp] = h
                 sp += 1
     c_depth = np.empty(n, np.int16)
@@ -593,34 +598,24 @@ def freeze(T):
     at_l = 0
     for i in range(n):
         c = order[i]
-        c_depth[i] = T.c_depth[c]
-        c_cap[i] = T.c_cap[c]
+        c_depth[i] = C[c, DEPTH]
+        c_cap[i] = C[c, CAP]
         for half in range(2):
-            h = T.c_child[2 * c + half]
-            if h >= 0:
+            h = C[c, CHILD + half]
+            if h >= 0 and new_id[h] >= 0:
                 c_child[2 * i + half] = new_id[h]
-        k = T.c_np[c]
-        if k:
-            ps = np.empty(k, np.int64)
-            attrs = np.empty(k, np.int64)
-            p = T.c_pfirst[c]
-            q = 0
-            while p >= 0:
-                ps[q] = p
-                attrs[q] = T.p_attr[p]
-                q += 1
-                p = T.p_next[p]
-            by_attr = np.argsort(attrs)
-            for q in range(k):
-                p_attr[at_p] = attrs[by_attr[q]]
-                p_top[at_p] = new_id[T.p_top[ps[by_attr[q]]]]
+        if C[c, NP]:
+            ps, attrs = _pnodes_by_attr(C, P, c)
+            for q in range(len(ps)):
+                p_attr[at_p] = attrs[q]
+                p_top[at_p] = new_id[P[ps[q], P_TOP]]
                 at_p += 1
         c_pdir[i + 1] = at_p
-        u = T.c_first[c]
+        u = C[c, FIRST]
         while u >= 0:
             leaf_unit[at_l] = u
             at_l += 1
-            u = T.u_next[u]
+            u = U[u, U_NEXT]
         c_leaf[i + 1] = at_l
     return c_depth, c_child, c_cap, c_leaf, c_pdir, p_attr, p_top, leaf_unit
 
@@ -629,61 +624,61 @@ def freeze(T):
 def thaw(T, c_depth, c_child, c_cap, c_leaf, c_pdir, p_attr, p_top, leaf_unit, unit_map):
     """Make the empty dynamic tree ``T`` (room for every node) the
     flattened tree given, its units renumbered by ``unit_map`` (old unit ->
-    new unit, -1: deleted).  Returns the c-nodes (new numbering = the
-    flattened one) whose l-nodes lost a deleted unit, for
-    :func:`clean_up_after_thaw`."""
+    new unit, -1: deleted).  Returns the c-nodes whose l-nodes lost a
+    deleted unit, for :func:`clean_up_after_thaw`."""
+    C, P, H, U, counts = T.C, T.P, T.H, T.U, T.counts
     n = len(c_depth)
-    T.counts[N_C] = n
-    T.counts[N_P] = len(p_attr)
+    counts[N_C] = n
+    counts[N_P] = len(p_attr)
     for c in range(n):
-        T.c_depth[c] = c_depth[c]
-        T.c_child[2 * c] = c_child[2 * c]
-        T.c_child[2 * c + 1] = c_child[2 * c + 1]
-        T.c_first[c] = -1
-        T.c_count[c] = 0
-        T.c_cap[c] = c_cap[c]
-        T.c_pfirst[c] = -1
-        T.c_np[c] = 0
-        T.c_alive[c] = 1
-    T.c_parent[0] = -1
-    T.c_pnode[0] = -1
-    T.c_pdepth[0] = 0
-    T.c_prefix[0] = 0
+        C[c, DEPTH] = c_depth[c]
+        C[c, CHILD] = c_child[2 * c]
+        C[c, CHILD1] = c_child[2 * c + 1]
+        C[c, FIRST] = -1
+        C[c, COUNT] = 0
+        C[c, CAP] = c_cap[c]
+        C[c, PFIRST] = -1
+        C[c, NP] = 0
+        C[c, ALIVE] = 1
+    C[0, PARENT] = -1
+    C[0, PNODE] = -1
+    C[0, PDEPTH] = 0
+    C[0, PREFIX] = 0
     # preorder: a c-node's parent bucket and its p-directory's owner come first
     for c in range(n):
         for half in range(2):
             h = c_child[2 * c + half]
             if h >= 0:
-                T.c_parent[h] = c
-                T.c_pnode[h] = T.c_pnode[c]
-                T.c_pdepth[h] = T.c_pdepth[c]
-                base = T.c_prefix[c] << np.uint64(1) if T.c_depth[c] > 0 else np.uint64(0)
-                T.c_prefix[h] = base | np.uint64(half)
+                C[h, PARENT] = c
+                C[h, PNODE] = C[c, PNODE]
+                C[h, PDEPTH] = C[c, PDEPTH]
+                base = np.uint64(C[c, PREFIX]) << np.uint64(1) if C[c, DEPTH] > 0 else np.uint64(0)
+                C[h, PREFIX] = np.int64(base | np.uint64(half))
         for k in range(c_pdir[c + 1] - 1, c_pdir[c] - 1, -1):
             top = p_top[k]
-            T.p_attr[k] = p_attr[k]
-            T.p_top[k] = top
-            T.p_parent[k] = c
-            T.p_score[k] = 0
-            T.p_alive[k] = 1
-            first = T.c_pfirst[c]
-            T.p_next[k] = first
-            T.p_prev[k] = -1
+            P[k, P_ATTR] = p_attr[k]
+            P[k, P_TOP] = top
+            P[k, P_PARENT] = c
+            P[k, P_SCORE] = 0
+            P[k, P_ALIVE] = 1
+            first = C[c, PFIRST]
+            P[k, P_NEXT] = first
+            P[k, P_PREV] = -1
             if first >= 0:
-                T.p_prev[first] = k
-            T.c_pfirst[c] = k
-            T.c_np[c] += 1
-            _hash_put(T, c, p_attr[k], k)
-            T.c_parent[top] = -1
-            T.c_pnode[top] = k
-            T.c_pdepth[top] = T.c_pdepth[c] + 1
-            T.c_prefix[top] = 0
+                P[first, P_PREV] = k
+            C[c, PFIRST] = k
+            C[c, NP] += 1
+            _hash_put(H, counts, c, p_attr[k], k)
+            C[top, PARENT] = -1
+            C[top, PNODE] = k
+            C[top, PDEPTH] = C[c, PDEPTH] + 1
+            C[top, PREFIX] = 0
     lost = np.zeros(n, np.uint8)
     for c in range(n):
         for i in range(c_leaf[c + 1] - 1, c_leaf[c] - 1, -1):      # (linking reverses: keep the leaf order)
             u = unit_map[leaf_unit[i]]
             if u >= 0:
-                _link(T, u, c)
+                _link(C, P, U, u, c)
             else:
                 lost[c] = 1
     return np.flatnonzero(lost)
@@ -691,11 +686,12 @@ def thaw(T, c_depth, c_child, c_cap, c_leaf, c_pdir, p_attr, p_top, leaf_unit, u
 
 @njit(nogil=True, cache=True)
 def clean_up_after_thaw(T, lost):
+    C = T.C
     for i in range(len(lost)):
         c = lost[i]
-        if T.c_alive[c]:
-            _update_capacity(T, c)
-            _clean_up(T, c)
+        if C[c, ALIVE]:
+            _update_capacity(C, T.counts, c)
+            _clean_up(C, T.P, T.H, T.U, c)
 
 
 @njit(nogil=True, cache=True)
@@ -767,18 +763,15 @@ def leaf_arrays(c_depth, c_child, c_leaf, c_pdir, p_attr, p_top, leaf_unit, unit
 #: makes two, a chain of splits at most 64 levels, a partition one per unit)
 RESERVE_PER_UNIT = 132
 
-_C_FIELDS = {"c_depth": (np.int64, 0), "c_prefix": (np.uint64, 0), "c_parent": (np.int64, -1),
-             "c_pnode": (np.int64, -1), "c_pdepth": (np.int64, 0), "c_first": (np.int64, -1),
-             "c_count": (np.int64, 0), "c_cap": (np.int64, 0), "c_pfirst": (np.int64, -1), "c_np": (np.int64, 0),
-             "c_alive": (np.uint8, 0)}
-_P_FIELDS = {"p_attr": (np.int64, -1), "p_top": (np.int64, -1), "p_parent": (np.int64, -1),
-             "p_next": (np.int64, -1), "p_prev": (np.int64, -1), "p_score": (np.int64, 0), "p_alive": (np.uint8, 0)}
 
-
-def _grown(a: np.ndarray, size: int, fill) -> np.ndarray:
-    out = np.full(size, fill, dtype=a.dtype)
+def _grown(a: np.ndarray, rows: int, fill) -> np.ndarray:
+    out = np.full((rows,) + a.shape[1:], fill, dtype=a.dtype)
     out[:len(a)] = a
     return out
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(6, int(n - 1).bit_length())
 
 
 class DynamicTree:
@@ -787,40 +780,20 @@ class DynamicTree:
     units' key intervals (CSR by unit: offsets, attributes, low and high
     keys); a unit is referred to by its index there."""
 
-    def __init__(self, n_units: int, keys, n_attrs: int, max_cap: int, min_size: int, n_cnodes: int = 1,
+    def __init__(self, n_units: int, keys, n_attrs: int, max_cap: int, min_size: int, n_cnodes: int = 0,
                  n_pnodes: int = 0):
         k_off, k_attr, k_lo, k_hi = keys
-        c_room = max(64, 2 * n_cnodes)
-        p_room = max(64, 2 * n_pnodes)
-        arrays = {name: np.full(c_room, fill, dtype) for name, (dtype, fill) in _C_FIELDS.items()}
-        arrays["c_child"] = np.full(2 * c_room, -1, np.int64)
-        arrays.update({name: np.full(p_room, fill, dtype) for name, (dtype, fill) in _P_FIELDS.items()})
-        arrays["h_key"] = np.full(_pow2(4 * p_room), EMPTY, np.int64)
-        arrays["h_val"] = np.full(len(arrays["h_key"]), -1, np.int64)
-        arrays.update(u_cnode=np.full(n_units, -1, np.int64), u_next=np.full(n_units, -1, np.int64),
-                      u_prev=np.full(n_units, -1, np.int64), k_off=np.asarray(k_off, np.int64),
-                      k_attr=np.asarray(k_attr, np.int64), k_lo=np.asarray(k_lo, np.uint64),
-                      k_hi=np.asarray(k_hi, np.uint64))
-        arrays["attr_count"] = np.zeros(n_attrs + 1, np.int64)
-        arrays["touched"] = np.zeros(n_attrs + 1, np.int64)
         counts = np.zeros(8, np.int64)
         counts[MAX_CAP] = max_cap
         counts[MIN_SIZE] = min_size
-        arrays["counts"] = counts
-        self.T = TreeArrays(**arrays)
-        if n_cnodes == 1:        # a new tree: the root c-node, empty
-            counts[N_C] = 1
-            self._root()
-
-    def _root(self) -> None:
-        T = self.T
-        T.c_depth[0] = 0
-        T.c_first[0] = -1
-        T.c_count[0] = 0
-        T.c_cap[0] = T.counts[MAX_CAP]
-        T.c_alive[0] = 1
-        T.c_pnode[0] = -1
-        T.c_parent[0] = -1
+        C = np.full((max(64, 2 * n_cnodes), N_CFIELDS), -1, np.int64)
+        P = np.full((max(64, 2 * n_pnodes), N_PFIELDS), -1, np.int64)
+        self.T = TreeArrays(C, P, np.full((_pow2(4 * len(P)), 2), EMPTY, np.int64),
+                            np.full((n_units, 3), -1, np.int64), np.asarray(k_off, np.int64),
+                            np.asarray(k_attr, np.int64), np.asarray(k_lo, np.uint64), np.asarray(k_hi, np.uint64),
+                            np.zeros(n_attrs + 1, np.int64), np.zeros(n_attrs + 1, np.int64), counts)
+        if n_cnodes == 0:        # a new tree: the root c-node, empty
+            _new_cnode(C, counts, 0, np.uint64(0), -1, -1, 0)
 
     @classmethod
     def thawed(cls, flat: BETreeArrays, unit_map: np.ndarray, n_units: int, keys, n_attrs: int, max_cap: int,
@@ -836,26 +809,17 @@ class DynamicTree:
 
     def _grow(self, c_need: int, p_need: int) -> None:
         T = self.T
-        arrays = T._asdict()
-        c_room = len(T.c_depth)
-        if c_need > c_room:
-            size = max(2 * c_room, c_need)
-            for name, (_, fill) in _C_FIELDS.items():
-                arrays[name] = _grown(arrays[name], size, fill)
-            arrays["c_child"] = _grown(arrays["c_child"], 2 * size, -1)
-        p_room = len(T.p_attr)
-        if p_need > p_room:
-            size = max(2 * p_room, p_need)
-            for name, (_, fill) in _P_FIELDS.items():
-                arrays[name] = _grown(arrays[name], size, fill)
-        if 2 * (int(T.counts[H_USED]) + p_need - int(T.counts[N_P])) > len(T.h_key) or 4 * p_need > len(T.h_key):
-            size = _pow2(4 * max(p_need, len(arrays["p_attr"])))
-            arrays["h_key"] = np.full(size, EMPTY, np.int64)
-            arrays["h_val"] = np.full(size, -1, np.int64)
-            self.T = TreeArrays(**arrays)
-            rehash(self.T)
-            return
-        self.T = TreeArrays(**arrays)
+        C, P, H = T.C, T.P, T.H
+        if c_need > len(C):
+            C = _grown(C, max(2 * len(C), c_need), -1)
+        if p_need > len(P):
+            P = _grown(P, max(2 * len(P), p_need), -1)
+        rehashed = 2 * (int(T.counts[H_USED]) + p_need - int(T.counts[N_P])) > len(H) or 4 * p_need > len(H)
+        if rehashed:
+            H = np.full((_pow2(4 * max(p_need, len(P))), 2), EMPTY, np.int64)
+        self.T = T._replace(C=C, P=P, H=H)
+        if rehashed:
+            rehash(self.T.P, self.T.H, self.T.counts)
 
     def insert(self, units: np.ndarray) -> None:
         """Insert ``units`` one at a time (Algorithm 3)."""
@@ -863,11 +827,13 @@ class DynamicTree:
         start = 0
         while start < len(units):
             start, pending = insert_units(self.T, units, start, RESERVE_PER_UNIT)
+            T = self.T
             if pending >= 0:
-                T = self.T
-                n = int(T.c_count[pending]) + 1
+                n = int(T.C[pending, COUNT]) + 1
                 self._grow(int(T.counts[N_C]) + RESERVE_PER_UNIT * n, int(T.counts[N_P]) + n)
                 resolve_overflow(self.T, pending)
+            elif start < len(units):
+                self._grow(2 * len(T.C), len(T.P))
 
     def delete(self, units: np.ndarray) -> None:
         """Delete ``units`` (each in the tree)."""
@@ -875,7 +841,3 @@ class DynamicTree:
 
     def freeze(self) -> BETreeArrays:
         return BETreeArrays(*freeze(self.T))
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(6, int(n - 1).bit_length())
