@@ -50,8 +50,8 @@ from engine.compile import Segment
 from engine.expr import Family, Node
 from gpu_kernels import opcodes
 from gpu_kernels.betree import cpu as K
-from gpu_kernels.betree.layout import (KEY_MAX, KEY_MIN, BETreeArrays, LeafArrays, base_codes, check_arrays,
-                                       event_keys, float_keys)
+from gpu_kernels.betree.layout import (KEY_MAX, KEY_MIN, BETreeArrays, LeafArrays, NodeTable, base_codes,
+                                       check_arrays, event_keys, float_keys, interval_bounds)
 from gpu_kernels.betree.tree import DynamicTree, leaf_arrays
 
 #: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
@@ -244,8 +244,19 @@ class BETreeMatcher(HostMatcher):
                                              tree.p_top, tree.leaf_unit, units.sub, units.offsets, units.pids,
                                              units.rows.attr, units.rows.op, exact)
         rows = units.rows
-        self.leaf = LeafArrays(l_sub, l_verify, v_pid, rows.attr[v_pid], rows.op[v_pid], rows.lo[v_pid],
-                               rows.hi[v_pid])
+        v_op, v_lo, v_hi = rows.op[v_pid], rows.lo[v_pid], rows.hi[v_pid]
+        v_min, v_max, _ = interval_bounds(v_op, v_lo, v_hi)
+        # IN / NOT IN lists copied inline, in leaf order; an IN's interval is its first to last value
+        set_len = np.diff(rows.set_offsets)[v_pid]
+        v_set = np.concatenate(([0], np.cumsum(set_len))).astype(np.int64)
+        v_sets = rows.set_values[np.repeat(rows.set_offsets[:-1][v_pid] - v_set[:-1], set_len)
+                                 + np.arange(int(v_set[-1]))]
+        is_in = (v_op == opcodes.IN) & (set_len > 0)
+        v_min[is_in] = v_sets[v_set[:-1][is_in]]
+        v_max[is_in] = v_sets[v_set[1:][is_in] - 1]
+        self.leaf = LeafArrays(l_sub, l_verify, v_pid, rows.attr[v_pid], v_op, v_lo, v_hi, v_min, v_max, v_set,
+                               v_sets)
+        self.table = NodeTable(*K.node_table(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_top))
         self._matches_per_event = 16.0
 
     def _derived(self, segment: Segment, schema) -> "BETreeMatcher":
@@ -299,19 +310,19 @@ class BETreeMatcher(HostMatcher):
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         ev_key = event_keys(batch.value, batch.attr, self.string_attr, self.str_map)
-        tree, leaf, rows = self.tree, self.leaf, self.units.rows
+        table, p_attr, leaf, rows = self.table, self.tree.p_attr, self.leaf, self.units.rows
 
         def launch(first, last, out, cap, ev_count, stop, need, serial):
             kernel = K.betree_match_serial if serial else K.betree_match_kernel
             kernel(first, last, out, cap, ev_count, stop, need, n_subs, batch.offsets, batch.attr, batch.value,
-                   batch.token, ev_key, pattern_truth, tree, leaf, rows, alive)
+                   batch.token, ev_key, pattern_truth, table, p_attr, leaf, rows, alive)
         events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
         return events, positions
 
     # --------------------------------------------------------------- memory
     @property
     def nbytes(self) -> int:
-        arrays = list(self.tree) + list(self.leaf) + list(self.units[:4]) + list(self.units.rows) + \
+        arrays = list(self.tree) + list(self.leaf) + list(self.table) + list(self.units[:4]) + list(self.units.rows) + \
             list(self._keys)
         return self.segment.nbytes + sum(int(a.nbytes) for a in arrays)
 

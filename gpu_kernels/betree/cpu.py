@@ -28,44 +28,83 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from gpu_kernels.betree.layout import ATOMIC
-from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
+from gpu_kernels.betree.layout import (ATOMIC, N_CHILD, N_DEPTH, N_LEAF, N_LEAF_END, N_PDIR, N_PDIR_END, N_PREFIX,
+                                       NODE_FIELDS)
+from gpu_kernels.opcodes import BETWEEN, GE, IN, LIKE, NE, NOT_MATCHES, TRUE
 from gpu_kernels.predicates import predicate_truth
+
+
+#: de Bruijn sequence B(2, 6) and its table: the index of a lone set bit in one multiply
+_DEBRUIJN = np.uint64(0x022FDD63CC95386D)
+_DEBRUIJN_INDEX = np.zeros(64, np.int64)
+for _i in range(64):
+    _DEBRUIJN_INDEX[((1 << _i) * 0x022FDD63CC95386D % (1 << 64)) >> 58] = _i
 
 
 @njit(inline="always", nogil=True)
 def ctz(bit):
     """Index of the single set bit of ``bit`` (a power of two)."""
-    n = 0
-    while bit > np.uint64(1):
-        bit >>= np.uint64(1)
-        n += 1
-    return n
+    return _DEBRUIJN_INDEX[np.int64((bit * _DEBRUIJN) >> np.uint64(58))]
+
+
+@njit(nogil=True, cache=True)
+def node_table(c_depth, c_child, c_leaf, c_pdir, p_top):
+    """The :class:`~gpu_kernels.betree.layout.NodeTable` fields of a
+    flattened tree: per c-node its leaf and p-directory ranges, depth,
+    prefix (computed top-down: preorder puts parents first) and halves, each
+    half pointer moved past the chain of empty single-half buckets below it."""
+    n = len(c_depth)
+    node = np.empty((n, len(NODE_FIELDS)), np.int64)
+    for c in range(n):
+        node[c, N_LEAF] = c_leaf[c]
+        node[c, N_LEAF_END] = c_leaf[c + 1]
+        node[c, N_PDIR] = c_pdir[c]
+        node[c, N_PDIR_END] = c_pdir[c + 1]
+        node[c, N_DEPTH] = c_depth[c]
+    node[0, N_PREFIX] = 0
+    for k in range(len(p_top)):
+        node[p_top[k], N_PREFIX] = 0
+    for c in range(n):
+        for half in range(2):
+            h = c_child[2 * c + half]
+            if h >= 0:
+                base = np.uint64(node[c, N_PREFIX]) << np.uint64(1) if c_depth[c] > 0 else np.uint64(0)
+                node[h, N_PREFIX] = np.int64(base | np.uint64(half))
+    # compress, bottom-up (children come after their parent in preorder)
+    skip = np.arange(n)
+    for c in range(n - 1, -1, -1):
+        lo = c_child[2 * c]
+        hi = c_child[2 * c + 1]
+        node[c, N_CHILD] = skip[lo] if lo >= 0 else -1
+        node[c, N_CHILD + 1] = skip[hi] if hi >= 0 else -1
+        empty = c_leaf[c + 1] == c_leaf[c] and c_pdir[c + 1] == c_pdir[c]
+        if empty and (lo < 0) != (hi < 0):
+            skip[c] = node[c, N_CHILD] if lo >= 0 else node[c, N_CHILD + 1]
+    tops = np.empty(len(p_top), np.int64)
+    for k in range(len(p_top)):
+        tops[k] = skip[p_top[k]]
+    return node, tops
 
 
 @njit(nogil=True)
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_key,
-               pattern_truth, tree, leaf, rows, alive, stack, ev_pos, bm0, bm1, result):
+               pattern_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result):
     """Match events ``[e_first, e_last)``: each event's alive TRUE
     positions, ascending, to ``out[base + used:]`` and their number to
     ``ev_count[e]``; stop at an event whose positions do not fit ``cap``:
     ``result = (that event, its count)``, else ``(e_last, 0)``."""
-    c_depth = tree.c_depth
-    c_child = tree.c_child
-    c_leaf = tree.c_leaf
-    c_pdir = tree.c_pdir
-    p_attr = tree.p_attr
-    p_top = tree.p_top
+    node = table.node
+    p_top = table.p_top
     l_sub = leaf.l_sub
     l_verify = leaf.l_verify
     v_pid = leaf.v_pid
     v_attr = leaf.v_attr
     v_op = leaf.v_op
-    v_lo = leaf.v_lo
-    v_hi = leaf.v_hi
+    v_min = leaf.v_min
+    v_max = leaf.v_max
+    v_set = leaf.v_set
+    v_sets = leaf.v_sets
     x_aux = rows.aux
-    x_set_offsets = rows.set_offsets
-    set_values = rows.set_values
     n_pos = len(ev_pos)
     used = 0
     result[0] = e_last
@@ -83,7 +122,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             sp -= 1
             c = stack[sp]
             # Algorithm 1, line 1: the l-node's units
-            for i in range(c_leaf[c], c_leaf[c + 1]):
+            for i in range(node[c, N_LEAF], node[c, N_LEAF_END]):
                 pos = l_sub[i]
                 if alive[pos] == 0:
                     continue
@@ -91,23 +130,41 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 mask = np.uint64(1) << np.uint64(pos & 63)
                 if (bm0[word] & mask) != 0:
                     continue
-                # its predicates, read inline; the shared three-valued predicate_truth decides
-                # (written out here: a helper taking these arrays costs reference counting per call)
+                # its predicates, read inline: an interval operator by two comparisons, the
+                # others by the shared three-valued predicate_truth (written out here: a helper
+                # taking these arrays costs reference counting per call)
                 ok = True
                 for v in range(l_verify[i], l_verify[i + 1]):
                     op = v_op[v]
                     at = ev_pos[v_attr[v]]
                     present = at >= 0
+                    if (op <= GE and op != NE) or op == BETWEEN:     # layout.INTERVAL_OPS
+                        if not present:
+                            ok = False
+                            break
+                        x = ev_value[at]
+                        if x < v_min[v] or x > v_max[v]:
+                            ok = False
+                            break
+                        continue
                     value = ev_value[at] if present else 0.0
                     hit = False
                     if present and op >= LIKE and op <= NOT_MATCHES:
                         hit = pattern_truth[ev_token[at], x_aux[v_pid[v]]] != 0
-                    set_start = 0
-                    set_stop = 0
-                    if op == IN or op == NOT_IN:
-                        set_start = x_set_offsets[v_pid[v]]
-                        set_stop = x_set_offsets[v_pid[v] + 1]
-                    if predicate_truth(op, v_lo[v], v_hi[v], set_values, set_start, set_stop, hit, present,
+                    if op == IN:            # short sorted lists: a scan, after the first-to-last test
+                        if not present or value < v_min[v] or value > v_max[v]:
+                            ok = False
+                            break
+                        inside = False
+                        for q in range(v_set[v], v_set[v + 1]):
+                            if v_sets[q] >= value:
+                                inside = v_sets[q] == value
+                                break
+                        if not inside:
+                            ok = False
+                            break
+                        continue
+                    if predicate_truth(op, v_min[v], v_max[v], v_sets, v_set[v], v_set[v + 1], hit, present,
                                        value) != TRUE:
                         ok = False
                         break
@@ -118,8 +175,8 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             # lines 2-6: the p-directory entries of the event's attributes (the smaller
             # side looked up in the other), and Algorithm 2 for each: down the clustering
             # directory along the halves holding the event's key (helpers written out, see above)
-            k0 = c_pdir[c]
-            k1 = c_pdir[c + 1]
+            k0 = node[c, N_PDIR]
+            k1 = node[c, N_PDIR_END]
             small = k1 - k0 <= s1 - s0
             n_look = k1 - k0 if small else s1 - s0
             for q in range(n_look):
@@ -145,12 +202,15 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 key = ev_key[at]
                 d = p_top[k]
                 while d >= 0:
-                    stack[sp] = d
-                    sp += 1
-                    depth = c_depth[d]
+                    depth = node[d, N_DEPTH]
+                    if depth > 0 and (key >> np.uint64(64 - depth)) != np.uint64(node[d, N_PREFIX]):
+                        break           # a jumped chain leads elsewhere: the key's half is not in the tree
+                    if node[d, N_LEAF] != node[d, N_LEAF_END] or node[d, N_PDIR] != node[d, N_PDIR_END]:
+                        stack[sp] = d
+                        sp += 1
                     if depth >= ATOMIC:
                         break
-                    d = c_child[2 * d + ((key >> np.uint64(63 - depth)) & np.uint64(1))]
+                    d = node[d, N_CHILD + np.int64((key >> np.uint64(63 - depth)) & np.uint64(1))]
         for at in range(s0, s1):
             if ev_attr[at] < len(ev_pos):
                 ev_pos[ev_attr[at]] = -1
@@ -183,19 +243,20 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
 
 
 def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions,
-                           ev_offsets, ev_attr, ev_value, ev_token, ev_key, pattern_truth, tree, leaf, rows, alive):
+                           ev_offsets, ev_attr, ev_value, ev_token, ev_key, pattern_truth, table, p_attr, leaf, rows,
+                           alive):
     """Match events ``[task_first[t], task_last[t])`` for every task ``t``
     in parallel (the protocol of
-    :func:`engine.algorithms.host_tasks.match_in_tasks`), against ``tree``
-    (:class:`~gpu_kernels.betree.layout.BETreeArrays`), its ``leaf``
-    arrays and the extended predicate ``rows``."""
+    :func:`engine.algorithms.host_tasks.match_in_tasks`), against the
+    tree's :class:`~gpu_kernels.betree.layout.NodeTable` and p-node
+    attributes, its ``leaf`` arrays and the extended predicate ``rows``."""
     n_words = (n_positions + 63) >> 6
-    n_c = len(tree.c_depth)
+    n_c = len(table.node)
     n_attrs = 1
     for v in range(len(leaf.v_attr)):
         n_attrs = max(n_attrs, leaf.v_attr[v] + 1)
-    for k in range(len(tree.p_attr)):
-        n_attrs = max(n_attrs, tree.p_attr[k] + 1)
+    for k in range(len(p_attr)):
+        n_attrs = max(n_attrs, p_attr[k] + 1)
     for t in prange(len(task_first)):
         stack = np.empty(n_c + 1, dtype=np.int64)
         ev_pos = np.full(n_attrs, -1, dtype=np.int64)
@@ -203,7 +264,7 @@ def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop,
         bm1 = np.zeros(max((n_words + 63) >> 6, 1), dtype=np.uint64)
         result = np.empty(2, dtype=np.int64)
         match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
-                   ev_token, ev_key, pattern_truth, tree, leaf, rows, alive, stack, ev_pos, bm0, bm1, result)
+                   ev_token, ev_key, pattern_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
 

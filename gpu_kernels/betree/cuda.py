@@ -10,13 +10,14 @@ takes one event** (grid-stride over the chunk's events) and walks the tree
 *frontier by frontier*: the c-nodes still to visit are a work queue in the
 block's shared memory, and each round the block takes up to one c-node per
 thread from its top (the *batch*) and does, for all of them at once, what
-the CPU does for the one c-node it pops:
+the CPU does for the one c-node it pops.  One block-wide inclusive scan
+(Hillis-Steele, ping-pong in shared memory: one barrier a step) of the
+batch's l-node sizes and p-directory lookups flattens both kinds of work,
+and the block's threads stride over them:
 
-* ``MatchBETree`` (Algorithm 1), line 1 -- **the l-nodes**: a block-wide
-  inclusive scan (Hillis-Steele in shared memory) of the batch's l-node
-  sizes flattens their leaf entries, and the block's threads stride over
-  them: each skips a subscription that is not alive or already found,
-  evaluates the entry's remaining predicates (read inline:
+* ``MatchBETree`` (Algorithm 1), line 1 -- **the l-nodes' units**: each
+  thread takes a leaf entry, skips a subscription that is not alive or
+  already found, evaluates the entry's remaining predicates (read inline:
   ``v_attr``/``v_op``/``v_lo``/``v_hi``; IN lists and pattern ids through
   ``v_pid``) with the shared device :func:`~gpu_kernels.predicates.predicate_truth`
   -- the event's attribute found by binary search in its sorted attribute
@@ -24,19 +25,21 @@ the CPU does for the one c-node it pops:
   is TRUE, sets the subscription's bit in the event's row of the chunk's
   bit matrix with an atomic OR (which also de-duplicates a DNF subscription
   found through two units);
-* lines 2-6 -- **the p-directories**: a second scan flattens the batch's
-  p-directory lookups (per c-node the smaller of its p-directory and the
-  event's attributes, searched in the other, as on the CPU); each thread
-  takes one lookup and, when the event carries the p-node's attribute,
-  runs ``SearchCDir`` (Algorithm 2): down the clustering directory from the
-  p-node's top bucket along the halves holding the event's key (bit
-  ``63 - depth``), pushing every bucket on the way -- to depth 64 (an
-  atomic bucket) or a missing half.
+* lines 2-6 -- **the p-directories**: each thread takes one lookup (per
+  c-node the smaller of its p-directory and the event's attributes,
+  searched in the other, as on the CPU) and, when the event carries the
+  p-node's attribute, runs ``SearchCDir`` (Algorithm 2): down the
+  clustering directory from the p-node's top bucket along the halves
+  holding the event's key (bit ``63 - depth``), to depth 64 (an atomic
+  bucket) or a missing half, pushing every bucket on the way that has
+  something to match (leaf units or p-nodes: the empty buckets of a chain
+  down to an atomic one are passed, not visited).
 
-Pushes take a slot of the queue with a shared-memory atomic add.  A
-c-node is reached through one path only, so an event visits each c-node at
-most once and the queue never holds more than the c-nodes one event can
-visit: :func:`frontier_bound` computes that bound on the host, per tree.
+A round costs ``2 + log2(threads)`` barriers.  Pushes take a slot of the
+queue with a shared-memory atomic add.  A c-node is reached through one
+path only, so an event visits each c-node at most once and the queue never
+holds more than the c-nodes one event can visit: :func:`frontier_bound`
+computes that bound on the host, per tree.
 When it exceeds the queue's capacity (``queue_capacity`` entries, a
 compile-time constant), an event's frontier may overflow the shared queue.
 The first pass runs without any global scratch: an event whose push finds
@@ -52,43 +55,70 @@ every p-node included -- and the common one touches no global scratch.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 from gpu_kernels import cuda_support
-from gpu_kernels.betree.layout import ATOMIC, BETreeArrays, LeafArrays
+from gpu_kernels.betree.layout import ATOMIC, BETreeArrays
 from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
 
 cuda = None   # numba.cuda once the CUDA twin is built (a module global: see cuda_support)
 
+
+class DeviceLeafArrays(NamedTuple):
+    """The fields of :class:`~gpu_kernels.betree.layout.LeafArrays` the
+    kernel reads, its inline predicates taken from the current predicate
+    rows (:func:`device_leaf_arrays`)."""
+
+    l_sub: np.ndarray       # int64 [n_l]
+    l_verify: np.ndarray    # int64 [n_l + 1]
+    v_pid: np.ndarray       # int32 [n_v]
+    v_attr: np.ndarray      # int32 [n_v]
+    v_op: np.ndarray        # int8 [n_v]
+    v_lo: np.ndarray        # float64 [n_v]
+    v_hi: np.ndarray        # float64 [n_v]
+
+
+def device_leaf_arrays(leaf, rows) -> DeviceLeafArrays:
+    """The kernel's leaf arrays (host arrays, to be copied over) from the
+    host matcher's ``leaf`` and the extended predicate ``rows``: the inline
+    operands are read from ``rows`` anew, so a recode -- new codes, the
+    same leaves -- is seen."""
+    v_pid = leaf.v_pid
+    return DeviceLeafArrays(leaf.l_sub, leaf.l_verify, v_pid, rows.attr[v_pid], rows.op[v_pid], rows.lo[v_pid],
+                            rows.hi[v_pid])
+
+
 #: entries of the shared-memory frontier queue (int32 c-node ids: 4 KiB)
 QUEUE_CAPACITY = 1024
+#: static shared memory a block may hold without an opt-in
+MAX_SHARED_BYTES = 48 << 10
 
 # slots of the block's shared control words
 _Q_N = 0        # entries in the shared queue
 _SP_N = 1       # entries in the block's spill region
 _OVER = 2       # a push found no room: the event is abandoned (flagged for the second pass)
-_M = 3          # c-nodes in this round's batch
-_BASE = 4       # where the batch starts in its source
-_FROM_SPILL = 5  # the batch's source: 0 the queue, 1 the spill
-_N_STATE = 6
+_N_STATE = 3
 
 
 @njit(nogil=True, cache=True)
-def frontier_bound(c_depth, c_child, c_pdir, p_top) -> int:
+def frontier_bound(c_depth, c_child, c_leaf, c_pdir, p_top) -> int:
     """The most c-nodes one event can visit in this tree -- a bound on the
     frontier (queue plus spill) of any event, whatever order it is walked
-    in, since no c-node is visited twice: ``visits[c] = 1 + sum, over the
-    p-nodes of c, of the largest sum of visits along one root-to-leaf path
-    of their clustering directory`` (one path per directory and event,
-    Algorithm 2).  c-nodes are numbered in preorder, so one pass from the
-    last to the first sees every c-node's halves and top buckets first."""
+    in, since no c-node is visited twice: ``visits[c] = [c is visited] +
+    sum, over the p-nodes of c, of the largest sum of visits along one
+    path down their clustering directory`` (one path per directory and
+    event, Algorithm 2), where a bucket is visited when it has something to
+    match (leaf units or p-nodes) and the root always.  c-nodes are
+    numbered in preorder, so one pass from the last to the first sees every
+    c-node's halves and top buckets first."""
     n_c = len(c_depth)
     visits = np.zeros(n_c, np.int64)
     path = np.zeros(n_c, np.int64)      # the largest visits along one path down from this bucket
     for c in range(n_c - 1, -1, -1):
-        v = 1
+        v = 1 if c == 0 or c_leaf[c + 1] != c_leaf[c] or c_pdir[c + 1] != c_pdir[c] else 0
         for k in range(c_pdir[c], c_pdir[c + 1]):
             v += path[p_top[k]]
         visits[c] = v
@@ -102,14 +132,30 @@ def frontier_bound(c_depth, c_child, c_pdir, p_top) -> int:
     return min(visits[0], n_c) if n_c else 0
 
 
+def shared_bytes(threads: int, queue_capacity: int) -> int:
+    """Static shared memory of a block: the queue (int32), the batch (int32),
+    the two ping-pong scans (2 x 2 x int64 per thread), the control words."""
+    return 4 * queue_capacity + 36 * threads + 8 * _N_STATE
+
+
+def check_geometry(threads: int, queue_capacity: int) -> None:
+    """ValueError unless blocks of ``threads`` threads with a frontier queue
+    of ``queue_capacity`` c-nodes fit a block's shared memory."""
+    if not 1 <= threads <= 1024:
+        raise ValueError(f"the BE-Tree kernel needs 1 to 1024 threads per block, not {threads}")
+    if queue_capacity < 1 or shared_bytes(threads, queue_capacity) > MAX_SHARED_BYTES:
+        most = (MAX_SHARED_BYTES - shared_bytes(threads, 0)) // 4
+        raise ValueError(f"queue_capacity must be an integer in [1, {most}] for blocks of {threads} threads (the "
+                         f"frontier queue shares a block's {MAX_SHARED_BYTES} bytes of shared memory), not "
+                         f"{queue_capacity!r}")
+
+
 @functools.cache
 def build_betree_kernel_cuda(threads: int, queue_capacity: int):
     """The raw BE-Tree kernel for blocks of ``threads`` threads (1 to 1024)
-    and a shared frontier queue of ``queue_capacity`` c-nodes."""
-    if not 1 <= threads <= 1024:
-        raise ValueError(f"the BE-Tree kernel needs 1 to 1024 threads per block, not {threads}")
-    if queue_capacity < 1:
-        raise ValueError(f"the BE-Tree kernel's frontier queue needs a capacity >= 1, not {queue_capacity}")
+    and a shared frontier queue of ``queue_capacity`` c-nodes (see
+    :func:`check_geometry`)."""
+    check_geometry(threads, queue_capacity)
     global cuda
     cuda = cuda_support.load_cuda()
     from gpu_kernels.predicates import cuda_device_functions
@@ -119,33 +165,42 @@ def build_betree_kernel_cuda(threads: int, queue_capacity: int):
     n_threads = int(threads)
     n_queue = int(queue_capacity)
 
-    def block_scan(incl, tid):
-        """Inclusive prefix sum of ``incl[0:n_threads]`` in place (Hillis-Steele;
-        every thread of the block calls it, after writing its own slot)."""
-        cuda.syncthreads()
+    def block_scan2(a, b, tid):
+        """Inclusive prefix sums of rows ``a[0]`` and ``b[0]`` at once
+        (Hillis-Steele, ping-pong between the two rows of each: one barrier
+        a step); returns the row that holds them.  Every thread of the block
+        calls it, after a barrier that follows the writes of ``a[0]``,
+        ``b[0]``."""
+        src = 0
         d = 1
         while d < n_threads:
-            add = incl[tid - d] if tid >= d else np.int64(0)
+            dst = 1 - src
+            if tid >= d:
+                a[dst, tid] = a[src, tid] + a[src, tid - d]
+                b[dst, tid] = b[src, tid] + b[src, tid - d]
+            else:
+                a[dst, tid] = a[src, tid]
+                b[dst, tid] = b[src, tid]
             cuda.syncthreads()
-            incl[tid] += add
-            cuda.syncthreads()
+            src = dst
             d *= 2
+        return src
 
-    def slot_of(incl, k):
+    def slot_of(incl, row, k):
         """The batch slot whose work holds flattened item ``k``: the first
-        ``j`` with ``incl[j] > k``."""
+        ``j`` with ``incl[row, j] > k``."""
         lo = 0
         n = n_threads
         while n > 0:
             half = n >> 1
-            if incl[lo + half] <= k:
+            if incl[row, lo + half] <= k:
                 lo = lo + half + 1
                 n = n - half - 1
             else:
                 n = half
         return lo
 
-    block_scan = cuda.jit(device=True)(block_scan)
+    block_scan2 = cuda.jit(device=True)(block_scan2)
     slot_of = cuda.jit(device=True)(slot_of)
 
     def betree_kernel(n_items, item_event, ev_offsets, ev_attr, ev_value, ev_token, ev_key, key_base, pattern_truth,
@@ -169,9 +224,10 @@ def build_betree_kernel_cuda(threads: int, queue_capacity: int):
         set_values = rows.set_values
         tid = cuda.threadIdx.x
         blk = cuda.blockIdx.x
-        queue = cuda.shared.array(n_queue, np.int32)        # the frontier: c-nodes still to visit
-        f_node = cuda.shared.array(n_threads, np.int32)     # this round's batch, one c-node per thread
-        f_incl = cuda.shared.array(n_threads, np.int64)     # inclusive scan of the batch's work
+        queue = cuda.shared.array(n_queue, np.int32)            # the frontier: c-nodes still to visit
+        f_node = cuda.shared.array(n_threads, np.int32)         # this round's batch, one c-node per thread
+        f_leaf = cuda.shared.array((2, n_threads), np.int64)    # scan of the batch's l-node sizes
+        f_look = cuda.shared.array((2, n_threads), np.int64)    # scan of the batch's p-directory lookups
         state = cuda.shared.array(_N_STATE, np.int64)
         spill_base = blk * spill_cap
         for item in range(blk, n_items, cuda.gridDim.x):
@@ -183,40 +239,32 @@ def build_betree_kernel_cuda(threads: int, queue_capacity: int):
                 state[_Q_N] = 1
                 state[_SP_N] = 0
                 state[_OVER] = 0
+            cuda.syncthreads()
             while True:
-                # the batch: up to one c-node per thread from the top of the queue, else of the spill
-                if tid == 0:
-                    q_n = state[_Q_N]
-                    if q_n > 0:
-                        m = min(q_n, n_threads)
-                        state[_Q_N] = q_n - m
-                        state[_BASE] = q_n - m
-                        state[_FROM_SPILL] = 0
-                    else:
-                        sp_n = state[_SP_N]
-                        m = min(sp_n, n_threads)
-                        state[_SP_N] = sp_n - m
-                        state[_BASE] = sp_n - m
-                        state[_FROM_SPILL] = 1
-                    state[_M] = m
-                cuda.syncthreads()
-                m = state[_M]
+                # the batch: up to one c-node per thread from the top of the queue, else of the
+                # spill (every thread reads the counts; thread 0 lowers them once all have)
+                q_n = min(state[_Q_N], n_queue)         # (beyond n_queue: pushes that went to the spill)
+                from_spill = q_n == 0
+                avail = state[_SP_N] if from_spill else q_n
+                m = min(avail, n_threads)
                 if m == 0:
                     break
+                base = avail - m
                 c = -1
                 if tid < m:
-                    if state[_FROM_SPILL] == 0:
-                        c = queue[state[_BASE] + tid]
-                    else:
-                        c = spill[spill_base + state[_BASE] + tid]
+                    c = spill[spill_base + base + tid] if from_spill else queue[base + tid]
                     f_node[tid] = c
-                # Algorithm 1, line 1: the l-nodes' units, over the flattened leaf entries
-                f_incl[tid] = c_leaf[c + 1] - c_leaf[c] if c >= 0 else 0
-                block_scan(f_incl, tid)
-                total = f_incl[n_threads - 1]
+                f_leaf[0, tid] = c_leaf[c + 1] - c_leaf[c] if c >= 0 else 0
+                f_look[0, tid] = min(c_pdir[c + 1] - c_pdir[c], s1 - s0) if c >= 0 else 0
+                cuda.syncthreads()
+                if tid == 0:    # the batch leaves its source (the scan's barriers order this before any push)
+                    state[_SP_N if from_spill else _Q_N] = base
+                row = block_scan2(f_leaf, f_look, tid)
+                # Algorithm 1, line 1: the l-nodes' units, over the batch's flattened leaf entries
+                total = f_leaf[row, n_threads - 1]
                 for k in range(tid, total, n_threads):
-                    j = slot_of(f_incl, k)
-                    i = c_leaf[f_node[j]] + k - (f_incl[j - 1] if j > 0 else 0)
+                    j = slot_of(f_leaf, row, k)
+                    i = c_leaf[f_node[j]] + k - (f_leaf[row, j - 1] if j > 0 else 0)
                     pos = l_sub[i]
                     if alive[pos] == 0:
                         continue
@@ -245,18 +293,12 @@ def build_betree_kernel_cuda(threads: int, queue_capacity: int):
                             break
                     if ok:
                         cuda.atomic.or_(bits, (e, word), mask)
-                cuda.syncthreads()      # f_incl is rewritten below
-                # lines 2-6: the p-directory lookups of the batch (per c-node the smaller side
-                # looked up in the other), and Algorithm 2 for each p-node the event has
-                n_look = 0
-                if c >= 0:
-                    n_look = min(c_pdir[c + 1] - c_pdir[c], s1 - s0)
-                f_incl[tid] = n_look
-                block_scan(f_incl, tid)
-                total = f_incl[n_threads - 1]
+                # lines 2-6: the batch's p-directory lookups (per c-node the smaller side looked
+                # up in the other), and Algorithm 2 for each p-node whose attribute the event has
+                total = f_look[row, n_threads - 1]
                 for kq in range(tid, total, n_threads):
-                    j = slot_of(f_incl, kq)
-                    q = kq - (f_incl[j - 1] if j > 0 else 0)
+                    j = slot_of(f_look, row, kq)
+                    q = kq - (f_look[row, j - 1] if j > 0 else 0)
                     cq = f_node[j]
                     k0 = c_pdir[cq]
                     k1 = c_pdir[cq + 1]
@@ -283,28 +325,29 @@ def build_betree_kernel_cuda(threads: int, queue_capacity: int):
                     key = ev_key[at - key_base]
                     d = np.int64(p_top[k])
                     while d >= 0:
-                        # push bucket d: a slot of the shared queue, else of the block's spill
-                        slot = cuda.atomic.add(state, _Q_N, 1)
-                        if slot < n_queue:
-                            queue[slot] = d
-                        else:
-                            s = cuda.atomic.add(state, _SP_N, 1)
-                            if s >= spill_cap:
-                                state[_OVER] = 1
-                                break
-                            spill[spill_base + s] = d
+                        # push bucket d -- unless it has nothing to match (an empty l-node, no p-node:
+                        # the 63 buckets above an atomic one often) -- to a slot of the shared queue,
+                        # else of the block's spill
+                        if c_leaf[d + 1] != c_leaf[d] or c_pdir[d + 1] != c_pdir[d]:
+                            slot = cuda.atomic.add(state, _Q_N, 1)
+                            if slot < n_queue:
+                                queue[slot] = d
+                            else:
+                                s = cuda.atomic.add(state, _SP_N, 1)
+                                if s >= spill_cap:
+                                    state[_OVER] = 1
+                                    break
+                                spill[spill_base + s] = d
                         depth = c_depth[d]
                         if depth >= ATOMIC:
                             break
                         d = np.int64(c_child[2 * d + np.int64((key >> np.uint64(63 - depth)) & np.uint64(1))])
-                cuda.syncthreads()
+                cuda.syncthreads()      # the pushes are done (and the scans read) before the next batch
                 if state[_OVER] != 0:
                     break
-                if tid == 0 and state[_Q_N] > n_queue:      # the pushes that went to the spill
-                    state[_Q_N] = n_queue
             if tid == 0 and state[_OVER] != 0:
                 overflow[item] = 1
-            cuda.syncthreads()      # the control words are reset for the next event
+            cuda.syncthreads()      # every thread is done with the control words before the next event resets them
 
     return cuda.jit(betree_kernel)
 
@@ -325,7 +368,7 @@ def kernel_types() -> tuple:
 
     tree = types.NamedTuple([array(DTYPES[name]) for name in BETreeArrays._fields], BETreeArrays)
     leaf = types.NamedTuple([array(dtype) for dtype in (np.int64, np.int64, np.int32, np.int32, np.int8,
-                                                        np.float64, np.float64)], LeafArrays)
+                                                        np.float64, np.float64)], DeviceLeafArrays)
     rows = types.NamedTuple([array(dtype) for dtype in (np.int32, np.int8, np.float64, np.float64, np.int64,
                                                         np.int64, np.float64)], PredicateRows)
     i64 = types.int64
@@ -341,4 +384,5 @@ def betree_kernel_cuda(n_blocks: int, threads: int, queue_capacity: int, *args):
     kernel[int(n_blocks), int(threads)](*args)
 
 
-__all__ = ["QUEUE_CAPACITY", "betree_kernel_cuda", "build_betree_kernel_cuda", "frontier_bound", "kernel_types"]
+__all__ = ["QUEUE_CAPACITY", "DeviceLeafArrays", "betree_kernel_cuda", "build_betree_kernel_cuda", "check_geometry",
+           "device_leaf_arrays", "frontier_bound", "kernel_types"]

@@ -57,6 +57,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, LE, LT
+
 #: depth of an atomic bucket (one key)
 ATOMIC = 64
 #: the smallest and the largest key
@@ -94,6 +96,54 @@ class LeafArrays(NamedTuple):
     v_op: np.ndarray        # int8 [n_v]
     v_lo: np.ndarray        # float64 [n_v]
     v_hi: np.ndarray        # float64 [n_v]
+    v_min: np.ndarray       # float64 [n_v]: operands as the CPU kernel reads them (see interval_bounds)
+    v_max: np.ndarray       # float64 [n_v]
+    v_set: np.ndarray       # int64 [n_v + 1]: CSR into v_sets, the IN / NOT IN lists inline
+    v_sets: np.ndarray      # float64
+
+
+#: operators decided by one closed interval test ``v_min <= x <= v_max``
+#: (a strict bound is the adjacent float64, exact for every float64 value)
+INTERVAL_OPS = (EQ, LT, LE, GT, GE, BETWEEN)
+
+
+def interval_bounds(op, lo, hi):
+    """``(v_min, v_max, is_interval)`` per predicate: the closed bounds of
+    ``=``, ``<``, ``<=``, ``>``, ``>=``, ``BETWEEN`` -- which the leaf check
+    then decides with two comparisons instead of the general operator
+    switch (a strict bound is the neighbouring float64: ``x < v`` iff
+    ``x <= nextafter(v, -inf)``) -- and the operands ``lo``, ``hi`` as they
+    are for every other operator."""
+    op = np.asarray(op)
+    lo = np.asarray(lo, np.float64)
+    hi = np.asarray(hi, np.float64)
+    interval = np.isin(op, INTERVAL_OPS)
+    v_min = np.where(interval, -np.inf, lo)
+    v_max = np.where(interval, np.inf, hi)
+    v_min = np.where((op == EQ) | (op == GE) | (op == BETWEEN), lo, v_min)
+    v_min = np.where(op == GT, np.nextafter(lo, np.inf), v_min)
+    v_max = np.where((op == EQ) | (op == LE), lo, v_max)
+    v_max = np.where(op == BETWEEN, hi, v_max)
+    v_max = np.where(op == LT, np.nextafter(lo, -np.inf), v_max)
+    return v_min, v_max, interval
+
+
+class NodeTable(NamedTuple):
+    """The c-nodes as the CPU kernel walks them (derived from
+    :class:`BETreeArrays` by :func:`gpu_kernels.betree.cpu.node_table`):
+    one row of :data:`NODE_FIELDS` per c-node, so that a visit reads one
+    cache line, and *compressed* child pointers -- a chain of buckets with
+    nothing to match (empty l-node, no p-node, one half) is jumped over, the
+    landing bucket's prefix telling whether the key really goes there (a
+    chain of single halves down to an atomic bucket is 64 levels long)."""
+
+    node: np.ndarray        # int64 [n_c, len(NODE_FIELDS)]
+    p_top: np.ndarray       # int64 [n_p]: the first bucket worth visiting of each p-node's directory
+
+
+#: columns of :attr:`NodeTable.node`
+N_LEAF, N_LEAF_END, N_PDIR, N_PDIR_END, N_DEPTH, N_CHILD, N_CHILD1, N_PREFIX = range(8)
+NODE_FIELDS = ("leaf", "leaf_end", "pdir", "pdir_end", "depth", "child", "child1", "prefix")
 
 
 DTYPES = {"c_depth": np.int16, "c_child": np.int32, "c_cap": np.int64, "c_leaf": np.int64, "c_pdir": np.int64,
