@@ -294,11 +294,12 @@ class BETreeMatcher(HostMatcher):
 
     def recoded(self, segment: Segment, schema) -> "BETreeMatcher":
         """The same tree under a grown string dictionary: keys are base
-        codes, so only the predicate codes and the base-code map change."""
+        codes, so only the predicate codes (and the leaf arrays holding them)
+        and the base-code map change."""
         if segment is self.segment:
             return self
         new = self._derived(segment, schema)
-        new._matches_per_event = 16.0
+        new._set_tree(self.tree)         # the leaf arrays hold the predicates' codes inline
         return new
 
     # ------------------------------------------------------------- matching
