@@ -108,7 +108,8 @@ def test_import_engine_never_touches_cuda():
     (so without a GPU, CUDA bindings or driver, and at no import cost)."""
     code = ("import sys, engine, engine.algorithms.scan_cuda, engine.algorithms.opindex_cuda, "
             "engine.algorithms.cuda_base, engine.algorithms.residual, gpu_kernels.scan, gpu_kernels.compaction, "
-            "gpu_kernels.predicates, gpu_kernels.opindex.cuda, gpu_kernels.cuda_support; "
+            "gpu_kernels.predicates, gpu_kernels.opindex.cuda, gpu_kernels.cuda_support, "
+            "engine.algorithms.betree_cuda, gpu_kernels.betree.cuda; "
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda was imported'; print('ok')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -145,6 +146,7 @@ PTX_CHECK = textwrap.dedent("""
     dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
     from gpu_kernels import compaction, predicates, scan
     from gpu_kernels.opindex import cuda as opindex_cuda
+    from gpu_kernels.betree import cuda as betree_cuda
     import numpy as np
     A = lambda dt, nd=1, layout="C": T.Array(dt, nd, layout)
     i64, i32, i16, i8, u8, u16, u64, f64 = T.int64, T.int32, T.int16, T.int8, T.uint8, T.uint16, T.uint64, T.float64
@@ -165,6 +167,10 @@ PTX_CHECK = textwrap.dedent("""
              (fill_bits, (A(u64, 2, "A"), i64, i64, A(i64, 2, "A"), A(i64), A(i64))),
              (predicates._predicate_truth_kernel(),
               (A(i8), A(f64), A(f64), A(i64), A(f64), A(u8), A(u8), A(f64), A(i8)))]
+    # BE-Tree: the default block and frontier queue, and the widest block with the largest queue it fits
+    widest = (betree_cuda.MAX_SHARED_BYTES - betree_cuda.shared_bytes(1024, 0)) // 4
+    jobs += [(betree_cuda.build_betree_kernel_cuda(t, q), betree_cuda.kernel_types())
+             for t, q in ((128, betree_cuda.QUEUE_CAPACITY), (1024, widest))]
     try:
         for kernel, sig in jobs:
             ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))

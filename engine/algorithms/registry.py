@@ -45,6 +45,11 @@ class Algorithm:
     #: the algorithm's rewrite limit (``f(node, dnf_limit)``); None: every
     #: expression is native
     limit_check: str | None = None
+    #: extra option mappings (each a dict of the algorithm's options) under
+    #: which the shared conformance suite (tests/conformance.py) also runs the
+    #: algorithm, besides its defaults: parameters whose paths only small
+    #: workloads with small values reach (a tree that splits at all)
+    conformance_options: tuple = ()
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -151,7 +156,9 @@ register(Algorithm(
     paper="Sadoghi, Jacobsen. BE-Tree: An Index Structure to Efficiently Match Boolean Expressions over "
           "High-dimensional Discrete Space. SIGMOD 2011",
     sections="§3 (expressions), §4 (space partitioning and clustering), §5 (ranking), §6 (matching)",
-    implementations={"cpu": "engine.algorithms.betree:BETreeMatcher"},
+    implementations={"cpu": "engine.algorithms.betree:BETreeMatcher",
+                     "cuda": "engine.algorithms.betree_cuda:BETreeCudaMatcher"},
     options=BETreeOptions,
     native_forms=("conjunctions", "DNF within dnf_limit conjunctions"),
-    limit_check="engine.algorithms.betree:check_expression"))
+    limit_check="engine.algorithms.betree:check_expression",
+    conformance_options=({"max_cap": 1, "min_size": 1},)))
