@@ -41,6 +41,7 @@ recode only maps the current codes to the base ones.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from engine.algorithms.base import HostMatcher
 from engine.algorithms.host_tasks import match_in_tasks
@@ -148,25 +149,47 @@ def unit_keys(units: Units, string_attr: np.ndarray, str_map: np.ndarray):
     intervals), and whether the unit can be TRUE at all (no empty
     intersection)."""
     low, high, has = interval_keys(units.rows, string_attr, str_map)
-    pids = units.pids
-    owner = np.repeat(np.arange(len(units), dtype=np.int64), np.diff(units.offsets))
-    keep = has[pids]
-    owner, pids = owner[keep], pids[keep]
-    attr = units.rows.attr[pids].astype(np.int64)
-    order = np.lexsort((attr, owner))
-    owner, attr, lo, hi = owner[order], attr[order], low[pids][order], high[pids][order]
-    if len(owner):
-        start = np.flatnonzero(np.concatenate(([True], (owner[1:] != owner[:-1]) | (attr[1:] != attr[:-1]))))
-        g_owner, g_attr = owner[start], attr[start]
-        g_lo = np.maximum.reduceat(lo, start)
-        g_hi = np.minimum.reduceat(hi, start)
-    else:
-        g_owner = g_attr = np.zeros(0, np.int64)
-        g_lo = g_hi = np.zeros(0, np.uint64)
-    possible = np.ones(len(units), bool)
-    possible[g_owner[g_lo > g_hi]] = False
-    k_off = np.concatenate(([0], np.cumsum(np.bincount(g_owner, minlength=len(units))))).astype(np.int64)
-    return (k_off, g_attr, g_lo.astype(np.uint64), g_hi.astype(np.uint64)), possible
+    return _unit_key_intervals(units.offsets, units.pids, units.rows.attr.astype(np.int64), low, high,
+                               has.astype(np.uint8))
+
+
+@njit(nogil=True, cache=True)
+def _unit_key_intervals(unit_off, unit_pids, row_attr, low, high, has):
+    n = len(unit_off) - 1
+    k_off = np.zeros(n + 1, np.int64)
+    k_attr = np.empty(len(unit_pids), np.int64)
+    k_lo = np.empty(len(unit_pids), np.uint64)
+    k_hi = np.empty(len(unit_pids), np.uint64)
+    possible = np.ones(n, np.bool_)
+    at = 0
+    for u in range(n):
+        start = at
+        for j in range(unit_off[u], unit_off[u + 1]):
+            pid = unit_pids[j]
+            if not has[pid]:
+                continue
+            a = row_attr[pid]
+            # insertion into the unit's few (attribute-sorted) entries; one attribute: intersect
+            q = start
+            while q < at and k_attr[q] < a:
+                q += 1
+            if q < at and k_attr[q] == a:
+                k_lo[q] = max(k_lo[q], low[pid])
+                k_hi[q] = min(k_hi[q], high[pid])
+                continue
+            for r in range(at, q, -1):
+                k_attr[r] = k_attr[r - 1]
+                k_lo[r] = k_lo[r - 1]
+                k_hi[r] = k_hi[r - 1]
+            k_attr[q] = a
+            k_lo[q] = low[pid]
+            k_hi[q] = high[pid]
+            at += 1
+        for q in range(start, at):
+            if k_lo[q] > k_hi[q]:
+                possible[u] = False
+        k_off[u + 1] = at
+    return (k_off, k_attr[:at].copy(), k_lo[:at].copy(), k_hi[:at].copy()), possible
 
 
 def exact_equalities(rows, string_attr: np.ndarray, str_map: np.ndarray) -> np.ndarray:
