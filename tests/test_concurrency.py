@@ -94,7 +94,7 @@ class Writer:
         self.history.append(dict(self.live))
 
 
-@pytest.mark.parametrize("algorithm", ["scan", "opindex"])
+@pytest.mark.parametrize("algorithm", ["scan", "opindex", "betree"])
 def test_matches_see_one_state_while_another_thread_updates(algorithm):
     rng = random.Random(20261126)
     index = Index(algorithm=algorithm, backend="cpu")

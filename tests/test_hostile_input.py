@@ -55,12 +55,14 @@ from engine import BexmatchError, ExpressionTooLarge, Index, ParseError, SchemaE
 from engine.expr import And, Not, Op, Or, Pred, Xnor, Xor
 from engine.parse import parse, to_text
 from engine.reference import matches as reference_matches
+from engine.algorithms import registry
 from tests import strategies
 
 #: examples run per hypothesis test of this module
 EXAMPLES: collections.Counter = collections.Counter()
 
-ALGORITHMS = ("scan", "opindex")
+#: every registered algorithm meets the hostile inputs
+ALGORITHMS = registry.names("cpu")
 DECLARED = {"price": "numeric", "color": "string", "ok": "boolean", "url": "string"}
 BASE = [
     "price <= 580 AND color = 'silver'",

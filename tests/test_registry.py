@@ -24,15 +24,16 @@ def reference_ids(expressions: dict, event: dict) -> list:
 
 # ---------------------------------------------------------------- registry
 def test_the_registry_lists_what_exists_with_its_paper():
-    assert ALGORITHMS == registry.names() == ("scan", "opindex")
+    assert ALGORITHMS == registry.names() == ("scan", "opindex", "betree")
     for algorithm in registry.algorithms():
         assert set(algorithm.backends) == {"cpu", "cuda"}
         assert algorithm.paper and algorithm.native_forms
         cpu = algorithm.matcher_class("cpu")
         assert issubclass(cpu, HostMatcher) and cpu.name == algorithm.name
     assert "PVLDB 7(8), 2014" in registry.get("opindex").paper and "§6" in registry.get("opindex").sections
-    with pytest.raises(BackendUnavailable, match="unknown algorithm 'betree'"):
-        registry.get("betree")
+    assert "SIGMOD 2011" in registry.get("betree").paper and "§4" in registry.get("betree").sections
+    with pytest.raises(BackendUnavailable, match="unknown algorithm 'apcm'"):
+        registry.get("apcm")
 
 
 def test_registering_an_algorithm_makes_it_usable_by_name_and_unregistering_removes_it():
