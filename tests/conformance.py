@@ -8,6 +8,16 @@ are collected, so an algorithm is covered by registering it -- and over
 backend, ...) so that a test can run the whole suite on an algorithm it
 registers itself (:func:`run_whole_suite`; the toy-algorithm test does).
 
+Each algorithm runs with its default options and, as further cases, under
+each of its registered ``conformance_options`` (``Algorithm`` in the
+registry): small parameters that make small workloads reach paths the
+defaults never take (``betree`` with ``max_cap=1, min_size=1`` builds a
+real tree; with its default capacity of 20 the workloads here sit in the
+root leaf).  The checks take them as ``options`` (``Index(...,
+options=options)``); :data:`VARIANT_CHECKS` says which checks run them on
+each backend (on ``cuda``, two life cycles only: the simulator slice's
+time).
+
 A *life cycle* is where the subscriptions sit when the events are matched:
 
 ``delta``       added one at a time and in small ``add_many`` calls, below the
@@ -138,11 +148,56 @@ def backend_marks(backend: str) -> list:
                                       "numba's simulator: NUMBA_ENABLE_CUDASIM=1 set before the run)")]
 
 
-def cases(backends=BACKENDS) -> list:
-    """One ``pytest.param(algorithm, backend)`` per registered algorithm and
-    each backend it is implemented on (read from the registry now)."""
-    return [pytest.param(algorithm.name, backend, marks=backend_marks(backend), id=f"{algorithm.name}-{backend}")
-            for algorithm in registry.algorithms() for backend in algorithm.backends if backend in backends]
+#: the checks that also run an algorithm's ``conformance_options`` variants,
+#: per backend (None: every check).  On ``cuda`` only the ``main`` and
+#: ``merged`` life cycles: CI's simulator slice runs every CUDA thread in
+#: Python under a time limit (about 13 of its 20 minutes already spent);
+#: ``main`` builds the variant's structure from scratch and ``merged``
+#: matches it mixed with the delta and tombstones, then merges into it --
+#: the device paths the options change.  Every other check runs the
+#: variants on ``cpu``.
+VARIANT_CHECKS = {"cpu": None, "cuda": ("main", "merged")}
+
+
+def options_id(options: dict | None) -> str:
+    """``""`` for the defaults, ``"[max_cap=1,min_size=1]"`` for options."""
+    return f"[{','.join(f'{name}={value}' for name, value in options.items())}]" if options else ""
+
+
+def variants(algorithm) -> tuple:
+    """``None`` (the defaults), then each of ``algorithm``'s registered
+    ``conformance_options`` (a registry entry or its name)."""
+    algorithm = registry.get(algorithm) if isinstance(algorithm, str) else algorithm
+    return (None,) + tuple(dict(options) for options in algorithm.conformance_options)
+
+
+def runs_variants(backend: str, check: str | None) -> bool:
+    """Whether ``check`` (a life cycle, ``"pinned"``, ...; None: any) runs
+    the option variants on ``backend`` (:data:`VARIANT_CHECKS`)."""
+    checks = VARIANT_CHECKS.get(backend)
+    return check is None or checks is None or check in checks
+
+
+def cases(backends=BACKENDS, check: str | None = None) -> list:
+    """One ``pytest.param(algorithm, backend, options)`` per registered
+    algorithm, each backend it is implemented on and each of its option
+    variants (:func:`variants`: ``None`` for the defaults, then its
+    ``conformance_options``), read from the registry now, with ids such as
+    ``betree-cpu`` and ``betree[max_cap=1,min_size=1]-cpu``.  ``check``
+    (a life cycle, ``"pinned"``, ...) leaves out the variants that check
+    does not run on a backend (:data:`VARIANT_CHECKS`); None: every case."""
+    return [pytest.param(algorithm.name, backend, options, marks=backend_marks(backend),
+                         id=f"{algorithm.name}{options_id(options)}-{backend}")
+            for algorithm in registry.algorithms() for backend in algorithm.backends if backend in backends
+            for options in variants(algorithm) if options is None or runs_variants(backend, check)]
+
+
+def lifecycle_cases(backends=BACKENDS) -> list:
+    """:func:`cases` times :data:`LIFECYCLES`: ``pytest.param(algorithm,
+    backend, options, lifecycle)``, ids such as ``betree-cpu-merged``."""
+    return [pytest.param(*case.values, lifecycle, marks=case.marks, id=f"{case.id}-{lifecycle}")
+            for case in cases(backends) for lifecycle in LIFECYCLES
+            if case.values[2] is None or runs_variants(case.values[1], lifecycle)]
 
 
 def accepts_natively(algorithm: str, node: Node, dnf_limit: int = 256) -> bool:
@@ -388,6 +443,13 @@ def answers(index: Index, events: list, backend: str, containers: bool = False) 
 
 
 # ------------------------------------------------------------------ life cycles
+def assert_options(index: Index, algorithm: str, options: dict | None, where: str = "") -> None:
+    """``index`` runs with ``options`` (a saved index keeps its options
+    through ``load``, a subset its original's)."""
+    want = registry.get(algorithm).make_options(options, index.backend)
+    assert index._options == want, f"{where}: options {index._options} instead of {want}"
+
+
 def layout(index: Index) -> tuple[int, int, int]:
     """(live subscriptions in the main segment, in the delta, tombstones):
     where the subscriptions sit, so that a life cycle is known to be the
@@ -399,8 +461,10 @@ def layout(index: Index) -> tuple[int, int, int]:
 class Run:
     """One index going through a life cycle, with what it must hold."""
 
-    def __init__(self, algorithm: str, backend: str, w: Workload, oracle: Oracle, tally: Tally):
+    def __init__(self, algorithm: str, backend: str, w: Workload, oracle: Oracle, tally: Tally,
+                 options: dict | None = None):
         self.algorithm, self.backend, self.w, self.oracle, self.tally = algorithm, backend, w, oracle, tally
+        self.options = dict(options) if options else None
         self.rng = random.Random(w.seed)
         self.index = self.new_index()
         self.live: dict[int, int] = {}           # id -> version (index into w.versions)
@@ -408,7 +472,11 @@ class Run:
 
     def new_index(self) -> Index:
         return Index(algorithm=self.algorithm, backend=self.backend,
-                     schema=SCHEMA if self.w.declare_schema else None)
+                     schema=SCHEMA if self.w.declare_schema else None, options=self.options)
+
+    def assert_options(self, index: Index, where: str = "") -> None:
+        """``index`` (a loaded one, a subset) has the run's options."""
+        assert_options(index, self.algorithm, self.options, where)
 
     # updates, mirrored in ``live``
     def add(self, versions, one_by_one: bool = False, ids=None) -> None:
@@ -454,6 +522,7 @@ class Run:
         backend = index.backend
         want = self.oracle.expected(self.live)
         assert len(index) == len(self.live), where
+        self.assert_options(index, where)
         if RESIDUAL_MATCHER:
             beyond = sum(not accepts_natively(self.algorithm, self.w.versions[v]) for v in self.live.values())
             residual = index.statistics()["residual"]
@@ -541,7 +610,7 @@ def _saved(run: Run, tmp_path) -> None:
     run.check(where="after save and load")
     for other in BACKENDS:       # the file loaded on the other backend, and that one's file back on this one
         if other != run.backend and other in registry.get(run.algorithm).backends and available(other):
-            there = Index.load(path, backend=other)
+            there = Index.load(path, backend=other)     # (run.check asserts the options kept)
             run.check(there, where=f"saved on {run.backend}, loaded on {other}")
             back = tmp_path / f"conformance-{next(_FILES)}.bexidx"
             there.save(back)
@@ -574,16 +643,19 @@ LIFECYCLE_RUNS = {"delta": _delta, "main": _main, "tombstones": _tombstones, "me
 REMOVING = ("delta", "tombstones", "merged", "saved", "subset")
 
 
-def run_lifecycle(algorithm: str, backend: str, lifecycle: str, w: Workload, tmp_path) -> Tally:
+def run_lifecycle(algorithm: str, backend: str, lifecycle: str, w: Workload, tmp_path,
+                  options: dict | None = None) -> Tally:
     """One workload through one life cycle (every check asserted)."""
     tally = Tally(runs=1)
     oracle = Oracle(w.versions, w.events)
-    note(f"{algorithm} on {backend}, {lifecycle}: declare_schema={w.declare_schema} seed={w.seed}")
-    LIFECYCLE_RUNS[lifecycle](Run(algorithm, backend, w, oracle, tally), tmp_path)
+    note(f"{algorithm}{options_id(options)} on {backend}, {lifecycle}: declare_schema={w.declare_schema} "
+         f"seed={w.seed}")
+    LIFECYCLE_RUNS[lifecycle](Run(algorithm, backend, w, oracle, tally, options), tmp_path)
     return tally
 
 
-def check_lifecycle(algorithm: str, backend: str, lifecycle: str, tmp_path, max_examples: int | None = None) -> Tally:
+def check_lifecycle(algorithm: str, backend: str, lifecycle: str, tmp_path, max_examples: int | None = None,
+                    options: dict | None = None) -> Tally:
     """Random workloads through one life cycle; fails on a wrong answer, and
     when the workloads proved nothing (no match seen, no removal that hid
     one)."""
@@ -592,13 +664,13 @@ def check_lifecycle(algorithm: str, backend: str, lifecycle: str, tmp_path, max_
     @settings(max_examples=max_examples or SIZES[backend].examples, deadline=None, suppress_health_check=SLOW_OK)
     @given(w=workloads(algorithm, backend))
     def random_workloads(w):
-        tally.add(run_lifecycle(algorithm, backend, lifecycle, w, tmp_path))
+        tally.add(run_lifecycle(algorithm, backend, lifecycle, w, tmp_path, options))
 
     random_workloads()
     # (residual subscriptions, where the algorithm has a limit and the run is long enough to meet them)
     residual = RESIDUAL_MATCHER and registry.get(algorithm).limit_check is not None and tally.runs >= 10
-    tally.assert_meaningful(f"{algorithm} on {backend}, {lifecycle}", removals=lifecycle in REMOVING,
-                            residual=residual)
+    tally.assert_meaningful(f"{algorithm}{options_id(options)} on {backend}, {lifecycle}",
+                            removals=lifecycle in REMOVING, residual=residual)
     return tally
 
 
@@ -620,7 +692,8 @@ def pool_event(rng: random.Random) -> dict:
     return event
 
 
-def check_large_batch(algorithm: str, backend: str, n_events: int = 1500, max_examples: int = 2) -> None:
+def check_large_batch(algorithm: str, backend: str, n_events: int = 1500, max_examples: int = 2,
+                      options: dict | None = None) -> None:
     """One batch of ``n_events`` pool events (DuckDB takes them through
     Arrow) against 60 subscriptions in the main segment, from dicts and
     from Arrow, list and arrow output."""
@@ -634,7 +707,7 @@ def check_large_batch(algorithm: str, backend: str, n_events: int = 1500, max_ex
         oracle = Oracle(exprs, events)
         want = oracle.expected({i: i for i in range(len(exprs))})
         assert any(want)
-        index = Index(algorithm=algorithm, backend=backend, schema=SCHEMA)
+        index = Index(algorithm=algorithm, backend=backend, schema=SCHEMA, options=options)
         index.add_many(range(len(exprs)), exprs)
         index.merge()
         assert _listed(index.match_batch(events)) == want
@@ -666,10 +739,10 @@ def _pinned_answers(index: Index, events: list, route: str) -> list[list[int]]:
     return _listed(index.match_batch(table))
 
 
-def check_long_string_bounds(algorithm: str, backend: str, route: str) -> None:
+def check_long_string_bounds(algorithm: str, backend: str, route: str, options: dict | None = None) -> None:
     """NumPy's StringDType ``searchsorted`` was wrong for strings of 16
     bytes or more (numpy issue 31533): bounds on long shared prefixes."""
-    idx = Index(algorithm=algorithm, backend=backend)
+    idx = Index(algorithm=algorithm, backend=backend, options=options)
     idx.add(1, "url > 'https://example.com/a'")
     idx.add(2, "country = 'US'")
     for _ in range(2):                     # in the delta, then merged into the main segment
@@ -680,25 +753,25 @@ def check_long_string_bounds(algorithm: str, backend: str, route: str) -> None:
         idx.merge()
 
 
-def check_uuids(algorithm: str, backend: str, route: str, n: int = 100) -> None:
+def check_uuids(algorithm: str, backend: str, route: str, n: int = 100, options: dict | None = None) -> None:
     """UUIDs that differ in their last characters, each its own equality."""
     uuids = UUIDS[:n]
     events = [{"user": u} for u in uuids]
-    idx = Index(algorithm=algorithm, backend=backend)
+    idx = Index(algorithm=algorithm, backend=backend, options=options)
     idx.add_many(range(n), [f"user = '{u}'" for u in uuids])
     for _ in range(2):
         got = _pinned_answers(idx, events, route)
         assert got == [[i] for i in range(n)], f"{sum(map(len, got))} matches of {n}"
         idx.merge()
-    idx = Index(algorithm=algorithm, backend=backend)       # one by one into the delta as well
+    idx = Index(algorithm=algorithm, backend=backend, options=options)       # one by one into the delta as well
     for i, u in enumerate(uuids):
         idx.add(i, f"user = '{u}'")
     assert _pinned_answers(idx, events, route) == [[i] for i in range(n)]
 
 
-def check_embedded_nul(algorithm: str, backend: str, route: str) -> None:
+def check_embedded_nul(algorithm: str, backend: str, route: str, options: dict | None = None) -> None:
     """NUL inside a string is an ordinary character (it sorts first)."""
-    idx = Index(algorithm=algorithm, backend=backend)
+    idx = Index(algorithm=algorithm, backend=backend, options=options)
     idx.add(1, "s = 'a\x00b'")
     idx.add(2, "s < 'a\x00c'")
     idx.add(3, "s > 'a'")
@@ -708,13 +781,13 @@ def check_embedded_nul(algorithm: str, backend: str, route: str) -> None:
         idx.merge()
 
 
-def check_extreme_ids(algorithm: str, backend: str, route: str) -> None:
+def check_extreme_ids(algorithm: str, backend: str, route: str, options: dict | None = None) -> None:
     """int64's ends as subscription ids, in the delta, in main, after a
     save and load (whose file check once took ``np.diff`` of the ids: it
     overflowed) and in a subset."""
     ids = [-2 ** 63, 0, 1, 2 ** 63 - 1]      # (0 - (-2**63) overflows int64)
     events = [{"n0": 1, "s0": "ab"}, {}]
-    idx = Index(algorithm=algorithm, backend=backend)
+    idx = Index(algorithm=algorithm, backend=backend, options=options)
     for i, text in zip(ids, ["n0 = 1", "n0 >= 1", "s0 LIKE 'a%'", "n0 IS NULL"]):
         idx.add(i, text)
     want = [ids[:3], ids[3:]]
@@ -724,31 +797,38 @@ def check_extreme_ids(algorithm: str, backend: str, route: str) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "extreme-ids.bexidx")
         idx.save(path)
-        assert _pinned_answers(Index.load(path, backend=backend), events, route) == want
-    assert _pinned_answers(idx.subset([ids[0], ids[3]]), events, route) == [ids[:1], ids[3:]]
+        loaded = Index.load(path, backend=backend)
+        assert_options(loaded, algorithm, options, "loaded")
+        assert _pinned_answers(loaded, events, route) == want
+    part = idx.subset([ids[0], ids[3]])
+    assert_options(part, algorithm, options, "subset")
+    assert _pinned_answers(part, events, route) == [ids[:1], ids[3:]]
 
 
-def check_pinned(algorithm: str, backend: str) -> None:
+def check_pinned(algorithm: str, backend: str, options: dict | None = None) -> None:
     """Every pinned example by every route (on ``cuda``, by the list of
     dicts only: the routes differ on the host)."""
     for route in PINNED_ROUTES if backend == "cpu" else ("dicts",):
-        check_long_string_bounds(algorithm, backend, route)
-        check_uuids(algorithm, backend, route, n=100 if backend == "cpu" else 8)
-        check_embedded_nul(algorithm, backend, route)
-        check_extreme_ids(algorithm, backend, route)
+        check_long_string_bounds(algorithm, backend, route, options)
+        check_uuids(algorithm, backend, route, n=100 if backend == "cpu" else 8, options=options)
+        check_embedded_nul(algorithm, backend, route, options)
+        check_extreme_ids(algorithm, backend, route, options)
 
 
 # ------------------------------------------------------------------ the whole suite
-def run_whole_suite(algorithm: str, backend: str, tmp_path, max_examples: int | None = None) -> dict:
-    """Every check of the conformance suite on one algorithm and backend
-    (what the parametrised tests run, in one call); returns the tallies."""
-    tallies = {lifecycle: check_lifecycle(algorithm, backend, lifecycle, tmp_path, max_examples)
+def run_whole_suite(algorithm: str, backend: str, tmp_path, max_examples: int | None = None,
+                    options: dict | None = None) -> dict:
+    """Every check of the conformance suite on one algorithm, backend and
+    options (what the parametrised tests run, in one call); returns the
+    tallies."""
+    tallies = {lifecycle: check_lifecycle(algorithm, backend, lifecycle, tmp_path, max_examples, options)
                for lifecycle in LIFECYCLES}
-    check_pinned(algorithm, backend)
+    check_pinned(algorithm, backend, options)
     if backend == "cpu":
-        check_large_batch(algorithm, backend, max_examples=1)
+        check_large_batch(algorithm, backend, max_examples=1, options=options)
     return tallies
 
 
-__all__ = ["BACKENDS", "LIFECYCLES", "SCHEMA", "Oracle", "Tally", "Workload", "accepts", "answers", "cases",
-           "check_large_batch", "check_lifecycle", "check_pinned", "run_lifecycle", "run_whole_suite", "workloads"]
+__all__ = ["BACKENDS", "LIFECYCLES", "SCHEMA", "VARIANT_CHECKS", "Oracle", "Tally", "Workload", "accepts", "answers",
+           "assert_options", "cases", "check_large_batch", "check_lifecycle", "check_pinned", "lifecycle_cases",
+           "options_id", "run_lifecycle", "run_whole_suite", "variants", "workloads"]

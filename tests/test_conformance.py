@@ -5,7 +5,9 @@ DuckDB (the harness and what each life cycle means: tests/conformance.py).
 The algorithms are read from the registry when the tests are collected: a
 newly registered algorithm is covered with no edit here, and
 ``test_a_registered_toy_algorithm_runs_the_whole_suite`` shows it by
-registering ``scan``'s matchers under another name.  ``cuda`` cases are
+registering ``scan``'s matchers under another name; an algorithm's
+registered ``conformance_options`` are cases of their own
+(``betree[max_cap=1,min_size=1]-cpu``).  ``cuda`` cases are
 marked ``cuda``: they run under numba's CUDA simulator in CI's simulator
 slice (``NUMBA_ENABLE_CUDASIM=1 pytest -m cuda``) on tiny workloads, and on
 a GPU where there is one.  The tests of the oracles themselves close the
@@ -29,28 +31,28 @@ from engine.errors import ExpressionTooLarge
 from engine.expr import Op, Pred, Xnor, Xor
 from engine.reference import matches
 from tests import conformance, strategies
-from tests.conformance import LIFECYCLES, RESIDUAL_MATCHER, SLOW_OK, cases
+from tests.conformance import LIFECYCLES, RESIDUAL_MATCHER, SLOW_OK, cases, lifecycle_cases
 from tests.sql_oracle import OracleCannotRepresent, _check_stored, duckdb_matches, semantics_mismatches
 
 
 # ------------------------------------------------------------------ the suite
-@pytest.mark.parametrize("lifecycle", LIFECYCLES)
-@pytest.mark.parametrize("algorithm,backend", cases())
-def test_lifecycle(algorithm, backend, lifecycle, tmp_path):
-    conformance.check_lifecycle(algorithm, backend, lifecycle, tmp_path)
+# (the option variants on cuda: the main and merged life cycles only, conformance.VARIANT_CHECKS)
+@pytest.mark.parametrize("algorithm,backend,options,lifecycle", lifecycle_cases())
+def test_lifecycle(algorithm, backend, options, lifecycle, tmp_path):
+    conformance.check_lifecycle(algorithm, backend, lifecycle, tmp_path, options=options)
 
 
-@pytest.mark.parametrize("algorithm,backend", cases())
-def test_pinned_examples(algorithm, backend):
+@pytest.mark.parametrize("algorithm,backend,options", cases(check="pinned"))
+def test_pinned_examples(algorithm, backend, options):
     """Long strings sharing prefixes, UUIDs, embedded NUL (numpy issue
     31533's reproducers), int64's ends as ids, in the delta and in main, by
     every route."""
-    conformance.check_pinned(algorithm, backend)
+    conformance.check_pinned(algorithm, backend, options)
 
 
-@pytest.mark.parametrize("algorithm,backend", cases(("cpu",)))
-def test_large_batch(algorithm, backend):
-    conformance.check_large_batch(algorithm, backend)
+@pytest.mark.parametrize("algorithm,backend,options", cases(("cpu",), check="large batch"))
+def test_large_batch(algorithm, backend, options):
+    conformance.check_large_batch(algorithm, backend, options=options)
 
 
 @pytest.mark.cuda
@@ -63,10 +65,28 @@ def test_the_simulator_slice_runs_the_cuda_cases():
     assert conformance.available("cuda"), "NUMBA_ENABLE_CUDASIM=1 but the cuda backend is not available"
 
 
+def _case_keys(params) -> set:
+    """(algorithm, backend, options id) of each param (options are dicts)."""
+    return {(*p.values[:2], conformance.options_id(p.values[2]), *p.values[3:]) for p in params}
+
+
 def test_every_registered_algorithm_is_a_case():
     want = {(a.name, backend) for a in registry.algorithms() for backend in a.backends}
-    assert {tuple(p.values) for p in cases()} == want
+    assert {tuple(p.values[:2]) for p in cases()} == want
     assert {"scan", "opindex"} <= {name for name, _ in want}
+    # the defaults and every conformance_options variant, on every backend
+    variants = {(a.name, backend, conformance.options_id(options)) for a in registry.algorithms()
+                for backend in a.backends for options in (None, *a.conformance_options)}
+    assert _case_keys(cases()) == variants and len(cases()) == len(variants)
+    assert ("betree", "cpu", "[max_cap=1,min_size=1]") in variants
+    assert {p.id for p in cases()} >= {"betree-cpu", "betree[max_cap=1,min_size=1]-cpu"}
+    # every life cycle of every case on cpu; the variants' cuda cases in VARIANT_CHECKS' life cycles only
+    life = _case_keys(lifecycle_cases())
+    for name, backend, options in variants:
+        runs = (LIFECYCLES if not options or conformance.VARIANT_CHECKS[backend] is None
+                else conformance.VARIANT_CHECKS[backend])
+        assert {lc for a, b, o, lc in life if (a, b, o) == (name, backend, options)} == set(runs)
+    assert conformance.VARIANT_CHECKS["cuda"] == ("main", "merged")
 
 
 # ------------------------------------------------------------------ a new algorithm
@@ -90,7 +110,7 @@ def toy_algorithm():
 def test_a_registered_toy_algorithm_runs_the_whole_suite(toy_algorithm, backend, tmp_path):
     """Registering is all it takes: the toy is a case as soon as it is
     registered, and runs every check of the suite."""
-    assert (toy_algorithm, backend) in {tuple(p.values) for p in cases()}
+    assert (toy_algorithm, backend) in {tuple(p.values[:2]) for p in cases()}
     tallies = conformance.run_whole_suite(toy_algorithm, backend, tmp_path, max_examples=3 if backend == "cpu" else 2)
     assert set(tallies) == set(LIFECYCLES)
 
@@ -99,19 +119,19 @@ def test_a_registered_toy_algorithm_runs_the_whole_suite(toy_algorithm, backend,
 #: ``n0 = 0 XOR n1 = 1 XOR ... XOR s0 = 'k'``: neither its DNF nor its CNF fits 256 terms
 BEYOND_LIMITS = " XOR ".join([f"n{i % 3} = {i}" for i in range(9)] + ["s0 = 'a'", "s1 = 'b'", "b0 = TRUE"])
 
-_limited = [p for p in cases() if registry.get(p.values[0]).limit_check is not None]
+_limited = [p for p in cases(check="limit") if registry.get(p.values[0]).limit_check is not None]
 
 
 @pytest.mark.skipif(not RESIDUAL_MATCHER, reason="the residual matcher is not switched on "
                                                  "(tests/conformance.py RESIDUAL_MATCHER)")
-@pytest.mark.parametrize("algorithm,backend", _limited)
-def test_expressions_beyond_the_limit_are_residual_unless_strict(algorithm, backend):
+@pytest.mark.parametrize("algorithm,backend,options", _limited)
+def test_expressions_beyond_the_limit_are_residual_unless_strict(algorithm, backend, options):
     from engine.parse import parse
     node = parse(BEYOND_LIMITS)
     assert not registry.get(algorithm).indexes(node, 256)
     with pytest.raises(ExpressionTooLarge):
-        Index(algorithm=algorithm, backend=backend, strict=True).add(1, node)
-    index = Index(algorithm=algorithm, backend=backend)
+        Index(algorithm=algorithm, backend=backend, strict=True, options=options).add(1, node)
+    index = Index(algorithm=algorithm, backend=backend, options=options)
     index.add_many([1, 2], [node, "n0 = 0"])
     events = [{"n0": 0}, {"n0": 0, "s0": "a"}, {"n0": 3, "n1": 4}, {}]
     want = [[i for i, e in ((1, node), (2, parse("n0 = 0"))) if matches(e, ev)] for ev in events]

@@ -36,6 +36,19 @@ def test_the_registry_lists_what_exists_with_its_paper():
         registry.get("apcm")
 
 
+def test_conformance_options_are_options_of_every_backend_of_the_algorithm():
+    """Each ``conformance_options`` entry (the conformance suite's extra
+    cases, tests/conformance.py) is a non-default mapping of the
+    algorithm's options, valid on each of its backends."""
+    for algorithm in registry.algorithms():
+        for options in algorithm.conformance_options:
+            assert isinstance(options, dict) and options
+            for backend in algorithm.backends:
+                assert algorithm.make_options(options, backend) != algorithm.make_options(None, backend)
+    assert {"max_cap": 1, "min_size": 1} in registry.get("betree").conformance_options
+    assert registry.get("scan").conformance_options == ()
+
+
 def test_registering_an_algorithm_makes_it_usable_by_name_and_unregistering_removes_it():
     from engine.algorithms.options import ScanOptions
     from engine.algorithms.scan import ScanMatcher

@@ -267,8 +267,8 @@ class BETreeMatcher(HostMatcher):
                                              tree.p_top, tree.leaf_unit, units.sub, units.offsets, units.pids,
                                              units.rows.attr, units.rows.op, exact)
         rows = units.rows
-        v_op, v_lo, v_hi = rows.op[v_pid], rows.lo[v_pid], rows.hi[v_pid]
-        v_min, v_max, _ = interval_bounds(v_op, v_lo, v_hi)
+        v_op = rows.op[v_pid]
+        v_min, v_max, _ = interval_bounds(v_op, rows.lo[v_pid], rows.hi[v_pid])
         # IN / NOT IN lists copied inline, in leaf order; an IN's interval is its first to last value
         set_len = np.diff(rows.set_offsets)[v_pid]
         v_set = np.concatenate(([0], np.cumsum(set_len))).astype(np.int64)
@@ -277,8 +277,9 @@ class BETreeMatcher(HostMatcher):
         is_in = (v_op == opcodes.IN) & (set_len > 0)
         v_min[is_in] = v_sets[v_set[:-1][is_in]]
         v_max[is_in] = v_sets[v_set[1:][is_in] - 1]
-        self.leaf = LeafArrays(l_sub, l_verify, v_pid, rows.attr[v_pid], v_op, v_lo, v_hi, v_min, v_max, v_set,
-                               v_sets)
+        v_pred = np.stack([rows.attr[v_pid].astype(np.float64) * 32 + v_op, v_min, v_max], axis=1)
+        l_head = np.stack([np.append(l_sub, -1), l_verify], axis=1)
+        self.leaf = LeafArrays(l_head, v_pid, np.ascontiguousarray(v_pred), v_set, v_sets)
         self.table = NodeTable(*K.node_table(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_top))
         self._matches_per_event = 16.0
 

@@ -165,7 +165,7 @@ class BETreeCudaMatcher(ChunkedCudaMatcher):
         made = getattr(self, "_uploaded_from", {})
         rows = host.units.rows
         sources = {"tree": tuple(host.tree), "rows": tuple(rows), "strings": (host.string_attr, host.str_map),
-                   "leaf": (host.leaf.l_sub, host.leaf.l_verify, host.leaf.v_pid, rows.attr, rows.op, rows.lo, rows.hi)}
+                   "leaf": (host.leaf.l_head, host.leaf.v_pid, rows.attr, rows.op, rows.lo, rows.hi)}
         same = {part: part in made and len(src) == len(made[part]) and all(a is b for a, b in zip(src, made[part]))
                 for part, src in sources.items()}
         if not same["tree"]:

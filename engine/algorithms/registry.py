@@ -149,7 +149,8 @@ register(Algorithm(
     options=OpIndexOptions,
     native_forms=("conjunctions", "DNF within dnf_limit conjunctions", "CNF within dnf_limit clauses",
                   "prefix LIKE 'abc%' (PREFIX lists)"),
-    limit_check="engine.algorithms.opindex:check_expression"))
+    limit_check="engine.algorithms.opindex:check_expression",
+    conformance_options=({"segments": 1, "signature_bits": 1},)))
 
 register(Algorithm(
     name="betree", title="BE-Tree",

@@ -95,13 +95,9 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
     ``result = (that event, its count)``, else ``(e_last, 0)``."""
     node = table.node
     p_top = table.p_top
-    l_sub = leaf.l_sub
-    l_verify = leaf.l_verify
+    l_head = leaf.l_head
+    v_pred = leaf.v_pred
     v_pid = leaf.v_pid
-    v_attr = leaf.v_attr
-    v_op = leaf.v_op
-    v_min = leaf.v_min
-    v_max = leaf.v_max
     v_set = leaf.v_set
     v_sets = leaf.v_sets
     x_aux = rows.aux
@@ -123,7 +119,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             c = stack[sp]
             # Algorithm 1, line 1: the l-node's units
             for i in range(node[c, N_LEAF], node[c, N_LEAF_END]):
-                pos = l_sub[i]
+                pos = l_head[i, 0]
                 if alive[pos] == 0:
                     continue
                 word = pos >> 6
@@ -134,16 +130,17 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 # others by the shared three-valued predicate_truth (written out here: a helper
                 # taking these arrays costs reference counting per call)
                 ok = True
-                for v in range(l_verify[i], l_verify[i + 1]):
-                    op = v_op[v]
-                    at = ev_pos[v_attr[v]]
+                for v in range(l_head[i, 1], l_head[i + 1, 1]):
+                    code = np.int64(v_pred[v, 0])
+                    op = code & 31
+                    at = ev_pos[code >> 5]
                     present = at >= 0
                     if (op <= GE and op != NE) or op == BETWEEN:     # layout.INTERVAL_OPS
                         if not present:
                             ok = False
                             break
                         x = ev_value[at]
-                        if x < v_min[v] or x > v_max[v]:
+                        if x < v_pred[v, 1] or x > v_pred[v, 2]:
                             ok = False
                             break
                         continue
@@ -152,7 +149,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     if present and op >= LIKE and op <= NOT_MATCHES:
                         hit = pattern_truth[ev_token[at], x_aux[v_pid[v]]] != 0
                     if op == IN:            # short sorted lists: a scan, after the first-to-last test
-                        if not present or value < v_min[v] or value > v_max[v]:
+                        if not present or value < v_pred[v, 1] or value > v_pred[v, 2]:
                             ok = False
                             break
                         inside = False
@@ -164,8 +161,8 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                             ok = False
                             break
                         continue
-                    if predicate_truth(op, v_min[v], v_max[v], v_sets, v_set[v], v_set[v + 1], hit, present,
-                                       value) != TRUE:
+                    if predicate_truth(op, v_pred[v, 1], v_pred[v, 2], v_sets, v_set[v], v_set[v + 1], hit,
+                                       present, value) != TRUE:
                         ok = False
                         break
                 if ok:
@@ -253,8 +250,8 @@ def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop,
     n_words = (n_positions + 63) >> 6
     n_c = len(table.node)
     n_attrs = 1
-    for v in range(len(leaf.v_attr)):
-        n_attrs = max(n_attrs, leaf.v_attr[v] + 1)
+    for v in range(len(leaf.v_pred)):
+        n_attrs = max(n_attrs, (np.int64(leaf.v_pred[v, 0]) >> 5) + 1)
     for k in range(len(p_attr)):
         n_attrs = max(n_attrs, p_attr[k] + 1)
     for t in prange(len(task_first)):

@@ -87,8 +87,8 @@ def device_leaf_arrays(leaf, rows) -> DeviceLeafArrays:
     operands are read from ``rows`` anew, so a recode -- new codes, the
     same leaves -- is seen."""
     v_pid = leaf.v_pid
-    return DeviceLeafArrays(leaf.l_sub, leaf.l_verify, v_pid, rows.attr[v_pid], rows.op[v_pid], rows.lo[v_pid],
-                            rows.hi[v_pid])
+    return DeviceLeafArrays(np.ascontiguousarray(leaf.l_sub), np.ascontiguousarray(leaf.l_verify), v_pid,
+                            rows.attr[v_pid], rows.op[v_pid], rows.lo[v_pid], rows.hi[v_pid])
 
 
 #: entries of the shared-memory frontier queue (int32 c-node ids: 4 KiB)

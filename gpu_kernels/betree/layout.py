@@ -83,23 +83,34 @@ class BETreeArrays(NamedTuple):
 
 class LeafArrays(NamedTuple):
     """What the kernels read per leaf entry, derived from the structure and
-    the units (:func:`gpu_kernels.betree.tree.leaf_arrays`).  The
-    predicates to verify are stored inline, in leaf order (attribute,
-    operator, operands: a leaf's checks read consecutive memory, not rows
-    scattered over the predicate table); ``v_pid`` gives the row for what
-    is not inline (IN lists, pattern ids)."""
+    the units (:func:`gpu_kernels.betree.tree.leaf_arrays`), laid out so that
+    checking one entry reads consecutive memory -- at a million
+    subscriptions most leaves hold two or three units, so an array per field
+    would cost a cache miss per field per candidate:
 
-    l_sub: np.ndarray       # int64 [n_l]
-    l_verify: np.ndarray    # int64 [n_l + 1]
+    * ``l_head[i] = (subscription position, first predicate)`` (row ``n_l``:
+      the end of the last entry's predicates);
+    * ``v_pred[v] = (attribute * 32 + operator, a, b)``: the predicates to
+      evaluate, inline -- an interval operator's closed bounds (see
+      :func:`interval_bounds`), an IN list's first and last value, the
+      operands of any other operator;
+    * ``v_set`` / ``v_sets``: the IN and NOT IN lists inline (CSR);
+      ``v_pid``: the predicate's row of the extended table (pattern ids, and
+      the cuda kernel's operands)."""
+
+    l_head: np.ndarray      # int64 [n_l + 1, 2]
     v_pid: np.ndarray       # int32 [n_v]
-    v_attr: np.ndarray      # int32 [n_v]
-    v_op: np.ndarray        # int8 [n_v]
-    v_lo: np.ndarray        # float64 [n_v]
-    v_hi: np.ndarray        # float64 [n_v]
-    v_min: np.ndarray       # float64 [n_v]: operands as the CPU kernel reads them (see interval_bounds)
-    v_max: np.ndarray       # float64 [n_v]
-    v_set: np.ndarray       # int64 [n_v + 1]: CSR into v_sets, the IN / NOT IN lists inline
+    v_pred: np.ndarray      # float64 [n_v, 3]
+    v_set: np.ndarray       # int64 [n_v + 1]
     v_sets: np.ndarray      # float64
+
+    @property
+    def l_sub(self) -> np.ndarray:
+        return self.l_head[:-1, 0]
+
+    @property
+    def l_verify(self) -> np.ndarray:
+        return self.l_head[:, 1]
 
 
 #: operators decided by one closed interval test ``v_min <= x <= v_max``
