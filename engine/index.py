@@ -612,8 +612,12 @@ def _present(state: Snapshot, ids: np.ndarray):
         hit = (main[at] == ids) & (state.alive[at] != 0)
         if hit.any():
             return int(ids[hit][0])
-    for segment in state.delta:
-        clash = ids[np.isin(ids, segment.sub_ids)]
+    for segment in state.delta:          # (each sorted by id: a search, not np.isin's sort per call)
+        found = segment.sub_ids
+        if not len(found):
+            continue
+        at = np.minimum(np.searchsorted(found, ids), len(found) - 1)
+        clash = ids[found[at] == ids]
         if len(clash):
             return int(clash[0])
     return None
