@@ -280,7 +280,9 @@ class BETreeMatcher(HostMatcher):
         v_pred = np.stack([rows.attr[v_pid].astype(np.float64) * 32 + v_op, v_min, v_max], axis=1)
         l_head = np.stack([np.append(l_sub, -1), l_verify], axis=1)
         self.leaf = LeafArrays(l_head, v_pid, np.ascontiguousarray(v_pred), v_set, v_sets)
-        self.table = NodeTable(*K.node_table(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_top))
+        n_attrs = max(int(rows.attr.max(initial=-1)), int(tree.p_attr.max(initial=-1))) + 1
+        self.table = NodeTable(*K.node_table(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_top),
+                               max(n_attrs, 1))
         self._matches_per_event = 16.0
 
     def _derived(self, segment: Segment, schema) -> "BETreeMatcher":
@@ -347,7 +349,7 @@ class BETreeMatcher(HostMatcher):
     # --------------------------------------------------------------- memory
     @property
     def nbytes(self) -> int:
-        arrays = list(self.tree) + list(self.leaf) + list(self.table) + list(self.units[:4]) + list(self.units.rows) + \
+        arrays = list(self.tree) + list(self.leaf) + list(self.table[:2]) + list(self.units[:4]) + list(self.units.rows) + \
             list(self._keys)
         return self.segment.nbytes + sum(int(a.nbytes) for a in arrays)
 

@@ -249,14 +249,9 @@ def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop,
     attributes, its ``leaf`` arrays and the extended predicate ``rows``."""
     n_words = (n_positions + 63) >> 6
     n_c = len(table.node)
-    n_attrs = 1
-    for v in range(len(leaf.v_pred)):
-        n_attrs = max(n_attrs, (np.int64(leaf.v_pred[v, 0]) >> 5) + 1)
-    for k in range(len(p_attr)):
-        n_attrs = max(n_attrs, p_attr[k] + 1)
     for t in prange(len(task_first)):
         stack = np.empty(n_c + 1, dtype=np.int64)
-        ev_pos = np.full(n_attrs, -1, dtype=np.int64)
+        ev_pos = np.full(table.n_attrs, -1, dtype=np.int64)
         bm0 = np.zeros(max(n_words, 1), dtype=np.uint64)
         bm1 = np.zeros(max((n_words + 63) >> 6, 1), dtype=np.uint64)
         result = np.empty(2, dtype=np.int64)

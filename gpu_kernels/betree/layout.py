@@ -150,6 +150,7 @@ class NodeTable(NamedTuple):
 
     node: np.ndarray        # int64 [n_c, len(NODE_FIELDS)]
     p_top: np.ndarray       # int64 [n_p]: the first bucket worth visiting of each p-node's directory
+    n_attrs: int            # 1 + the largest attribute id of a p-node or a leaf predicate
 
 
 #: columns of :attr:`NodeTable.node`
