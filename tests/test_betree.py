@@ -254,6 +254,31 @@ def test_deletion_merges_halves_back_and_removes_empty_nodes():
     check_tree(betree_of(idx))
 
 
+def test_l_node_recycling_reinserts_what_ranks_below_theta():
+    """§5: at a merge, p-nodes whose rank (gain minus the loss measured on
+    the events of the last match) is below θ have their units re-inserted.
+    θ = 0 (the paper's) recycles nothing on this workload; a θ above every
+    rank recycles the outermost p-nodes -- and the answers stay exact."""
+    w = _workload(2000, seed=5)
+    ref = Index(algorithm="scan")
+    ref.add_many(w.subscriptions)
+    want = answers(ref, w.events)
+    counts = {}
+    for theta in (0.0, 1e18, None):
+        idx = Index(algorithm="betree", options={"max_cap": 2, "min_size": 1, "theta": theta})
+        idx.add_many(w.subscriptions)
+        assert answers(idx, w.events) == want          # the match keeps its first events as feedback
+        idx.remove(int(idx.ids()[0]))
+        idx.merge()
+        assert answers(idx, w.events) == [[i for i in m if i != int(ref.ids()[0])] for m in want]
+        stats = betree_of(idx).statistics()
+        counts[theta] = (stats["recycled_p_nodes"], stats["recycled_units"])
+        check_tree(betree_of(idx))
+    assert counts[0.0] == (0, 0) and counts[None] == (0, 0)
+    outermost = int(np.diff(betree_of(idx).tree.c_pdir)[0])
+    assert counts[1e18][0] > 0 and counts[1e18][1] > 1000, (counts, outermost)
+
+
 def test_thaw_then_freeze_gives_the_same_tree():
     w = _workload(1500, seed=2)
     idx = Index(algorithm="betree", options={"max_cap": 2, "min_size": 1})

@@ -53,7 +53,7 @@ from gpu_kernels import opcodes
 from gpu_kernels.betree import cpu as K
 from gpu_kernels.betree.layout import (KEY_MAX, KEY_MIN, BETreeArrays, LeafArrays, NodeTable, base_codes,
                                        check_arrays, event_keys, float_keys, interval_bounds)
-from gpu_kernels.betree.tree import DynamicTree, leaf_arrays
+from gpu_kernels.betree.tree import DynamicTree, leaf_arrays, subtree_ends
 
 #: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
 DEFAULT_LIMIT = 256
@@ -220,11 +220,14 @@ class BETreeMatcher(HostMatcher):
                    **settings.options.keywords(cls.backend))
 
     def __init__(self, segment: Segment, backend: str = "cpu", *, schema=None, dnf_limit: int = DEFAULT_LIMIT,
-                 max_cap: int = DEFAULT_MAX_CAP, min_size: int = DEFAULT_MIN_SIZE):
+                 max_cap: int = DEFAULT_MAX_CAP, min_size: int = DEFAULT_MIN_SIZE, theta: float | None = 0.0):
         if backend != "cpu":
             raise ValueError(f"BETreeMatcher runs on backend 'cpu', not {backend!r}")
         from engine.algorithms.options import BETreeOptions
-        BETreeOptions(max_cap=max_cap, min_size=min_size)       # the values' checks
+        BETreeOptions(max_cap=max_cap, min_size=min_size, theta=theta)       # the values' checks
+        self.theta = theta
+        self.recycled = (0, 0)
+        self._feedback = None
         self.segment = segment
         self.schema = schema
         self.dnf_limit = int(dnf_limit)
@@ -310,6 +313,8 @@ class BETreeMatcher(HostMatcher):
         unit_map = np.full(len(old), -1, np.int64)
         unit_map[single] = new.units.first[new_sub[single]]
         dyn = new._dynamic_tree(self.tree, unit_map)
+        new.recycled = self._recycle(dyn, unit_map)
+        new._feedback = None
         kept = np.zeros(len(new.units), bool)
         kept[unit_map[single]] = True
         fresh = np.flatnonzero(~kept & new._possible)
@@ -317,6 +322,63 @@ class BETreeMatcher(HostMatcher):
         new._set_tree(dyn.freeze())
         new.merges = self.merges + 1
         return new
+
+    # ------------------------------------------------------ recycling (§5)
+    #: events kept from the last match call to measure §5's loss at the next merge
+    FEEDBACK_EVENTS = 256
+
+    def _keep_feedback(self, batch, ev_key, pattern_truth) -> None:
+        """Keep (a copy of) the first events of a match call: the window of
+        matching operations §5's loss is measured on at the next merge."""
+        n = min(batch.n_events, self.FEEDBACK_EVENTS)
+        stop = int(batch.offsets[n])
+        self._feedback = (n, batch.offsets[:n + 1].copy(), batch.attr[:stop].copy(), batch.value[:stop].copy(),
+                          batch.token[:stop].copy(), ev_key[:stop].copy(), pattern_truth)
+
+    def _loss(self) -> np.ndarray | None:
+        """§5's Loss per c-node of this tree: the predicate evaluations its
+        l-node discarded (units that failed), averaged over the kept events."""
+        if self._feedback is None:
+            return None
+        n, offsets, attr, value, token, ev_key, truth = self._feedback
+        loss = np.zeros(len(self.tree.c_depth), np.int64)
+        out = np.empty(1, np.int32)
+        ev_count = np.zeros(n, np.int64)
+        stop, need = np.empty(1, np.int64), np.empty(1, np.int64)
+        # (cap 0: nothing is written, each event stops the task; resumed one event at a time)
+        for e in range(n):
+            K.betree_match_serial(np.array([e]), np.array([e + 1]), out, 0, ev_count, stop, need, len(self.segment),
+                                  offsets, attr, value, token, ev_key, truth, self.table, self.tree.p_attr, self.leaf,
+                                  self.units.rows, np.ones(len(self.segment), np.uint8), loss)
+        return loss / max(n, 1)
+
+    def _recycle(self, dyn: DynamicTree, unit_map: np.ndarray) -> tuple[int, int]:
+        """l-node recycling (§5): each p-node's rank -- its gain (the score:
+        covered and subsumed predicates below it) minus its loss on the kept
+        events -- below ``theta`` gets the units of its subtree removed and
+        inserted again (outermost p-nodes first; nested ones go with them).
+        Returns (p-nodes, units) recycled."""
+        loss = self._loss() if self.theta is not None else None
+        if loss is None or not len(self.tree.p_attr):
+            return 0, 0
+        tree = self.tree
+        end = subtree_ends(tree.c_child, tree.c_pdir, tree.p_top)
+        cum = np.concatenate(([0.0], np.cumsum(loss)))
+        tops = tree.p_top.astype(np.int64)
+        rank = np.array([dyn.score(k) for k in range(len(tops))], np.float64) - (cum[end[tops]] - cum[tops])
+        chosen, covered_to = [], -1
+        for k in np.argsort(tops, kind="stable"):
+            if rank[k] < self.theta and tops[k] >= covered_to:
+                chosen.append(k)
+                covered_to = end[tops[k]]
+        if not chosen:
+            return 0, 0
+        units = np.concatenate([unit_map[tree.leaf_unit[tree.c_leaf[tops[k]]:tree.c_leaf[end[tops[k]]]]]
+                                for k in chosen])
+        units = units[units >= 0]
+        dyn.delete(units)
+        dyn.insert(units)
+        return len(chosen), len(units)
 
     def recoded(self, segment: Segment, schema) -> "BETreeMatcher":
         """The same tree under a grown string dictionary: keys are base
@@ -342,8 +404,11 @@ class BETreeMatcher(HostMatcher):
         def launch(first, last, out, cap, ev_count, stop, need, serial):
             kernel = K.betree_match_serial if serial else K.betree_match_kernel
             kernel(first, last, out, cap, ev_count, stop, need, n_subs, batch.offsets, batch.attr, batch.value,
-                   batch.token, ev_key, pattern_truth, table, p_attr, leaf, rows, alive)
+                   batch.token, ev_key, pattern_truth, table, p_attr, leaf, rows, alive, no_loss)
+        no_loss = np.zeros(0, np.int64)
         events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
+        if self.theta is not None:
+            self._keep_feedback(batch, ev_key, pattern_truth)
         return events, positions
 
     # --------------------------------------------------------------- memory
@@ -361,7 +426,8 @@ class BETreeMatcher(HostMatcher):
                 "p_nodes": len(tree.p_attr), "root_units": int(sizes[0]),
                 "largest_leaf": int(sizes.max(initial=0)), "atomic_buckets": int((tree.c_depth == 64).sum()),
                 "deepest_bucket": int(tree.c_depth.max(initial=0)),
-                "verified_predicates": len(self.leaf.v_pid), "unit_predicates": len(self.units.pids)}
+                "verified_predicates": len(self.leaf.v_pid), "unit_predicates": len(self.units.pids),
+                "recycled_p_nodes": self.recycled[0], "recycled_units": self.recycled[1]}
 
     # ---------------------------------------------------------- persistence
     SAVED_FORMAT = 1
@@ -397,6 +463,7 @@ class BETreeMatcher(HostMatcher):
         new = object.__new__(cls)
         new.segment, new.schema, new.dnf_limit = segment, schema, settings.dnf_limit
         new.max_cap, new.min_size, new.base_strings = meta["max_cap"], meta["min_size"], meta["base_strings"]
+        new.theta, new.recycled, new._feedback = options["theta"], (0, 0), None
         new.settings = settings
         new._read_segment()
         if len(new.units) != meta["units"]:

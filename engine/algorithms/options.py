@@ -210,6 +210,9 @@ class BETreeOptions(Options):
                                                "probability, 20 up to 10 %, 160 beyond (max_cap_for)")
     min_size: int = option(DEFAULT_MIN_SIZE, doc="fewest units an attribute must constrain to partition on it "
                                                  "(§4.2, min_size)")
+    theta: float | None = option(0.0, doc="l-node recycling threshold θ (§5): at a merge, a p-node whose rank "
+                                          "(gain - loss measured on recently matched events) is below θ has its "
+                                          "units re-inserted; None: no recycling")
     launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
     device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
 
@@ -218,5 +221,8 @@ class BETreeOptions(Options):
             raise ValueError(f"max_cap must be an integer >= 1, not {self.max_cap!r}")
         if not _is_int(self.min_size) or self.min_size < 1:
             raise ValueError(f"min_size must be an integer >= 1, not {self.min_size!r}")
+        if self.theta is not None and (isinstance(self.theta, bool) or not isinstance(self.theta, (int, float))
+                                       or self.theta != self.theta):
+            raise ValueError(f"theta must be a number or None, not {self.theta!r}")
         check_launch(self.launch)
         check_device_memory(self.device_memory)

@@ -88,11 +88,14 @@ def node_table(c_depth, c_child, c_leaf, c_pdir, p_top):
 
 @njit(nogil=True)
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_key,
-               pattern_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result):
+               pattern_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result, loss):
     """Match events ``[e_first, e_last)``: each event's alive TRUE
     positions, ascending, to ``out[base + used:]`` and their number to
     ``ev_count[e]``; stop at an event whose positions do not fit ``cap``:
-    ``result = (that event, its count)``, else ``(e_last, 0)``."""
+    ``result = (that event, its count)``, else ``(e_last, 0)``.  With a
+    non-empty ``loss`` (one slot per c-node), the predicates evaluated for
+    units that fail -- §5's discarded predicate evaluations -- are added to
+    their c-node's slot."""
     node = table.node
     p_top = table.p_top
     l_head = leaf.l_head
@@ -130,6 +133,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 # others by the shared three-valued predicate_truth (written out here: a helper
                 # taking these arrays costs reference counting per call)
                 ok = True
+                failed_at = 0
                 for v in range(l_head[i, 1], l_head[i + 1, 1]):
                     code = np.int64(v_pred[v, 0])
                     op = code & 31
@@ -138,10 +142,12 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     if (op <= GE and op != NE) or op == BETWEEN:     # layout.INTERVAL_OPS
                         if not present:
                             ok = False
+                            failed_at = v
                             break
                         x = ev_value[at]
                         if x < v_pred[v, 1] or x > v_pred[v, 2]:
                             ok = False
+                            failed_at = v
                             break
                         continue
                     value = ev_value[at] if present else 0.0
@@ -151,6 +157,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     if op == IN:            # short sorted lists: a scan, after the first-to-last test
                         if not present or value < v_pred[v, 1] or value > v_pred[v, 2]:
                             ok = False
+                            failed_at = v
                             break
                         inside = False
                         for q in range(v_set[v], v_set[v + 1]):
@@ -159,12 +166,16 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                                 break
                         if not inside:
                             ok = False
+                            failed_at = v
                             break
                         continue
                     if predicate_truth(op, v_pred[v, 1], v_pred[v, 2], v_sets, v_set[v], v_set[v + 1], hit,
                                        present, value) != TRUE:
                         ok = False
+                        failed_at = v
                         break
+                if not ok and len(loss):
+                    loss[c] += failed_at - l_head[i, 1] + 1
                 if ok:
                     bm0[word] |= mask
                     bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
@@ -241,12 +252,13 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
 
 def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions,
                            ev_offsets, ev_attr, ev_value, ev_token, ev_key, pattern_truth, table, p_attr, leaf, rows,
-                           alive):
+                           alive, loss):
     """Match events ``[task_first[t], task_last[t])`` for every task ``t``
     in parallel (the protocol of
     :func:`engine.algorithms.host_tasks.match_in_tasks`), against the
     tree's :class:`~gpu_kernels.betree.layout.NodeTable` and p-node
-    attributes, its ``leaf`` arrays and the extended predicate ``rows``."""
+    attributes, its ``leaf`` arrays and the extended predicate ``rows``
+    (``loss``: see :func:`match_task`; empty but on the calling thread)."""
     n_words = (n_positions + 63) >> 6
     n_c = len(table.node)
     for t in prange(len(task_first)):
@@ -256,7 +268,8 @@ def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop,
         bm1 = np.zeros(max((n_words + 63) >> 6, 1), dtype=np.uint64)
         result = np.empty(2, dtype=np.int64)
         match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
-                   ev_token, ev_key, pattern_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result)
+                   ev_token, ev_key, pattern_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result,
+                   loss)
         task_stop[t] = result[0]
         task_need[t] = result[1]
 

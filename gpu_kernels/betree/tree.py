@@ -758,6 +758,22 @@ def leaf_arrays(c_depth, c_child, c_leaf, c_pdir, p_attr, p_top, leaf_unit, unit
     return l_sub, l_verify, v_pid[:at].copy()
 
 
+@njit(nogil=True, cache=True)
+def subtree_ends(c_child, c_pdir, p_top):
+    """Per c-node of a flattened tree, one past the last c-node of its
+    subtree (preorder makes every subtree a contiguous range)."""
+    n = len(c_pdir) - 1
+    end = np.arange(1, n + 1)
+    for c in range(n - 1, -1, -1):
+        for half in range(2):
+            h = c_child[2 * c + half]
+            if h >= 0:
+                end[c] = max(end[c], end[h])
+        for k in range(c_pdir[c], c_pdir[c + 1]):
+            end[c] = max(end[c], end[p_top[k]])
+    return end
+
+
 # ------------------------------------------------------------ Python face
 #: c-nodes an overflow may need per unit of the overflowing l-node (a split
 #: makes two, a chain of splits at most 64 levels, a partition one per unit)
@@ -838,6 +854,10 @@ class DynamicTree:
     def delete(self, units: np.ndarray) -> None:
         """Delete ``units`` (each in the tree)."""
         delete_units(self.T, np.ascontiguousarray(units, np.int64))
+
+    def score(self, p: int) -> int:
+        """p-node ``p``'s score (§5's gain of its subtree)."""
+        return int(self.T.P[p, P_SCORE])
 
     def freeze(self) -> BETreeArrays:
         return BETreeArrays(*freeze(self.T))
