@@ -87,15 +87,17 @@ class BETreeCudaMatcher(ChunkedCudaMatcher):
                    **settings.options.keywords(cls.backend))
 
     def __init__(self, segment, backend: str = "cuda", *, schema=None, dnf_limit: int = DEFAULT_LIMIT,
-                 max_cap: int = DEFAULT_MAX_CAP, min_size: int = DEFAULT_MIN_SIZE, launch=None,
-                 device_memory: int | None = None, queue_capacity: int = QUEUE_CAPACITY):
+                 max_cap: int = DEFAULT_MAX_CAP, min_size: int = DEFAULT_MIN_SIZE, theta: float | None = 0.0,
+                 launch=None, device_memory: int | None = None, queue_capacity: int = QUEUE_CAPACITY):
         if backend != "cuda":
             raise ValueError(f"BETreeCudaMatcher runs on backend 'cuda', not {backend!r}")
         resolve_backend("cuda")    # BackendUnavailable naming what is missing
         BETreeOptions(max_cap=max_cap, min_size=min_size, launch=launch, device_memory=device_memory)
         self._configure(launch, device_memory, queue_capacity)
+        # (theta: recycling needs the loss measured by the cpu kernel's matches, which the device does not
+        # run -- the host tree is kept for merges and the device matches, so nothing is recycled on cuda)
         self._attach(BETreeMatcher(segment, "cpu", schema=schema, dnf_limit=dnf_limit, max_cap=max_cap,
-                                   min_size=min_size))
+                                   min_size=min_size, theta=theta))
 
     @classmethod
     def from_arrays(cls, segment, settings, meta: dict, arrays: dict) -> "BETreeCudaMatcher":
