@@ -180,7 +180,7 @@ def test_leaf_checks_in_lists_patterns_and_absent_attributes():
     alive = np.ones(len(seg), np.uint8)
     for options, launch in (({}, None), (DEEP, TINY)):
         matcher = cuda_matcher(seg, **options, **({} if launch is None else {"launch": launch}))
-        checked = set(matcher.host.leaf.v_op.tolist())
+        checked = set(matcher.host.units.rows.op[matcher.host.leaf.v_pid].tolist())
         assert {opcodes.IN, opcodes.NOT_IN, opcodes.LIKE, opcodes.NOT_LIKE, opcodes.MATCHES} <= checked
         want, scanned = host_pairs(seg, batch, truth, alive, **options)
         assert want == scanned and len(set(want[1])) >= 5
