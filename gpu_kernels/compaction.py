@@ -27,6 +27,46 @@ from numba import njit, prange
 from gpu_kernels import cuda_support
 
 
+# ------------------------------------------------ two-level position bitmap (cpu)
+#: de Bruijn multiplier and table: the index of a lone set bit in one multiply
+_DEBRUIJN_MUL = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN = np.zeros(64, dtype=np.int64)
+for _i in range(64):
+    _DEBRUIJN[((1 << _i) * 0x03F79D71B4CB0A89 & 0xFFFFFFFFFFFFFFFF) >> 58] = _i
+
+
+@njit(inline="always", nogil=True)
+def ctz(bit):
+    """Index of the single set bit of ``bit`` (de Bruijn)."""
+    return _DEBRUIJN[np.int64((bit * _DEBRUIJN_MUL) >> np.uint64(58))]
+
+
+@njit(nogil=True)
+def emit_marked(bm0, bm1, out, at, write):
+    """The CPU matchers' per-event output: the positions marked in a
+    two-level bitmap (``bm0``: one bit per position; ``bm1``: one bit per
+    non-zero word of ``bm0``), ascending, written to ``out[at:]`` when
+    ``write``; the bitmap is cleared either way.  Returns the end."""
+    for w1 in range(len(bm1)):
+        y1 = bm1[w1]
+        if y1 == 0:
+            continue
+        bm1[w1] = np.uint64(0)
+        while y1 != 0:
+            low = y1 & (~y1 + np.uint64(1))
+            y1 ^= low
+            w = w1 * 64 + ctz(low)
+            y = bm0[w]
+            bm0[w] = np.uint64(0)
+            while y != 0:
+                lb = y & (~y + np.uint64(1))
+                y ^= lb
+                if write:
+                    out[at] = w * 64 + ctz(lb)
+                    at += 1
+    return at
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def count_hits(hits, n_rows):
     counts = np.zeros(n_rows, dtype=np.int64)

@@ -91,9 +91,10 @@ import numpy as np
 from engine.algorithms.base import HostMatcher
 from engine.algorithms.host_tasks import match_in_tasks
 from engine.algorithms.options import OpIndexOptions
-from engine.compile import OP_OF_CODE, OPCODE, Segment
+from engine.algorithms.units import program_tree
+from engine.compile import OPCODE, Segment
 from engine.errors import BackendUnavailable, ExpressionTooLarge
-from engine.expr import NEGATED_OP, And, Family, Node, Or, Pred, Xnor, Xor, to_cnf, to_dnf
+from engine.expr import NEGATED_OP, Family, Node, Pred, to_cnf, to_dnf
 from gpu_kernels import opcodes
 from gpu_kernels.opindex import cpu as K
 from gpu_kernels.opindex.layout import (L_EQ, L_GE, L_GT, L_LE, L_LT, L_NE, L_PREFIX, L_VERIFY, N_LISTS, OpIndexArrays,
@@ -898,21 +899,7 @@ class OpIndexMatcher(HostMatcher):
     def _tree(self, pos: int) -> Node:
         """The subscription's NNF program as an AST whose leaves name
         predicate ids (``Pred(str(pid), op)``), for to_dnf / to_cnf."""
-        seg = self.segment
-        stack: list[Node] = []
-        ops = self._x["op"]
-        for pc in range(int(seg.prog_offsets[pos]), int(seg.prog_offsets[pos + 1])):
-            kind, arg = int(seg.prog_kind[pc]), int(seg.prog_arg[pc])
-            if kind == opcodes.LEAF:
-                stack.append(Pred(str(arg), OP_OF_CODE[int(ops[arg])], ()))
-            elif kind in (opcodes.AND, opcodes.OR):
-                children = tuple(stack[len(stack) - arg:])
-                del stack[len(stack) - arg:]
-                stack.append(And(children) if kind == opcodes.AND else Or(children))
-            else:
-                right, left = stack.pop(), stack.pop()
-                stack.append(Xor(left, right) if kind == opcodes.XOR else Xnor(left, right))
-        return stack[0]
+        return program_tree(self.segment, pos)
 
     def _pid(self, pred: Pred) -> int:
         """Predicate id of a normal-form leaf: the original, or its negation

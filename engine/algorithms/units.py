@@ -62,7 +62,7 @@ class Units(NamedTuple):
         return len(self.sub)
 
 
-def _program_tree(segment: Segment, pos: int) -> Node:
+def program_tree(segment: Segment, pos: int) -> Node:
     """Subscription ``pos``'s NNF program as an AST whose leaves name
     predicate rows (``Pred(str(row), op)``), for :func:`to_dnf`."""
     ops = segment.predicates.op
@@ -105,7 +105,7 @@ def dnf_units(segment: Segment, dnf_limit: int) -> Units:
 
     other_sub, other_len, other_pids = [], [], []
     for pos in np.flatnonzero(~plain):
-        for conj in to_dnf(_program_tree(segment, int(pos)), dnf_limit):
+        for conj in to_dnf(program_tree(segment, int(pos)), dnf_limit):
             other_sub.append(int(pos))
             other_len.append(len(conj))
             other_pids.extend(row_of(p) for p in conj)

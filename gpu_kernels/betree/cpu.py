@@ -30,21 +30,9 @@ from numba import njit, prange
 
 from gpu_kernels.betree.layout import (ATOMIC, N_CHILD, N_DEPTH, N_LEAF, N_LEAF_END, N_PDIR, N_PDIR_END, N_PREFIX,
                                        NODE_FIELDS)
+from gpu_kernels.compaction import emit_marked
 from gpu_kernels.opcodes import BETWEEN, GE, IN, LIKE, NE, NOT_MATCHES, TRUE
-from gpu_kernels.predicates import predicate_truth
-
-
-#: de Bruijn sequence B(2, 6) and its table: the index of a lone set bit in one multiply
-_DEBRUIJN = np.uint64(0x022FDD63CC95386D)
-_DEBRUIJN_INDEX = np.zeros(64, np.int64)
-for _i in range(64):
-    _DEBRUIJN_INDEX[((1 << _i) * 0x022FDD63CC95386D % (1 << 64)) >> 58] = _i
-
-
-@njit(inline="always", nogil=True)
-def ctz(bit):
-    """Index of the single set bit of ``bit`` (a power of two)."""
-    return _DEBRUIJN_INDEX[np.int64((bit * _DEBRUIJN) >> np.uint64(58))]
+from gpu_kernels.predicates import find_attribute, predicate_truth
 
 
 @njit(nogil=True, cache=True)
@@ -195,18 +183,9 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                         continue
                 else:
                     at = s0 + q
-                    attr = ev_attr[at]
-                    lo = k0
-                    hi = k1
-                    while lo < hi:
-                        mid = (lo + hi) >> 1
-                        if p_attr[mid] < attr:
-                            lo = mid + 1
-                        else:
-                            hi = mid
-                    if lo >= k1 or p_attr[lo] != attr:
+                    k = find_attribute(p_attr, k0, k1, ev_attr[at])     # (a binary search of sorted ids)
+                    if k < 0:
                         continue
-                    k = lo
                 key = ev_key[at]
                 d = p_top[k]
                 while d >= 0:
@@ -224,24 +203,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 ev_pos[ev_attr[at]] = -1
         # the marked positions, ascending (and the bitmap cleared)
         write = used + found <= cap
-        at = base + used
-        for w1 in range(len(bm1)):
-            y1 = bm1[w1]
-            if y1 == 0:
-                continue
-            bm1[w1] = np.uint64(0)
-            while y1 != 0:
-                low = y1 & (~y1 + np.uint64(1))
-                y1 ^= low
-                w = w1 * 64 + ctz(low)
-                y = bm0[w]
-                bm0[w] = np.uint64(0)
-                while y != 0:
-                    lb = y & (~y + np.uint64(1))
-                    y ^= lb
-                    if write:
-                        out[at] = w * 64 + ctz(lb)
-                        at += 1
+        emit_marked(bm0, bm1, out, base + used, write)
         if not write:
             result[0] = e
             result[1] = found

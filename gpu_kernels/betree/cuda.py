@@ -310,18 +310,9 @@ def build_betree_kernel_cuda(threads: int, queue_capacity: int):
                             continue
                     else:
                         at = s0 + q
-                        attr = ev_attr[at]
-                        lo = k0
-                        hi = k1
-                        while lo < hi:
-                            mid = (lo + hi) >> 1
-                            if p_attr[mid] < attr:
-                                lo = mid + 1
-                            else:
-                                hi = mid
-                        if lo >= k1 or p_attr[lo] != attr:
+                        k = find_attribute(p_attr, k0, k1, ev_attr[at])     # (a binary search of sorted ids)
+                        if k < 0:
                             continue
-                        k = lo
                     key = ev_key[at - key_base]
                     d = np.int64(p_top[k])
                     while d >= 0:

@@ -26,24 +26,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from gpu_kernels.compaction import emit_marked
 from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
 from gpu_kernels.opindex.layout import L_EQ, L_LE, L_PREFIX, L_VERIFY, N_LISTS, attr_bit_py, eq_bit_py
 from gpu_kernels.predicates import find_attribute, predicate_truth
 from gpu_kernels.scan import run_program
 
-_DEBRUIJN_MUL = np.uint64(0x03F79D71B4CB0A89)
-_DEBRUIJN = np.zeros(64, dtype=np.int64)
-for _i in range(64):
-    _DEBRUIJN[((1 << _i) * 0x03F79D71B4CB0A89 & 0xFFFFFFFFFFFFFFFF) >> 58] = _i
-
 attr_bit = njit(inline="always", nogil=True)(attr_bit_py)
 eq_bit = njit(inline="always", nogil=True)(eq_bit_py)
-
-
-@njit(inline="always", nogil=True)
-def ctz(bit):
-    """Index of the single set bit of ``bit`` (de Bruijn)."""
-    return _DEBRUIJN[np.int64((bit * _DEBRUIJN_MUL) >> np.uint64(58))]
 
 
 # --------------------------------------------------------------------------
@@ -283,24 +273,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                         found += 1
         # the marked positions, ascending (and the bitmap cleared)
         write = used + found <= cap
-        at = base + used
-        for w1 in range(len(bm1)):
-            y1 = bm1[w1]
-            if y1 == 0:
-                continue
-            bm1[w1] = np.uint64(0)
-            while y1 != 0:
-                low = y1 & (~y1 + np.uint64(1))
-                y1 ^= low
-                w = w1 * 64 + ctz(low)
-                y = bm0[w]
-                bm0[w] = np.uint64(0)
-                while y != 0:
-                    lb = y & (~y + np.uint64(1))
-                    y ^= lb
-                    if write:
-                        out[at] = w * 64 + ctz(lb)
-                        at += 1
+        emit_marked(bm0, bm1, out, base + used, write)
         if not write:
             result[0] = e
             result[1] = found
