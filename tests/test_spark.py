@@ -421,7 +421,8 @@ def test_streaming_foreach_batch_quarantine_is_idempotent(spark, workload, tmp_p
     assert sorted(refused["event_id"].to_pylist()) == sorted(bad)
 
 
-def test_strings_users_send_match_exactly_through_spark(spark):
+@pytest.mark.parametrize("algorithm", ["opindex", "betree"])
+def test_strings_users_send_match_exactly_through_spark(spark, algorithm):
     """Long URLs and UUIDs sharing prefixes, non-ASCII and NUL go through
     Spark's Arrow batches to the engine and match exactly as the reference
     evaluator says (the string bug of issue 10 lived in the dictionary
@@ -436,7 +437,7 @@ def test_strings_users_send_match_exactly_through_spark(spark):
     texts = [f"url = '{u}'" for u in urls] + [f"url > '{urls[0]}'", f"url LIKE '{urls[2]}%'"] \
         + [f"user IN ('{uuids[i]}', '{uuids[i + 1]}')" for i in range(4)] + [f"s = '{v}'" for v in odd] \
         + [f"s >= '{odd[0]}' AND s < '{odd[1]}'", "s > 'z'"]
-    index = Index(algorithm="opindex", backend="cpu")
+    index = Index(algorithm=algorithm, backend="cpu")
     index.add_many(range(len(texts)), texts)
     rng = np.random.default_rng(3)
     n = 300
