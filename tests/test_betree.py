@@ -339,6 +339,16 @@ def test_strings_new_to_the_dictionary_keep_the_tree_exact():
 
 
 # --------------------------------------------------------------- saved trees
+def _swap_far(tree: BETreeArrays) -> np.ndarray:
+    """The leaf units with the first unit of the root's first p-node subtree
+    swapped with the last leaf unit: a well-formed tree, wrongly placed."""
+    units = tree.leaf_unit.copy()
+    first = int(tree.c_leaf[int(tree.p_top[0])])
+    units[first], units[-1] = units[-1], units[first]
+    return units
+
+
+
 def test_a_saved_tree_loads_without_building_and_crafted_trees_fail(tmp_path, monkeypatch):
     w = _workload(1200, seed=4)
     idx = Index(algorithm="betree", options={"max_cap": 2, "min_size": 1})
@@ -357,6 +367,7 @@ def test_a_saved_tree_loads_without_building_and_crafted_trees_fail(tmp_path, mo
         "an unsorted p-directory": tree._replace(p_attr=tree.p_attr[::-1].copy()),
         "a depth beyond 64": tree._replace(c_depth=np.where(np.arange(len(tree.c_depth)) == 1, 65,
                                                             tree.c_depth).astype(np.int16)),
+        "two units swapped between leaves": tree._replace(leaf_unit=_swap_far(tree)),
     }
     for what, bad in crafted.items():
         monkeypatch.setattr(BETreeMatcher, "to_arrays", lambda self, bad=bad: (

@@ -53,7 +53,7 @@ from gpu_kernels import opcodes
 from gpu_kernels.betree import cpu as K
 from gpu_kernels.betree.layout import (KEY_MAX, KEY_MIN, BETreeArrays, LeafArrays, NodeTable, base_codes,
                                        check_arrays, event_keys, float_keys, interval_bounds)
-from gpu_kernels.betree.tree import DynamicTree, leaf_arrays, subtree_ends
+from gpu_kernels.betree.tree import DynamicTree, leaf_arrays, misplaced_unit, subtree_ends
 
 #: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
 DEFAULT_LIMIT = 256
@@ -473,6 +473,10 @@ class BETreeMatcher(HostMatcher):
         indexed[tree.leaf_unit] = True
         if not np.array_equal(indexed, new._possible):
             raise ValueError("saved BE-Tree: its leaves do not hold exactly the segment's units")
+        bad = misplaced_unit(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_attr, tree.p_top,
+                             tree.leaf_unit, *new._keys)
+        if bad >= 0:
+            raise ValueError(f"saved BE-Tree: unit {bad} sits in a bucket that does not enclose it")
         new._set_tree(tree)
         new.merges = meta["merges"]
         return new

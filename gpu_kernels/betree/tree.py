@@ -759,6 +759,48 @@ def leaf_arrays(c_depth, c_child, c_leaf, c_pdir, p_attr, p_top, leaf_unit, unit
 
 
 @njit(nogil=True, cache=True)
+def misplaced_unit(c_depth, c_child, c_leaf, c_pdir, p_attr, p_top, leaf_unit, k_off, k_attr, k_lo, k_hi):
+    """The first leaf unit of a flattened tree that is not where a BE-Tree
+    puts it -- every bucket on its path must enclose its interval on that
+    directory's attribute -- or -1.  (A crafted tree could otherwise answer
+    wrongly without reading out of bounds.)"""
+    n = len(c_depth)
+    parent = np.full(n, -1, np.int64)
+    level_attr = np.full(n, -1, np.int64)
+    top_of = np.zeros(n, np.int64)          # the top bucket of the c-node's directory
+    prefix = np.zeros(n, np.uint64)
+    for c in range(n):
+        for half in range(2):
+            h = c_child[2 * c + half]
+            if h >= 0:
+                parent[h] = c
+                level_attr[h] = level_attr[c]
+                top_of[h] = top_of[c]
+                base = prefix[c] << np.uint64(1) if c_depth[c] > 0 else np.uint64(0)
+                prefix[h] = base | np.uint64(half)
+        for k in range(c_pdir[c], c_pdir[c + 1]):
+            parent[p_top[k]] = c
+            level_attr[p_top[k]] = p_attr[k]
+            top_of[p_top[k]] = p_top[k]
+    # buckets nest: per directory on the path, the deepest bucket (where the path leaves it) decides
+    for c in range(n):
+        for i in range(c_leaf[c], c_leaf[c + 1]):
+            u = leaf_unit[i]
+            d = c
+            while d > 0:
+                j = -1
+                for q in range(k_off[u], k_off[u + 1]):
+                    if k_attr[q] == level_attr[d]:
+                        j = q
+                        break
+                if j < 0 or not (bucket_has(c_depth[d], prefix[d], k_lo[j])
+                                 and bucket_has(c_depth[d], prefix[d], k_hi[j])):
+                    return u
+                d = parent[top_of[d]]
+    return -1
+
+
+@njit(nogil=True, cache=True)
 def subtree_ends(c_child, c_pdir, p_top):
     """Per c-node of a flattened tree, one past the last c-node of its
     subtree (preorder makes every subtree a contiguous range)."""
