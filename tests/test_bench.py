@@ -142,7 +142,12 @@ def test_help_exits_zero_with_usage(capsys):
                                   ["--sweep", "N"],
                                   ["--values", "1,2"],
                                   ["--workload", "W99", "--quiet"],
-                                  ["--algorithm", "nope"]])
+                                  ["--algorithm", "nope"],
+                                  ["--option", "betree.max_cap"],
+                                  ["--option", "nope.max_cap=5"],
+                                  ["--option", "betree.bogus=5"],
+                                  ["--option", "betree.max_cap=0"],
+                                  ["--option", "opindex.segments=auto"]])
 def test_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
@@ -370,3 +375,63 @@ def test_load_costs_restore_the_saved_structure(capsys):
     out = capsys.readouterr().out
     assert "W1 begen-uniform opindex/cpu (1,000 subscriptions)" in out
     assert "structure restored: True; same answers: True" in out
+
+
+# ------------------------------------------- algorithm options (BE-Tree Table 4)
+def test_max_cap_auto_follows_table_4_per_sweep_point(monkeypatch):
+    """``betree.max_cap=auto``: each sweep point's index gets Table 4's
+    capacity for its match_prob (5 below 1 %, 20 below 10 %, 160 beyond),
+    the row says which, and the answers are still scan's."""
+    made = []
+    new_index = bench_algorithms.new_index
+    monkeypatch.setattr(bench_algorithms, "new_index",
+                        lambda name, backend, options=None: made.append((name, options)) or
+                        new_index(name, backend, options))
+    rows = bench.sweep("p", ["0.002", "0.05", "0.2"], generator="begen", base_params={"N": 400, "dims": 100},
+                       algorithms=["scan", "betree"], events_limit=60,
+                       algorithm_options={"betree": {"max_cap": "auto"}}, **FAST)
+    betree = [r for r in rows if r["algorithm"] == "betree"]
+    assert [r["options"] for r in betree] == ["max_cap=5", "max_cap=20", "max_cap=160"]
+    assert all(r["status"] == "ok" and r["correct"] is True for r in rows), rows
+    assert [r["options"] for r in rows if r["algorithm"] == "scan"] == [None] * 3
+    assert {options["max_cap"] for name, options in made if name == "betree"} == {5, 20, 160}
+    assert "max_cap=160" in bench.format_table(rows)
+
+
+def test_fixed_option_on_the_command_line_and_auto_without_match_prob(tmp_path, capsys):
+    from engine.workloads import opindex_gen
+
+    csv_path = tmp_path / "opt.csv"
+    argv = ["--scale", "0.0005", "--events", "40", "--repeats", "1", "--latency-samples", "5", "--quiet",
+            "--algorithm", "scan", "--algorithm", "betree", "--option", "betree.max_cap=7", "--csv", str(csv_path)]
+    assert bench.main(argv) == 0
+    assert "max_cap=7" in capsys.readouterr().out
+    _, rows = read_csv(csv_path)
+    assert [(r["algorithm"], r["options"], r["correct"]) for r in rows] == [("scan", "", "True"),
+                                                                          ("betree", "max_cap=7", "True")]
+    workload = opindex_gen(200, 20, dims=50, cardinality=20, gamma_max=4, m=10, seed=1)
+    rows = bench.run_benchmark([workload], ["scan", "betree"], algorithm_options={"betree": {"max_cap": "auto"}},
+                               **FAST)
+    assert rows[1]["status"] == "error" and "match_prob" in rows[1]["note"]
+
+
+# ------------------------------------------------- one at a time (--updates)
+def test_update_rates_one_at_a_time_through_the_api_and_the_tree(tmp_path, capsys):
+    from engine.bench import update_rates
+
+    workload = standard("W1", scale=0.001, n_events=5)
+    rates = update_rates(workload, "betree", n=40, repeats=1)
+    assert rates["n_subscriptions"] == 1000 == rates["n_units"]     # W1: one conjunction each
+    for key in ("api_add_calls_per_s", "api_add_per_s", "api_remove_calls_per_s", "api_remove_per_s",
+                "tree_insert_per_s", "tree_delete_per_s", "tree_reinsert_per_s", "tree_build_per_s"):
+        assert math.isfinite(rates[key]) and rates[key] > 0, key
+    assert rates["api_add_per_s"] <= rates["api_add_calls_per_s"]
+    assert "tree_insert_per_s" not in update_rates(workload, "opindex", n=20, repeats=1)
+
+    csv_path = tmp_path / "updates.csv"
+    assert bench.main(["--updates", "20", "--algorithm", "betree", "--option", "betree.max_cap=5", "--scale",
+                       "0.0005", "--repeats", "1", "--quiet", "--csv", str(csv_path)]) == 0
+    out = capsys.readouterr().out
+    assert "betree (500 subscriptions), one at a time: Index.add" in out and "one unit per call" in out
+    columns, rows = read_csv(csv_path)
+    assert "tree_delete_per_s" in columns and [r["algorithm"] for r in rows] == ["betree"]

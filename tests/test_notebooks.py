@@ -30,3 +30,30 @@ def test_benchmarks_notebook_runs_and_shows_table_and_plots(tmp_path, monkeypatc
     html_tables = [o for o in outputs if "text/html" in o.get("data", {})]
     assert any("events_per_s" in o["data"]["text/html"] for o in html_tables)
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
+
+
+@pytest.mark.slow
+def test_betree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
+    """notebooks/betree.ipynb: BE-Tree Fig. 5, 6, 11 and Table 5 for scan,
+    opindex and betree at a tiny scale, beside the full-scale run recorded
+    in notebooks/data (BENCHMARKS.md, "BE-Tree (issue 13)")."""
+    notebook = nbformat.read(ROOT / "notebooks" / "betree.ipynb", as_version=4)
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("BEXMATCH_NOTEBOOK_SCALE", "0.001")
+    monkeypatch.setenv("BEXMATCH_NOTEBOOK_EVENTS", "60")
+    monkeypatch.delenv("BEXMATCH_NOTEBOOK_DATA", raising=False)       # the recorded data of the repository
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    for name in ("fig5.png", "fig6.png", "fig11.png", "table5.png"):
+        assert (tmp_path / name).stat().st_size > 10_000, name
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
+    html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    ratio_tables = [t for t in html if "betree / opindex" in t and "full scale (C2)" in t and "this run" in t]
+    assert len(ratio_tables) == 3                                   # Fig. 5, 6, 11: this run beside C2's
+    assert any("max_cap=5" in t and "max_cap=20" in t for t in html)  # Table 4 per Fig. 11 point
+    table5 = next(t for t in html if "paper Table 5" in t)
+    assert all(name in table5 for name in ("scan", "opindex", "betree", "full scale, machine C2", "4.75"))
+    assert any("tree_insert_per_s" in t and "api_add_per_s" in t for t in html)

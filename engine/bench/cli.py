@@ -9,9 +9,9 @@ import sys
 
 from engine.algorithms import registry
 from engine.bench import algorithms as bench_algorithms
-from engine.bench.costs import ingest_rates, load_costs, update_costs
+from engine.bench.costs import ingest_rates, load_costs, update_costs, update_rates
 from engine.bench.measure import DEFAULT_SCALE, SCAN_BUDGET, SCAN_SAMPLE_MAX, SCAN_SAMPLE_MIN, run_benchmark
-from engine.bench.report import format_table, plot, write_csv
+from engine.bench.report import format_table, plot, write_csv, write_records
 from engine.bench.sweep import SWEEP_BASE, coerce_value, resolve_sweep_param, sweep, sweep_base
 from engine.workloads import read_parquet, standard
 
@@ -32,6 +32,22 @@ def _scan_sample_arg(text: str):
     return value
 
 
+def _option_arg(text: str) -> tuple[str, str, object]:
+    target, sep, raw = text.partition("=")
+    algorithm, dot, key = target.strip().partition(".")
+    if not sep or not dot or not algorithm or not key:
+        raise argparse.ArgumentTypeError(f"expected ALGORITHM.NAME=VALUE, e.g. betree.max_cap=auto, not {text!r}")
+    low = raw.strip().lower()
+    if low in ("none", "true", "false"):
+        return algorithm, key.strip(), None if low == "none" else low == "true"
+    for kind in (int, float):
+        try:
+            return algorithm, key.strip(), kind(raw)
+        except ValueError:
+            pass
+    return algorithm, key.strip(), raw.strip()
+
+
 def _positive(kind):
     def parse(text):
         try:
@@ -42,6 +58,19 @@ def _positive(kind):
             raise argparse.ArgumentTypeError(f"must be positive, not {text}")
         return value
     return parse
+
+
+def _rates_line(rates: dict) -> str:
+    line = (f"{rates['workload']} {rates['algorithm']} ({rates['n_subscriptions']:,} subscriptions), one at a "
+            f"time: Index.add {rates['api_add_per_s']:,.0f}/s ({rates['api_add_calls_per_s']:,.0f}/s the calls "
+            f"alone), Index.remove {rates['api_remove_per_s']:,.0f}/s ({rates['api_remove_calls_per_s']:,.0f}/s "
+            f"the calls alone), {rates['n']:,} each, merge and first match included")
+    if "tree_insert_per_s" in rates:
+        line += (f"; the tree, one unit per call: insert {rates['tree_insert_per_s']:,.0f}/s (empty to full), "
+                 f"delete {rates['tree_delete_per_s']:,.0f}/s and re-insert {rates['tree_reinsert_per_s']:,.0f}/s "
+                 f"(full tree), one call for all {rates['tree_build_per_s']:,.0f}/s "
+                 f"({rates['tree_build_s']:.2f} s) [subscriptions/s]")
+    return line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  bexmatch bench --algorithm all --backend cpu --backend cuda\n"
                "  bexmatch bench --sweep N --values 1000,10000,100000 --generator opindex --plot fig10a.png\n"
                "  bexmatch bench --sweep theta --values 0.2,0.4,0.6,0.8 --param N=20000\n"
+               "  bexmatch bench --sweep p --values 0.001,0.01,0.05 --generator begen --option betree.max_cap=auto\n"
+               "  bexmatch bench --updates 10000 --algorithm betree --scale 1.0\n"
                "Exit status: 0 when every run that ran gave scan's answers, 1 when one was wrong or failed.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
@@ -74,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "default every algorithm implemented on a --backend)")
     what.add_argument("--backend", action="append", choices=("cpu", "cuda"),
                       help="backend (repeatable; default cpu)")
+    what.add_argument("--option", action="append", default=[], type=_option_arg, metavar="ALG.NAME=VALUE",
+                      help="an option of one algorithm's index (repeatable), e.g. betree.max_cap=160; "
+                           "betree.max_cap=auto takes BE-Tree Table 4's value for each workload's match_prob")
     how = parser.add_argument_group("how to measure")
     how.add_argument("--repeats", type=_positive(int), default=3,
                      help="timed match_batch runs after one warm-up; the median counts (default %(default)s)")
@@ -83,10 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="events scan is timed and answers are checked on: 'auto' (all of them when "
                           f"subscriptions x events <= {SCAN_BUDGET:,}, else the first "
                           f"{SCAN_SAMPLE_MIN}..{SCAN_SAMPLE_MAX}), 'all', or the first N (default %(default)s)")
-    swp = parser.add_argument_group("sweeps (OpIndex Fig. 10)")
+    swp = parser.add_argument_group("sweeps (OpIndex Fig. 10; BE-Tree Fig. 5-11 with --generator begen)")
     swp.add_argument("--sweep", metavar="PARAM",
                      help="vary one generator parameter: N, dims, Γmax/gamma_max, m, θ/theta, σ/cardinality, "
-                          "zipf, ... (any keyword of engine.workloads.opindex_gen or begen)")
+                          "zipf, p/match_prob, ... (any keyword of engine.workloads.opindex_gen or begen)")
     swp.add_argument("--values", type=_csv_list, metavar="V1,V2,...", help="the values of the swept parameter "
                      "('none' for None)")
     swp.add_argument("--generator", choices=tuple(SWEEP_BASE), default="opindex",
@@ -95,14 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a base parameter of the sweep's generator (repeatable)")
     what.add_argument("--updates", type=_positive(int), metavar="N",
-                      help="time N removals + N adds merged into opindex, derived vs fully rebuilt")
+                      help="adds and removals, one at a time, on each --algorithm (default opindex): N through "
+                           "Index.add/remove, merge included; betree also its tree, one unit per insert/delete "
+                           "call; opindex also N removals + N adds merged, derived vs fully rebuilt")
     what.add_argument("--ingest", action="store_true",
                       help="measure the ways in instead: text parse rate and columnar ingestion rate")
     what.add_argument("--load", action="store_true",
                       help="measure build vs Index.load + first match of the saved index (each --algorithm, "
                            "default opindex, on the first --backend)")
     out = parser.add_argument_group("output")
-    out.add_argument("--csv", metavar="PATH", help="write every row, every column, as CSV")
+    out.add_argument("--csv", metavar="PATH", help="write every row, every column, as CSV (--updates, --ingest, "
+                                                   "--load: one row per measurement)")
     out.add_argument("--plot", metavar="PATH", help="write events/s and index bytes as a PNG")
     out.add_argument("--strict", action="store_true", help="stop at the first algorithm that raises")
     out.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -116,8 +153,20 @@ def main(argv=None) -> int:
     algorithms = None
     if args.algorithm:
         algorithms = list(registry.names()) if "all" in args.algorithm else list(dict.fromkeys(args.algorithm))
+    algorithm_options: dict[str, dict] = {}
+    for algorithm, key, value in args.option:
+        algorithm_options.setdefault(algorithm, {})[key] = value
+    for algorithm, chosen in algorithm_options.items():
+        if algorithm not in bench_algorithms.names():
+            parser.error(f"--option {algorithm}.*: no algorithm {algorithm!r}; "
+                         f"algorithms: {', '.join(bench_algorithms.names())}")
+        try:
+            bench_algorithms.check_options(algorithm, chosen, backends[0])
+        except (TypeError, ValueError) as exc:
+            parser.error(f"--option: {exc}")
     options = dict(repeats=args.repeats, latency_samples=max(args.latency_samples, 0),
-                   scan_sample=args.scan_sample, progress=not args.quiet, strict=args.strict)
+                   scan_sample=args.scan_sample, progress=not args.quiet, strict=args.strict,
+                   algorithm_options=algorithm_options)
 
     if args.sweep is not None:
         if args.workload or args.parquet:
@@ -142,15 +191,27 @@ def main(argv=None) -> int:
         if args.values or args.param:
             parser.error("--values and --param go with --sweep")
         if args.updates:
+            records = []
             for name in args.workload or ["W1"]:
-                cost = update_costs(standard(name, scale=args.scale, n_events=10, seed=args.seed), args.updates,
-                                    repeats=args.repeats)
-                print(f"{cost['workload']} ({cost['n_subscriptions']:,} subscriptions): {cost['n']:,} removals + "
-                      f"{cost['n']:,} adds, merged and matched: {cost['incremental_s']:.3f} s with opindex's "
-                      f"derived matcher, {cost['full_s']:.3f} s with a full rebuild "
-                      f"({cost['full_s'] / cost['incremental_s']:.1f}x)")
+                workload = standard(name, scale=args.scale, n_events=10, seed=args.seed)
+                for algorithm in algorithms or ["opindex"]:
+                    if algorithm == "opindex" and not algorithm_options.get(algorithm):
+                        cost = update_costs(workload, args.updates, repeats=args.repeats)
+                        print(f"{cost['workload']} ({cost['n_subscriptions']:,} subscriptions): {cost['n']:,} "
+                              f"removals + {cost['n']:,} adds, merged and matched: {cost['incremental_s']:.3f} s "
+                              f"with opindex's derived matcher, {cost['full_s']:.3f} s with a full rebuild "
+                              f"({cost['full_s'] / cost['incremental_s']:.1f}x)")
+                        records.append(dict(cost, algorithm="opindex"))
+                    chosen = bench_algorithms.resolve_options(algorithm, algorithm_options.get(algorithm), workload)
+                    rates = update_rates(workload, algorithm, args.updates, repeats=args.repeats, options=chosen,
+                                         seed=args.seed)
+                    print(_rates_line(rates))
+                    records.append(rates)
+            if args.csv:
+                write_records(records, args.csv)
             return 0
         if args.load:
+            records = []
             for name in args.workload or ["W1"]:
                 workload = standard(name, scale=args.scale, n_events=100, seed=args.seed)
                 for algorithm in algorithms or ["opindex"]:
@@ -161,8 +222,12 @@ def main(argv=None) -> int:
                           f"{cost['load_first_match_s']:.2f} s ({cost['build_s'] / cost['load_first_match_s']:.1f}x "
                           f"faster than the build); structure restored: {cost['structure_restored']}; "
                           f"same answers: {cost['same_answers']}")
+                    records.append(cost)
+            if args.csv:
+                write_records(records, args.csv)
             return 0
         if args.ingest:
+            records = []
             for name in args.workload or ["W1"]:
                 rates = ingest_rates(standard(name, scale=args.scale, n_events=100, seed=args.seed),
                                      repeats=args.repeats)
@@ -170,6 +235,9 @@ def main(argv=None) -> int:
                       f"({rates['n_texts']:,} texts, {rates['mean_predicates_per_text']:.1f} predicates each); "
                       f"columnar ingestion {rates['ingest_per_s']:,.0f} subscriptions/s "
                       f"({rates['n_subscriptions']:,} in {rates['ingest_s']:.2f} s)")
+                records.append(rates)
+            if args.csv:
+                write_records(records, args.csv)
             return 0
         workloads = []
         if args.parquet:

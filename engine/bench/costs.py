@@ -1,5 +1,6 @@
-"""Costs beside matching: the two ways in (``bexmatch bench --ingest``) and
-what a merge costs opindex (``bexmatch bench --updates``)."""
+"""Costs beside matching: the two ways in (``bexmatch bench --ingest``),
+what a merge costs opindex and the rates of adds and removals one at a time
+(``bexmatch bench --updates``)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,32 @@ from engine.bench.measure import first_subscriptions
 from engine.index import Index
 
 
+def conjunction_asts(segment, schema, positions=None) -> list:
+    """The ASTs of a compiled segment's conjunctions (the columnar form's
+    subscriptions), at ``positions`` (default all): each an ``And`` of its
+    predicates, or the predicate alone."""
+    from engine.compile import predicate_ast
+    from engine.expr import And
+
+    nodes = []
+    for position in range(len(segment)) if positions is None else positions:
+        start, stop = segment.prog_offsets[position], segment.prog_offsets[position + 1]
+        leaves = segment.prog_arg[start:stop - 1]
+        preds = tuple(predicate_ast(segment.predicates, int(p), schema) for p in leaves)
+        nodes.append(And(preds) if len(preds) > 1 else preds[0])
+    return nodes
+
+
 def ingest_rates(workload, n_texts: int = 20_000, repeats: int = 3) -> dict:
     """The two ways in: text parse rate (7-predicate conjunctions, the
     workload's first subscriptions printed as text) and columnar ingestion
     rate (``Index.add_many`` of the whole columnar table, build of the
     compiled segment included).  Medians of ``repeats``."""
-    from engine.compile import predicate_ast
-    from engine.expr import And
     from engine.parse import parse, to_text
 
     sample = Index(algorithm="scan")
     sample.add_many(first_subscriptions(workload.subscriptions, n_texts))
-    segment = sample._main
-    texts = []
-    for position in range(len(segment)):
-        start, stop = segment.prog_offsets[position], segment.prog_offsets[position + 1]
-        leaves = segment.prog_arg[start:stop - 1]
-        preds = tuple(predicate_ast(segment.predicates, int(p), sample.schema) for p in leaves)
-        texts.append(to_text(And(preds) if len(preds) > 1 else preds[0]))
+    texts = [to_text(node) for node in conjunction_asts(sample._main, sample.schema)]
     parse_s, ingest_s = [], []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -134,3 +143,118 @@ def load_costs(workload, algorithm: str = "opindex", backend: str = "cpu", repea
             "save_s": statistics.median(save_s), "load_s": statistics.median(load_s),
             "load_first_match_s": statistics.median(first_s), "file_bytes": size,
             "structure_restored": restored, "same_answers": same}
+
+
+def update_rates(workload, algorithm: str = "betree", n: int = 1000, repeats: int = 3, options=None,
+                 seed: int = 0) -> dict:
+    """Adds and removals one subscription at a time, in subscriptions/s, on
+    an index of ``algorithm`` (a bench name, with ``options``) holding the
+    workload.  Medians of ``repeats``.
+
+    * Through the public API: ``Index.add(id, ast)`` of ``n`` new
+      subscriptions (copies of random ones under new ids; their ASTs made
+      beforehand from the compiled rows -- text parsing is counted apart,
+      ``--ingest``), then ``Index.remove(id)`` of ``n`` random ones.  The
+      Index's delta and tombstones keep every match exact meanwhile; its
+      merge policy may fold them in during the calls.  ``api_add_calls_per_s``
+      / ``api_remove_calls_per_s``: the calls alone; ``api_add_per_s`` /
+      ``api_remove_per_s``: with the merge and the first match after it,
+      which fold them into the algorithm's structure.
+    * The structure itself, where the matcher has a dynamic one (``betree``:
+      :class:`gpu_kernels.betree.tree.DynamicTree`), one unit per call of
+      ``insert`` / ``delete``, the units' keys computed beforehand from the
+      compiled rows: every unit into an empty tree (``tree_insert_per_s``),
+      the units of ``n`` random subscriptions deleted from the full tree
+      (``tree_delete_per_s``) and inserted back (``tree_reinsert_per_s``);
+      ``tree_build_per_s``: the build's single call inserting every unit
+      (one at a time inside it), which shows what the per-call cost adds."""
+    from engine.bench import algorithms as bench_algorithms
+
+    rng = np.random.default_rng(seed)
+    first = workload.events.slice(0, 1)
+    warm = bench_algorithms.new_index(algorithm, "cpu", options)   # compilation outside the timings
+    warm.add_many(first_subscriptions(workload.subscriptions, 64))
+    warm.match_batch(first)
+    for sub_id, node in zip((-1, -2), conjunction_asts(warm._main, warm.schema, [0, 1])):
+        warm.add(sub_id, node)
+    warm.merge()
+    warm.remove(-1)
+    warm.merge()
+    warm.match_batch(first)
+
+    index = bench_algorithms.new_index(algorithm, "cpu", options)
+    index.add_many(workload.subscriptions)
+    index.merge()
+    index.match_batch(first)
+    size = len(index)
+    out = {"workload": workload.name, "algorithm": algorithm, "n_subscriptions": size, "n": n}
+    if hasattr(index._matcher, "_dynamic_tree"):
+        out.update(_tree_rates(index._matcher, n, repeats, rng))
+
+    segment, schema = index._main, index.schema
+    next_id = int(index.ids().max()) + 1
+    times = {key: [] for key in ("add_calls", "add", "remove_calls", "remove")}
+    for _ in range(repeats):
+        nodes = conjunction_asts(segment, schema, rng.choice(len(segment), n, replace=False))
+        started = time.perf_counter()
+        for sub_id, node in zip(range(next_id, next_id + n), nodes):
+            index.add(sub_id, node)
+        times["add_calls"].append(time.perf_counter() - started)
+        index.merge()
+        index.match_batch(first)
+        times["add"].append(time.perf_counter() - started)
+        next_id += n
+        gone = rng.choice(index.ids(), n, replace=False)
+        started = time.perf_counter()
+        for sub_id in gone:
+            index.remove(int(sub_id))
+        times["remove_calls"].append(time.perf_counter() - started)
+        index.merge()
+        index.match_batch(first)
+        times["remove"].append(time.perf_counter() - started)
+        assert len(index) == size
+    for key, values in times.items():
+        out[f"api_{key}_per_s"] = n / statistics.median(values)
+    return out
+
+
+def _tree_rates(matcher, n: int, repeats: int, rng) -> dict:
+    """The ``tree_*`` rates of :func:`update_rates` on ``matcher``'s units."""
+    units = np.flatnonzero(matcher._possible)
+    subs = matcher.units.sub[units]
+    n_subs = len(np.unique(subs))
+    victims = units[np.isin(subs, rng.choice(np.unique(subs), min(n, n_subs), replace=False))]
+    victims = rng.permutation(victims)
+    warm = matcher._dynamic_tree(None, None)
+    for i in range(min(8, len(units))):
+        warm.insert(units[i:i + 1])
+    for i in range(min(8, len(units))):
+        warm.delete(units[i:i + 1])
+    times = {key: [] for key in ("insert", "delete", "reinsert", "build")}
+    for repeat in range(repeats):
+        dyn = matcher._dynamic_tree(None, None)
+        started = time.perf_counter()
+        for i in range(len(units)):
+            dyn.insert(units[i:i + 1])
+        times["insert"].append(time.perf_counter() - started)
+        if repeat == 0:
+            assert np.array_equal(np.sort(dyn.freeze().leaf_unit), units), "the tree lost or duplicated units"
+        started = time.perf_counter()
+        for i in range(len(victims)):
+            dyn.delete(victims[i:i + 1])
+        times["delete"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        for i in range(len(victims)):
+            dyn.insert(victims[i:i + 1])
+        times["reinsert"].append(time.perf_counter() - started)
+        if repeat == 0:
+            assert np.array_equal(np.sort(dyn.freeze().leaf_unit), units), "the tree lost or duplicated units"
+        dyn = matcher._dynamic_tree(None, None)
+        started = time.perf_counter()
+        dyn.insert(units)
+        times["build"].append(time.perf_counter() - started)
+    n_victims = len(np.unique(matcher.units.sub[victims]))
+    median = {key: statistics.median(values) for key, values in times.items()}
+    return {"n_units": len(units), "tree_insert_per_s": n_subs / median["insert"],
+            "tree_delete_per_s": n_victims / median["delete"], "tree_reinsert_per_s": n_victims / median["reinsert"],
+            "tree_build_per_s": n_subs / median["build"], "tree_build_s": median["build"]}

@@ -10,6 +10,8 @@ sweep_value        its value in this row (empty outside sweeps)
 algorithm          a registered algorithm (:mod:`engine.algorithms.registry`)
                    or a bench variant of one (:data:`~engine.bench.algorithms.VARIANTS`)
 backend            ``cpu`` or ``cuda``
+options            the algorithm options the run passed (``name=value; ...``,
+                   ``auto`` values resolved for the workload; empty: defaults)
 status             ``ok``; ``skipped`` (the combination does not run here:
                    ``note`` says why); ``error`` (it raised: ``note`` has the
                    exception)
@@ -59,8 +61,8 @@ from engine.bench import algorithms as bench_algorithms
 from engine.errors import BackendUnavailable
 from engine.index import Index
 
-COLUMNS = ("workload", "sweep_param", "sweep_value", "algorithm", "backend", "status", "n_subscriptions",
-           "n_predicates", "n_events", "build_s", "index_bytes", "events_per_s", "latency_p50_us",
+COLUMNS = ("workload", "sweep_param", "sweep_value", "algorithm", "backend", "options", "status",
+           "n_subscriptions", "n_predicates", "n_events", "build_s", "index_bytes", "events_per_s", "latency_p50_us",
            "latency_p99_us", "matches_per_event", "scan_events_per_s", "scan_sample", "ratio_to_scan", "correct",
            "note")
 
@@ -139,9 +141,9 @@ class _Measurement:
     singles: list           # index.match results of the latency events
 
 
-def _warm_up(algorithm, backend, subscriptions, events, dicts) -> None:
+def _warm_up(algorithm, backend, subscriptions, events, dicts, options=None) -> None:
     """A small untimed build and match, so that numba compiles outside the timings."""
-    index = bench_algorithms.new_index(algorithm, backend)
+    index = bench_algorithms.new_index(algorithm, backend, options)
     index.add_many(first_subscriptions(subscriptions, WARMUP_SUBS))
     index.merge()
     index.match_batch(events.slice(0, WARMUP_EVENTS), output="arrow")
@@ -149,12 +151,13 @@ def _warm_up(algorithm, backend, subscriptions, events, dicts) -> None:
         index.match(dicts[0])
 
 
-def _measure(algorithm, backend, subscriptions, events, dicts, repeats, *, latency=True, status) -> _Measurement:
+def _measure(algorithm, backend, subscriptions, events, dicts, repeats, *, latency=True, status,
+             options=None) -> _Measurement:
     status("warm-up")
-    _warm_up(algorithm, backend, subscriptions, events, dicts)
+    _warm_up(algorithm, backend, subscriptions, events, dicts, options)
     status("build")
     start = time.perf_counter()
-    index = bench_algorithms.new_index(algorithm, backend)
+    index = bench_algorithms.new_index(algorithm, backend, options)
     index.add_many(subscriptions)
     index.merge()
     index.match_batch(events.slice(0, 1), output="arrow")   # builds what the index builds lazily
@@ -227,7 +230,7 @@ def _resolve_workload(workload, scale, events_limit, seed):
 def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit=None, repeats: int = 3,
                   latency_samples: int = 200, scan_sample="auto", scan_budget: int = SCAN_BUDGET,
                   scale: float = DEFAULT_SCALE, seed: int = 0, progress: bool = True, strict: bool = False,
-                  extra: dict | None = None) -> list[dict]:
+                  extra: dict | None = None, algorithm_options: dict | None = None) -> list[dict]:
     """Benchmark ``algorithms`` x ``backends`` on each workload; one row per
     combination with the columns of :data:`COLUMNS`.
 
@@ -240,7 +243,11 @@ def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit
     ``events_limit``: time only the first that many events.
     ``scan_sample``: see :func:`scan_sample_size`.  ``strict``: re-raise an
     algorithm's exception instead of reporting an ``error`` row.
-    ``extra``: columns to set on every row (sweeps)."""
+    ``extra``: columns to set on every row (sweeps).  ``algorithm_options``:
+    ``{bench name: {option: value}}`` passed to that algorithm's index; the
+    value ``"auto"`` is chosen per workload
+    (:func:`engine.bench.algorithms.resolve_options`: ``betree`` ``max_cap``
+    by BE-Tree Table 4)."""
     backends = list(backends)
     if algorithms is None:
         algorithms = bench_algorithms.implemented_algorithms(backends)
@@ -255,14 +262,15 @@ def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit
             workload = _resolve_workload(workload, scale, events_limit, seed)
             rows += _bench_workload(workload, algorithms, backends, bar, events_limit=events_limit,
                                     repeats=repeats, latency_samples=latency_samples, scan_sample=scan_sample,
-                                    scan_budget=scan_budget, strict=strict, extra=extra or {})
+                                    scan_budget=scan_budget, strict=strict, extra=extra or {},
+                                    algorithm_options=algorithm_options or {})
     finally:
         bar.close()
     return rows
 
 
 def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeats, latency_samples, scan_sample,
-                    scan_budget, strict, extra) -> list[dict]:
+                    scan_budget, strict, extra, algorithm_options) -> list[dict]:
     subscriptions, events = workload.subscriptions, workload.events
     if events_limit is not None:
         events = events.slice(0, int(events_limit))
@@ -281,7 +289,9 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
         try:
             bench_algorithms.matcher_class("scan", backend)
             scans[backend] = _measure("scan", backend, subscriptions, sample, dicts, repeats,
-                                      latency="scan" in algorithms, status=status("scan", backend))
+                                      latency="scan" in algorithms, status=status("scan", backend),
+                                      options=bench_algorithms.resolve_options(
+                                          "scan", algorithm_options.get("scan"), workload))
         except BackendUnavailable as exc:
             scans[backend] = exc
         except Exception as exc:
@@ -308,6 +318,8 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
             if isinstance(scan, _Measurement):
                 row["scan_events_per_s"] = scan.events_per_s
             try:
+                options = bench_algorithms.resolve_options(algorithm, algorithm_options.get(algorithm), workload)
+                row["options"] = "; ".join(f"{key}={value}" for key, value in options.items()) or None
                 if algorithm == "scan":
                     if isinstance(scan, BaseException):
                         raise scan
@@ -315,7 +327,7 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
                 else:
                     bench_algorithms.matcher_class(algorithm, backend)   # BackendUnavailable before any work
                     measured = _measure(algorithm, backend, subscriptions, events, dicts, repeats,
-                                        status=status(algorithm, backend))
+                                        status=status(algorithm, backend), options=options)
             except BackendUnavailable as exc:
                 row.update(status="skipped", note=str(exc))
             except Exception as exc:

@@ -36,6 +36,7 @@ _TABLE = (
     ("sweep_value", "value", str),
     ("algorithm", "algorithm", str),
     ("backend", "backend", str),
+    ("options", "options", lambda v: v or ""),
     ("n_subscriptions", "subs", lambda v: f"{v:,}"),
     ("n_events", "events", lambda v: f"{v:,}"),
     ("build_s", "build s", _num),
@@ -54,7 +55,8 @@ _TABLE = (
 def format_table(rows) -> str:
     """The rows as a plain aligned text table."""
     swept = any(r.get("sweep_param") for r in rows)
-    columns = [c for c in _TABLE if c[0] != "sweep_value" or swept]
+    optioned = any(r.get("options") for r in rows)
+    columns = [c for c in _TABLE if (c[0] != "sweep_value" or swept) and (c[0] != "options" or optioned)]
     if swept:
         params = sorted({str(r["sweep_param"]) for r in rows if r.get("sweep_param")})
         columns = [(c[0], "/".join(params), c[2]) if c[0] == "sweep_value" else c for c in columns]
@@ -68,7 +70,7 @@ def format_table(rows) -> str:
             elif key == "sweep_value":
                 line.append(str(value) if row.get("sweep_param") else "-")
             else:
-                line.append("-" if value is None and key != "note" else fmt(value))
+                line.append("-" if value is None and key not in ("note", "options") else fmt(value))
         cells.append(line)
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     numeric = {"n_subscriptions", "n_events", "build_s", "index_bytes", "events_per_s", "latency_p50_us",
@@ -106,6 +108,17 @@ def write_csv(rows, path) -> None:
             if row.get("sweep_param") and row.get("sweep_value") is None:
                 out["sweep_value"] = "None"      # a swept None (e.g. zipf: uniform), not a missing value
             writer.writerow(out)
+
+
+def write_records(records, path) -> None:
+    """Write dicts of any keys (``--updates``, ``--ingest``, ``--load``: one
+    per measurement) to ``path`` as CSV, the columns in order of appearance."""
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for record in records:
+            writer.writerow({c: _csv_value(record.get(c)) for c in columns})
 
 
 def plot(rows, path=None):
