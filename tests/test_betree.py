@@ -121,7 +121,7 @@ def _encloses(depth, prefix, lo, hi):
 def check_tree(matcher: BETreeMatcher) -> None:
     """§4.1's properties and §4.3's invariance on a flattened tree."""
     tree, units = matcher.tree, matcher.units
-    k_off, k_attr, k_lo, k_hi = matcher._keys
+    k_off, k_attr, k_lo, k_hi = matcher.keys
     parent, via_p, level, prefix = _parents(tree)
     n = len(tree.c_depth)
     # 1. the root is a c-node (0, in no directory); 3-4. children of c-nodes are p-nodes or halves
@@ -284,7 +284,7 @@ def test_thaw_then_freeze_gives_the_same_tree():
     idx = Index(algorithm="betree", options={"max_cap": 2, "min_size": 1})
     idx.add_many(w.subscriptions)
     m = betree_of(idx)
-    again = DynamicTree.thawed(m.tree, np.arange(len(m.units)), len(m.units), m._keys, len(m.string_attr) + 1,
+    again = DynamicTree.thawed(m.tree, np.arange(len(m.units)), len(m.units), m.keys, len(m.string_attr) + 1,
                                m.max_cap, m.min_size).freeze()
     for name in BETreeArrays._fields:
         assert np.array_equal(getattr(again, name), getattr(m.tree, name)), name

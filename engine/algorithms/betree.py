@@ -258,11 +258,21 @@ class BETreeMatcher(HostMatcher):
     def _dynamic_tree(self, flat: BETreeArrays | None, unit_map) -> DynamicTree:
         n_attrs = len(self.string_attr) + 1
         if flat is None:
-            return DynamicTree(len(self.units), self._keys, n_attrs, self.max_cap, self.min_size)
-        return DynamicTree.thawed(flat, unit_map, len(self.units), self._keys, n_attrs, self.max_cap,
+            return DynamicTree(len(self.units), self.keys, n_attrs, self.max_cap, self.min_size)
+        return DynamicTree.thawed(flat, unit_map, len(self.units), self.keys, n_attrs, self.max_cap,
                                   self.min_size)
 
+    @property
+    def keys(self):
+        """The units' key intervals (CSR by unit): made when the segment is
+        read, dropped once the tree is flattened (at a million subscriptions
+        they weigh as much as the leaves), made again when asked for."""
+        if self._keys is None:
+            self._keys, _ = unit_keys(self.units, self.string_attr, self.str_map)
+        return self._keys
+
     def _set_tree(self, tree: BETreeArrays) -> None:
+        self._keys = None
         self.tree = tree
         units = self.units
         exact = exact_equalities(units.rows, self.string_attr, self.str_map)
@@ -274,7 +284,8 @@ class BETreeMatcher(HostMatcher):
         v_min, v_max, _ = interval_bounds(v_op, rows.lo[v_pid], rows.hi[v_pid])
         # IN / NOT IN lists copied inline, in leaf order; an IN's interval is its first to last value
         set_len = np.diff(rows.set_offsets)[v_pid]
-        v_set = np.concatenate(([0], np.cumsum(set_len))).astype(np.int64)
+        v_set = np.concatenate(([0], np.cumsum(set_len)))
+        v_set = v_set.astype(np.int32 if v_set[-1] < 2 ** 31 else np.int64)     # (one per leaf predicate)
         v_sets = rows.set_values[np.repeat(rows.set_offsets[:-1][v_pid] - v_set[:-1], set_len)
                                  + np.arange(int(v_set[-1]))]
         is_in = (v_op == opcodes.IN) & (set_len > 0)
@@ -414,8 +425,7 @@ class BETreeMatcher(HostMatcher):
     # --------------------------------------------------------------- memory
     @property
     def nbytes(self) -> int:
-        arrays = list(self.tree) + list(self.leaf) + list(self.table[:2]) + list(self.units[:4]) + list(self.units.rows) + \
-            list(self._keys)
+        arrays = list(self.tree) + list(self.leaf) + list(self.table[:2]) + list(self.units[:4]) + list(self.units.rows)
         return self.segment.nbytes + sum(int(a.nbytes) for a in arrays)
 
     def statistics(self) -> dict:
@@ -474,7 +484,7 @@ class BETreeMatcher(HostMatcher):
         if not np.array_equal(indexed, new._possible):
             raise ValueError("saved BE-Tree: its leaves do not hold exactly the segment's units")
         bad = misplaced_unit(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_attr, tree.p_top,
-                             tree.leaf_unit, *new._keys)
+                             tree.leaf_unit, *new.keys)
         if bad >= 0:
             raise ValueError(f"saved BE-Tree: unit {bad} sits in a bucket that does not enclose it")
         new._set_tree(tree)

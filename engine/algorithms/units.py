@@ -54,7 +54,7 @@ class Units(NamedTuple):
 
     sub: np.ndarray          # int64
     offsets: np.ndarray      # int64
-    pids: np.ndarray         # int64
+    pids: np.ndarray         # int32
     first: np.ndarray        # int64
     rows: PredicateRows
 
@@ -121,7 +121,7 @@ def dnf_units(segment: Segment, dnf_limit: int) -> Units:
     pids = pids_all[np.repeat(starts - offsets[:-1], lens) + np.arange(int(offsets[-1]))] if len(sub) else \
         np.zeros(0, np.int64)
     first = np.searchsorted(sub, np.arange(n_subs + 1)).astype(np.int64)
-    return Units(sub, offsets, pids.astype(np.int64), first, _extended_rows(preds, negated))
+    return Units(sub, offsets, pids.astype(np.int32), first, _extended_rows(preds, negated))
 
 
 def _extended_rows(preds, negated: dict) -> PredicateRows:

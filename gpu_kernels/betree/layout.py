@@ -101,7 +101,7 @@ class LeafArrays(NamedTuple):
     l_head: np.ndarray      # int64 [n_l + 1, 2]
     v_pid: np.ndarray       # int32 [n_v]
     v_pred: np.ndarray      # float64 [n_v, 3]
-    v_set: np.ndarray       # int64 [n_v + 1]
+    v_set: np.ndarray       # int32 (int64 past 2**31 values) [n_v + 1]
     v_sets: np.ndarray      # float64
 
     @property
