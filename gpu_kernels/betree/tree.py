@@ -205,12 +205,11 @@ def _new_half(C, counts, c, half):
 
 
 @njit(nogil=True)
-def _new_pnode(C, P, H, counts, c, attr):
-    """A p-node for ``attr`` in c-node ``c``'s p-directory, with the empty
-    top bucket of its clustering directory (Algorithm 5, line 4)."""
-    p = counts[N_P]
-    counts[N_P] = p + 1
+def _attach_pnode(C, P, H, counts, c, p, attr, top):
+    """Make row ``p`` the p-node of ``attr`` in c-node ``c``'s p-directory
+    (its sibling list and the hash), its directory's top bucket ``top``."""
     P[p, P_ATTR] = attr
+    P[p, P_TOP] = top
     P[p, P_PARENT] = c
     P[p, P_SCORE] = 0
     P[p, P_ALIVE] = 1
@@ -221,8 +220,16 @@ def _new_pnode(C, P, H, counts, c, attr):
         P[first, P_PREV] = p
     C[c, PFIRST] = p
     C[c, NP] += 1
-    P[p, P_TOP] = _new_cnode(C, counts, 0, np.uint64(0), -1, p, C[c, PDEPTH] + 1)
     _hash_put(H, counts, c, attr, p)
+
+
+@njit(nogil=True)
+def _new_pnode(C, P, H, counts, c, attr):
+    """A p-node for ``attr`` in c-node ``c``'s p-directory, with the empty
+    top bucket of its clustering directory (Algorithm 5, line 4)."""
+    p = counts[N_P]
+    counts[N_P] = p + 1
+    _attach_pnode(C, P, H, counts, c, p, attr, _new_cnode(C, counts, 0, np.uint64(0), -1, p, C[c, PDEPTH] + 1))
     return p
 
 
@@ -656,19 +663,7 @@ def thaw(T, c_depth, c_child, c_cap, c_leaf, c_pdir, p_attr, p_top, leaf_unit, u
                 C[h, PREFIX] = np.int64(base | np.uint64(half))
         for k in range(c_pdir[c + 1] - 1, c_pdir[c] - 1, -1):
             top = p_top[k]
-            P[k, P_ATTR] = p_attr[k]
-            P[k, P_TOP] = top
-            P[k, P_PARENT] = c
-            P[k, P_SCORE] = 0
-            P[k, P_ALIVE] = 1
-            first = C[c, PFIRST]
-            P[k, P_NEXT] = first
-            P[k, P_PREV] = -1
-            if first >= 0:
-                P[first, P_PREV] = k
-            C[c, PFIRST] = k
-            C[c, NP] += 1
-            _hash_put(H, counts, c, p_attr[k], k)
+            _attach_pnode(C, P, H, counts, c, k, p_attr[k], top)
             C[top, PARENT] = -1
             C[top, PNODE] = k
             C[top, PDEPTH] = C[c, PDEPTH] + 1
