@@ -34,12 +34,11 @@ per c-node one event can visit, per block).
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 
 from engine.algorithms.betree import DEFAULT_LIMIT, BETreeMatcher
-from engine.algorithms.cuda_base import ChunkedCudaMatcher, pattern_columns
+from engine.algorithms.cuda_base import HostStructureCudaMatcher, pattern_columns
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE, BETreeOptions
 from engine.backend import device_memory_budget, resolve_backend
 from gpu_kernels import cuda_support
@@ -67,7 +66,7 @@ SPILL_BLOCKS = 64
 SPILL_SHARE = 4
 
 
-class BETreeCudaMatcher(ChunkedCudaMatcher):
+class BETreeCudaMatcher(HostStructureCudaMatcher):
     """BE-Tree on the device (see the module docstring).
 
     Takes the options of :class:`~engine.algorithms.betree.BETreeMatcher`
@@ -113,8 +112,6 @@ class BETreeCudaMatcher(ChunkedCudaMatcher):
         matcher.settings = settings
         return matcher
 
-    def to_arrays(self):
-        return self.host.to_arrays()
 
     def _configure(self, launch, device_memory, queue_capacity) -> None:
         """The device settings (``launch`` and ``device_memory`` checked by BETreeOptions)."""
@@ -137,26 +134,6 @@ class BETreeCudaMatcher(ChunkedCudaMatcher):
         self.segment = host.segment
         self._n_patterns = pattern_columns(host.segment)
         self._refresh()
-
-    def merged(self, segment, old_to_new, added, schema=None) -> "BETreeCudaMatcher":
-        """The Index's merge protocol (see
-        :meth:`~engine.algorithms.betree.BETreeMatcher.merged`: the tree is
-        thawed, updated and flattened again on the host), then the changed
-        arrays copied to the device; this matcher is unchanged."""
-        derived = copy.copy(self)
-        derived._attach(self.host.merged(segment, old_to_new, added, schema))
-        return derived
-
-    def recoded(self, segment, schema) -> "BETreeCudaMatcher":
-        """The same tree under a grown string dictionary (see
-        :meth:`~engine.algorithms.betree.BETreeMatcher.recoded`): only the
-        predicate codes and the base-code map are copied again."""
-        host = self.host.recoded(segment, schema)
-        if host is self.host:
-            return self
-        derived = copy.copy(self)
-        derived._attach(host)
-        return derived
 
     # ------------------------------------------------------------ device copy
     def _refresh(self) -> None:

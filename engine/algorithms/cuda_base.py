@@ -359,3 +359,33 @@ class ChunkedCudaMatcher(Matcher):
                 rows, cols = fill_rows_cuda(hits, first, last, start, hit_offsets, n_tiles, launch=self.launch,
                                             col_dtype=col_dtype)
             yield start + first, row_ends[first:last + 1] - row_ends[first], rows, cols
+
+
+class HostStructureCudaMatcher(ChunkedCudaMatcher):
+    """A cuda matcher serving a structure built and updated on the host (the
+    indexing algorithms: OpIndex, BE-Tree): ``self.host`` is the algorithm's
+    host matcher, and ``_attach(host)`` takes one and copies to the device
+    what changed.  Merges and recodes are the host's, the result attached to
+    a copy of this matcher (which itself stays as it is, for the matches in
+    flight); the saved structure is the host's."""
+
+    host: Matcher
+
+    def _attach(self, host) -> None:
+        raise NotImplementedError
+
+    def merged(self, segment, old_to_new, added, schema=None):
+        derived = copy.copy(self)
+        derived._attach(self.host.merged(segment, old_to_new, added, schema))
+        return derived
+
+    def recoded(self, segment, schema):
+        host = self.host.recoded(segment, schema)
+        if host is self.host:
+            return self
+        derived = copy.copy(self)
+        derived._attach(host)
+        return derived
+
+    def to_arrays(self):
+        return self.host.to_arrays()

@@ -37,11 +37,10 @@ always-checked items still run their programs in the atomic kernel.
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 
-from engine.algorithms.cuda_base import ChunkedCudaMatcher, check_program_depths, pattern_columns
+from engine.algorithms.cuda_base import HostStructureCudaMatcher, check_program_depths, pattern_columns
 from engine.algorithms.opindex import DEFAULT_SEGMENTS, DEFAULT_SIGNATURE_BITS, OpIndexMatcher
 from engine.algorithms.options import SHARED_MEMORY, OpIndexOptions
 from engine.backend import resolve_backend
@@ -84,7 +83,7 @@ SORT_BYTES_PER_KEY = 48
 MAX_SORT_KEYS = 1 << 30
 
 
-class OpIndexCudaMatcher(ChunkedCudaMatcher):
+class OpIndexCudaMatcher(HostStructureCudaMatcher):
     """OpIndex on the device (see the module docstring).
 
     Takes the options of :class:`~engine.algorithms.opindex.OpIndexMatcher`
@@ -137,8 +136,6 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         matcher.settings = settings
         return matcher
 
-    def to_arrays(self):
-        return self.host.to_arrays()
 
     def _configure(self, launch, threads, device_memory, shared_memory, counting) -> None:
         """The device settings (values checked by OpIndexOptions)."""
@@ -164,25 +161,6 @@ class OpIndexCudaMatcher(ChunkedCudaMatcher):
         self._n_patterns = pattern_columns(host.segment)
         self._uploaded_from = None
         self._refresh()
-
-    def merged(self, segment, old_to_new, added, schema=None) -> "OpIndexCudaMatcher":
-        """The Index's merge protocol (see
-        :meth:`~engine.algorithms.opindex.OpIndexMatcher.merged`): the host
-        index is derived from this one's, then copied to the device."""
-        derived = copy.copy(self)
-        derived._attach(self.host.merged(segment, old_to_new, added, schema))
-        return derived
-
-    def recoded(self, segment, schema) -> "OpIndexCudaMatcher":
-        """The same index under a grown string dictionary (see
-        :meth:`~engine.algorithms.opindex.OpIndexMatcher.recoded`), copied
-        to the device; this matcher is unchanged."""
-        host = self.host.recoded(segment, schema)
-        if host is self.host:
-            return self
-        derived = copy.copy(self)
-        derived._attach(host)
-        return derived
 
     # ------------------------------------------------------------ device copy
     def _refresh(self) -> None:
