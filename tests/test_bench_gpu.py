@@ -51,8 +51,13 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
     assert rc == 0, out
     ratios = out.split("== cuda / cpu")[1].split("==")[0].splitlines()
     assert sorted(line.split()[1] for line in ratios[2:] if line.split()) == sorted(registry.names("cuda"))
-    phases = out.split("phases synchronised, seconds)")[1].splitlines()[1]
-    assert phases.startswith("W1-toy: events-in ") and "counting" in phases and "copy-back" in phases
+    phases = out.split("phases synchronised, seconds)")[1].splitlines()[1:]
+    assert phases[0].startswith("W1-toy opindex: events-in ") and "counting" in phases[0] \
+        and "copy-back" in phases[0]
+    # every cuda algorithm but scan gets its host-array and device-resident batch timed
+    copies = out.split("one batch, after event encoding)")[1].split("==")[0].splitlines()
+    assert sorted(line.split()[1] for line in copies[2:] if line.split()) \
+        == sorted(set(registry.names("cuda")) - {"scan"})
     counting = out.split("atomic decrements vs sort-and-segment")[1].splitlines()
     header, row = counting[1].split(), counting[2].split()
     assert header == ["workload", "events", "device_io_s", "sort_counting_s", "atomic_over_sort", "sort_agrees"]

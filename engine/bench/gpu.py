@@ -179,9 +179,12 @@ def main(argv=None) -> int:
                                   events_limit=args.cpu_events if backend == "cpu" else None,
                                   latency_samples=args.latency_samples, progress=not args.quiet)
         numba.set_num_threads(all_threads)
-        if "opindex" in algorithms and not args.no_copy_share:
-            shares.append(copy_share(workload, "opindex", args.repeats, counting=not args.no_counting,
-                                     block_sizes=block_sizes))
+        if not args.no_copy_share:
+            for algorithm in algorithms:
+                if algorithm in registry.names("cuda") and algorithm != "scan":
+                    shares.append(copy_share(workload, algorithm, args.repeats,
+                                             counting=not args.no_counting and algorithm == "opindex",
+                                             block_sizes=block_sizes if algorithm == "opindex" else ()))
         print(f"\n== {name} (scale {args.scale:g}) on {device}; cpu rows with {args.cpu_threads} numba threads "
               f"of {all_threads}", flush=True)
         print(format_table([r for r in rows if r["workload"] == workload.name]), flush=True)
@@ -190,21 +193,22 @@ def main(argv=None) -> int:
     print(f"\n== cuda / cpu ({device}; cpu = {args.cpu_threads} numba threads)")
     print(_table(ratios(rows), ("workload", "algorithm", "cpu_events_per_s", "cuda_events_per_s", "cuda_over_cpu")))
     if shares:
-        print("\n== host<->device copies (opindex on cuda, one batch, after event encoding)")
-        print(_table(shares, ("workload", "events", "pairs", "host_io_s", "device_io_s", "copy_share",
+        print("\n== host<->device copies (on cuda, one batch, after event encoding)")
+        print(_table(shares, ("workload", "algorithm", "events", "pairs", "host_io_s", "device_io_s", "copy_share",
                               "device_events_per_s")))
-        print("\n== where the host-array batch's time goes (opindex on cuda; phases synchronised, seconds)")
+        print("\n== where the host-array batch's time goes (on cuda; phases synchronised, seconds)")
         for r in shares:
-            print(f"{r['workload']}: " + ", ".join(f"{name} {t:.4g}" for name, t in r["phases"].items()))
+            print(f"{r['workload']} {r['algorithm']}: " + ", ".join(f"{name} {t:.4g}" for name, t in r["phases"].items()))
         if any(r.get("block_sizes") for r in shares):
             print("\n== opindex on cuda, device-resident, by threads per block (seconds; 'chosen' = per chunk)")
-            for r in shares:
+            for r in (r for r in shares if r.get("block_sizes")):
                 print(f"{r['workload']}: chosen {r['device_io_s']:.4g}, " +
                       ", ".join(f"{t} {sec:.4g}" for t, sec in r.get("block_sizes", {}).items()))
         if any("sort_counting_s" in r for r in shares):
             print("\n== opindex counting on cuda, device-resident: atomic decrements vs sort-and-segment")
-            print(_table(shares, ("workload", "events", "device_io_s", "sort_counting_s", "atomic_over_sort",
-                                  "sort_agrees")))
+            print(_table([r for r in shares if "sort_counting_s" in r],
+                         ("workload", "events", "device_io_s", "sort_counting_s", "atomic_over_sort",
+                          "sort_agrees")))
     bad = [r for r in rows if r.get("status") == "ok" and r.get("correct") is False]
     bad += [r for r in shares if r.get("sort_agrees") is False]
     return 1 if bad else 0
