@@ -377,3 +377,15 @@ def test_a_saved_tree_loads_without_building_and_crafted_trees_fail(tmp_path, mo
         idx.save(path)
         with pytest.raises(IndexFileError):
             Index.load(path)
+
+
+def test_structures_handed_to_cuda_kernels_have_len_of_their_fields():
+    # numba-cuda's launch on a real GPU flattens a NamedTuple argument and
+    # asserts len(value) == its number of fields: a __len__ meaning "rows"
+    # passes the simulator and fails on the device (it did, on an H100)
+    from engine.algorithms.units import PredicateRows
+    from gpu_kernels.betree.cuda import DeviceLeafArrays
+    from gpu_kernels.betree.layout import BETreeArrays
+    for kind in (PredicateRows, DeviceLeafArrays, BETreeArrays):
+        value = kind(*(np.zeros(3) for _ in kind._fields))
+        assert len(value) == len(kind._fields)

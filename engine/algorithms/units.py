@@ -39,9 +39,8 @@ class PredicateRows(NamedTuple):
     aux: np.ndarray          # int64 (pattern id for LIKE/MATCHES)
     set_offsets: np.ndarray  # int64 CSR into set_values (IN / NOT IN lists, sorted)
     set_values: np.ndarray   # float64
-
-    def __len__(self) -> int:
-        return len(self.op)
+    # (no __len__: a NamedTuple handed to a CUDA kernel must have len() ==
+    # its number of fields, which numba-cuda's launch asserts on a real GPU)
 
 
 class Units(NamedTuple):

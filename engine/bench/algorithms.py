@@ -1,15 +1,51 @@
 """What a benchmark can run: the registered algorithms
 (:mod:`engine.algorithms.registry`, read when asked, so that one registered
 at runtime is included), the bench's own variants of them, and the
-algorithm options a run passes (``bexmatch bench --option ALG.NAME=VALUE``)."""
+algorithm options a run passes (``bexmatch bench --option ALG.NAME=VALUE``).
+
+A *variant* is a registered algorithm with some options fixed, benchmarked
+under its own name next to it (the papers' ablations).  It is offered only
+while its algorithm is registered, so the A-PCM ones appear as soon as
+``apcm`` is.
+
+How options reach a run of bench name ``N`` (:func:`options_of`, then
+:func:`new_index`), later ones winning:
+
+1. the options given to its algorithm (``--option apcm.cluster_size=4``),
+   except those the variant fixes -- they are what the variant *is*;
+2. the variant's fixed options (:data:`VARIANTS`);
+3. the options given to ``N`` itself (``--option apcm-cu.reorder=true``):
+   asked for by name, so they override even the variant's definition.
+"""
 
 from __future__ import annotations
 
 from engine.algorithms import registry
 from engine.index import Index
 
-#: ablations measured next to the algorithms: bench name -> (algorithm, Index options)
-VARIANTS = {"opindex-bs": ("opindex", {"variant": "bs"})}   # OpIndex-BS: no segments, no signatures
+#: ablations measured next to the algorithms: bench name -> (algorithm, the Index options it fixes)
+VARIANTS = {
+    # OpIndex-BS (OpIndex §7): no segments, no signatures
+    "opindex-bs": ("opindex", {"variant": "bs"}),
+    # A-PCM §VII-A: the macro experiments' baselines on BE-Tree's bitmap-encoded events
+    "apcm-bitmap": ("apcm", {"variant": "bitmap"}),
+    "apcm-parallel": ("apcm", {"variant": "parallel"}),
+    # A-PCM §VII-B, Fig. 8: the compressed-matching optimisations one by one
+    "apcm-c": ("apcm", {"variant": "pcm", "reorder": False, "unroll": False, "parallel_paths": False}),
+    "apcm-cu": ("apcm", {"variant": "pcm", "reorder": False, "parallel_paths": False}),
+    "apcm-cupp": ("apcm", {"variant": "pcm", "reorder": False}),
+    "apcm-cuppre": ("apcm", {"variant": "pcm"}),
+}
+#: what each variant is, for ``bexmatch bench --help``
+VARIANT_TITLES = {
+    "opindex-bs": "OpIndex-BS: binary search only, no segments or signatures",
+    "apcm-bitmap": "A-PCM's 'Bitmap': BE-Tree on bitmap-encoded events, one event at a time, one thread",
+    "apcm-parallel": "A-PCM's 'Parallel': the same, one event per core",
+    "apcm-c": "Fig. 8 'C': compressed events, clusters in arrival order, leaf scans inside the traversal",
+    "apcm-cu": "Fig. 8 'C-U': + traversal unrolling",
+    "apcm-cupp": "Fig. 8 'C-U-PP': + parallel path traversal (Fig. 8(a) runs it on sorted_stream=true)",
+    "apcm-cuppre": "Fig. 8 'C-U-PP-RE': + online stream re-ordering, every cluster compressed",
+}
 #: an option value chosen per workload from its generating parameters
 AUTO = "auto"
 
@@ -22,8 +58,19 @@ def _max_cap_for_workload(params: dict) -> int:
     return max_cap_for(float(params["match_prob"]))
 
 
-#: (algorithm, option) -> its value from a workload's params, for the value AUTO
-AUTOMATIC = {("betree", "max_cap"): _max_cap_for_workload}
+#: (algorithm, option) -> its value from a workload's params, for the value AUTO;
+#: A-PCM sizes its BE-Tree clusters by the same guideline (A-PCM §VII-A)
+AUTOMATIC = {("betree", "max_cap"): _max_cap_for_workload, ("apcm", "max_cap"): _max_cap_for_workload}
+
+
+def base_of(name: str) -> str:
+    """The registered algorithm behind bench name ``name``."""
+    return VARIANTS.get(name, (name,))[0]
+
+
+def fixed_options(name: str) -> dict:
+    """The options bench name ``name`` fixes (empty for an algorithm)."""
+    return dict(VARIANTS[name][1]) if name in VARIANTS else {}
 
 
 def names() -> tuple[str, ...]:
@@ -41,14 +88,45 @@ def implemented_algorithms(backends=("cpu",)) -> list[str]:
 def matcher_class(name: str, backend: str):
     """The matcher class behind bench name ``name`` on ``backend``:
     BackendUnavailable for an unknown name or an unimplemented backend."""
-    return registry.get(VARIANTS.get(name, (name,))[0]).matcher_class(backend)
+    return registry.get(base_of(name)).matcher_class(backend)
+
+
+def parse_option_value(text: str):
+    """An option value from the command line: ``none``, ``true`` and
+    ``false`` (any case), an int, a float, else the text itself."""
+    raw = str(text).strip()
+    low = raw.lower()
+    if low in ("none", "true", "false"):
+        return None if low == "none" else low == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def options_of(name: str, algorithm_options: dict | None) -> dict:
+    """The options a run of bench name ``name`` passes on top of its
+    variant's fixed ones, from ``{bench name: {option: value}}`` (the
+    module docstring gives the order): its algorithm's options but those the
+    variant fixes, then its own."""
+    algorithm_options = algorithm_options or {}
+    own = dict(algorithm_options.get(name) or {})
+    base = base_of(name)
+    if base == name:
+        return own
+    fixed = fixed_options(name)
+    inherited = {key: value for key, value in (algorithm_options.get(base) or {}).items() if key not in fixed}
+    return {**inherited, **own}
 
 
 def check_options(name: str, options: dict | None, backend: str = "cpu") -> None:
     """Refuse options bench name ``name`` does not take (TypeError /
-    ValueError), before any work; an :data:`AUTO` value must be one of
-    :data:`AUTOMATIC`."""
-    base = VARIANTS.get(name, (name,))[0]
+    ValueError), before any work: they are checked together with the
+    variant's fixed ones, as the index will get them; an :data:`AUTO` value
+    must be one of :data:`AUTOMATIC`."""
+    base = base_of(name)
     concrete = {}
     for key, value in (options or {}).items():
         if value == AUTO:
@@ -57,14 +135,14 @@ def check_options(name: str, options: dict | None, backend: str = "cpu") -> None
                 raise ValueError(f"{name}.{key}={AUTO}: only {automatic} can be chosen per workload")
         else:
             concrete[key] = value
-    registry.get(base).make_options(concrete, backend)
+    registry.get(base).make_options({**fixed_options(name), **concrete}, backend)
 
 
 def resolve_options(name: str, options: dict | None, workload=None) -> dict:
     """``options`` of bench name ``name`` with each :data:`AUTO` value
     chosen from ``workload.params`` (e.g. ``betree`` ``max_cap``: BE-Tree
     Table 4 by the workload's matching probability)."""
-    base = VARIANTS.get(name, (name,))[0]
+    base = base_of(name)
     params = getattr(workload, "params", None) or {}
     return {key: AUTOMATIC[base, key](params) if value == AUTO else value
             for key, value in (options or {}).items()}
@@ -73,6 +151,5 @@ def resolve_options(name: str, options: dict | None, workload=None) -> dict:
 def new_index(name: str, backend: str, options: dict | None = None) -> Index:
     """An empty index of bench name ``name`` (a variant: its algorithm with
     its options), with ``options`` (resolved: no :data:`AUTO`) on top."""
-    base, fixed = VARIANTS.get(name, (name, None))
-    merged = {**(fixed or {}), **(options or {})}
-    return Index(algorithm=base, backend=backend, options=merged or None)
+    merged = {**fixed_options(name), **(options or {})}
+    return Index(algorithm=base_of(name), backend=backend, options=merged or None)

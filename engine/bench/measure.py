@@ -5,8 +5,13 @@ backend) one row, with the columns of :data:`COLUMNS`:
 column             meaning
 =================  ============================================================
 workload           the workload's name (sweeps: ``generator param=value``)
-sweep_param        the swept generator parameter (empty outside sweeps)
+sweep_param        the swept generator parameter, or the swept algorithm
+                   option as ``algorithm.option`` (empty outside sweeps)
 sweep_value        its value in this row (empty outside sweeps)
+series_param       a sweep's second axis (``--series``), one plotted line per
+                   value: a generator parameter or ``algorithm.option``
+                   (empty without one)
+series_value       its value in this row (empty without one)
 algorithm          a registered algorithm (:mod:`engine.algorithms.registry`)
                    or a bench variant of one (:data:`~engine.bench.algorithms.VARIANTS`)
 backend            ``cpu`` or ``cuda``
@@ -61,10 +66,10 @@ from engine.bench import algorithms as bench_algorithms
 from engine.errors import BackendUnavailable
 from engine.index import Index
 
-COLUMNS = ("workload", "sweep_param", "sweep_value", "algorithm", "backend", "options", "status",
-           "n_subscriptions", "n_predicates", "n_events", "build_s", "index_bytes", "events_per_s", "latency_p50_us",
-           "latency_p99_us", "matches_per_event", "scan_events_per_s", "scan_sample", "ratio_to_scan", "correct",
-           "note")
+COLUMNS = ("workload", "sweep_param", "sweep_value", "series_param", "series_value", "algorithm", "backend",
+           "options", "status", "n_subscriptions", "n_predicates", "n_events", "build_s", "index_bytes",
+           "events_per_s", "latency_p50_us", "latency_p99_us", "matches_per_event", "scan_events_per_s",
+           "scan_sample", "ratio_to_scan", "correct", "note")
 
 #: scan runs on the whole event table when subscriptions x events is at most this
 SCAN_BUDGET = 20_000_000
@@ -244,8 +249,10 @@ def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit
     ``scan_sample``: see :func:`scan_sample_size`.  ``strict``: re-raise an
     algorithm's exception instead of reporting an ``error`` row.
     ``extra``: columns to set on every row (sweeps).  ``algorithm_options``:
-    ``{bench name: {option: value}}`` passed to that algorithm's index; the
-    value ``"auto"`` is chosen per workload
+    ``{bench name: {option: value}}`` passed to that algorithm's index (an
+    algorithm's also to its variants, but for the options a variant fixes:
+    :func:`engine.bench.algorithms.options_of`); the value ``"auto"`` is
+    chosen per workload
     (:func:`engine.bench.algorithms.resolve_options`: ``betree`` ``max_cap``
     by BE-Tree Table 4)."""
     backends = list(backends)
@@ -291,7 +298,7 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
             scans[backend] = _measure("scan", backend, subscriptions, sample, dicts, repeats,
                                       latency="scan" in algorithms, status=status("scan", backend),
                                       options=bench_algorithms.resolve_options(
-                                          "scan", algorithm_options.get("scan"), workload))
+                                          "scan", bench_algorithms.options_of("scan", algorithm_options), workload))
         except BackendUnavailable as exc:
             scans[backend] = exc
         except Exception as exc:
@@ -318,7 +325,8 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
             if isinstance(scan, _Measurement):
                 row["scan_events_per_s"] = scan.events_per_s
             try:
-                options = bench_algorithms.resolve_options(algorithm, algorithm_options.get(algorithm), workload)
+                options = bench_algorithms.resolve_options(
+                    algorithm, bench_algorithms.options_of(algorithm, algorithm_options), workload)
                 row["options"] = "; ".join(f"{key}={value}" for key, value in options.items()) or None
                 if algorithm == "scan":
                     if isinstance(scan, BaseException):

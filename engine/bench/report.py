@@ -34,6 +34,7 @@ def _num(x, digits=3) -> str:
 _TABLE = (
     ("workload", "workload", str),
     ("sweep_value", "value", str),
+    ("series_value", "series", str),
     ("algorithm", "algorithm", str),
     ("backend", "backend", str),
     ("options", "options", lambda v: v or ""),
@@ -54,12 +55,14 @@ _TABLE = (
 
 def format_table(rows) -> str:
     """The rows as a plain aligned text table."""
-    swept = any(r.get("sweep_param") for r in rows)
-    optioned = any(r.get("options") for r in rows)
-    columns = [c for c in _TABLE if (c[0] != "sweep_value" or swept) and (c[0] != "options" or optioned)]
-    if swept:
-        params = sorted({str(r["sweep_param"]) for r in rows if r.get("sweep_param")})
-        columns = [(c[0], "/".join(params), c[2]) if c[0] == "sweep_value" else c for c in columns]
+    shown = {"sweep_value": any(r.get("sweep_param") for r in rows),
+             "series_value": any(r.get("series_param") for r in rows),
+             "options": any(r.get("options") for r in rows)}
+    columns = [c for c in _TABLE if shown.get(c[0], True)]
+    for axis in ("sweep", "series"):      # an axis column is headed by the parameter it varies
+        if shown[f"{axis}_value"]:
+            params = "/".join(sorted({str(r[f"{axis}_param"]) for r in rows if r.get(f"{axis}_param")}))
+            columns = [(c[0], params, c[2]) if c[0] == f"{axis}_value" else c for c in columns]
     cells = [[title for _, title, _ in columns]]
     for row in rows:
         line = []
@@ -67,8 +70,8 @@ def format_table(rows) -> str:
             value = row.get(key)
             if row.get("status") != "ok" and key == "correct":
                 line.append(row.get("status") or "")
-            elif key == "sweep_value":
-                line.append(str(value) if row.get("sweep_param") else "-")
+            elif key in ("sweep_value", "series_value"):
+                line.append(str(value) if row.get(key.replace("_value", "_param")) else "-")
             else:
                 line.append("-" if value is None and key not in ("note", "options") else fmt(value))
         cells.append(line)
@@ -105,8 +108,9 @@ def write_csv(rows, path) -> None:
         writer.writeheader()
         for row in rows:
             out = {c: _csv_value(row.get(c)) for c in COLUMNS}
-            if row.get("sweep_param") and row.get("sweep_value") is None:
-                out["sweep_value"] = "None"      # a swept None (e.g. zipf: uniform), not a missing value
+            for axis in ("sweep", "series"):   # a swept None (e.g. zipf: uniform), not a missing value
+                if row.get(f"{axis}_param") and row.get(f"{axis}_value") is None:
+                    out[f"{axis}_value"] = "None"
             writer.writerow(out)
 
 
@@ -123,7 +127,8 @@ def write_records(records, path) -> None:
 
 def plot(rows, path=None):
     """Events/s and index bytes, against the swept parameter (sweeps) or per
-    workload (bars), one series per algorithm x backend; written to ``path``
+    workload (bars), one series per algorithm x backend (x series value,
+    for a sweep with a second axis); written to ``path``
     as PNG when given.  Uses matplotlib's Agg canvas directly (no pyplot, no
     change to the caller's matplotlib backend).  Returns the Figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -143,10 +148,13 @@ def plot(rows, path=None):
         values = list(dict.fromkeys(r["sweep_value"] for r in swept))
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
         position = {v: (v if numeric else i) for i, v in enumerate(values)}
-        for algorithm, backend in series:
-            mine = [r for r in swept if (r["algorithm"], r["backend"]) == (algorithm, backend)]
+        lines = list(dict.fromkeys((r["algorithm"], r["backend"], r.get("series_param"), r.get("series_value"))
+                                   for r in swept))
+        for algorithm, backend, series_param, series_value in lines:
+            mine = [r for r in swept if (r["algorithm"], r["backend"], r.get("series_param"),
+                                         r.get("series_value")) == (algorithm, backend, series_param, series_value)]
             mine.sort(key=lambda r: values.index(r["sweep_value"]))
-            label = f"{algorithm} ({backend})"
+            label = f"{algorithm} ({backend})" + (f" {series_param}={series_value}" if series_param else "")
             if any(r["correct"] is False for r in mine):
                 label += " WRONG ANSWERS"
             xs = [position[r["sweep_value"]] for r in mine]

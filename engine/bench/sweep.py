@@ -1,14 +1,28 @@
-"""Sweeps: one generator parameter varied, everything else fixed, each
-workload benchmarked -- the shape of OpIndex Fig. 10 (throughput and memory
-against N, Γmax, m, θ1, σ, Zipf)."""
+"""Sweeps: one parameter varied, everything else fixed, each point
+benchmarked -- the shape of OpIndex Fig. 10 (throughput and memory against
+N, Γmax, m, θ1, σ, Zipf), BE-Tree Fig. 5-11 and A-PCM Fig. 8-9.
+
+An *axis* of a sweep is either a generator parameter (``N``, ``dims``,
+``similarity``...: a workload generated per value) or an algorithm option
+written ``algorithm.option`` (``apcm.cluster_size``, ``betree.max_cap``:
+one workload, the option set per value on that algorithm's index -- and on
+its bench variants that do not fix it, see
+:func:`engine.bench.algorithms.options_of`).  A sweep may have a second
+axis, the *series* (``series=("similarity", [0.1, 0.7])``): every point of
+the first axis is measured at each of its values, and the plot draws one
+line per algorithm and series value (A-PCM Fig. 9: a parameter against
+throughput, one line per stream similarity)."""
 
 from __future__ import annotations
 
 import inspect
 import sys
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from engine.algorithms import registry
+from engine.bench import algorithms as bench_algorithms
 from engine.bench.measure import DEFAULT_SCALE, run_benchmark
 
 #: generator -> {alias: keyword argument}; the OpIndex paper's symbols (N, Γmax, m, θ, σ) included
@@ -46,7 +60,8 @@ def resolve_sweep_param(generator: str, param: str) -> str:
         if candidate in valid:
             return candidate
     raise ValueError(f"{generator} has no parameter {param!r}; parameters: {', '.join(valid)}; "
-                     f"aliases: {', '.join(f'{a}={k}' for a, k in aliases.items())}")
+                     f"aliases: {', '.join(f'{a}={k}' for a, k in aliases.items())}; "
+                     f"an algorithm option is written ALGORITHM.OPTION, e.g. betree.max_cap")
 
 
 def coerce_value(generator: str, param: str, value):
@@ -92,25 +107,157 @@ def sweep_base(generator: str, scale: float = DEFAULT_SCALE, base_params: dict |
     return base
 
 
-def sweep(param: str, values, generator: str = "opindex", base_params: dict | None = None, algorithms=None,
-          backends=("cpu",), *, scale: float = DEFAULT_SCALE, events_limit=None, seed: int = 0,
-          progress: bool = True, **options) -> list[dict]:
-    """Vary one generator parameter (``N``/``n_subs``, ``dims``, ``Γmax``,
-    ``m``, ``θ``, ``σ``, ``zipf``...; see :data:`SWEEP_ALIASES`) over
-    ``values``, everything else as in :func:`sweep_base`, and benchmark each
-    workload with :func:`~engine.bench.measure.run_benchmark` (``options``:
-    its keywords).  Rows carry ``sweep_param`` (the generator keyword) and
-    ``sweep_value``."""
-    generate = _generator(generator)
-    key = resolve_sweep_param(generator, param)
-    base = sweep_base(generator, scale, base_params, events_limit)
-    values = [coerce_value(generator, key, v) for v in values]
+# -------------------------------------------------------------------- axes
+@dataclass(frozen=True)
+class Axis:
+    """One axis of a sweep: a generator parameter (``algorithm`` None) or
+    option ``key`` of bench name ``algorithm``, and its values."""
+
+    #: what rows, tables and plots call it: the generator keyword, or "algorithm.option"
+    label: str
+    key: str
+    values: tuple
+    algorithm: str | None = None
+
+    @property
+    def is_option(self) -> bool:
+        return self.algorithm is not None
+
+
+def resolve_axis(generator: str, param: str, values, backend: str = "cpu") -> Axis:
+    """The axis ``param`` names with its ``values`` (text from the command
+    line parsed): ``algorithm.option`` for an option of a bench name
+    (each value checked by the algorithm's options class, before any work),
+    else a parameter of ``generator`` (:func:`resolve_sweep_param`).
+    ValueError for an unknown name or a bad value."""
+    values = list(values)
     if not values:
-        raise ValueError("a sweep needs at least one value")
+        raise ValueError(f"a sweep over {param} needs at least one value")
+    name, dot, key = str(param).partition(".")
+    if not dot:
+        key = resolve_sweep_param(generator, param)
+        return Axis(key, key, tuple(coerce_value(generator, key, v) for v in values))
+    if name not in bench_algorithms.names():
+        raise ValueError(f"{param}: no algorithm {name!r}; algorithms: {', '.join(bench_algorithms.names())}")
+    fields = registry.get(bench_algorithms.base_of(name)).options.__dataclass_fields__
+    if key not in fields:
+        raise ValueError(f"{param}: {name} has no option {key!r}; its options: {', '.join(fields) or 'none'}")
+    values = tuple(bench_algorithms.parse_option_value(v) if isinstance(v, str) else v for v in values)
+    for value in values:
+        try:
+            bench_algorithms.check_options(name, {key: value}, backend)
+        except TypeError as exc:      # an option of another backend, or a value of the wrong type
+            raise ValueError(str(exc)) from None
+    return Axis(f"{name}.{key}", key, values, name)
+
+
+def _with_axis(algorithm_options: dict, axis: Axis, value) -> dict:
+    """``algorithm_options`` with ``axis`` (an option axis) set to ``value``."""
+    out = {name: dict(chosen) for name, chosen in algorithm_options.items()}
+    out.setdefault(axis.algorithm, {})[axis.key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A checked sweep: its axes, the generator keywords and what runs."""
+
+    generator: str
+    base: dict
+    x: Axis
+    series: Axis | None
+    algorithms: list | None
+    algorithm_options: dict
+
+
+def plan_sweep(param: str, values, generator: str = "opindex", base_params: dict | None = None, algorithms=None,
+               *, series: tuple | None = None, scale: float = DEFAULT_SCALE, n_events: int | None = None,
+               algorithm_options: dict | None = None, backend: str = "cpu") -> SweepPlan:
+    """Check a sweep before any work (the command line turns the ValueError
+    into a usage error): the axes and their values, and that each option
+    axis varies something -- at least one of ``algorithms`` takes the option
+    (default: the algorithms of the option axes), none of them fixes it (a
+    variant's definition would silently win over the swept value), and
+    ``--option`` does not set it too.  ``series``: ``(param, values)``."""
+    _generator(generator)
+    base = sweep_base(generator, scale, base_params, n_events)
+    x = resolve_axis(generator, param, values, backend)
+    second = resolve_axis(generator, series[0], series[1], backend) if series is not None else None
+    if second is not None and second.label == x.label:
+        raise ValueError(f"the sweep and its series are both {x.label}")
+    algorithm_options = {name: dict(chosen) for name, chosen in (algorithm_options or {}).items()}
+    axes = [a for a in (x, second) if a is not None]
+    option_axes = [a for a in axes if a.is_option]
+    if algorithms is None and option_axes:
+        algorithms = list(dict.fromkeys(a.algorithm for a in option_axes))
+    algorithms = None if algorithms is None else list(algorithms)
+    for axis in option_axes:
+        if axis.key in algorithm_options.get(axis.algorithm, {}):
+            raise ValueError(f"{axis.label} is swept: leave it out of --option")
+        takes = [name for name in algorithms if name == axis.algorithm or
+                 (bench_algorithms.base_of(name) == axis.algorithm and axis.key not in
+                  bench_algorithms.fixed_options(name))]
+        fixing = [name for name in algorithms if name != axis.algorithm and
+                  bench_algorithms.base_of(name) == axis.algorithm and axis.key in bench_algorithms.fixed_options(name)]
+        if fixing:
+            name = fixing[0]
+            raise ValueError(f"{name} fixes {axis.key}={bench_algorithms.fixed_options(name)[axis.key]!r}, so "
+                             f"sweeping {axis.label} would not vary it: leave {name} out, or sweep {name}.{axis.key}")
+        if not takes:
+            raise ValueError(f"sweeping {axis.label} varies no algorithm of this run ({', '.join(algorithms)}): "
+                             f"run {axis.algorithm} too")
+        for value in axis.values:             # each value together with the other options of the run
+            chosen = _with_axis(algorithm_options, axis, value)
+            for name in takes:
+                try:
+                    bench_algorithms.check_options(name, bench_algorithms.options_of(name, chosen), backend)
+                except TypeError as exc:
+                    raise ValueError(str(exc)) from None
+    return SweepPlan(generator, base, x, second, algorithms, algorithm_options)
+
+
+def sweep(param: str, values, generator: str = "opindex", base_params: dict | None = None, algorithms=None,
+          backends=("cpu",), *, series: tuple | None = None, scale: float = DEFAULT_SCALE, events_limit=None,
+          seed: int = 0, progress: bool = True, algorithm_options: dict | None = None, **options) -> list[dict]:
+    """Vary one parameter over ``values`` and benchmark each point with
+    :func:`~engine.bench.measure.run_benchmark` (``options``: its keywords),
+    everything else as in :func:`sweep_base`.
+
+    ``param``: a generator parameter (``N``/``n_subs``, ``dims``, ``Γmax``,
+    ``m``, ``θ``, ``σ``, ``zipf``, ``similarity``...; see
+    :data:`SWEEP_ALIASES`), or an algorithm option ``"algorithm.option"``
+    (``"apcm.cluster_size"``: the default ``algorithms`` are then the
+    option's algorithm alone).  ``series``: ``(param, values)``, a second
+    axis of either kind; each of its values gives a line.  Rows carry
+    ``sweep_param`` / ``sweep_value`` (the generator keyword or
+    ``algorithm.option``, and its value) and ``series_param`` /
+    ``series_value``.  A workload is generated once per distinct set of
+    generator parameters, so an option sweep measures every value on the
+    same events."""
+    plan = plan_sweep(param, values, generator, base_params, algorithms, series=series, scale=scale,
+                      n_events=events_limit, algorithm_options=algorithm_options, backend=list(backends)[0])
+    generate = _generator(generator)
+    x, second = plan.x, plan.series
+    points = [(sv, xv) for sv in (second.values if second else (None,)) for xv in x.values]
+    generator_axes = [a for a in (x, second) if a is not None and not a.is_option]
     rows = []
-    for value in tqdm(values, desc=f"sweep {key}", unit="value", disable=not progress, file=sys.stderr):
-        kwargs = dict(base, **{key: value})
-        workload = generate(**kwargs, seed=seed, name=f"{generator} {key}={value}")
-        rows += run_benchmark([workload], algorithms, backends, events_limit=events_limit, progress=progress,
-                              extra=dict(sweep_param=key, sweep_value=value), **options)
+    workload, made_from = None, None
+    bar = tqdm(points, desc=f"sweep {x.label}", unit="point", disable=not progress, file=sys.stderr)
+    for series_value, value in bar:
+        at = {x: value, **({second: series_value} if second else {})}
+        kwargs = dict(plan.base, **{a.key: at[a] for a in generator_axes})
+        if kwargs != made_from:               # an option axis keeps the workload
+            # named by what varies; with nothing varying, by what differs from the sweep's base
+            settings = [(a.key, at[a]) for a in generator_axes] or list((base_params or {}).items())
+            name = " ".join([generator, *(f"{key}={v}" for key, v in settings)])
+            workload, made_from = generate(**kwargs, seed=seed, name=name), kwargs
+        chosen = plan.algorithm_options
+        for axis in (x, second):
+            if axis is not None and axis.is_option:
+                chosen = _with_axis(chosen, axis, at[axis])
+        extra = dict(sweep_param=x.label, sweep_value=value)
+        if second is not None:
+            extra.update(series_param=second.label, series_value=series_value)
+        rows += run_benchmark([workload], plan.algorithms, backends, events_limit=events_limit, progress=progress,
+                              extra=extra, algorithm_options=chosen, **options)
     return rows
