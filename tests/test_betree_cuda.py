@@ -262,7 +262,7 @@ def test_cuda_path_errors():
     alive = np.ones(len(seg), np.uint8)
     with pytest.raises(ValueError, match="runs on backend 'cuda'"):
         BETreeCudaMatcher(seg, "cpu")
-    with pytest.raises(ValueError, match=r"queue_capacity must be an integer in \[1, \d+\] for blocks of 8 threads"):
+    with pytest.raises(ValueError, match=r"queue_capacity must be an integer in \[1, \d+\] for blocks of \d+ threads"):
         cuda_matcher(seg, queue_capacity=0)
     with pytest.raises(ValueError, match="max_cap must be an integer >= 1"):
         cuda_matcher(seg, max_cap=0)

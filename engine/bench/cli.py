@@ -9,10 +9,11 @@ import sys
 
 from engine.algorithms import registry
 from engine.bench import algorithms as bench_algorithms
+from engine.bench import latency
 from engine.bench.costs import ingest_rates, load_costs, update_costs, update_rates
 from engine.bench.measure import DEFAULT_SCALE, SCAN_BUDGET, SCAN_SAMPLE_MAX, SCAN_SAMPLE_MIN, run_benchmark
 from engine.bench.report import format_table, plot, write_csv, write_records
-from engine.bench.sweep import SWEEP_BASE, coerce_value, resolve_sweep_param, sweep, sweep_base
+from engine.bench.sweep import SWEEP_BASE, plan_sweep, sweep
 from engine.workloads import read_parquet, standard
 
 
@@ -37,15 +38,32 @@ def _option_arg(text: str) -> tuple[str, str, object]:
     algorithm, dot, key = target.strip().partition(".")
     if not sep or not dot or not algorithm or not key:
         raise argparse.ArgumentTypeError(f"expected ALGORITHM.NAME=VALUE, e.g. betree.max_cap=auto, not {text!r}")
-    low = raw.strip().lower()
-    if low in ("none", "true", "false"):
-        return algorithm, key.strip(), None if low == "none" else low == "true"
-    for kind in (int, float):
-        try:
-            return algorithm, key.strip(), kind(raw)
-        except ValueError:
-            pass
-    return algorithm, key.strip(), raw.strip()
+    return algorithm, key.strip(), bench_algorithms.parse_option_value(raw)
+
+
+def _series_arg(text: str) -> tuple[str, list[str]]:
+    param, sep, values = text.partition("=")
+    if not sep or not param.strip() or not _csv_list(values):
+        raise argparse.ArgumentTypeError(f"expected PARAM=V1,V2,..., e.g. similarity=0.1,0.7, not {text!r}")
+    return param.strip(), _csv_list(values)
+
+
+def _number_list(kind, low):
+    """A comma list of numbers, each at least ``low``."""
+    def parse(text):
+        values = []
+        for part in _csv_list(text):
+            try:
+                value = kind(part)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"not a number: {part!r}") from None
+            if not (math.isfinite(value) and value >= low):
+                raise argparse.ArgumentTypeError(f"must be a finite number >= {low}, not {part}")
+            values.append(value)
+        if not values:
+            raise argparse.ArgumentTypeError("expected at least one value")
+        return values
+    return parse
 
 
 def _positive(kind):
@@ -85,8 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
                "  bexmatch bench --sweep N --values 1000,10000,100000 --generator opindex --plot fig10a.png\n"
                "  bexmatch bench --sweep theta --values 0.2,0.4,0.6,0.8 --param N=20000\n"
                "  bexmatch bench --sweep p --values 0.001,0.01,0.05 --generator begen --option betree.max_cap=auto\n"
+               "  bexmatch bench --generator begen --sweep betree.max_cap --values 5,20,160 --param p=0.05\n"
+               "  bexmatch bench --generator begen --sweep apcm.cluster_size --values 2,4,8,16,32,64 \\\n"
+               "      --series similarity=0.1,0.4,0.7,1.0                       (A-PCM Fig. 9(b))\n"
+               "  bexmatch bench --generator begen --sweep similarity --values 0.1,0.4,0.7,1.0 \\\n"
+               "      --algorithm apcm-cupp --algorithm apcm-cuppre --algorithm apcm   (A-PCM Fig. 8(b), 8(c))\n"
+               "  bexmatch bench --workload W6 --arrival-delays 100,10,1,0.1,0.01,0 --batch-sizes 1,128,256,512,1024 \\\n"
+               "      --algorithm apcm-bitmap --algorithm apcm                  (A-PCM Fig. 12)\n"
                "  bexmatch bench --updates 10000 --algorithm betree --scale 1.0\n"
-               "Exit status: 0 when every run that ran gave scan's answers, 1 when one was wrong or failed.",
+               "Bench variants (offered while their algorithm is registered; --option ALG.NAME=VALUE also "
+               "reaches ALG's variants,\nbut for the options a variant fixes; --option VARIANT.NAME=VALUE "
+               "overrides even those):\n"
+               + "".join(f"  {name:<14} {title}\n" for name, title in bench_algorithms.VARIANT_TITLES.items())
+               + "Exit status: 0 when every run that ran gave scan's answers, 1 when one was wrong or failed.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
     what.add_argument("--workload", action="append", metavar="W",
@@ -106,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--backend", action="append", choices=("cpu", "cuda"),
                       help="backend (repeatable; default cpu)")
     what.add_argument("--option", action="append", default=[], type=_option_arg, metavar="ALG.NAME=VALUE",
-                      help="an option of one algorithm's index (repeatable), e.g. betree.max_cap=160; "
-                           "betree.max_cap=auto takes BE-Tree Table 4's value for each workload's match_prob")
+                      help="an option of one algorithm's index (repeatable), e.g. betree.max_cap=160, given to "
+                           "its bench variants too unless they fix it; betree.max_cap=auto (and apcm.max_cap=auto) "
+                           "takes BE-Tree Table 4's value for each workload's match_prob")
     how = parser.add_argument_group("how to measure")
     how.add_argument("--repeats", type=_positive(int), default=3,
                      help="timed match_batch runs after one warm-up; the median counts (default %(default)s)")
@@ -117,17 +147,42 @@ def build_parser() -> argparse.ArgumentParser:
                      help="events scan is timed and answers are checked on: 'auto' (all of them when "
                           f"subscriptions x events <= {SCAN_BUDGET:,}, else the first "
                           f"{SCAN_SAMPLE_MIN}..{SCAN_SAMPLE_MAX}), 'all', or the first N (default %(default)s)")
-    swp = parser.add_argument_group("sweeps (OpIndex Fig. 10; BE-Tree Fig. 5-11 with --generator begen)")
+    swp = parser.add_argument_group("sweeps (OpIndex Fig. 10; with --generator begen: BE-Tree Fig. 5-11, "
+                                    "A-PCM Fig. 8-9)")
     swp.add_argument("--sweep", metavar="PARAM",
                      help="vary one generator parameter: N, dims, Γmax/gamma_max, m, θ/theta, σ/cardinality, "
-                          "zipf, p/match_prob, ... (any keyword of engine.workloads.opindex_gen or begen)")
+                          "zipf, p/match_prob, s/similarity, ... (any keyword of engine.workloads.opindex_gen or "
+                          "begen; a workload per value) -- or one algorithm option ALG.NAME, e.g. "
+                          "apcm.cluster_size or betree.max_cap (one workload, the option set per value on ALG and "
+                          "its variants; default --algorithm: ALG alone)")
     swp.add_argument("--values", type=_csv_list, metavar="V1,V2,...", help="the values of the swept parameter "
                      "('none' for None)")
+    swp.add_argument("--series", type=_series_arg, metavar="PARAM=V1,V2,...",
+                     help="a second axis, of either kind: every --values point is measured at each of these "
+                          "values, one line each in the table and plot (column series_param/series_value), e.g. "
+                          "--sweep apcm.threshold --values 1,2,3,4 --series similarity=0.1,0.4,0.7,1.0 for "
+                          "A-PCM Fig. 9(c); one stream similarity alone: --param similarity=0.7")
     swp.add_argument("--generator", choices=tuple(SWEEP_BASE), default="opindex",
                      help="generator of the sweep (default %(default)s; base parameters: W3 for opindex, "
                           "W1 for begen, subscriptions times --scale)")
     swp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a base parameter of the sweep's generator (repeatable)")
+    lat = parser.add_argument_group(
+        "latency against batch size (A-PCM Fig. 12)",
+        "Measures the real time of one match_batch of each --batch-sizes events per algorithm\n"
+        f"(median over several batches: at least --repeats, and {latency.MIN_TIMED_EVENTS:,} events per size), "
+        "then simulates\n(discrete events) a stream of events arriving every d ms: an event waits for its batch "
+        "to fill,\nfor the batches queued before it, then for its batch's matching.  Batch size 1 matches "
+        "each event\nalone (the sequential baseline).  Default workload W6 (70 % stream similarity); default "
+        "--events:\nenough that no timed batch repeats an event.")
+    lat.add_argument("--arrival-delays", type=_number_list(float, 0), metavar="MS,...",
+                     help="measure latency instead: the delays between events, ms (e.g. 100,10,1,0.1,0.01,0)")
+    lat.add_argument("--batch-sizes", type=_number_list(int, 1), metavar="N,...",
+                     help="events per match_batch (default "
+                          f"{','.join(map(str, latency.DEFAULT_BATCH_SIZES))})")
+    lat.add_argument("--simulated-events", type=_positive(int), metavar="N",
+                     help=f"length of the simulated stream (default {latency.DEFAULT_SIMULATED_EVENTS:,}); an "
+                          "overloaded stream's average grows with it")
     what.add_argument("--updates", type=_positive(int), metavar="N",
                       help="adds and removals, one at a time, on each --algorithm (default opindex): N through "
                            "Index.add/remove, merge included; betree also its tree, one unit per insert/delete "
@@ -139,11 +194,50 @@ def build_parser() -> argparse.ArgumentParser:
                            "default opindex, on the first --backend)")
     out = parser.add_argument_group("output")
     out.add_argument("--csv", metavar="PATH", help="write every row, every column, as CSV (--updates, --ingest, "
-                                                   "--load: one row per measurement)")
-    out.add_argument("--plot", metavar="PATH", help="write events/s and index bytes as a PNG")
+                                                   "--load: one row per measurement; --arrival-delays: one per "
+                                                   "algorithm, batch size and delay)")
+    out.add_argument("--plot", metavar="PATH", help="write events/s and index bytes as a PNG (--arrival-delays: "
+                                                    "latency against delay)")
     out.add_argument("--strict", action="store_true", help="stop at the first algorithm that raises")
     out.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
+
+
+def _latency(args, parser, algorithms, backends, algorithm_options) -> int:
+    """``--arrival-delays``: batch times and simulated latencies (engine.bench.latency)."""
+    if args.sweep is not None or args.updates or args.ingest or args.load:
+        parser.error("--arrival-delays is a mode of its own: leave out --sweep, --updates, --ingest and --load")
+    sizes = args.batch_sizes or list(latency.DEFAULT_BATCH_SIZES)
+    n_events = args.events or latency.events_needed(sizes, args.repeats)
+    workloads = [read_parquet(d) for d in args.parquet or ()]
+    if args.workload or not args.parquet:
+        for name in args.workload or ["W6"]:
+            try:
+                workloads.append(standard(name, scale=args.scale, n_events=n_events, seed=args.seed))
+            except ValueError as exc:
+                parser.error(str(exc))
+    rows = []
+    for workload in workloads:
+        found = latency.latency_sweep(workload, algorithms, backends, sizes, args.arrival_delays,
+                                      simulated_events=args.simulated_events or latency.DEFAULT_SIMULATED_EVENTS,
+                                      events_limit=args.events, repeats=args.repeats, scan_sample=args.scan_sample,
+                                      algorithm_options=algorithm_options, progress=not args.quiet,
+                                      strict=args.strict)
+        print(latency.format_latency(found), end="\n\n" if workload is not workloads[-1] else "\n")
+        rows += found
+    if args.csv:
+        write_records(rows, args.csv)
+    if args.plot:
+        latency.plot_latency(rows, args.plot)
+    return _report_failures([r for r in rows if r["status"] == "error" or r["correct"] is False],
+                            lambda r: f"{r['workload']} {r['algorithm']}/{r['backend']} batch {r['batch_size']}")
+
+
+def _report_failures(failed, where) -> int:
+    """Name each failed row on standard error; the exit status."""
+    for row in failed:
+        print(f"bexmatch bench: {where(row)}: {row['note']}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def main(argv=None) -> int:
@@ -160,10 +254,20 @@ def main(argv=None) -> int:
         if algorithm not in bench_algorithms.names():
             parser.error(f"--option {algorithm}.*: no algorithm {algorithm!r}; "
                          f"algorithms: {', '.join(bench_algorithms.names())}")
+    # each algorithm's options as its index will get them: a variant's
+    # fixed ones, its algorithm's and its own together
+    for algorithm in dict.fromkeys([*algorithm_options, *(algorithms or ())]):
         try:
-            bench_algorithms.check_options(algorithm, chosen, backends[0])
+            bench_algorithms.check_options(algorithm, bench_algorithms.options_of(algorithm, algorithm_options),
+                                           backends[0])
         except (TypeError, ValueError) as exc:
             parser.error(f"--option: {exc}")
+    if args.series is not None and args.sweep is None:
+        parser.error("--series is the second axis of a --sweep")
+    if args.arrival_delays is None and (args.batch_sizes or args.simulated_events):
+        parser.error("--batch-sizes and --simulated-events go with --arrival-delays")
+    if args.arrival_delays is not None:
+        return _latency(args, parser, algorithms, backends, algorithm_options)
     options = dict(repeats=args.repeats, latency_samples=max(args.latency_samples, 0),
                    scan_sample=args.scan_sample, progress=not args.quiet, strict=args.strict,
                    algorithm_options=algorithm_options)
@@ -179,14 +283,14 @@ def main(argv=None) -> int:
             if not sep or not key.strip():
                 parser.error(f"--param expects KEY=VALUE, not {item!r}")
             params[key.strip()] = value
-        try:   # bad names and values are usage errors, found before any work
-            key = resolve_sweep_param(args.generator, args.sweep)
-            sweep_base(args.generator, args.scale, params, args.events)
-            [coerce_value(args.generator, key, v) for v in args.values]
+        try:   # bad names and values, and option sweeps that would vary nothing, are usage errors
+            plan_sweep(args.sweep, args.values, args.generator, params, algorithms, series=args.series,
+                       scale=args.scale, n_events=args.events, algorithm_options=algorithm_options,
+                       backend=backends[0])
         except ValueError as exc:
             parser.error(str(exc))
-        rows = sweep(args.sweep, args.values, args.generator, params, algorithms, backends, scale=args.scale,
-                     events_limit=args.events, seed=args.seed, **options)
+        rows = sweep(args.sweep, args.values, args.generator, params, algorithms, backends, series=args.series,
+                     scale=args.scale, events_limit=args.events, seed=args.seed, **options)
     else:
         if args.values or args.param:
             parser.error("--values and --param go with --sweep")
@@ -195,14 +299,15 @@ def main(argv=None) -> int:
             for name in args.workload or ["W1"]:
                 workload = standard(name, scale=args.scale, n_events=10, seed=args.seed)
                 for algorithm in algorithms or ["opindex"]:
-                    if algorithm == "opindex" and not algorithm_options.get(algorithm):
+                    chosen = bench_algorithms.options_of(algorithm, algorithm_options)
+                    if algorithm == "opindex" and not chosen:
                         cost = update_costs(workload, args.updates, repeats=args.repeats)
                         print(f"{cost['workload']} ({cost['n_subscriptions']:,} subscriptions): {cost['n']:,} "
                               f"removals + {cost['n']:,} adds, merged and matched: {cost['incremental_s']:.3f} s "
                               f"with opindex's derived matcher, {cost['full_s']:.3f} s with a full rebuild "
                               f"({cost['full_s'] / cost['incremental_s']:.1f}x)")
                         records.append(dict(cost, algorithm="opindex"))
-                    chosen = bench_algorithms.resolve_options(algorithm, algorithm_options.get(algorithm), workload)
+                    chosen = bench_algorithms.resolve_options(algorithm, chosen, workload)
                     rates = update_rates(workload, algorithm, args.updates, repeats=args.repeats, options=chosen,
                                          seed=args.seed)
                     print(_rates_line(rates))
@@ -255,8 +360,5 @@ def main(argv=None) -> int:
         write_csv(rows, args.csv)
     if args.plot:
         plot(rows, args.plot)
-    failed = [r for r in rows if r["status"] == "error" or r["correct"] is False]
-    for row in failed:
-        print(f"bexmatch bench: {row['workload']} {row['algorithm']}/{row['backend']}: {row['note']}",
-              file=sys.stderr)
-    return 1 if failed else 0
+    return _report_failures([r for r in rows if r["status"] == "error" or r["correct"] is False],
+                            lambda r: f"{r['workload']} {r['algorithm']}/{r['backend']}")
