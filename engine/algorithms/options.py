@@ -226,3 +226,49 @@ class BETreeOptions(Options):
             raise ValueError(f"theta must be a number or None, not {self.theta!r}")
         check_launch(self.launch)
         check_device_memory(self.device_memory)
+
+
+#: A-PCM's matching strategies: the paper's flagship and its ablations (§VII)
+APCM_VARIANTS = ("apcm", "pcm", "parallel", "bitmap")
+
+
+@dataclass(frozen=True)
+class APCMOptions(Options):
+    """``apcm`` (A-PCM §IV-§VI over BE-Tree): the paper's parameters, its
+    ablations, and the BE-Tree's."""
+
+    algorithm = "apcm"
+    variant: str = option("apcm", saved=False,
+                          doc="'apcm': adaptive -- clusters of at least `threshold` similarity compressed, the "
+                              "others per event; 'pcm': every cluster compressed (C-U-PP-RE, or C-U-PP without "
+                              "reorder); 'parallel': per event on every core; 'bitmap': per event on one core")
+    reorder: bool = option(True, saved=False, doc="online stream re-ordering (OSR, §VI); False: clusters are "
+                                                  "consecutive runs of `cluster_size` events in arrival order")
+    unroll: bool = option(True, saved=False, doc="traversal unrolling (§V-B); False: the base algorithm C, leaves "
+                                                 "scanned during the walk, members in parallel per leaf")
+    parallel_paths: bool = option(True, saved=False, doc="parallel path traversal (§V-C): the walk of a "
+                                                         "compressed event split by the root's p-nodes over the cores")
+    batch_size: int = option(1024, saved=False, doc="events buffered and re-ordered together (§VI)")
+    cluster_size: int = option(8, saved=False, doc="initial event cluster size: the re-ordering tree's leaf "
+                                                   "capacity (§VII-B)")
+    threshold: int = option(2, saved=False, doc="similarity threshold: a cluster's p-nodes on its path needed "
+                                                "to match it compressed (§VI)")
+    adaptive: bool = option(True, saved=False, doc="adapt the cluster size to the clusters found (§VII-B)")
+    max_cap: int = option(DEFAULT_MAX_CAP, doc="the subscription BE-Tree's l-node capacity (BE-Tree §4.2)")
+    min_size: int = option(DEFAULT_MIN_SIZE, doc="the subscription BE-Tree's min_size (BE-Tree §4.2)")
+    launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
+    device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
+
+    def __post_init__(self):
+        if self.variant not in APCM_VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(APCM_VARIANTS)}, not {self.variant!r}")
+        for name in ("reorder", "unroll", "parallel_paths", "adaptive"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        for name, low, high in (("batch_size", 1, 1 << 24), ("cluster_size", 1, 64), ("threshold", 0, 64),
+                                ("max_cap", 1, 1 << 30), ("min_size", 1, 1 << 30)):
+            value = getattr(self, name)
+            if not _is_int(value) or not low <= value <= high:
+                raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
+        check_launch(self.launch)
+        check_device_memory(self.device_memory)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
-from engine.algorithms.options import BETreeOptions, OpIndexOptions, Options, ScanOptions
+from engine.algorithms.options import APCMOptions, BETreeOptions, OpIndexOptions, Options, ScanOptions
 from engine.errors import BackendUnavailable, ExpressionTooLarge
 
 
@@ -163,3 +163,17 @@ register(Algorithm(
     native_forms=("conjunctions", "DNF within dnf_limit conjunctions"),
     limit_check="engine.algorithms.betree:check_expression",
     conformance_options=({"max_cap": 1, "min_size": 1},)))
+
+register(Algorithm(
+    name="apcm", title="A-PCM",
+    paper="Sadoghi, Jacobsen. Adaptive Parallel Compressed Event Matching. ICDE 2014",
+    sections="§IV (bitmap encoding), §V (PCM: compression, unrolling, parallel paths), §VI (OSR, A-PCM)",
+    implementations={"cpu": "engine.algorithms.apcm:APCMMatcher"},
+    options=APCMOptions,
+    native_forms=("conjunctions (BE-Tree's units)", "DNF within dnf_limit conjunctions"),
+    limit_check="engine.algorithms.apcm:check_expression",
+    conformance_options=({"max_cap": 1, "min_size": 1, "batch_size": 4, "cluster_size": 2, "threshold": 0,
+                          "variant": "pcm"},
+                         {"variant": "apcm", "reorder": False, "cluster_size": 3},
+                         {"variant": "pcm", "unroll": False, "cluster_size": 3, "reorder": False},
+                         {"variant": "bitmap"})))

@@ -1,0 +1,155 @@
+"""Online stream re-ordering, OSR (Sadoghi, Jacobsen, ICDE 2014, §VI).
+
+A batch is cut into *buffered batches* of ``batch_size`` events, and each is
+inserted into a BE-Tree of its own -- the events as units, each a
+conjunction of ``attribute = value`` (one key per attribute), through the
+very :class:`gpu_kernels.betree.tree.DynamicTree` that indexes the
+subscriptions.  BE-Tree's space partitioning and clustering put similar
+events in one l-node: the l-nodes are the *event clusters*, their size
+bounded by the tree's leaf capacity (the *cluster size*), and a cluster's
+*similarity* is read off its depth -- the number of p-nodes on its path,
+i.e. the attributes all its events carry with values in the same bucket.
+BE-Tree copes with the events' *incomplete data* (most events carry a few
+of the attributes) by design, which locality-sensitive hashing does not.
+
+**A-PCM** (§VI): clusters of at least ``threshold`` similarity (and two
+events) are matched compressed, the others event by event.  **Adaptive
+cluster size** (§VII-B: "taken as an initial value ... tuned adaptively
+based on the size of the discovered clusters"): when most compressed
+clusters fill the capacity, the next buffered batch's tree gets twice the
+capacity; when they stay under a quarter of it, half (never below the
+option's value, never above :data:`MAX_MEMBERS`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from gpu_kernels.betree.tree import DynamicTree
+
+#: the most events one compressed cluster holds (larger l-nodes are cut)
+MAX_MEMBERS = 64
+
+
+class Clusters(NamedTuple):
+    """A batch re-ordered: cluster ``c`` is events ``perm[off[c]:off[c + 1]]``
+    (its members, batch indices); ``similarity[c]`` the p-nodes above its
+    l-node (-1 when not clustered by a tree)."""
+
+    perm: np.ndarray        # int64 [n_events]
+    off: np.ndarray         # int64 [n_clusters + 1]
+    similarity: np.ndarray  # int64 [n_clusters]
+
+    @property
+    def n_clusters(self) -> int:
+        return len(self.off) - 1
+
+    @property
+    def max_members(self) -> int:
+        return int(np.diff(self.off).max(initial=1))
+
+    def compressed_events(self) -> int:
+        """Events in clusters of two or more."""
+        sizes = np.diff(self.off)
+        return int(sizes[sizes > 1].sum())
+
+
+def per_event(n_events: int) -> Clusters:
+    """Every event its own cluster (the Bitmap and Parallel algorithms)."""
+    return Clusters(np.arange(n_events, dtype=np.int64), np.arange(n_events + 1, dtype=np.int64),
+                    np.full(n_events, -1, np.int64))
+
+
+def arrival_runs(n_events: int, size: int) -> Clusters:
+    """Consecutive runs of ``size`` events in arrival order (PCM without
+    re-ordering: C-U-PP)."""
+    off = np.append(np.arange(0, n_events, size, dtype=np.int64), n_events)
+    return Clusters(np.arange(n_events, dtype=np.int64), off, np.full(len(off) - 1, -1, np.int64))
+
+
+@njit(nogil=True, cache=True)
+def _p_depth(c_child, c_pdir, p_top):
+    """Per c-node, the p-nodes on its path (preorder: parents first)."""
+    n = len(c_pdir) - 1
+    depth = np.zeros(n, np.int64)
+    for c in range(n):
+        for half in range(2):
+            h = c_child[2 * c + half]
+            if h >= 0:
+                depth[h] = depth[c]
+        for k in range(c_pdir[c], c_pdir[c + 1]):
+            depth[p_top[k]] = depth[c] + 1
+    return depth
+
+
+class Reorderer:
+    """OSR with its adaptive cluster size (state kept across calls: a tuning
+    value, like a matcher's running estimates; a race between two calls
+    only picks one of their values)."""
+
+    def __init__(self, batch_size: int = 1024, cluster_size: int = 8, threshold: int = 2, adaptive: bool = True,
+                 min_size: int = 2):
+        self.batch_size = int(batch_size)
+        self.cluster_size = int(cluster_size)
+        self.threshold = int(threshold)
+        self.adaptive = bool(adaptive)
+        self.min_size = int(min_size)
+        self.capacity = int(cluster_size)
+
+    def clusters(self, offsets: np.ndarray, attr: np.ndarray, keys: np.ndarray, compress_all: bool = False) -> Clusters:
+        """The batch's clusters (events of ``offsets``/``attr`` with their
+        entry ``keys``), buffered batch by buffered batch.  ``compress_all``
+        (PCM with re-ordering, C-U-PP-RE): every l-node compressed,
+        whatever its similarity."""
+        n_events = len(offsets) - 1
+        n_attrs = int(attr.max(initial=-1)) + 1
+        perms, sizes, sims = [], [], []
+        for b0 in range(0, n_events, self.batch_size):
+            b1 = min(n_events, b0 + self.batch_size)
+            perm, size, sim = self._buffered_batch(offsets, attr, keys, b0, b1, n_attrs, compress_all)
+            perms.append(perm + b0)
+            sizes.append(size)
+            sims.append(sim)
+        if not perms:
+            return per_event(0)
+        size = np.concatenate(sizes)
+        return Clusters(np.concatenate(perms), np.concatenate(([0], np.cumsum(size))).astype(np.int64),
+                        np.concatenate(sims))
+
+    def _buffered_batch(self, offsets, attr, keys, b0, b1, n_attrs, compress_all):
+        n = b1 - b0
+        s0, s1 = int(offsets[b0]), int(offsets[b1])
+        tree_keys = ((offsets[b0:b1 + 1] - s0).astype(np.int64), attr[s0:s1].astype(np.int64), keys[s0:s1],
+                     keys[s0:s1])
+        cap = self.capacity
+        tree = DynamicTree(n, tree_keys, max(n_attrs, 1), cap, self.min_size)
+        tree.insert(np.arange(n, dtype=np.int64))
+        flat = tree.freeze()
+        depth = _p_depth(flat.c_child, flat.c_pdir, flat.p_top)
+        leaf_size = np.diff(flat.c_leaf)
+        leaves = np.flatnonzero(leaf_size)
+        similar = (depth[leaves] >= self.threshold) | compress_all
+        perm = flat.leaf_unit.astype(np.int64)   # events in leaf order: each leaf's members together
+        sizes, sims = [], []
+        full = compressed = 0
+        chunk = min(MAX_MEMBERS, cap)
+        for c, sim in zip(leaves, similar):
+            m = int(leaf_size[c])
+            if sim and m > 1:
+                whole, rest = divmod(m, chunk)
+                sizes += [chunk] * whole + ([rest] if rest else [])
+                sims += [int(depth[c])] * (whole + (1 if rest else 0))
+                compressed += 1
+                full += m >= cap
+            else:
+                sizes += [1] * m
+                sims += [int(depth[c])] * m
+        if self.adaptive and compressed:
+            if full * 2 > compressed:
+                self.capacity = min(MAX_MEMBERS, 2 * cap)
+            elif full * 4 < compressed and cap > self.cluster_size:
+                self.capacity = max(self.cluster_size, cap // 2)
+        return perm, np.asarray(sizes, np.int64), np.asarray(sims, np.int64)
