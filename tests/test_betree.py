@@ -201,6 +201,30 @@ def test_an_insertion_down_to_an_atomic_bucket():
     check_tree(m)
 
 
+@pytest.mark.parametrize("max_cap", [1, 2])
+def test_an_overflow_cascading_past_the_free_nodes_grows_the_arrays(max_cap):
+    """Identical subscriptions over many attributes: one overflow partitions
+    attribute after attribute, each down a chain of 64 splits -- thousands
+    of c-nodes from one insertion, more than any fixed reserve per unit.
+    The cascade stops when its nodes do not fit, the arrays grow and it
+    goes on (it once wrote past them: heap corruption, then a crash)."""
+    text = " AND ".join(f"a{k} = {k}" for k in range(12))
+    idx = Index(algorithm="betree", options={"max_cap": max_cap, "min_size": 1})
+    idx.add_many(list(range(6)), [text] * 6)
+    idx.merge()
+    m = betree_of(idx)
+    check_tree(m)
+    assert m.statistics()["c_nodes"] > 12 * 64          # past the 64 c-nodes a new tree starts with, many times
+    event = {f"a{k}": k for k in range(12)}
+    assert answers(idx, [event, {**event, "a11": 0}]) == [list(range(6)), []]
+    # the same through the tree A-PCM's re-ordering builds over events (the crash's first witness)
+    tree = DynamicTree(6, (np.arange(0, 73, 12), np.tile(np.arange(12), 6), np.ones(72, np.uint64),
+                           np.ones(72, np.uint64)), 12, max_cap, 1)
+    tree.insert(np.arange(6))
+    flat = tree.freeze()
+    assert sorted(flat.leaf_unit.tolist()) == list(range(6))
+
+
 # ------------------------------------------------------------------ dynamics
 def test_updates_never_rebuild_and_deleting_everything_empties_the_tree(monkeypatch):
     w = _workload(2000, seed=1)

@@ -380,10 +380,18 @@ def _push(work, n_work, c):
     return work, n_work + 1
 
 
+@njit(nogil=True)
+def _room(C, P, H, counts, c_nodes, p_nodes):
+    """Whether ``c_nodes`` more c-nodes and ``p_nodes`` more p-nodes (and
+    their hash entries, the table kept at most half full) fit now."""
+    return (counts[N_C] + c_nodes <= len(C) and counts[N_P] + p_nodes <= len(P)
+            and 2 * (counts[H_USED] + p_nodes) <= len(H))
+
+
 @njit(nogil=True, cache=True)
-def resolve_overflow(T, c0):
-    """Resolve the overflow of c-node ``c0``'s l-node and every overflow
-    that causes (the two-phase space cutting of §4), with a work list:
+def resolve_overflow(T, work, n_work):
+    """Resolve the overflows of the c-nodes on the work list ``work[:n_work]``
+    and every overflow they cause (the two-phase space cutting of §4):
 
     * space partitioning (Algorithm 5) of the root, a non-leaf bucket or an
       atomic bucket: while it overflows, a new p-node for the best unused
@@ -391,23 +399,30 @@ def resolve_overflow(T, c0):
       is handled in turn); then the capacity is updated;
     * space clustering (Algorithm 6) of a non-atomic leaf bucket: split in
       halves (the forced split rule), the units a half encloses moved
-      there; the bucket and both halves are handled again."""
+      there; the bucket and both halves are handled again.
+
+    How many nodes a cascade makes is not known in advance (identical units
+    with many attributes partition attribute after attribute, each down a
+    chain of splits), so each step checks that its nodes fit: when they
+    do not, it stops, its c-node back on the list, and returns
+    ``(work, n_work)`` with ``n_work > 0`` -- the caller grows the arrays
+    and calls again with that list.  ``n_work == 0``: all resolved."""
     C, P, H, U = T.C, T.P, T.H, T.U
     k_off, k_attr, k_lo, k_hi, counts = T.k_off, T.k_attr, T.k_lo, T.k_hi, T.counts
-    work = np.empty(64, np.int64)
-    work[0] = c0
-    n_work = 1
     while n_work > 0:
-        n_work -= 1
-        c = work[n_work]
+        c = work[n_work - 1]
         if C[c, COUNT] <= C[c, CAP]:
+            n_work -= 1
             continue
         leaf_bucket = C[c, CHILD] < 0 and C[c, CHILD1] < 0
         if c == 0 or not leaf_bucket or C[c, DEPTH] >= ATOMIC:
+            n_work -= 1
             while C[c, COUNT] > C[c, CAP]:
                 attr = _best_new_attr(C, P, H, U, k_off, k_attr, T.attr_count, T.touched, counts, c)
                 if attr < 0:
                     break
+                if not _room(C, P, H, counts, 1, 1):
+                    return _push(work, n_work, c)       # partly partitioned: goes on from here
                 p = _new_pnode(C, P, H, counts, c, attr)
                 top = P[p, P_TOP]
                 u = C[c, FIRST]
@@ -420,6 +435,9 @@ def resolve_overflow(T, c0):
                 work, n_work = _push(work, n_work, top)
             _update_capacity(C, counts, c)
         else:
+            if not _room(C, P, H, counts, 2, 0):
+                return work, n_work
+            n_work -= 1
             depth = C[c, DEPTH]
             _new_half(C, counts, c, 0)
             _new_half(C, counts, c, 1)
@@ -436,27 +454,29 @@ def resolve_overflow(T, c0):
             work, n_work = _push(work, n_work, c)
             work, n_work = _push(work, n_work, C[c, CHILD])
             work, n_work = _push(work, n_work, C[c, CHILD1])
+    return work, n_work
 
 
 @njit(nogil=True, cache=True)
-def insert_units(T, units, start, reserve_per_unit):
+def insert_units(T, units, start):
     """Insert ``units[start:]`` one at a time (Algorithm 3): from the root,
     the p-node of highest score among the unit's attributes found in the
     c-node's p-directory, down its clustering directory (Algorithm 4),
     until no p-node applies; the unit joins that l-node, whose overflow is
-    then resolved.  Stops early when an overflow might need more nodes than
-    are free: returns ``(next, pending)`` -- the unit index to go on from and
-    the c-node whose overflow is still to resolve (-1: none)."""
+    then resolved.  Stops early when the way down might need more c-nodes
+    than are free, or an overflow's cascade ran out of room: returns
+    ``(next, work, n_work)`` -- the unit index to go on from and
+    :func:`resolve_overflow`'s work list still to resolve (``n_work`` 0:
+    none)."""
     C, P, H, U = T.C, T.P, T.H, T.U
     k_off, k_attr, k_lo, k_hi, counts = T.k_off, T.k_attr, T.k_lo, T.k_hi, T.counts
     cap_c = len(C)
-    cap_p = len(P)
-    cap_h = len(H)
+    work = np.empty(64, np.int64)
     for i in range(start, len(units)):
         u = units[i]
         # the way down may make again a half per bucket level: 65 per p-node level at most
         if counts[N_C] + 65 * (k_off[u + 1] - k_off[u] + 1) > cap_c:
-            return i, -1
+            return i, work, 0
         c = 0
         while True:
             best = -1
@@ -474,12 +494,11 @@ def insert_units(T, units, start, reserve_per_unit):
             c = _insert_cdir(C, counts, k_lo[best_j], k_hi[best_j], P[best, P_TOP])
         _link(C, P, U, u, c)
         if C[c, COUNT] > C[c, CAP]:
-            n = C[c, COUNT] + 1
-            if counts[N_C] + reserve_per_unit * n > cap_c or counts[N_P] + n > cap_p \
-                    or 2 * (counts[H_USED] + n) > cap_h:
-                return i + 1, c
-            resolve_overflow(T, c)
-    return len(units), -1
+            work[0] = c
+            work, n_work = resolve_overflow(T, work, 1)
+            if n_work > 0:
+                return i + 1, work, n_work
+    return len(units), work, 0
 
 
 @njit(nogil=True, cache=True)
@@ -812,11 +831,6 @@ def subtree_ends(c_child, c_pdir, p_top):
 
 
 # ------------------------------------------------------------ Python face
-#: c-nodes an overflow may need per unit of the overflowing l-node (a split
-#: makes two, a chain of splits at most 64 levels, a partition one per unit)
-RESERVE_PER_UNIT = 132
-
-
 def _grown(a: np.ndarray, rows: int, fill) -> np.ndarray:
     out = np.full((rows,) + a.shape[1:], fill, dtype=a.dtype)
     out[:len(a)] = a
@@ -879,14 +893,13 @@ class DynamicTree:
         units = np.ascontiguousarray(units, np.int64)
         start = 0
         while start < len(units):
-            start, pending = insert_units(self.T, units, start, RESERVE_PER_UNIT)
-            T = self.T
-            if pending >= 0:
-                n = int(T.C[pending, COUNT]) + 1
-                self._grow(int(T.counts[N_C]) + RESERVE_PER_UNIT * n, int(T.counts[N_P]) + n)
-                resolve_overflow(self.T, pending)
-            elif start < len(units):
-                self._grow(2 * len(T.C), len(T.P))
+            start, work, n_work = insert_units(self.T, units, start)
+            while n_work > 0:         # an overflow's cascade ran out of room: grow what is full, go on
+                n_c, n_p = int(self.T.counts[N_C]), int(self.T.counts[N_P])
+                self._grow(n_c + 2, n_p + 1)
+                work, n_work = resolve_overflow(self.T, work, n_work)
+            if start < len(units):
+                self._grow(2 * len(self.T.C), len(self.T.P))
 
     def delete(self, units: np.ndarray) -> None:
         """Delete ``units`` (each in the tree)."""
