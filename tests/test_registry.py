@@ -24,7 +24,7 @@ def reference_ids(expressions: dict, event: dict) -> list:
 
 # ---------------------------------------------------------------- registry
 def test_the_registry_lists_what_exists_with_its_paper():
-    assert ALGORITHMS == registry.names() == ("scan", "opindex", "betree")
+    assert ALGORITHMS == registry.names() == ("scan", "opindex", "betree", "apcm")
     for algorithm in registry.algorithms():
         assert set(algorithm.backends) == {"cpu", "cuda"}
         assert algorithm.paper and algorithm.native_forms
@@ -32,8 +32,9 @@ def test_the_registry_lists_what_exists_with_its_paper():
         assert issubclass(cpu, HostMatcher) and cpu.name == algorithm.name
     assert "PVLDB 7(8), 2014" in registry.get("opindex").paper and "§6" in registry.get("opindex").sections
     assert "SIGMOD 2011" in registry.get("betree").paper and "§4" in registry.get("betree").sections
-    with pytest.raises(BackendUnavailable, match="unknown algorithm 'apcm'"):
-        registry.get("apcm")
+    assert "ICDE 2014" in registry.get("apcm").paper and "§VI" in registry.get("apcm").sections
+    with pytest.raises(BackendUnavailable, match="unknown algorithm 'pstbloom'"):
+        registry.get("pstbloom")
 
 
 def test_conformance_options_are_options_of_every_backend_of_the_algorithm():

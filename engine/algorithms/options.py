@@ -22,10 +22,14 @@ BOTH = ("cpu", "cuda")
 CUDA = ("cuda",)
 
 
-def option(default, *, backends: tuple[str, ...] = BOTH, saved: bool = True, doc: str = ""):
+def option(default, *, backends: tuple[str, ...] = BOTH, saved: bool = True, structural: bool = True,
+           doc: str = ""):
     """A dataclass field of an options class: its default, the backends it
-    applies to, whether a saved index keeps it, and what it does."""
-    return field(default=default, metadata={"backends": backends, "saved": saved, "doc": doc})
+    applies to, whether a saved index keeps it, whether it shapes the built
+    structure (a saved structure is reused only under the same structural
+    options), and what it does."""
+    return field(default=default, metadata={"backends": backends, "saved": saved, "structural": structural,
+                                            "doc": doc})
 
 
 def _is_int(value) -> bool:
@@ -78,10 +82,11 @@ class Options:
 
     def same_structure(self, saved: dict, backend: str) -> bool:
         """Whether these options build the structure that options ``saved``
-        (a saved index's) built: the fields of both backends shape it, the
-        device-only ones (launch, memory) do not."""
+        (a saved index's) built: the structural fields of both backends
+        shape it; the device-only ones (launch, memory) and those that only
+        steer matching (A-PCM's variant, batch, clusters) do not."""
         for f in dataclasses.fields(self):
-            if f.metadata["backends"] == BOTH:
+            if f.metadata["backends"] == BOTH and f.metadata["structural"]:
                 value = getattr(self, f.name)
                 before = saved.get(f.name, f.default)
                 if value is not before and (not _json_safe(value) or value != before):
@@ -238,22 +243,24 @@ class APCMOptions(Options):
     ablations, and the BE-Tree's."""
 
     algorithm = "apcm"
-    variant: str = option("apcm", saved=False,
+    variant: str = option("apcm", structural=False,
                           doc="'apcm': adaptive -- clusters of at least `threshold` similarity compressed, the "
                               "others per event; 'pcm': every cluster compressed (C-U-PP-RE, or C-U-PP without "
                               "reorder); 'parallel': per event on every core; 'bitmap': per event on one core")
-    reorder: bool = option(True, saved=False, doc="online stream re-ordering (OSR, §VI); False: clusters are "
-                                                  "consecutive runs of `cluster_size` events in arrival order")
-    unroll: bool = option(True, saved=False, doc="traversal unrolling (§V-B); False: the base algorithm C, leaves "
-                                                 "scanned during the walk, members in parallel per leaf")
-    parallel_paths: bool = option(True, saved=False, doc="parallel path traversal (§V-C): the walk of a "
-                                                         "compressed event split by the root's p-nodes over the cores")
-    batch_size: int = option(1024, saved=False, doc="events buffered and re-ordered together (§VI)")
-    cluster_size: int = option(8, saved=False, doc="initial event cluster size: the re-ordering tree's leaf "
-                                                   "capacity (§VII-B)")
-    threshold: int = option(2, saved=False, doc="similarity threshold: a cluster's p-nodes on its path needed "
-                                                "to match it compressed (§VI)")
-    adaptive: bool = option(True, saved=False, doc="adapt the cluster size to the clusters found (§VII-B)")
+    reorder: bool = option(True, structural=False, doc="online stream re-ordering (OSR, §VI); False: clusters are "
+                                                       "consecutive runs of `cluster_size` events in arrival order")
+    unroll: bool = option(True, structural=False,
+                          doc="traversal unrolling (§V-B); False: the base algorithm C, leaves scanned during "
+                              "the walk, members in parallel per leaf")
+    parallel_paths: bool = option(True, structural=False,
+                                  doc="parallel path traversal (§V-C): the walk of a compressed event split by "
+                                      "the root's p-nodes over the cores")
+    batch_size: int = option(1024, structural=False, doc="events buffered and re-ordered together (§VI)")
+    cluster_size: int = option(8, structural=False, doc="initial event cluster size: the re-ordering tree's leaf "
+                                                        "capacity (§VII-B)")
+    threshold: int = option(2, structural=False, doc="similarity threshold: a cluster's p-nodes on its path needed "
+                                                     "to match it compressed (§VI)")
+    adaptive: bool = option(True, structural=False, doc="adapt the cluster size to the clusters found (§VII-B)")
     max_cap: int = option(DEFAULT_MAX_CAP, doc="the subscription BE-Tree's l-node capacity (BE-Tree §4.2)")
     min_size: int = option(DEFAULT_MIN_SIZE, doc="the subscription BE-Tree's min_size (BE-Tree §4.2)")
     launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")

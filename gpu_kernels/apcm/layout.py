@@ -201,14 +201,16 @@ def fill_tables(tab_off, bound_off, bounds, bit_off, bit_pred, main_bits, op, lo
 
 # --------------------------------------------------------------- maintenance
 def _row_keys(rows) -> list:
-    """A hashable identity per row (attribute, operator, operands, IN list)."""
-    attr, op, lo, hi = (np.asarray(rows.attr).tolist(), np.asarray(rows.op).tolist(),
-                        np.asarray(rows.lo).tolist(), np.asarray(rows.hi).tolist())
+    """A hashable identity per row (attribute, operator, operands, pattern
+    id, IN list): two rows with one key are one predicate."""
+    attr, op, lo, hi, aux = (np.asarray(rows.attr).tolist(), np.asarray(rows.op).tolist(),
+                             np.asarray(rows.lo).tolist(), np.asarray(rows.hi).tolist(),
+                             np.asarray(rows.aux).tolist())
     so, sv = rows.set_offsets, rows.set_values
     keys = []
     for p in range(len(attr)):
         s0, s1 = int(so[p]), int(so[p + 1])
-        keys.append((attr[p], op[p], lo[p], hi[p], sv[s0:s1].tobytes() if s1 > s0 else b""))
+        keys.append((attr[p], op[p], lo[p], hi[p], aux[p], sv[s0:s1].tobytes() if s1 > s0 else b""))
     return keys
 
 
