@@ -39,7 +39,8 @@ from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE, APCMOpt
 from engine.algorithms.osr import Clusters, Reorderer, arrival_runs, per_event
 from engine.compile import Segment
 from gpu_kernels.apcm import cpu as K
-from gpu_kernels.apcm.layout import BitmapLayout, build_layout, carried_layout, words
+from gpu_kernels.apcm.layout import (BitmapLayout, build_layout, carried_layout, recoded_layout, recoded_rows,
+                                     string_code_map, words)
 from gpu_kernels.betree.layout import event_keys
 from gpu_kernels.betree.tree import leaf_arrays
 
@@ -95,9 +96,16 @@ class APCMMatcher(HostMatcher):
         units = self.tree.units
         rows = units.rows
         layout = None
-        if carried_from is not None and carried_from.layout_strings == self._strings():
-            layout = carried_layout(carried_from.layout, carried_from.tree.units.rows, rows, self._n_attrs(),
-                                    self._used_rows())
+        if carried_from is not None and carried_from.layout_strings <= self._strings():
+            old_layout, old_rows = carried_from.layout, carried_from.tree.units.rows
+            if carried_from.layout_strings < self._strings():
+                # the dictionary grew: the old bits' operands, and the tables' bounds, in the new codes
+                old_order = carried_from.schema.dictionary().order if carried_from.schema is not None else []
+                code_map = string_code_map(old_order, self.schema.dictionary().rank)
+                string_attr = self.tree.string_attr
+                old_rows = recoded_rows(old_rows, string_attr, code_map)
+                old_layout = recoded_layout(old_layout, string_attr, code_map)
+            layout = carried_layout(old_layout, old_rows, rows, self._n_attrs(), self._used_rows())
         self.layout_rebuilt = layout is None
         if layout is None:
             layout = build_layout(rows, self._n_attrs(), self._used_rows())

@@ -17,8 +17,10 @@ events) are matched compressed, the others event by event.  **Adaptive
 cluster size** (§VII-B: "taken as an initial value ... tuned adaptively
 based on the size of the discovered clusters"): when most compressed
 clusters fill the capacity, the next buffered batch's tree gets twice the
-capacity; when they stay under a quarter of it, half (never below the
-option's value, never above :data:`MAX_MEMBERS`).
+capacity; when none is similar enough or even the largest stays within a
+quarter of it, half (never below the option's value, never above
+:data:`MAX_MEMBERS`; the gap between the two rules keeps a stream of
+steady clusters from see-sawing).
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class Reorderer:
         similar = (depth[leaves] >= self.threshold) | compress_all
         perm = flat.leaf_unit.astype(np.int64)   # events in leaf order: each leaf's members together
         sizes, sims = [], []
-        full = compressed = 0
+        full = compressed = largest = 0
         chunk = min(MAX_MEMBERS, cap)
         for c, sim in zip(leaves, similar):
             m = int(leaf_size[c])
@@ -144,12 +146,13 @@ class Reorderer:
                 sims += [int(depth[c])] * (whole + (1 if rest else 0))
                 compressed += 1
                 full += m >= cap
+                largest = max(largest, m)
             else:
                 sizes += [1] * m
                 sims += [int(depth[c])] * m
-        if self.adaptive and compressed:
-            if full * 2 > compressed:
+        if self.adaptive:
+            if compressed and full * 2 > compressed:
                 self.capacity = min(MAX_MEMBERS, 2 * cap)
-            elif full * 4 < compressed and cap > self.cluster_size:
+            elif (not compressed or largest * 4 <= cap) and cap > self.cluster_size:
                 self.capacity = max(self.cluster_size, cap // 2)
         return perm, np.asarray(sizes, np.int64), np.asarray(sims, np.int64)

@@ -1,0 +1,386 @@
+"""``apcm`` on the cpu: the bitmap encoding bit by bit against the
+predicates' truth (precomputed rows over elementary intervals, evaluated
+slices, overflow bits), compressed events as the OR of their members,
+the layout kept across merges (overflow bits, pseudo-deletion, the rebuild
+past the reclaim share), online stream re-ordering (clusters, similarity,
+the adaptive cluster size), and every variant against ``scan`` on similar
+streams.  The Index through every life cycle, against the reference and
+DuckDB, is tests/test_conformance.py's; the cuda twins, test_apcm_cuda.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import Index
+from engine.algorithms.apcm import APCMMatcher
+from engine.algorithms.osr import MAX_MEMBERS, Reorderer, arrival_runs
+from engine.algorithms.residual import ResidualMatcher
+from engine.workloads import begen
+from gpu_kernels.apcm import cpu as C
+from gpu_kernels.apcm.layout import NULL_SLOT, RECLAIM_SHARE, _row_keys, recoded_rows, string_code_map, words
+from gpu_kernels.betree.layout import event_keys
+from gpu_kernels.opcodes import IS_NULL, TRUE
+from gpu_kernels.predicates import entry_truth
+from tests.test_betree_cuda import LEAF_CHECKS
+from tests.test_cuda_sim import EVENTS, EXPRESSIONS, compiled
+
+#: a tree as deep as BE-Tree gets, every cluster compressed (pairs of events, re-ordered)
+DEEP_PCM = {"max_cap": 1, "min_size": 1, "variant": "pcm", "threshold": 0, "cluster_size": 2, "batch_size": 4}
+#: events sharing attributes and values, so that the clusters have members with equal keys and absent ones
+SIMILAR_EVENTS = EVENTS + [
+    {"n0": 1, "n1": 1, "s0": "ab", "s1": "zb"}, {"n0": 1, "n1": 2, "s0": "ab", "b0": True},
+    {"n0": 2, "s0": "abc", "n1": 5, "s1": "q"}, {"s0": "cz", "n2": 1.5, "s1": "zb", "n1": 7.75},
+    {"n0": 1, "n1": 1, "s0": "ab", "s1": "zb", "b0": True}, {"n0": 3, "n2": 2.5, "s0": "cab", "n1": -1}]
+#: URLs sharing long prefixes, non-ASCII, NUL, values exactly on the operands (every elementary interval)
+URL = "https://example.com/" + "a" * 300
+BOUNDS_EXPRESSIONS = [
+    f"s0 = '{URL}/x' OR s0 = '{URL}/y'", f"s0 BETWEEN '{URL}/x' AND '{URL}/y\x00'", f"s1 IN ('ünï', '{URL}')",
+    "n0 BETWEEN 1 AND 3 AND n1 NOT BETWEEN -1 AND 1", "n0 != 2 OR n2 NOT IN (0.5, 2.5, 7.75)",
+    "n0 > 3 AND n1 >= 7.75", "n0 < 1 OR n1 <= -1", "s1 != 'a' AND s1 > 'b'", "n2 IS NULL AND n0 = 3",
+]
+BOUNDS_EVENTS = [{"n0": v, "n1": w, "n2": x, "s0": s, "s1": t}
+                 for v, w, x, s, t in [(0, -1, 0.5, f"{URL}/x", "ünï"), (1, 1, 2.5, f"{URL}/y", URL),
+                                       (2, 7.75, 7.75, f"{URL}/y\x00", "a"), (3, 8, 3, f"{URL}/xx", "b"),
+                                       (3.5, -2, 0.25, URL, "ba"), (1 - 2 ** -52, 1 + 2 ** -52, 7.5, "", "ü")]]
+BOUNDS_EVENTS += [{"n0": 3, "s0": f"{URL}/x"}, {"n1": 0, "s1": "ünï"}]
+
+
+def answers(index: Index, events) -> list[list[int]]:
+    return [m.tolist() for m in index.match_batch(events)]
+
+
+def apcm_of(index: Index) -> APCMMatcher:
+    """The index's current A-PCM matcher (built by a match if none is yet)."""
+    index.match({})
+    matcher = index._matcher
+    return matcher.native if isinstance(matcher, ResidualMatcher) else matcher
+
+
+def scan_answers(subscriptions, events) -> list[list[int]]:
+    """``scan``'s answers: subscriptions a columnar table or {id: text}."""
+    ref = Index(algorithm="scan")
+    if isinstance(subscriptions, dict):
+        ref.add_many(list(subscriptions), list(subscriptions.values()))
+    else:
+        ref.add_many(subscriptions)
+    return answers(ref, events)
+
+
+# ========================================================= stages 1 and 2
+def seg_sum(values, offsets):
+    total = np.concatenate(([0], np.cumsum(values)))
+    return total[offsets[1:]] - total[offsets[:-1]]
+
+
+def cpu_stages(m: APCMMatcher, batch, truth):
+    """The cpu stages 1 and 2 as :meth:`APCMMatcher._positions` runs them:
+    (clusters, keys, evaluated words, store offsets, e_main, e_over, store, compressed
+    entries (ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent,
+    ce_key_end, ce_keys))."""
+    lay, rows, t = m.layout, m.tree.units.rows, m.tree
+    ev_key = event_keys(batch.value, batch.attr, t.string_attr, t.str_map)
+    clusters = m.clusters(batch, ev_key)
+    a = batch.attr.astype(np.int64)
+    known = a < lay.n_attrs
+    ak = np.where(known, a, 0)
+    entry_words = np.where(known, np.where(lay.tab_off[ak] < 0, words(lay.main_bits[ak]), 0)
+                           + words(lay.over_bits[ak]), 0)
+    slice_words = np.where(known, words(lay.main_bits[ak]) + words(lay.over_bits[ak]), 0)
+    sizes = np.diff(clusters.off)
+    cluster_words = np.where(sizes > 1, seg_sum(seg_sum(slice_words, batch.offsets)[clusters.perm], clusters.off), 0)
+    n_entry = int(entry_words.sum())
+    store_at = np.concatenate(([0], np.cumsum(entry_words)[:-1])).astype(np.int64)
+    c_store_at = (n_entry + np.concatenate(([0], np.cumsum(cluster_words)[:-1]))).astype(np.int64)
+    store = np.zeros(n_entry + int(cluster_words.sum()), np.uint64)
+    n = len(batch.attr)
+    e_main, e_over = np.empty(n, np.int64), np.empty(n, np.int64)
+    C.encode_entries(batch.attr, batch.value, batch.token, store_at, lay.main_bits, lay.over_bits, lay.bit_off,
+                     lay.bit_pred, lay.obit_off, lay.obit_pred, lay.tab_off, lay.bound_off, lay.bounds, rows.op,
+                     rows.lo, rows.hi, rows.aux, rows.set_offsets, rows.set_values, truth, e_main, e_over, store)
+    cl_entries = seg_sum(np.diff(batch.offsets)[clusters.perm], clusters.off)
+    ce_start = np.concatenate(([0], np.cumsum(cl_entries)[:-1])).astype(np.int64)
+    n_ce = int(cl_entries.sum())
+    ce = (np.empty(clusters.n_clusters, np.int64), np.empty(n_ce, np.int64), np.empty(n_ce, np.int64),
+          np.empty(n_ce, np.int64), np.empty(n_ce, np.uint8), np.empty(n_ce, np.int64), np.empty(n_ce, np.uint64))
+    C.compress_clusters(clusters.off, clusters.perm, batch.offsets, batch.attr, ev_key, e_main, e_over, lay.main_bits,
+                        lay.over_bits, lay.table, store, ce_start, c_store_at, *ce)
+    return clusters, ev_key, n_entry, store_at, e_main, e_over, store, (ce_start, *ce)
+
+
+def slice_words_at(ptr, n_words, table, store):
+    """The words of the slice at pointer ``ptr`` (None: no slice)."""
+    if ptr == C.NO_SLICE:
+        return None
+    return (table[ptr:ptr + n_words] if ptr >= 0 else store[-2 - ptr:-2 - ptr + n_words]).tolist()
+
+
+def bit_of(slot, p_main, p_over, table, store) -> bool:
+    """Bit ``slot`` (main ``>= 0``, overflow ``<= -2``) of the slices at the pointers."""
+    ptr, bit = (p_main, slot) if slot >= 0 else (p_over, -2 - slot)
+    if ptr == C.NO_SLICE:
+        return False
+    word = table[ptr + (bit >> 6)] if ptr >= 0 else store[-2 - ptr + (bit >> 6)]
+    return bool((int(word) >> (bit & 63)) & 1)
+
+
+def check_bits(m: APCMMatcher, batch, truth) -> int:
+    """Every bit of every event entry is its predicate's truth on the
+    entry's value (the scan kernels' evaluation, one predicate at a time):
+    a tabled attribute's row found by the entry's elementary interval, an
+    evaluated one computed; bits beyond an attribute's predicates are 0.
+    Returns the bits checked."""
+    lay, rows = m.layout, m.tree.units.rows
+    _, _, _, _, e_main, e_over, store, _ = cpu_stages(m, batch, truth)
+    checked = 0
+    for k in range(len(batch.attr)):
+        a = int(batch.attr[k])
+        if a >= lay.n_attrs:
+            assert e_main[k] == e_over[k] == C.NO_SLICE
+            continue
+        for p in np.flatnonzero((rows.attr == a) & (lay.pred_slot != NULL_SLOT)):
+            want = entry_truth.py_func(p, k, batch.value, batch.token, rows.op, rows.lo, rows.hi, rows.set_offsets,
+                                       rows.set_values, rows.aux, truth) == TRUE
+            assert bit_of(int(lay.pred_slot[p]), e_main[k], e_over[k], lay.table, store) == want, \
+                f"entry {k} (attribute {a}, value {batch.value[k]!r}): predicate row {p}"
+            checked += 1
+        for ptr, n_bits in ((e_main[k], lay.main_bits[a]), (e_over[k], lay.over_bits[a])):
+            got = slice_words_at(ptr, int(words(n_bits)), lay.table, store)
+            if got and n_bits & 63:
+                assert got[-1] >> int(n_bits & 63) == 0, "bits past the attribute's predicates are set"
+    return checked
+
+
+def test_every_bit_is_its_predicates_truth():
+    """Comparisons, BETWEEN, IN/NOT IN, !=, strings (long URLs sharing
+    prefixes, NUL, non-ASCII), LIKE/MATCHES (evaluated attributes), values
+    exactly on the operands and one ulp beside them."""
+    seg, batch, truth = compiled(EXPRESSIONS + LEAF_CHECKS + BOUNDS_EXPRESSIONS,
+                                 SIMILAR_EVENTS + BOUNDS_EVENTS)
+    m = APCMMatcher(seg, "cpu")
+    stats = m.layout.statistics()
+    assert stats["tabled_attributes"] >= 3 and stats["evaluated_attributes"] >= 1
+    assert stats["overflow_bits"] == stats["dead_bits"] == 0
+    assert check_bits(m, batch, truth) > 300
+    # IS NULL has no bit: absence decides it
+    null_rows = np.flatnonzero(m.tree.units.rows.op == IS_NULL)
+    assert len(null_rows) and (m.layout.pred_slot[null_rows] == NULL_SLOT).all()
+
+
+def test_a_compressed_event_is_the_or_of_its_members():
+    """Stage 2: per cluster and attribute, the compressed entry's slices are
+    the OR of its members' slices, it is marked absent when a member lacks
+    the attribute, and it carries the members' distinct keys."""
+    seg, batch, truth = compiled(EXPRESSIONS + LEAF_CHECKS + BOUNDS_EXPRESSIONS, SIMILAR_EVENTS + BOUNDS_EVENTS)
+    m = APCMMatcher(seg, "cpu", **DEEP_PCM)
+    lay = m.layout
+    clusters, ev_key, _, _, e_main, e_over, store, ce = cpu_stages(m, batch, truth)
+    ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent, ce_key_end, ce_keys = ce
+    compressed = 0
+    for c in range(clusters.n_clusters):
+        members = clusters.perm[clusters.off[c]:clusters.off[c + 1]]
+        entries = {}
+        for e in members:
+            for k in range(batch.offsets[e], batch.offsets[e + 1]):
+                entries.setdefault(int(batch.attr[k]), []).append(k)
+        assert sorted(ce_attr[ce_start[c]:ce_end[c]].tolist()) == sorted(entries)
+        for r in range(ce_start[c], ce_end[c]):
+            a = int(ce_attr[r])
+            mine = entries[a]
+            assert bool(ce_absent[r]) == (len(mine) < len(members))
+            key0 = ce_start[c] if r == ce_start[c] else ce_key_end[r - 1]
+            assert sorted(ce_keys[key0:ce_key_end[r]].tolist()) == sorted(set(ev_key[mine].tolist()))
+            if a >= lay.n_attrs or len(members) < 2:
+                continue
+            for ptrs, cptr, n_bits in ((e_main, ce_main[r], lay.main_bits[a]), (e_over, ce_over[r], lay.over_bits[a])):
+                n_w = int(words(n_bits))
+                if n_w == 0:
+                    continue
+                want = np.zeros(n_w, np.uint64)
+                for k in mine:
+                    want |= np.array(slice_words_at(ptrs[k], n_w, lay.table, store), np.uint64)
+                assert slice_words_at(cptr, n_w, lay.table, store) == want.tolist()
+                compressed += 1
+    assert compressed > 5 and clusters.compressed_events() >= 6
+
+
+# ============================================================ maintenance
+def _layout_index():
+    exprs = [f"n{i % 4} BETWEEN {i} AND {i + 3} AND s{i % 2} != 'u/{i}'" for i in range(40)]
+    index = Index(algorithm="apcm")
+    index.add_many(list(range(40)), exprs)
+    index.merge()
+    return index, dict(zip(range(40), exprs))
+
+
+EVENTS_N = [{"n0": v, "n1": v + 1, "n2": v / 2, "n3": v, "s0": f"u/{v}", "s1": "u/3"} for v in range(0, 45, 3)] + \
+    [{"n0": 7}, {"s1": "u/7", "n3": 8}, {}]
+
+
+def test_a_merge_keeps_the_layout_new_predicates_in_overflow_removed_ones_pseudo_deleted():
+    """§IV's maintenance: a merge adding a few predicates keeps every bit
+    where it was and appends overflow bits; removed subscriptions leave
+    their predicates' bits dead in place; the answers stay exact; past
+    the reclaim share the next merge builds the layout afresh."""
+    index, texts = _layout_index()
+    m0 = apcm_of(index)
+    bits0 = int(m0.layout.main_bits.sum())
+    index.add_many([100, 101], ["n0 > 41 AND s0 = 'new'", "n2 IN (4.5, 9) AND n1 != 16"])
+    texts.update({100: "n0 > 41 AND s0 = 'new'", 101: "n2 IN (4.5, 9) AND n1 != 16"})
+    index.merge()
+    m1 = apcm_of(index)
+    assert m1.layout_rebuilt is False and m1.layout.table is m0.layout.table
+    assert int(m1.layout.main_bits.sum()) == bits0 and int(m1.layout.over_bits.sum()) >= 3
+    assert answers(index, EVENTS_N) == scan_answers(texts, EVENTS_N)
+    # the kept bits are the same predicates' (the row ids changed with the
+    # merge, the string codes with the grown dictionary: 'new')
+    code_map = string_code_map(m0.schema.dictionary().order, m1.schema.dictionary().rank)
+    assert m1.schema.n_strings > m0.schema.n_strings
+    keys0 = dict(zip(_row_keys(recoded_rows(m0.tree.units.rows, m1.tree.string_attr, code_map)),
+                     m0.layout.pred_slot.tolist()))
+    kept = 0
+    for key, slot in zip(_row_keys(m1.tree.units.rows), m1.layout.pred_slot.tolist()):
+        if slot >= 0:
+            assert keys0[key] == slot
+            kept += 1
+    assert kept == int((m0.layout.pred_slot >= 0).sum())
+    for i in (0, 1, 2):
+        index.remove(i)
+    for i in (0, 1, 2):
+        del texts[i]
+    index.merge()
+    m2 = apcm_of(index)
+    assert m2.layout_rebuilt is False and m2.layout.dead_bits >= 3
+    assert answers(index, EVENTS_N) == scan_answers(texts, EVENTS_N)
+    # overflow + dead past the reclaim share: rebuilt, every bit in a main slice again
+    fresh = {200 + i: f"n3 = {100 + i} OR s1 = 'v/{i}'" for i in range(int(RECLAIM_SHARE * bits0) + 2)}
+    index.add_many(list(fresh), list(fresh.values()))
+    texts.update(fresh)
+    index.merge()
+    m3 = apcm_of(index)
+    assert m3.layout_rebuilt is True
+    assert m3.layout.over_bits.sum() == 0 and m3.layout.dead_bits == 0
+    assert answers(index, EVENTS_N + [{"n3": 101}, {"s1": "v/3"}]) == scan_answers(texts, EVENTS_N + [{"n3": 101},
+                                                                                                     {"s1": "v/3"}])
+
+
+def test_two_patterns_on_one_attribute_keep_their_own_bits_across_a_merge():
+    """LIKE/MATCHES rows differ only by their pattern id: a carried layout
+    told them apart by attribute and operator alone once (both read one
+    bit)."""
+    index = Index(algorithm="apcm")
+    index.add_many([1, 2], ["s0 LIKE 'a%'", "n0 = 1"])
+    index.add_many(list(range(10, 30)), [f"n1 = {i}" for i in range(20)])      # so that two bits stay overflow
+    index.merge()
+    apcm_of(index)
+    index.add_many([3, 4], ["s0 LIKE 'b%'", "s0 MATCHES 'c$' AND n0 = 1"])
+    index.merge()
+    assert apcm_of(index).layout_rebuilt is False
+    events = [{"s0": "ab"}, {"s0": "bb"}, {"s0": "abc", "n0": 1}, {"s0": "bc", "n0": 1}]
+    assert answers(index, events) == [[1], [3], [1, 2, 4], [2, 3, 4]]
+
+
+def test_a_saved_index_keeps_its_matching_options_and_its_tree(tmp_path, monkeypatch):
+    w = begen(400, 64, dims=20, similarity=0.8, seed=3)
+    index = Index(algorithm="apcm", options={"variant": "pcm", "cluster_size": 4, "threshold": 1})
+    index.add_many(w.subscriptions)
+    index.merge()
+    want = answers(index, w.events)
+    index.save(tmp_path / "a.bexidx")
+    loaded = Index.load(tmp_path / "a.bexidx")
+    assert loaded.options == {"variant": "pcm", "cluster_size": 4, "threshold": 1}
+    # another matching variant on load reuses the saved tree: no build
+    from engine.algorithms import betree
+    monkeypatch.setattr(betree.BETreeMatcher, "__init__", lambda *a, **k: pytest.fail("built the tree again"))
+    other = Index.load(tmp_path / "a.bexidx", options={"variant": "bitmap"})
+    assert apcm_of(other).options.variant == "bitmap"
+    assert answers(loaded, w.events) == answers(other, w.events) == want
+
+
+# ====================================================== stream re-ordering
+def _stream(similarity, n_events=512, seed=0):
+    return begen(600, n_events, dims=40, similarity=similarity, seed=seed)
+
+
+def _reorder(w, reorderer, compress_all=False):
+    index = Index(algorithm="apcm")
+    index.add_many(w.subscriptions)
+    m = apcm_of(index)
+    from engine import events as event_batches
+    batch = event_batches.encode_events(w.events, index._schema, "raise")
+    t = m.tree
+    keys = event_keys(batch.value, batch.attr, t.string_attr, t.str_map)
+    return batch, reorderer.clusters(batch.offsets, batch.attr, keys, compress_all=compress_all)
+
+
+def test_osr_clusters_similar_events_within_the_capacity():
+    """Each buffered batch's clusters are the l-nodes of a BE-Tree over its
+    events: a permutation of the batch within each buffered batch, every
+    compressed cluster at most the capacity, of at least ``threshold``
+    similarity, its members sharing the attributes of its p-nodes."""
+    w = _stream(0.9, n_events=1536)
+    r = Reorderer(batch_size=1024, cluster_size=8, threshold=2, adaptive=False)
+    batch, cl = _reorder(w, r)
+    n = batch.n_events
+    assert sorted(cl.perm.tolist()) == list(range(n))
+    for b0 in range(0, n, 1024):          # no cluster crosses a buffered batch
+        assert sorted(cl.perm[b0:b0 + 1024].tolist()) == list(range(b0, min(n, b0 + 1024)))
+    sizes = np.diff(cl.off)
+    assert sizes.max() <= 8
+    assert (cl.similarity[sizes > 1] >= 2).all()
+    assert cl.compressed_events() > n // 4          # a 90 %-similar stream: many events compressed
+    low = _reorder(_stream(0.1, n_events=1536), Reorderer(1024, 8, 2, adaptive=False))[1]
+    assert low.compressed_events() * 2 < cl.compressed_events()
+    # PCM with re-ordering compresses every l-node of two or more, whatever its depth
+    every = _reorder(_stream(0.1, n_events=1536), Reorderer(1024, 8, 2, adaptive=False), compress_all=True)[1]
+    assert every.compressed_events() > n // 2
+    # arrival-order runs (PCM without re-ordering)
+    runs = arrival_runs(10, 4)
+    assert runs.off.tolist() == [0, 4, 8, 10] and runs.perm.tolist() == list(range(10))
+
+
+def test_the_cluster_size_adapts_to_the_clusters_found():
+    """§VII-B: clusters filling the capacity double it for the next buffered
+    batch, until the clusters found stop filling it (here: groups of about
+    eight identical events), never past MAX_MEMBERS; clusters well under it
+    halve it back, never below the option's value."""
+    r = Reorderer(batch_size=256, cluster_size=2, threshold=1, adaptive=True)
+    same = begen(200, 256, dims=20, similarity=1.0, seed=1)
+    _reorder(same, r)
+    assert r.capacity == 4
+    seen = []
+    for _ in range(8):
+        cl = _reorder(same, r)[1]
+        assert np.diff(cl.off).max() <= min(seen[-1] if seen else 4, MAX_MEMBERS)
+        seen.append(r.capacity)
+    assert 8 <= seen[-1] <= MAX_MEMBERS and seen[-1] == seen[-2] == seen[-3]     # settled
+    fixed = Reorderer(batch_size=256, cluster_size=2, threshold=1, adaptive=False)
+    _reorder(same, fixed)
+    assert fixed.capacity == 2
+    # a dissimilar stream brings it back down, not below the option
+    r2 = Reorderer(batch_size=256, cluster_size=4, threshold=2, adaptive=True)
+    r2.capacity = 32
+    for _ in range(4):
+        _reorder(_stream(0.0, n_events=256), r2)
+    assert 4 <= r2.capacity < 32
+
+
+# ================================================================ variants
+VARIANTS = [{}, {"variant": "pcm"}, {"variant": "pcm", "reorder": False}, {"variant": "pcm", "parallel_paths": False},
+            {"variant": "pcm", "unroll": False}, {"variant": "parallel"}, {"variant": "bitmap"},
+            {"cluster_size": 1}, {"cluster_size": 64, "threshold": 0}, {**DEEP_PCM, "batch_size": 16}]
+
+
+@pytest.mark.parametrize("similarity", [0.2, 0.9])
+def test_every_variant_gives_scans_answers_on_similar_streams(similarity):
+    """The ablations of §VII (Bitmap, Parallel, C, C-U, C-U-PP, C-U-PP-RE,
+    A-PCM), cluster sizes from 1 to 64, buffered batches smaller than the
+    batch: the exact per-event answers, whatever the clustering."""
+    w = begen(800, 300, dims=30, similarity=similarity, seed=7)
+    want = scan_answers(w.subscriptions, w.events)
+    assert sum(map(len, want)) > 50
+    for options in VARIANTS:
+        index = Index(algorithm="apcm", options=options)
+        index.add_many(w.subscriptions)
+        assert answers(index, w.events) == want, options
