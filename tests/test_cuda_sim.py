@@ -109,7 +109,8 @@ def test_import_engine_never_touches_cuda():
     code = ("import sys, engine, engine.algorithms.scan_cuda, engine.algorithms.opindex_cuda, "
             "engine.algorithms.cuda_base, engine.algorithms.residual, gpu_kernels.scan, gpu_kernels.compaction, "
             "gpu_kernels.predicates, gpu_kernels.opindex.cuda, gpu_kernels.cuda_support, "
-            "engine.algorithms.betree_cuda, gpu_kernels.betree.cuda; "
+            "engine.algorithms.betree_cuda, gpu_kernels.betree.cuda, engine.algorithms.apcm_cuda, "
+            "gpu_kernels.apcm.cuda; "
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda was imported'; print('ok')")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -171,6 +172,12 @@ PTX_CHECK = textwrap.dedent("""
     widest = (betree_cuda.MAX_SHARED_BYTES - betree_cuda.shared_bytes(1024, 0)) // 4
     jobs += [(betree_cuda.build_betree_kernel_cuda(t, q), betree_cuda.kernel_types())
              for t, q in ((128, betree_cuda.QUEUE_CAPACITY), (1024, widest))]
+    # A-PCM: encoding, compression, and the cluster walk with its leaf scans (the BE-Tree kernel's geometry)
+    from gpu_kernels.apcm import cuda as apcm_cuda
+    apcm_types = apcm_cuda.kernel_types()
+    jobs += [(apcm_cuda.build_encode_kernel(), apcm_types["encode"]), (apcm_cuda.build_or_kernel(), apcm_types["or"])]
+    jobs += [(apcm_cuda.build_match_kernel(t, q), apcm_types["match"])
+             for t, q in ((128, apcm_cuda.QUEUE_CAPACITY), (1024, widest))]
     try:
         for kernel, sig in jobs:
             ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
