@@ -100,6 +100,8 @@ class EventStream:
         self.batch_size = batch_size
         self.max_wait = None if max_wait is None else float(max_wait)
         self.errors = errors
+        # guards everything below; notified when a first or a batch_size-th
+        # event waits, when flush() or close() asks, and when a batch is done
         self._lock = threading.Condition()
         self._waiting: deque[_Waiting] = deque()
         self._submitted = 0         # events submitted so far
@@ -107,6 +109,7 @@ class EventStream:
         self._flush_to = 0          # flush() asked for every event up to this number to go at once
         self._closed = False
         self._stats = dict.fromkeys(REASONS, 0) | {"events": 0, "batches": 0}
+        # a daemon, so that a stream nobody closed does not keep the interpreter alive
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

@@ -53,8 +53,10 @@ DEFAULT_BATCH_SIZES = (1, 128, 256, 512, 1024)
 DEFAULT_DELAYS_MS = (100.0, 10.0, 1.0, 0.1, 0.01, 0.0)
 #: events in the simulated stream: ten batches of the paper's largest
 DEFAULT_SIMULATED_EVENTS = 10_240
-#: every batch size is timed on at least this many events (and at least ``repeats`` batches)
+#: every batch size is timed on at least this many events (and at least ``repeats`` batches) ...
 MIN_TIMED_EVENTS = 1024
+#: ... unless its timed batches have taken this many seconds (a slow algorithm matching events one by one)
+TIME_BUDGET_S = 5.0
 
 #: the columns of a latency row (``--csv``), one row per algorithm x backend x batch size x delay
 LATENCY_COLUMNS = (
@@ -65,7 +67,8 @@ LATENCY_COLUMNS = (
 
 def timed_batches(batch_size: int, repeats: int = 3, min_events: int = MIN_TIMED_EVENTS) -> int:
     """How many batches of ``batch_size`` are timed: ``repeats``, and enough
-    to cover ``min_events`` events (small batches vary more)."""
+    to cover ``min_events`` events (small batches vary more) -- fewer, but
+    never below ``repeats``, once they pass :func:`time_batches`' time budget."""
     return max(int(repeats), math.ceil(min_events / batch_size))
 
 
@@ -94,13 +97,15 @@ def simulate(batch_s: float, batch_size: int, delay_s: float, n_events: int = DE
     n_batches = max(1, n_events // batch_size)
     arrival = np.arange(n_batches * batch_size, dtype=np.float64) * delay_s
     ready = arrival[batch_size - 1::batch_size]            # a batch is complete when its last event arrives
-    k = np.arange(n_batches, dtype=np.float64)
-    # finish[k] = max(ready[k], finish[k-1]) + batch_s, unrolled: the latest
-    # of "ready[j], then k - j + 1 batches back to back" over j <= k
-    finish = np.maximum.accumulate(ready - k * batch_s) + (k + 1) * batch_s
+    start = np.empty(n_batches)
+    free = -math.inf                                       # when the matcher is done with the batch before
+    for k, complete in enumerate(ready.tolist()):
+        start[k] = max(complete, free)
+        free = start[k] + batch_s
+    finish = start + batch_s
     latency = np.repeat(finish, batch_size) - arrival
     fill = np.repeat(ready, batch_size) - arrival
-    queue = finish - batch_s - ready
+    queue = start - ready
     utilization = batch_s / (batch_size * delay_s) if delay_s > 0 else math.inf
     return {"mean": float(latency.mean()), "p99": float(np.percentile(latency, 99)), "fill": float(fill.mean()),
             "queue": float(queue.mean()), "utilization": utilization, "overloaded": utilization > 1,
@@ -156,13 +161,14 @@ def _check(found: list, reference: list) -> tuple[int, bool | None, str | None]:
 
 
 def time_batches(workload, algorithms=None, backends=("cpu",), batch_sizes=DEFAULT_BATCH_SIZES, *,
-                 repeats: int = 3, min_events: int = MIN_TIMED_EVENTS, scan_sample="auto", events_limit=None,
-                 algorithm_options: dict | None = None, progress: bool = True,
-                 strict: bool = False) -> list[BatchTiming]:
+                 repeats: int = 3, min_events: int = MIN_TIMED_EVENTS, time_budget: float | None = TIME_BUDGET_S,
+                 scan_sample="auto", events_limit=None, algorithm_options: dict | None = None,
+                 progress: bool = True, strict: bool = False) -> list[BatchTiming]:
     """The time of one ``match_batch`` of each of ``batch_sizes`` events, per
     algorithm (bench names; default every algorithm implemented on one of
     ``backends``) and backend: one index built per algorithm, then per size
-    one untimed batch and :func:`timed_batches` timed ones, consecutive
+    one untimed batch and :func:`timed_batches` timed ones (no more once
+    they have taken ``time_budget`` seconds and there are ``repeats``), consecutive
     slices of the stream (its first ``events_limit`` events; wrapping
     around a stream too short).  A batch is what a streaming service holds
     (:class:`engine.streaming.EventStream`): a list of event dicts, matched
@@ -198,7 +204,8 @@ def time_batches(workload, algorithms=None, backends=("cpu",), batch_sizes=DEFAU
                     bench_algorithms.matcher_class(algorithm, backend)     # BackendUnavailable before any work
                     bar.set_postfix_str(f"{algorithm}/{backend} build")
                     out += _time_algorithm(workload, stream, algorithm, backend, options, sizes, base, reference,
-                                           repeats=repeats, min_events=min_events, bar=bar)
+                                           repeats=repeats, min_events=min_events, time_budget=time_budget,
+                                           bar=bar)
                 except BackendUnavailable as exc:
                     out.append(BatchTiming(**base, status="skipped", note=str(exc)))
                     bar.update(len(sizes))
@@ -213,7 +220,7 @@ def time_batches(workload, algorithms=None, backends=("cpu",), batch_sizes=DEFAU
 
 
 def _time_algorithm(workload, stream, algorithm, backend, options, sizes, base, reference, *, repeats,
-                    min_events, bar) -> list[BatchTiming]:
+                    min_events, time_budget, bar) -> list[BatchTiming]:
     _warm_up(algorithm, backend, workload.subscriptions, workload.events, stream, options)
     index = bench_algorithms.new_index(algorithm, backend, options)
     index.add_many(workload.subscriptions)
@@ -231,10 +238,12 @@ def _time_algorithm(workload, stream, algorithm, backend, options, sizes, base, 
             started = time.perf_counter()
             answers = index.match_batch(batch)
             elapsed = time.perf_counter() - started
-            if j:
-                seconds.append(elapsed)
             if first + size <= n:                 # a batch that wraps repeats events: not checked
                 found.append((first, answers))
+            if j:
+                seconds.append(elapsed)
+                if time_budget is not None and len(seconds) >= repeats and sum(seconds) > time_budget:
+                    break
         checked, correct, note = _check(found, reference)
         timings.append(BatchTiming(**base, batch_size=size, seconds=seconds, checked_events=checked,
                                    correct=correct, note=note))
