@@ -18,7 +18,10 @@ def test_bench_gpu_runs_the_algorithms_registered_on_cuda():
     bench variants), read when the parser is built; not a cpu-only one."""
     from engine.bench import gpu
 
-    assert gpu.cuda_algorithms() == (*registry.names("cuda"), "opindex-bs")
+    from engine.bench.algorithms import VARIANTS
+    variants = tuple(name for name, (base, *_) in VARIANTS.items() if base in registry.names("cuda"))
+    assert gpu.cuda_algorithms() == (*registry.names("cuda"), *variants)
+    assert {"opindex-bs", "apcm-bitmap", "apcm-cuppre"} <= set(variants)
     cpu_only = registry.Algorithm(name="cpu_only", title="cpu_only", paper="(test)", sections="",
                                   implementations={"cpu": "engine.algorithms.scan:ScanMatcher"}, options=ScanOptions)
     on_cuda = registry.Algorithm(name="on_cuda", title="on_cuda", paper="(test)", sections="",
