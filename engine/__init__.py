@@ -2,6 +2,7 @@
 expressions (docs/README.md).  The public API (docs/architecture.md#the-public-api)::
 
     from engine import Index, ParseError, ALGORITHMS, available_backends
+    from engine import EventStream      # single events gathered into batches (engine/streaming.py)
 
 ``import engine`` never needs a GPU: CUDA is touched only when the ``cuda``
 backend is asked for.
@@ -12,6 +13,7 @@ from engine.backend import available_backends
 from engine.errors import (BackendUnavailable, BadEventError, BexmatchError, ExpressionTooLarge, IndexFileError,
                            ParseError, SchemaError)
 from engine.index import Index
+from engine.streaming import EventStream
 
-__all__ = ["ALGORITHMS", "BackendUnavailable", "BadEventError", "BexmatchError", "ExpressionTooLarge", "Index",
-           "IndexFileError", "ParseError", "SchemaError", "available_backends"]
+__all__ = ["ALGORITHMS", "BackendUnavailable", "BadEventError", "BexmatchError", "EventStream", "ExpressionTooLarge",
+           "Index", "IndexFileError", "ParseError", "SchemaError", "available_backends"]

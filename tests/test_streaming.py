@@ -237,3 +237,16 @@ def test_concurrent_submitters(indexes, events):
 def test_bad_arguments(index, kwargs):
     with pytest.raises(ValueError):
         EventStream(index, **kwargs)
+
+
+def test_the_readme_example_runs_from_the_package():
+    """``from engine import EventStream`` (the README's example): the same
+    ids as ``match`` for each submitted event."""
+    import engine
+
+    assert "EventStream" in engine.__all__ and engine.EventStream is EventStream
+    idx = Index()
+    idx.add_many([1, 2], ["price < 600 AND color = 'silver'", "price > 1000"])
+    with engine.EventStream(idx, batch_size=1024, max_wait=0.005) as stream:
+        futures = [stream.submit({"price": p, "color": "silver"}) for p in (550, 1500, 700)]
+    assert [f.result().tolist() for f in futures] == [[1], [2], []]
