@@ -57,3 +57,29 @@ def test_betree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
     table5 = next(t for t in html if "paper Table 5" in t)
     assert all(name in table5 for name in ("scan", "opindex", "betree", "full scale, machine C2", "4.75"))
     assert any("tree_insert_per_s" in t and "api_add_per_s" in t for t in html)
+
+
+@pytest.mark.slow
+def test_apcm_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
+    """notebooks/apcm.ipynb: A-PCM Fig. 8, 9(a-c), 12 and W1/W6 with the
+    paper's ablations, opindex and betree at a tiny scale, beside the
+    full-scale run recorded in notebooks/data (BENCHMARKS.md, "A-PCM (issue 14)")."""
+    notebook = nbformat.read(ROOT / "notebooks" / "apcm.ipynb", as_version=4)
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("BEXMATCH_NOTEBOOK_SCALE", "0.001")
+    monkeypatch.setenv("BEXMATCH_NOTEBOOK_EVENTS", "60")
+    monkeypatch.delenv("BEXMATCH_NOTEBOOK_DATA", raising=False)       # the recorded data of the repository
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    for name in ("fig8.png", "fig9_a.png", "fig9_b.png", "fig9_c.png", "fig12.png"):
+        assert (tmp_path / name).stat().st_size > 10_000, name
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
+    html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    fig8 = [t for t in html if "apcm / apcm-parallel" in t and "full scale (C2)" in t and "this run" in t]
+    assert len(fig8) == 1 and all(name in fig8[0] for name in ("opindex", "betree", "apcm-bitmap", "apcm-cuppre"))
+    assert sum("full scale (C2)" in t and "this run" in t for t in html) == 1 + 3 + 1   # Fig. 8, 9(a-c), 12
+    standard = html[-1]
+    assert all(name in standard for name in ("W1", "W6", "full scale, machine C2", "apcm-parallel"))
