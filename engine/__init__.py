@@ -8,6 +8,7 @@ expressions (docs/README.md).  The public API (docs/architecture.md#the-public-a
 backend is asked for.
 """
 
+from engine._version import __version__
 from engine.algorithms import ALGORITHMS
 from engine.backend import available_backends
 from engine.errors import (BackendUnavailable, BadEventError, BexmatchError, ExpressionTooLarge, IndexFileError,
@@ -16,4 +17,4 @@ from engine.index import Index
 from engine.streaming import EventStream
 
 __all__ = ["ALGORITHMS", "BackendUnavailable", "BadEventError", "BexmatchError", "EventStream", "ExpressionTooLarge",
-           "Index", "IndexFileError", "ParseError", "SchemaError", "available_backends"]
+           "Index", "IndexFileError", "ParseError", "SchemaError", "__version__", "available_backends"]

@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from engine._version import __version__
 from engine.algorithms import registry
 from engine.errors import BexmatchError
 
@@ -278,6 +279,7 @@ def command_match(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bexmatch", description="Match events against Boolean-expression "
                                      "subscriptions on CPU cores, GPUs and Spark.")
+    parser.add_argument("--version", action="version", version=f"bexmatch {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     match = commands.add_parser("match", help="match a file of events against a file of subscriptions",

@@ -257,3 +257,19 @@ def test_only_run_imports_spark(files, tmp_path):
     result = json.loads(done.stdout.splitlines()[-1])
     assert result == {"codes": [0, 0, 0, 0], "spark": []}, done.stderr[-3000:]
     assert read_jsonl(tmp / "m.jsonl") == EXPECTED
+
+
+def test_version_is_one_value_everywhere(capsys):
+    """``bexmatch --version``, ``engine.__version__`` and the installed
+    distribution's metadata agree (pyproject.toml reads engine/_version.py);
+    the package says it carries type hints (PEP 561)."""
+    import importlib.metadata
+
+    import engine
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"bexmatch {engine.__version__}"
+    assert importlib.metadata.version("bexmatch") == engine.__version__
+    assert (Path(engine.__file__).parent / "py.typed").exists()
