@@ -123,6 +123,8 @@ class Reorderer:
 
     def _buffered_batch(self, offsets, attr, keys, b0, b1, n_attrs, compress_all):
         n = b1 - b0
+        if n < 2:                     # nothing to cluster (a service's lone event): no tree
+            return np.arange(n, dtype=np.int64), np.ones(n, np.int64), np.full(n, -1, np.int64)
         s0, s1 = int(offsets[b0]), int(offsets[b1])
         tree_keys = ((offsets[b0:b1 + 1] - s0).astype(np.int64), attr[s0:s1].astype(np.int64), keys[s0:s1],
                      keys[s0:s1])
