@@ -3,6 +3,7 @@ expressions (docs/README.md).  The public API (docs/architecture.md#the-public-a
 
     from engine import Index, ParseError, ALGORITHMS, available_backends
     from engine import EventStream      # single events gathered into batches (engine/streaming.py)
+    from engine import validate         # check an expression without adding it
 
 ``import engine`` never needs a GPU: CUDA is touched only when the ``cuda``
 backend is asked for.
@@ -16,5 +17,22 @@ from engine.errors import (BackendUnavailable, BadEventError, BexmatchError, Exp
 from engine.index import Index
 from engine.streaming import EventStream
 
+
+def validate(expression):
+    """Check an expression without adding it anywhere: its AST (an
+    :mod:`engine.expr` node) when it is valid, else the error ``add`` would
+    raise for it -- :class:`ParseError` (with the position and what was
+    expected), :class:`ExpressionTooLarge` past the nesting and size
+    limits, ``TypeError`` for what is neither text nor an expression node.
+    What depends on an index -- an attribute used with another type family
+    there, an algorithm's rewrite limit under ``strict`` -- is checked by
+    that index's ``add``.  ``engine.parse.to_text`` prints an AST back."""
+    if isinstance(expression, str):
+        from engine.parse import parse        # (the grammar's tables are built on first use)
+        return parse(expression)
+    from engine.index import _checked_ast
+    return _checked_ast(expression)
+
+
 __all__ = ["ALGORITHMS", "BackendUnavailable", "BadEventError", "BexmatchError", "EventStream", "ExpressionTooLarge",
-           "Index", "IndexFileError", "ParseError", "SchemaError", "__version__", "available_backends"]
+           "Index", "IndexFileError", "ParseError", "SchemaError", "__version__", "available_backends", "validate"]

@@ -276,6 +276,29 @@ def command_match(args) -> int:
     return 0
 
 
+def command_explain(args) -> int:
+    """Print why subscription ``--id`` matches ``--event`` or not."""
+    from engine import Index
+
+    try:
+        event = json.loads(args.event)
+    except json.JSONDecodeError as exc:
+        raise BexmatchError(f"--event is not JSON: {exc}") from None
+    if not isinstance(event, dict):
+        raise BexmatchError(f"--event must be a JSON object (one event), not {type(event).__name__}")
+    index = Index()
+    load_subscriptions(index, args.subs, progress=False)
+    if args.id not in index:
+        raise BexmatchError(f"--id {args.id}: no such subscription in {args.subs}")
+    explanation = index.explain(args.id, event)
+    if args.json:
+        print(json.dumps({"id": args.id, "matches": explanation.matches, "explanation": explanation.to_dict()}))
+    else:
+        print(f"subscription {args.id} {'matches' if explanation.matches else 'does not match'}:")
+        print(explanation)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bexmatch", description="Match events against Boolean-expression "
                                      "subscriptions on CPU cores, GPUs and Spark.")
@@ -296,6 +319,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="an event value of the wrong type: fail (raise) or treat it as absent (null)")
     match.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     match.set_defaults(handler=command_match)
+
+    explain = commands.add_parser("explain", help="why one subscription matches one event, or not",
+                                  description="Print subscription --id of --subs as the index holds it, each "
+                                  "predicate and connective with its value on --event (TRUE, FALSE, or NULL "
+                                  "with the absent attribute).")
+    explain.add_argument("--subs", required=True, help="id<TAB>expression text, or Parquet in the columnar form")
+    explain.add_argument("--id", required=True, type=int, help="the subscription id")
+    explain.add_argument("--event", required=True, help="the event as a JSON object, e.g. '{\"price\": 550}'")
+    explain.add_argument("--json", action="store_true", help="print the explanation as JSON instead of a tree")
+    explain.set_defaults(handler=command_explain)
 
     # listed for `bexmatch --help`; main() hands their arguments to their own parsers
     commands.add_parser("run", help="the Spark main job (default: local Spark on a generated workload); "

@@ -183,6 +183,67 @@ class Index:
         state = self._state
         return state.main.sub_ids[np.flatnonzero(state.alive)]
 
+    # ------------------------------------------------------------- reading back
+    def expression(self, sub_id) -> str:
+        """The text of subscription ``sub_id`` as the index holds it: rebuilt
+        from its compiled program, so in negation normal form (``NOT``
+        pushed down to the predicates), printed by the parser's printer --
+        parsing it gives back the same subscription.  KeyError for an
+        unknown id."""
+        from engine.parse import to_text
+        return to_text(self._expression_node(self._state, sub_id))
+
+    def __getitem__(self, sub_id) -> str:
+        """``idx[sub_id]``: :meth:`expression`."""
+        return self.expression(sub_id)
+
+    def items(self):
+        """``(id, text)`` for every subscription, ids ascending, all from the
+        snapshot current at the call (the texts made one by one as the
+        iteration goes)."""
+        from engine.parse import to_text
+        state = self._state
+        where = [(int(i), state.main, int(p)) for p in np.flatnonzero(state.alive)
+                 for i in (state.main.sub_ids[p],)]
+        for segment in state.delta:
+            where += [(int(i), segment, p) for p, i in enumerate(segment.sub_ids.tolist())]
+        where.sort(key=lambda item: item[0])
+        for sub_id, segment, position in where:
+            yield sub_id, to_text(segment.expression(position, state.view))
+
+    def __iter__(self):
+        """Iterating over an index gives :meth:`items`: ``(id, text)`` pairs."""
+        return self.items()
+
+    def explain(self, sub_id, event: dict):
+        """Why subscription ``sub_id`` matches ``event`` or not: its
+        expression (as :meth:`expression` gives it) as a tree of
+        :class:`engine.explain.Explanation` nodes, each with its value --
+        True, False or None (NULL; for a predicate, the attribute the event
+        lacks).  Prints as an indented tree; ``.to_dict()`` is plain data;
+        ``.matches`` is what :meth:`match` says of this subscription.  The
+        event is checked as :meth:`match` checks it (BadEventError for a
+        value the index refuses); KeyError for an unknown id."""
+        from engine.explain import explain
+        if not isinstance(event, dict):
+            raise TypeError(f"explain takes one event as a dict, not {type(event).__name__}")
+        state = self._state
+        node = self._expression_node(state, sub_id)
+        self.match_batch([event])                 # the same checks of the event as match's
+        return explain(node, event)
+
+    @staticmethod
+    def _expression_node(state: Snapshot, sub_id) -> Node:
+        sub_id = _as_id(sub_id)
+        at = _main_position(state, sub_id)
+        if at >= 0:
+            return state.main.expression(at, state.view)
+        for segment in state.delta:
+            found = np.flatnonzero(segment.sub_ids == sub_id)
+            if len(found):
+                return segment.expression(int(found[0]), state.view)
+        raise KeyError(f"subscription id {sub_id} is not in the index")
+
     def subset(self, ids) -> "Index":
         """A new index holding only the given subscriptions (compiled form
         copied, nothing re-parsed), with the whole schema, so that it codes

@@ -175,6 +175,29 @@ class Schema:
         clone.version, clone.n_sets, clone._attr_version = self.version, self.n_sets, self._attr_version
         return clone
 
+    # -------------------------------------------- read as {attribute: family}
+    # ``idx.schema["price"]`` -> "numeric"; ``dict(idx.schema)``; None for an
+    # attribute whose family nothing has fixed yet (only IS NULL tests seen).
+    # (No __len__: a Schema stays truthy however few attributes it has.)
+    def __getitem__(self, attr: str) -> str | None:
+        family = self.families[attr]
+        return None if family is None else family.value
+
+    def __contains__(self, attr) -> bool:
+        return attr in self.families
+
+    def __iter__(self):
+        return iter(list(self.attr_names))
+
+    def keys(self) -> list[str]:
+        """The attributes, in id order (first use first)."""
+        return list(self.attr_names)
+
+    def items(self) -> list[tuple[str, str | None]]:
+        """``(attribute, family)`` pairs, family as ``"numeric"``, ``"string"``,
+        ``"boolean"`` or None."""
+        return [(name, self[name]) for name in self.attr_names]
+
     @property
     def n_strings(self) -> int:
         return len(self.strings)
