@@ -193,9 +193,11 @@ class MatchWriter:
 
     SCHEMA = pa.schema([("event", pa.int64()), ("sub_id", pa.int64())])
 
-    def __init__(self, out: str | None):
+    def __init__(self, out: str | None, id_field: str | None = None):
         self.out = out
+        self.id_field = id_field              # the events' own ids name them instead of their numbers
         self.parquet = out is not None and out.endswith(".parquet")
+        self.writer = None
         if out is None:
             self.tmp, self.stream = None, sys.stdout
             return
@@ -204,8 +206,10 @@ class MatchWriter:
         self.tmp = os.path.join(os.path.dirname(os.path.abspath(out)),
                                 f".{os.path.basename(out)}.{secrets.token_hex(6)}.tmp")
         try:
-            if self.parquet:
+            if self.parquet and id_field is None:
                 self.writer = pq.ParquetWriter(self.tmp, self.SCHEMA)
+            elif self.parquet:
+                open(self.tmp, "x").close()          # the ids' type is known at the first batch
             else:
                 self.stream = open(self.tmp, "x", encoding="utf-8")
         except (OSError, pa.ArrowException) as exc:
@@ -213,10 +217,16 @@ class MatchWriter:
 
     def write(self, table: pa.Table) -> None:
         if self.parquet:
-            self.writer.write_table(table.cast(self.SCHEMA))
-        else:
+            if self.writer is None:
+                self.writer = pq.ParquetWriter(self.tmp, table.schema)
+            self.writer.write_table(table if self.id_field is not None else table.cast(self.SCHEMA))
+        elif self.id_field is None:
             for event, sub_id in zip(table["event"].to_pylist(), table["sub_id"].to_pylist()):
                 self.stream.write(f'{{"event": {event}, "sub_id": {sub_id}}}\n')
+        else:
+            name = json.dumps(self.id_field)
+            for event, sub_id in zip(table[self.id_field].to_pylist(), table["sub_id"].to_pylist()):
+                self.stream.write(f'{{{name}: {json.dumps(event)}, "sub_id": {sub_id}}}\n')
 
     def commit(self) -> None:
         if self.tmp is None:
@@ -235,6 +245,9 @@ class MatchWriter:
 
     def _close(self) -> None:
         if self.parquet:
+            if self.writer is None:          # --id-field and no batch: the ids' type unknown, int64 said
+                self.writer = pq.ParquetWriter(self.tmp, pa.schema([(self.id_field, pa.int64()),
+                                                                    ("sub_id", pa.int64())]))
             self.writer.close()
         else:
             self.stream.close()
@@ -245,7 +258,7 @@ def command_match(args) -> int:
 
     if args.batch_size < 1:
         raise BexmatchError(f"--batch-size must be at least 1, not {args.batch_size}")
-    writer = MatchWriter(args.out)     # first: a bad --out fails before any work
+    writer = MatchWriter(args.out, args.id_field)     # first: a bad --out fails before any work
     seen = matched = 0
     bar = None
     try:
@@ -256,10 +269,14 @@ def command_match(args) -> int:
         for batch, lines in event_batches(args.events, args.batch_size):
             n = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
             try:
-                result = index.match_batch(batch, output="arrow", errors=args.errors)
+                result = index.match_batch(batch, output="arrow", errors=args.errors, id_column=args.id_field)
+            except KeyError as exc:                  # an event without its --id-field
+                raise BexmatchError(f"--id-field {args.id_field}: {exc.args[0]} (in batch from event {seen})"
+                                    ) from None
             except (ValueError, TypeError) as exc:   # the engine's refusals of bad events (BexmatchError too)
                 raise _refused_event(args.events, lines, seen, n, exc) from None
-            result = result.set_column(0, "event", pa.compute.add(result["event"], seen))
+            if args.id_field is None:
+                result = result.set_column(0, "event", pa.compute.add(result["event"], seen))
             writer.write(result)
             seen += n
             matched += result.num_rows
@@ -317,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     match.add_argument("--batch-size", type=int, default=EVENT_BATCH, help="events per batch (default %(default)s)")
     match.add_argument("--errors", choices=("raise", "null"), default="raise",
                        help="an event value of the wrong type: fail (raise) or treat it as absent (null)")
+    match.add_argument("--id-field", metavar="NAME",
+                       help="the events' own id (a JSON key or Parquet column, not an attribute): the output "
+                            "names each match's event by it instead of its number")
     match.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     match.set_defaults(handler=command_match)
 

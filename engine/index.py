@@ -468,7 +468,7 @@ class Index:
             raise TypeError(f"match takes one event as a dict, not {type(event).__name__}")
         return self.match_batch([event])[0]
 
-    def match_batch(self, events, *, output: str = "list", errors: str = "raise"):
+    def match_batch(self, events, *, output: str = "list", errors: str = "raise", id_column: str | None = None):
         """Match a batch: a list of dicts, a pyarrow Table/RecordBatch or a
         pandas DataFrame (one row per event, null = absent).
 
@@ -489,11 +489,24 @@ class Index:
         batch whose matches would need more than
         :data:`MATCH_MEMORY_BUDGET` of working memory is matched in event
         slices, so that the peak stays near the size of the output; for
-        outputs larger than memory, see :meth:`match_stream`."""
+        outputs larger than memory, see :meth:`match_stream`.
+
+        ``id_column``: the events' own identity -- a column of a table or
+        DataFrame, a key of the dicts, or the name of a DataFrame's index --
+        which is not an attribute: it is left out of matching, and
+        ``output="arrow"`` names each match's event by it (a column of that
+        name, of its type, instead of ``event``).  KeyError when an event
+        lacks it."""
         if output not in ("list", "arrow", "device"):
             raise ValueError(f"output must be 'list', 'arrow' or 'device', not {output!r}")
+        if id_column is not None and output == "device":
+            raise ValueError("id_column names the events in output='arrow' (and is left out of matching with "
+                             "'list'); output='device' keeps event positions")
         if output == "device" and self.backend != "cuda":
             raise ValueError("output='device' needs backend='cuda'")
+        event_ids = None
+        if id_column is not None:
+            events, event_ids = _split_event_ids(events, id_column)
         state = self._state
         batch = event_batches.encode_events(events, state.view, errors)
         rejected = list(getattr(batch, "rejected", ()))
@@ -512,27 +525,38 @@ class Index:
                 ids_out.append(sub_ids)
             found = pa.table({"event": pa.chunked_array(events_out, pa.int64()),
                               "sub_id": pa.chunked_array(ids_out, pa.int64())})
+            if event_ids is not None:
+                found = pa.table({id_column: event_ids.take(found["event"]), "sub_id": found["sub_id"]})
         else:
             found = []
             for first, stop, event_idx, sub_ids in self._match_slices(state, batch, rejected=rejected):
                 found.extend(np.split(sub_ids, np.searchsorted(event_idx, np.arange(first + 1, stop))))
         return (found, rejected) if errors == "report" else found
 
-    def match_stream(self, events, *, errors: str = "raise", max_pairs: int | None = None):
+    def match_stream(self, events, *, errors: str = "raise", max_pairs: int | None = None,
+                     id_column: str | None = None):
         """Match a batch and yield its matches as pyarrow RecordBatches
         ``(event int64, sub_id int64)``, ordered by event then id, each of
         at most about ``max_pairs`` rows (default: what
         :data:`MATCH_MEMORY_BUDGET` holds; one event's matches are never
         split) -- for outputs larger than memory.  The whole batch is
-        matched against the snapshot current when the call is made."""
+        matched against the snapshot current when the call is made.
+        ``id_column``: as in :meth:`match_batch` (the batches' first column
+        is then the events' ids, named by it)."""
         if errors == "report":
             raise ValueError("match_stream takes errors='raise' or 'null'; use match_batch(errors='report') "
                              "to have bad events reported")
+        event_ids = None
+        if id_column is not None:
+            events, event_ids = _split_event_ids(events, id_column)
         state = self._state
         batch = event_batches.encode_events(events, state.view, errors)
         for _, _, event_idx, sub_ids in self._match_slices(state, batch, max_pairs):
-            yield pa.RecordBatch.from_arrays([pa.array(event_idx, pa.int64()), pa.array(sub_ids, pa.int64())],
-                                             names=["event", "sub_id"])
+            first = pa.array(event_idx, pa.int64())
+            if event_ids is not None:
+                first = event_ids.take(first)
+            yield pa.RecordBatch.from_arrays([first, pa.array(sub_ids, pa.int64())],
+                                             names=["event" if id_column is None else id_column, "sub_id"])
 
     def _match_slices(self, state: Snapshot, batch, max_pairs: int | None = None, rejected=()):
         """``(first, stop, event index, sub ids)`` of each event slice
@@ -654,6 +678,40 @@ class Index:
     def __repr__(self) -> str:
         return f"Index(algorithm={self.algorithm!r}, backend={self.backend!r}, subscriptions={len(self)})"
 
+
+
+def _split_event_ids(events, id_column: str):
+    """(the events without their id column, the ids as one Arrow array):
+    a column of a pyarrow Table/RecordBatch or pandas DataFrame, a
+    DataFrame's index by its name, or a key of every dict."""
+    if not isinstance(id_column, str):
+        raise TypeError(f"id_column is a column name, not {type(id_column).__name__}")
+    if isinstance(events, (pa.Table, pa.RecordBatch)):
+        if id_column not in events.schema.names:
+            raise KeyError(f"id_column {id_column!r}: the events have no such column; columns are "
+                           f"{events.schema.names}")
+        ids = events.column(id_column)
+        table = events if isinstance(events, pa.Table) else pa.Table.from_batches([events])
+        rest = table.drop_columns([id_column])
+        ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+        return rest, ids
+    if isinstance(events, (list, tuple)):
+        try:
+            ids = [event[id_column] for event in events]
+        except KeyError:
+            at = next(i for i, event in enumerate(events) if id_column not in event)
+            raise KeyError(f"id_column {id_column!r}: event {at} has no such key") from None
+        except TypeError:
+            raise TypeError("events with id_column are dicts, a pyarrow Table/RecordBatch or a pandas DataFrame")
+        return [{k: v for k, v in event.items() if k != id_column} for event in events], pa.array(ids)
+    if type(events).__module__.startswith("pandas"):
+        if id_column in events.columns:
+            return events.drop(columns=[id_column]), pa.array(events[id_column])
+        if events.index.name == id_column:
+            return events, pa.array(events.index)
+        raise KeyError(f"id_column {id_column!r}: the DataFrame has no such column, nor an index of that name")
+    raise TypeError(f"id_column needs events as dicts, a pyarrow Table/RecordBatch or a pandas DataFrame, "
+                    f"not {type(events).__name__}")
 
 
 def _main_position(state: Snapshot, sub_id: int) -> int:
