@@ -175,13 +175,20 @@ def _count_events(path: str) -> int | None:
     return None
 
 
+#: the engine's hint names Python keywords; on the command line they are flags
+_API_HINT = re.compile(r" \(pass errors='null' .*?\)")
+_CLI_HINT = " (pass --errors null to treat such values as absent)"
+
+
 def _refused_event(path: str, lines, seen: int, n: int, exc: Exception) -> BexmatchError:
     """A batch's refusal as an error naming the line (JSON Lines) or the
-    1-based row (Parquet) of the event the engine names."""
-    found = _ENGINE_EVENT.match(str(exc))
+    1-based row (Parquet) of the event the engine names, its hint in the
+    command line's terms."""
+    message = _API_HINT.sub(_CLI_HINT, str(exc))
+    found = _ENGINE_EVENT.match(message)
     if found is None:
         where = f"{path}:{lines[0]}-{lines[-1]}" if lines else f"{path}: rows {seen + 1}-{seen + n}"
-        return BexmatchError(f"{where}: {exc}")
+        return BexmatchError(f"{where}: {message}")
     k, problem = int(found.group(1)), found.group(2)
     return BexmatchError(f"{path}:{lines[k]}: {problem}" if lines else f"{path}: row {seen + k + 1}: {problem}")
 

@@ -143,8 +143,10 @@ class Index:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes held by the compiled index (main segment, its matcher
-        once built, the delta)."""
+        """Host bytes held by the compiled index: the main segment, the
+        delta, and the algorithm's structure once built -- it is built
+        lazily, by the first match (or save) after a merge, so before that
+        this counts the compiled segments only; ``idx.match({})`` builds it."""
         state = self._state
         matcher = self._matcher
         main = state.main.nbytes if matcher is None else max(matcher.nbytes, state.main.nbytes)

@@ -89,7 +89,9 @@ def test_bad_event_fails_naming_it_unless_errors_null(files, capsys):
     events = tmp / "bad.jsonl"
     events.write_text('{"price": 1}\n{"price": "cheap"}\n')
     assert main(["match", "--subs", str(subs), "--events", str(events), "--quiet"]) == 2
-    assert "attribute 'price'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bad.jsonl:2: attribute 'price'" in err
+    assert "(pass --errors null to treat such values as absent)" in err and "errors='null'" not in err  # flags
     events.write_text('{"price": 1}\n{"price": "cheap"}\n')
     out = tmp / "m.jsonl"
     assert main(["match", "--subs", str(subs), "--events", str(events), "--errors", "null", "--out", str(out),
