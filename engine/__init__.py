@@ -18,6 +18,15 @@ from engine.index import Index
 from engine.streaming import EventStream
 
 
+def warmup(algorithms=None, backend=None) -> dict:
+    """Compile (or load from numba's cache) the kernels of every algorithm
+    on ``backend`` -- or of those named -- up front, so that the first real
+    ``match_batch`` does not pay for it; ``{algorithm: seconds}``
+    (:mod:`engine.warm_up`)."""
+    from engine.warm_up import warmup as run
+    return run(algorithms, backend)
+
+
 def validate(expression):
     """Check an expression without adding it anywhere: its AST (an
     :mod:`engine.expr` node) when it is valid, else the error ``add`` would
@@ -35,4 +44,4 @@ def validate(expression):
 
 
 __all__ = ["ALGORITHMS", "BackendUnavailable", "BadEventError", "BexmatchError", "EventStream", "ExpressionTooLarge",
-           "Index", "IndexFileError", "ParseError", "SchemaError", "__version__", "available_backends", "validate"]
+           "Index", "IndexFileError", "ParseError", "SchemaError", "__version__", "available_backends", "validate", "warmup"]

@@ -26,7 +26,10 @@ nothing and takes back what it added to the schema.
 from __future__ import annotations
 
 import copy
+import logging
+import sys
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +48,12 @@ from engine.expr import Node, predicates
 from engine.index_file import check_saved_options, needed_depth, read_index_file, restore_contents, write_index_file
 from engine.schema import Schema
 from engine.snapshot import BUILD, MatcherSource, Snapshot
+
+logger = logging.getLogger(__name__)
+#: algorithm/backend pairs built in this process so far (the first build of each may compile kernels)
+_BUILT_ONCE: set = set()
+#: text add_many shows a progress bar (stderr) once it has run this long
+PROGRESS_AFTER_S = 1.0
 
 DEFAULT_DNF_LIMIT = 256
 #: working memory of one slice of a large batch (matcher scratch, pairs,
@@ -272,18 +281,21 @@ class Index:
         expression or a present id raises and leaves the index unchanged."""
         self.add_many([sub_id], [expression])
 
-    def add_many(self, ids, expressions=None) -> None:
+    def add_many(self, ids, expressions=None, *, progress: bool | None = None) -> None:
         """Add many subscriptions: ``add_many(ids, expressions)`` with
         sequences of ids and texts/ASTs, or ``add_many(table)`` with the
         columnar one-row-per-predicate form (engine.columnar).  All or
-        nothing: a bad row raises and leaves the index unchanged."""
+        nothing: a bad row raises and leaves the index unchanged.
+        ``progress``: a progress bar on stderr for texts (None: only once
+        parsing has taken over :data:`PROGRESS_AFTER_S` seconds; False:
+        never)."""
         with self._write_lock:
             mark = self._schema.mark()
             try:
                 if expressions is None:
                     segment = self._compile_columnar(ids)
                 else:
-                    segment = self._compile_texts(ids, expressions)
+                    segment = self._compile_texts(ids, expressions, progress)
             except BaseException:
                 self._schema.rollback(mark)
                 raise
@@ -291,7 +303,7 @@ class Index:
                 self._publish(delta=self._state.delta + (segment,))
                 self._changed(bulk=expressions is None)
 
-    def _compile_texts(self, ids, expressions) -> Segment:
+    def _compile_texts(self, ids, expressions, progress: bool | None = None) -> Segment:
         if isinstance(expressions, (str, bytes)):
             raise TypeError("add_many takes a sequence of expressions, not one string: use add(id, text)")
         ids = [_as_id(i) for i in ids]
@@ -301,7 +313,12 @@ class Index:
         self._check_new_ids(np.array(ids, dtype=np.int64))
         nodes, all_preds, residual = [], [], []
         fixed: dict = {}
-        for sub_id, expression in zip(ids, expressions):
+        from tqdm import tqdm
+        # progress=None: tqdm's own rule (a terminal only), after PROGRESS_AFTER_S; True: always; False: never
+        rows = tqdm(zip(ids, expressions), total=len(ids), desc="add_many", unit="subscription", file=sys.stderr,
+                    delay=0 if progress else PROGRESS_AFTER_S, disable=None if progress is None else not progress,
+                    leave=False)
+        for sub_id, expression in rows:
             node = _parse(expression) if isinstance(expression, str) else _checked_ast(expression)
             preds = list(predicates(node))
             # check against the schema as it would be after the previous rows
@@ -416,9 +433,13 @@ class Index:
             if not (state.n_dead or state.delta):
                 return                          # nothing to fold: keep the matcher
             coded = state._main_part[0].predicates if state._main_part is not None else state.main.predicates
+            started = time.perf_counter()
             segment, old_to_new = merge_segments(state.main, state.alive, state.delta, coded, self._schema)
             self._state = Snapshot(self._schema.view(), segment, np.ones(len(segment), np.uint8), 0, (),
                                    state.merged_source(old_to_new))
+            logger.info("merge: %d subscriptions (%d added, %d removed) in %.2f s; the %s index follows at the "
+                        "next match", len(segment), state.delta_size, state.n_dead, time.perf_counter() - started,
+                        self.algorithm)
 
     def _install_main(self, segment: Segment, saved=None) -> None:
         """Make ``segment`` the whole index (load, subset): a fresh matcher,
@@ -441,13 +462,29 @@ class Index:
         """The matcher of a main segment from scratch: the algorithm's, with
         the residual subscriptions split off to the residual matcher."""
         settings = BuildSettings(view, self.dnf_limit, self._options)
-        return residual_split.build(segment, lambda part: self._matcher_class.build(part, settings),
-                                    lambda part: self._build_residual(part, view))
+        started = time.perf_counter()
+        matcher = residual_split.build(segment, lambda part: self._matcher_class.build(part, settings),
+                                       lambda part: self._build_residual(part, view))
+        self._log_built("built", len(segment), time.perf_counter() - started)
+        return matcher
 
     def derive_matcher(self, matcher, segment: Segment, old_to_new: np.ndarray, added: np.ndarray, view):
         """The matcher of a merged main segment, derived from the last one."""
-        return residual_split.derive(matcher, segment, old_to_new, added, view,
-                                     lambda part: self._build_residual(part, view))
+        started = time.perf_counter()
+        derived = residual_split.derive(matcher, segment, old_to_new, added, view,
+                                        lambda part: self._build_residual(part, view))
+        self._log_built(f"derived at a merge ({len(added)} added)", len(segment),
+                        time.perf_counter() - started)
+        return derived
+
+    def _log_built(self, how: str, n: int, seconds: float) -> None:
+        key = (self.algorithm, self.backend)
+        first = key not in _BUILT_ONCE
+        _BUILT_ONCE.add(key)
+        logger.info("%s/%s index %s over %d subscriptions in %.2f s", self.algorithm, self.backend, how, n, seconds)
+        if first and seconds > 2.0:
+            logger.info("(the first %s/%s index of this process: that includes numba compiling or loading its "
+                        "kernels; engine.warmup() does this up front)", self.algorithm, self.backend)
 
     def _build_residual(self, segment: Segment, view):
         """The residual matcher: on the index's backend, or on the host when

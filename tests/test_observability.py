@@ -1,0 +1,45 @@
+"""No silent waits (issue 16): ``engine.warmup()`` builds, merges and
+matches every algorithm once; builds, merges and derivations are logged
+through ``logging``; text ``add_many`` shows a progress bar on request or
+once it runs long."""
+
+from __future__ import annotations
+
+import logging
+
+import engine
+from engine import Index
+from engine import index as index_module
+
+
+def test_warmup_runs_every_algorithm_and_returns_their_times():
+    took = engine.warmup(backend="cpu")
+    assert set(took) == set(engine.ALGORITHMS) and all(t > 0 for t in took.values())
+    assert set(engine.warmup(["betree"], "cpu")) == {"betree"}
+
+
+def test_builds_merges_and_derivations_are_logged(caplog):
+    caplog.set_level(logging.INFO, logger="engine")
+    idx = Index(algorithm="opindex")
+    idx.add_many([1, 2], ["a = 1", "b > 2"])
+    idx.merge()
+    idx.match({})
+    idx.add(3, "c = 'x'")
+    idx.merge()
+    idx.match({})
+    text = caplog.text
+    assert "merge: 2 subscriptions (2 added, 0 removed)" in text
+    assert "opindex/cpu index built over 2 subscriptions" in text
+    assert "opindex/cpu index derived at a merge (1 added) over 3 subscriptions" in text
+
+
+def test_text_add_many_shows_progress_on_request_only(capsys, monkeypatch):
+    idx = Index(algorithm="scan")
+    idx.add_many(list(range(50)), [f"a = {i}" for i in range(50)], progress=True)
+    assert "add_many" in capsys.readouterr().err and len(idx) == 50
+    idx.add_many(list(range(50, 60)), [f"a = {i}" for i in range(10)], progress=False)
+    assert capsys.readouterr().err == ""
+    # automatic: only once it has run PROGRESS_AFTER_S (and, as tqdm decides, on a terminal)
+    monkeypatch.setattr(index_module, "PROGRESS_AFTER_S", 3600.0)
+    idx.add_many(list(range(60, 70)), [f"a = {i}" for i in range(10)])
+    assert capsys.readouterr().err == ""
