@@ -197,15 +197,37 @@ def build_index(subs, algorithm: str | None):
             from spark_integration.shipping import load_validated
             index, _ = load_validated(subs)
             return index
-        import pyarrow.parquet as pq
+        # Parquet in the columnar form, or `bexmatch match`'s text: one id<TAB>expression per line
+        from engine.cli import load_subscriptions
+        from engine.errors import BexmatchError
+        index = Index(algorithm=algorithm) if algorithm else Index()
         try:
-            subs = pq.read_table(subs)
-        except Exception as exc:    # pyarrow raises several types for "not Parquet"
-            raise JobError(f"--subs {subs!r} is neither a saved bexmatch index nor a Parquet table of "
-                           f"subscriptions in columnar form ({exc})") from exc
+            load_subscriptions(index, subs, progress=False)
+        except (BexmatchError, KeyError, ValueError) as exc:
+            raise JobError(f"--subs {subs!r}: {exc.args[0] if isinstance(exc, KeyError) else exc} (--subs takes "
+                           f"a saved bexmatch index, a Parquet table in the columnar form, or id<TAB>expression "
+                           f"lines)") from exc
+        return index
     index = Index(algorithm=algorithm) if algorithm else Index()
     index.add_many(subs)
     return index
+
+
+#: event files read as JSON Lines (one object per line) rather than Parquet
+JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
+
+
+def read_events(spark, path: str):
+    """The events DataFrame: JSON Lines when ``path`` ends in one of
+    :data:`JSON_SUFFIXES` (Spark infers the columns over the whole file),
+    else Parquet."""
+    if path.lower().rstrip("/").endswith(JSON_SUFFIXES):
+        return spark.read.json(path)
+    try:
+        return spark.read.parquet(path)
+    except Exception as exc:          # Spark's AnalysisException and the like: not Parquet
+        raise JobError(f"--events {path!r}: not readable as Parquet ({str(exc).splitlines()[0]}); JSON Lines "
+                       f"events need a name ending in {', '.join(JSON_SUFFIXES)}") from exc
 
 
 def _has_scheme(path: str) -> bool:
@@ -216,8 +238,10 @@ def _has_scheme(path: str) -> bool:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bexmatch run", description="Match events against subscriptions on Spark.")
-    p.add_argument("--subs", help="subscriptions: columnar Parquet, or a saved index")
-    p.add_argument("--events", help="events: Parquet (one row per event)")
+    p.add_argument("--subs", help="subscriptions: a saved index, columnar Parquet, or id<TAB>expression lines "
+                                  "(as bexmatch match takes)")
+    p.add_argument("--events", help="events: Parquet (one row per event), or JSON Lines (one object per line) "
+                                    "in a file named *.json, *.jsonl or *.ndjson")
     p.add_argument("--out", default=OUT_PATH, help=f"output Parquet directory (default {OUT_PATH})")
     p.add_argument("--master", default=None,
                    help="Spark master (default local[*]; under spark-submit, the one spark-submit was given)")
@@ -362,7 +386,7 @@ def _run_spark(spark, args, index, events_path, summary, pq):
 
     # 4. match + write
     start = time.perf_counter()
-    events = spark.read.parquet(events_path)
+    events = read_events(spark, events_path)
     if args.event_id not in events.columns:
         events = events.withColumn(args.event_id, F.monotonically_increasing_id())
         summary["note"] = f"the events have no {args.event_id!r} column: ids were made up " \
@@ -392,7 +416,7 @@ def _run_spark(spark, args, index, events_path, summary, pq):
     written = spark.read.parquet(args.out)
     if args.output == "pairs":
         summary["matches"] = written.count()
-        summary["events"] = summary.get("events_expected") or spark.read.parquet(events_path).count()
+        summary["events"] = summary.get("events_expected") or read_events(spark, events_path).count()
     else:
         summary["events"] = written.count()
         summary["matches"] = written.select(F.sum(F.size("sub_ids"))).first()[0] or 0

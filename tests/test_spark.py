@@ -4,6 +4,7 @@ in-process engine.Index on the same events."""
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 
@@ -452,3 +453,32 @@ def test_strings_users_send_match_exactly_through_spark(spark, algorithm):
                 if matches(node, {k: v for k, v in e.items() if v is not None})}
     assert len(expected) > n
     assert set(collected(match_events(to_spark(spark, events), index))) == expected
+
+
+def test_job_takes_text_subscriptions_and_json_lines_events(spark, tmp_path, capsys):
+    """`bexmatch run --subs` takes `bexmatch match`'s text form and `--events`
+    JSON Lines: the same pairs as `bexmatch match` on the same files; an
+    events file that is neither fails with one line naming the fix."""
+    from engine.cli import main as cli_main
+    from spark_integration.job import main
+
+    subs = tmp_path / "subs.txt"
+    subs.write_text("1\tprice <= 580 AND color = 'silver'\n2\tprice > 600 OR color LIKE 'g%'\n3\tbrand IS NULL\n")
+    events = tmp_path / "events.jsonl"
+    rows = [{"event_id": 10 + i, "price": p, "color": c} for i, (p, c) in
+            enumerate([(550, "silver"), (700, None), (None, "gold"), (1, "x")])]
+    events.write_text("".join(json.dumps({k: v for k, v in r.items() if v is not None}) + "\n" for r in rows))
+    out = tmp_path / "matches.parquet"
+    status = main(["--subs", str(subs), "--events", str(events), "--out", str(out)])
+    printed = capsys.readouterr()
+    assert status == 0, printed
+    table = pq.read_table(out)
+    got = sorted(zip(table["event_id"].to_pylist(), table["sub_id"].to_pylist()))
+    assert cli_main(["match", "--subs", str(subs), "--events", str(events), "--id-field", "event_id",
+                     "--quiet"]) == 0
+    want = sorted((line["event_id"], line["sub_id"]) for line in map(json.loads, capsys.readouterr().out.splitlines()))
+    assert got == want and (10, 1) in got and (11, 2) in got
+    bad = tmp_path / "events.csv"
+    bad.write_text("price\n1\n")
+    assert main(["--subs", str(subs), "--events", str(bad), "--out", str(tmp_path / "o2.parquet")]) != 0
+    assert "JSON Lines events need a name ending in .json" in capsys.readouterr().err
