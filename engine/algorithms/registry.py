@@ -175,6 +175,7 @@ register(Algorithm(
     limit_check="engine.algorithms.apcm:check_expression",
     conformance_options=({"max_cap": 1, "min_size": 1, "batch_size": 4, "cluster_size": 2, "threshold": 0,
                           "variant": "pcm"},
-                         {"variant": "apcm", "reorder": False, "cluster_size": 3},
+                         # C (no unrolling) over arrival-order runs; A-PCM's adaptive split of re-ordered
+                         # clusters is the default case's (tests/test_apcm.py runs every variant besides)
                          {"variant": "pcm", "unroll": False, "cluster_size": 3, "reorder": False},
                          {"variant": "bitmap"})))
