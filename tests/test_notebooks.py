@@ -32,12 +32,11 @@ def test_benchmarks_notebook_runs_and_shows_table_and_plots(tmp_path, monkeypatc
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
 
 
-@pytest.mark.slow
-def test_betree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
-    """notebooks/betree.ipynb: BE-Tree Fig. 5, 6, 11 and Table 5 for scan,
-    opindex and betree at a tiny scale, beside the full-scale run recorded
-    in notebooks/data (BENCHMARKS.md, "BE-Tree (issue 13)")."""
-    notebook = nbformat.read(ROOT / "notebooks" / "betree.ipynb", as_version=4)
+def run_paper_notebook(name: str, tmp_path, monkeypatch) -> list:
+    """Execute a paper notebook at test scale (0.001, 60 events) in
+    ``tmp_path``, beside the repository's recorded full-scale data; its
+    code cells' outputs, none an error."""
+    notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("BEXMATCH_NOTEBOOK_SCALE", "0.001")
@@ -47,6 +46,15 @@ def test_betree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
+    return outputs
+
+
+@pytest.mark.slow
+def test_betree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
+    """notebooks/betree.ipynb: BE-Tree Fig. 5, 6, 11 and Table 5 for scan,
+    opindex and betree at a tiny scale, beside the full-scale run recorded
+    in notebooks/data (BENCHMARKS.md, "BE-Tree (issue 13)")."""
+    outputs = run_paper_notebook("betree.ipynb", tmp_path, monkeypatch)
     for name in ("fig5.png", "fig6.png", "fig11.png", "table5.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
@@ -64,16 +72,7 @@ def test_apcm_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
     """notebooks/apcm.ipynb: A-PCM Fig. 8, 9(a-c), 12 and W1/W6 with the
     paper's ablations, opindex and betree at a tiny scale, beside the
     full-scale run recorded in notebooks/data (BENCHMARKS.md, "A-PCM (issue 14)")."""
-    notebook = nbformat.read(ROOT / "notebooks" / "apcm.ipynb", as_version=4)
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    monkeypatch.setenv("BEXMATCH_NOTEBOOK_SCALE", "0.001")
-    monkeypatch.setenv("BEXMATCH_NOTEBOOK_EVENTS", "60")
-    monkeypatch.delenv("BEXMATCH_NOTEBOOK_DATA", raising=False)       # the recorded data of the repository
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
-    assert not [o for o in outputs if o.get("output_type") == "error"]
+    outputs = run_paper_notebook("apcm.ipynb", tmp_path, monkeypatch)
     for name in ("fig8.png", "fig9_a.png", "fig9_b.png", "fig9_c.png", "fig12.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
