@@ -399,15 +399,22 @@ def predicate_ast(table: PredicateTable, pred_id: int, schema: Schema) -> Pred:
     return Pred(attr, op, values)
 
 
+_ONE_OPERAND = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})
+
+
 def predicate_key(pred: Pred, schema: Schema) -> tuple:
     """(attr id, op code, lo key, hi key, aux) of a checked, registered predicate."""
     attr = schema.attr_ids[pred.attr]
+    op = pred.op
+    if op in _ONE_OPERAND:          # the common case first: one comparison operand
+        value = pred.values[0]
+        return (attr, OPCODE[op], float(schema.string_ids[value]) if isinstance(value, str) else float(value),
+                0.0, -1)
     family = schema.families[pred.attr]
 
     def key(value):
         return float(schema.string_id(value)) if family is Family.STRING else float(value)
 
-    op = pred.op
     if op in (Op.IN, Op.NOT_IN):
         keys = tuple(sorted({key(v) for v in pred.values}))
         return attr, OPCODE[op], 0.0, 0.0, schema.set_id(keys)

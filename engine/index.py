@@ -311,31 +311,37 @@ class Index:
         if len(ids) != len(expressions):
             raise ValueError(f"{len(ids)} ids but {len(expressions)} expressions")
         self._check_new_ids(np.array(ids, dtype=np.int64))
-        nodes, all_preds, residual = [], [], []
-        fixed: dict = {}
         from tqdm import tqdm
         # progress=None: tqdm's own rule (a terminal only), after PROGRESS_AFTER_S; True: always; False: never
         rows = tqdm(zip(ids, expressions), total=len(ids), desc="add_many", unit="subscription", file=sys.stderr,
                     delay=0 if progress else PROGRESS_AFTER_S, disable=None if progress is None else not progress,
                     leave=False)
+        from engine.parse import collector_paused
+        with collector_paused():
+            return self._compile_rows(ids, rows)
+
+    def _compile_rows(self, ids: list, rows) -> Segment:
+        """Check, register and compile ``(id, text or AST)`` rows."""
+        nodes, all_preds, residual = [], [], []
+        fixed: dict = {}
         for sub_id, expression in rows:
             node = _parse(expression) if isinstance(expression, str) else _checked_ast(expression)
             preds = list(predicates(node))
             # check against the schema as it would be after the previous rows
-            changes = self._schema.check_predicates(preds, where=f"subscription {sub_id}")
+            families: list = []
+            changes = self._schema.check_predicates(preds, where=f"subscription {sub_id}", families=families)
             for attr, family in changes.items():
                 if fixed.setdefault(attr, family) != family:
                     raise SchemaError(f"subscription {sub_id}: {attr!r} is {fixed[attr].value} in an earlier "
                                       f"subscription of this call, not {family.value}")
-            self._check_fixed(fixed, sub_id)
             refusal = self._algorithm.limit_error(node, self.dnf_limit)   # e.g. opindex: DNF/CNF within dnf_limit
             if refusal is not None and self.strict:
                 raise refusal
             residual.append(refusal is not None)
             nodes.append(node)
-            all_preds.append(preds)
-        for preds in all_preds:
-            self._schema.register(preds)
+            all_preds.append((preds, families))
+        for preds, families in all_preds:
+            self._schema.register(preds, families)
         segment = compile_expressions(ids, nodes, self._schema)
         residual = np.array(residual, dtype=bool)
         if self.backend == "cuda":      # programs deeper than a device thread's stack run on the host
@@ -363,12 +369,6 @@ class Index:
             table = pa.table(table)
         segment, _ = compile_columnar(table, self._schema, check_ids=self._refuse_present)
         return sorted_by_id(segment)     # (conjunctions: native to every algorithm)
-
-    def _check_fixed(self, fixed: dict, sub_id) -> None:
-        for attr, family in fixed.items():
-            known = self._schema.families.get(attr)
-            if known is not None and known != family:
-                raise SchemaError(f"subscription {sub_id}: {attr!r} is {known.value}, not {family.value}")
 
     def _check_new_ids(self, ids: np.ndarray) -> None:
         unique, counts = np.unique(ids, return_counts=True)

@@ -242,13 +242,17 @@ class Schema:
             self.attr_ids[attr] = len(self.attr_names) - 1   # last: a view finds a name only once it is whole
         return self.attr_ids[attr]
 
-    def check_predicates(self, preds, where: str = "expression") -> dict[str, Family]:
+    def check_predicates(self, preds, where: str = "expression", families: list | None = None) -> dict[str, Family]:
         """Check every literal against its attribute's family, without
         changing anything.  Returns the families the predicates would fix
-        for attributes not seen before; raises :class:`SchemaError`."""
+        for attributes not seen before; raises :class:`SchemaError`.
+        ``families``: a list to append each predicate's literal family to
+        (None for IS [NOT] NULL), for :meth:`register`."""
         fixed: dict[str, Family] = {}
         for pred in preds:
             family = self._pred_family(pred, where)
+            if families is not None:
+                families.append(family)
             if family is None:
                 continue
             known = self.families.get(pred.attr)
@@ -270,6 +274,17 @@ class Schema:
             return None
         if not pred.values:
             raise SchemaError(f"{where}: {pred.op.value} on {pred.attr!r} has no operand")
+        if len(pred.values) == 1:          # the common cases first, without a set
+            value = pred.values[0]
+            kind = type(value)
+            if kind is str:
+                return Family.STRING
+            if (kind is int and -MAX_EXACT_INT <= value <= MAX_EXACT_INT) or (kind is float and value - value == 0.0):
+                return Family.NUMERIC       # (x - x is NaN for NaN and the infinities)
+            family = literal_family(value)
+            if family is Family.NUMERIC:
+                check_number(value, f"{where}: {pred.attr!r}")
+            return family
         families = {literal_family(v) for v in pred.values}
         if len(families) > 1:
             raise SchemaError(f"{where}: {pred.attr!r} {pred.op.value} mixes literal types {_show(pred.values)}")
@@ -279,11 +294,14 @@ class Schema:
                 check_number(v, f"{where}: {pred.attr!r}")
         return family
 
-    def register(self, preds) -> None:
+    def register(self, preds, families: list | None = None) -> None:
         """Record attributes, strings, IN lists and patterns of already
-        checked predicates.  Cannot fail on checked input."""
-        for pred in preds:
-            family = self._pred_family(pred, "expression")
+        checked predicates (``families``: their literal families as
+        :meth:`check_predicates` listed them; found again when None).
+        Cannot fail on checked input."""
+        if families is None:
+            families = [self._pred_family(pred, "expression") for pred in preds]
+        for pred, family in zip(preds, families):
             self._add_attr(pred.attr, family)
             if family is not None:
                 self.fix_family(pred.attr, family)

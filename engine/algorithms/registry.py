@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from engine.algorithms.options import APCMOptions, BETreeOptions, OpIndexOptions, Options, ScanOptions
 from engine.errors import BackendUnavailable, ExpressionTooLarge
+from engine.expr import And, Pred
 
 
 def _load(target: str):
@@ -73,13 +74,19 @@ class Algorithm:
 
     def limit_error(self, node, dnf_limit: int) -> ExpressionTooLarge | None:
         """The algorithm's refusal of ``node`` (for ``strict=True``), or None."""
-        if self.limit_check is None:
-            return None
+        if self.limit_check is None or _is_conjunction(node):
+            return None     # a conjunction is one unit of every normal form: native to every algorithm
         try:
             _load(self.limit_check)(node, dnf_limit)
         except ExpressionTooLarge as exc:
             return exc
         return None
+
+
+def _is_conjunction(node) -> bool:
+    """A predicate or an AND of predicates: the common case, decided
+    without building a normal form."""
+    return isinstance(node, Pred) or (isinstance(node, And) and all(isinstance(c, Pred) for c in node.children))
 
 
 _REGISTRY: dict[str, Algorithm] = {}
