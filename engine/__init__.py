@@ -4,6 +4,7 @@ expressions (docs/README.md).  The public API (docs/architecture.md#the-public-a
     from engine import Index, ParseError, ALGORITHMS, available_backends
     from engine import EventStream      # single events gathered into batches (engine/streaming.py)
     from engine import validate         # check an expression without adding it
+    from engine import rules_to_columnar  # a rules table (one row per rule) as columnar subscriptions
 
 ``import engine`` never needs a GPU: CUDA is touched only when the ``cuda``
 backend is asked for.
@@ -15,6 +16,7 @@ from engine.backend import available_backends
 from engine.errors import (BackendUnavailable, BadEventError, BexmatchError, ExpressionTooLarge, IndexFileError,
                            ParseError, SchemaError)
 from engine.index import Index
+from engine.rules import rules_to_columnar
 from engine.streaming import EventStream
 
 
@@ -44,4 +46,5 @@ def validate(expression):
 
 
 __all__ = ["ALGORITHMS", "BackendUnavailable", "BadEventError", "BexmatchError", "EventStream", "ExpressionTooLarge",
-           "Index", "IndexFileError", "ParseError", "SchemaError", "__version__", "available_backends", "validate", "warmup"]
+           "Index", "IndexFileError", "ParseError", "SchemaError", "__version__", "available_backends", "rules_to_columnar",
+           "validate", "warmup"]

@@ -16,6 +16,8 @@ values      list of numeric or boolean operands (IN, NOT IN)
 str_value   string operand, LIKE pattern or RE2 pattern
 str_value_hi  string BETWEEN high end
 str_values  list of string operands (IN, NOT IN)
+bool_value  boolean operand (beside numeric ``value`` in one table)
+bool_values list of boolean operands (IN, NOT IN)
 ========== ========================================================
 
 Only ``sub_id``, ``attr`` and ``op`` are required; operand columns may be
@@ -43,7 +45,8 @@ OP_NAMES = {"=": Op.EQ, "==": Op.EQ, "!=": Op.NE, "<>": Op.NE, "<": Op.LT, "<=":
             "not between": Op.NOT_BETWEEN, "like": Op.LIKE, "not like": Op.NOT_LIKE,
             "matches": Op.MATCHES, "not matches": Op.NOT_MATCHES, "is null": Op.IS_NULL,
             "is not null": Op.IS_NOT_NULL}
-COLUMNS = ("sub_id", "attr", "op", "value", "value_hi", "values", "str_value", "str_value_hi", "str_values")
+COLUMNS = ("sub_id", "attr", "op", "value", "value_hi", "values", "str_value", "str_value_hi", "str_values",
+           "bool_value", "bool_values")
 
 _SCALAR = np.array([op in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) for op in Op])
 
@@ -175,6 +178,9 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     for name in ("str_value", "str_value_hi", "str_values"):
         if _scalar_family(rows.column(name)) not in (None, Family.STRING):
             raise SchemaError(f"columnar subscriptions: {name} must hold strings")
+    for name in ("bool_value", "bool_values"):      # booleans beside numbers: one Arrow column has one type
+        if _scalar_family(rows.column(name)) not in (None, Family.BOOLEAN):
+            raise SchemaError(f"columnar subscriptions: {name} must hold booleans")
 
     has_num = _valid(rows.column("value"), n)
     has_num_hi = _valid(rows.column("value_hi"), n)
@@ -182,29 +188,36 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     has_str_hi = _valid(rows.column("str_value_hi"), n)
     has_nums = _valid(rows.column("values"), n)
     has_strs = _valid(rows.column("str_values"), n)
-    rows.fail(has_num & has_str, "both value and str_value are set")
-    rows.fail((is_scalar | is_range) & ~(has_num | has_str), "the operator needs value or str_value")
+    has_bool = _valid(rows.column("bool_value"), n)
+    has_bools = _valid(rows.column("bool_values"), n)
+    rows.fail(has_num.astype(int) + has_str + has_bool > 1, "more than one of value, str_value and bool_value is set")
+    rows.fail((is_scalar | is_range) & ~(has_num | has_str | has_bool),
+              "the operator needs value, str_value or bool_value")
     rows.fail(is_range & ~((has_num & has_num_hi) | (has_str & has_str_hi)),
               "BETWEEN needs value and value_hi (or str_value and str_value_hi) of one type")
     rows.fail(is_pattern & ~has_str, "LIKE/MATCHES need a str_value pattern")
-    rows.fail(is_set & ~(has_nums | has_strs), "IN needs a values or str_values list")
-    rows.fail(is_set & has_nums & has_strs, "both values and str_values are set")
+    rows.fail(is_set & ~(has_nums | has_strs | has_bools), "IN needs a values, str_values or bool_values list")
+    rows.fail(is_set & (has_nums.astype(int) + has_strs + has_bools > 1),
+              "more than one of values, str_values and bool_values is set")
 
-    # the family each row fixes for its attribute
+    # the family each row fixes for its attribute: 0 value's, 1 string, 2 boolean, -1 none
     string_row = (has_str & ~is_set) | (is_set & has_strs) | is_pattern
-    numeric_row = ~string_row & ~is_null_test
-    row_family = np.where(string_row, 1, np.where(numeric_row, 0, -1))
-    family_of = {0: num_family or Family.NUMERIC, 1: Family.STRING}
+    bool_row = ~is_pattern & ((has_bool & ~is_set) | (is_set & has_bools))
+    numeric_row = ~string_row & ~bool_row & ~is_null_test
+    row_family = np.where(string_row, 1, np.where(bool_row, 2, np.where(numeric_row, 0, -1)))
+    family_of = {0: num_family or Family.NUMERIC, 1: Family.STRING, 2: Family.BOOLEAN}
     fixed: dict[str, Family] = {}
     n_attrs = len(rows.attr_names)
-    numeric_attr = np.bincount(rows.attr_index[row_family == 0], minlength=n_attrs) > 0
-    string_attr = np.bincount(rows.attr_index[row_family == 1], minlength=n_attrs) > 0
+    # family code -> per attribute, whether a row uses it with that family
+    used = {f: np.bincount(rows.attr_index[row_family == f], minlength=n_attrs) > 0 for f in family_of}
     for a, name in enumerate(rows.attr_names):
-        if numeric_attr[a] and string_attr[a]:
-            rows.fail((rows.attr_index == a) & (row_family == 1), f"{name!r} used with two type families")
+        codes = [f for f in family_of if used[f][a]]
+        if len({family_of[f] for f in codes}) > 1:
+            rows.fail((rows.attr_index == a) & (row_family >= 0) & (row_family != codes[0]),
+                      f"{name!r} used with two type families")
         known = schema.families.get(name)
-        if numeric_attr[a] or string_attr[a]:
-            family = family_of[1 if string_attr[a] else 0]
+        if codes:
+            family = family_of[codes[0]]
             if known is not None and known is not family:
                 rows.fail((rows.attr_index == a) & (row_family >= 0),
                           f"{name!r} is {known.value}, not {family.value}")
@@ -215,7 +228,11 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
 
     lo = _numbers(rows, "value", has_num & ~is_set)
     hi = _numbers(rows, "value_hi", is_range & has_num_hi)
+    scalar_bool = has_bool & ~is_set
+    if scalar_bool.any():   # booleans are keyed 0.0 / 1.0, as the text route keys them
+        lo[scalar_bool] = pc.fill_null(rows.column("bool_value"), False).to_numpy(zero_copy_only=False)[scalar_bool]
     in_lists = _list_column(rows, is_set & has_nums, "values")
+    bool_lists = _list_column(rows, is_set & has_bools, "bool_values")
     str_in_lists = _list_column(rows, is_set & has_strs, "str_values")
 
     order = np.argsort(rows.sub_id, kind="stable")
@@ -248,7 +265,7 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
                 reason = _bad_regex(text)
                 rows.fail(np.arange(rows.n) == (row if reason else -1), f"invalid RE2 pattern {text!r}: {reason}")
             aux[row] = schema.pattern_id(str(kind), text)
-    for parents, keys in (in_lists, _string_keys(schema, str_in_lists)):
+    for parents, keys in (in_lists, bool_lists, _string_keys(schema, str_in_lists)):
         set_rows, set_ids = _register_sets(schema, parents, keys)
         aux[set_rows] = set_ids
 
@@ -270,8 +287,9 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
 def _list_column(rows: _Rows, mask: np.ndarray, name: str):
     """(row of each list element, elements) of the IN rows of one list
     column, validated: non-empty lists, no nulls, exact finite numbers."""
+    strings = name == "str_values"
     if not mask.any():
-        return np.zeros(0, np.int64), (np.zeros(0) if name == "values" else pa.array([], pa.string()))
+        return np.zeros(0, np.int64), (pa.array([], pa.string()) if strings else np.zeros(0))
     lists = rows.column(name).combine_chunks().filter(pa.array(mask))
     row_numbers = np.flatnonzero(mask)
     lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
@@ -283,7 +301,7 @@ def _list_column(rows: _Rows, mask: np.ndarray, name: str):
     has_null = np.zeros(rows.n, bool)
     has_null[parents[~flat.is_valid().to_numpy(zero_copy_only=False)]] = True
     rows.fail(has_null, f"{name} must not hold nulls")
-    if name != "values":
+    if strings:
         return parents, flat
     if pa.types.is_integer(flat.type):
         raw = flat.to_numpy(zero_copy_only=False)

@@ -365,7 +365,10 @@ class Segment:
             elif kind in (opcodes.AND, opcodes.OR):
                 children = tuple(stack[len(stack) - int(arg):])
                 del stack[len(stack) - int(arg):]
-                stack.append(And(children) if kind == opcodes.AND else Or(children))
+                if len(children) == 1:      # the columnar form's AND of one predicate is the predicate
+                    stack.append(children[0])
+                else:
+                    stack.append(And(children) if kind == opcodes.AND else Or(children))
             else:
                 right, left = stack.pop(), stack.pop()
                 stack.append(Xor(left, right) if kind == opcodes.XOR else Xnor(left, right))

@@ -23,3 +23,6 @@ def test_the_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "NULL     brand IN ('a', 'b')        -- brand is absent" in out     # the explain example's tree
     assert "[7]" in out                                                        # EventStream's result
+    # the rules-table example: its read-back and both matches
+    assert ("device IN ('desktop') AND age >= 25 AND floor_price <= 2.5 AND premium = TRUE AND site NOT IN (7, 9)\n"
+            "[101]\n[102]\n") in out
