@@ -6,6 +6,8 @@
 * :func:`match_events` -- batch or Structured Streaming, through
   ``mapInArrow``; "replicate" or "shard" mode; wide or map event layout;
   pairs or grouped output; bad events fail with their id or are quarantined.
+* :func:`session` -- a SparkSession whose executors run this Python with
+  bexmatch importable; :func:`check_workers` says clearly when they cannot.
 * :func:`ship_index` -- validate, serialise and ship an index once (broadcast
   of its bytes, or SparkFiles), for several ``match_events`` calls.
 * :class:`MatchStats` -- an accumulator counting index loads per worker.
@@ -19,8 +21,10 @@ Importing this package does not import pyspark; the functions do.
 
 from spark_integration.devices import GpuUnavailable
 from spark_integration.matching import BadEventError, InjectedFailure, MatchResult, match_events
+from spark_integration.session import WorkerEnvironmentError, check_workers, session
 from spark_integration.shipping import MatchStats, ShardedIndex, ShippedIndex, ship_index, split_index
 from spark_integration.streaming import start_stream
 
 __all__ = ["BadEventError", "GpuUnavailable", "InjectedFailure", "MatchResult", "MatchStats", "ShardedIndex",
-           "ShippedIndex", "match_events", "ship_index", "split_index", "start_stream"]
+           "ShippedIndex", "WorkerEnvironmentError", "check_workers", "match_events", "session", "ship_index",
+           "split_index", "start_stream"]

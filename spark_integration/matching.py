@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from engine import errors as engine_errors
 from spark_integration import layout as layouts
+from spark_integration.session import check_workers
 from spark_integration.shipping import DEFAULT_SHIP, ShardedIndex, ShippedIndex, ship_index, worker_index
 
 MODES = ("replicate", "shard")
@@ -297,6 +298,7 @@ def match_events(events_df, index_or_path, *, event_id: str = "event_id", mode: 
                          "streaming query cannot append: use output='pairs', or match each micro-batch in "
                          "foreachBatch (start_stream(..., sink='foreachBatch'))")
     spark = events_df.sparkSession
+    check_workers(spark)        # one clear error, not a JVM stack, when the executors' Python cannot match
     if mode == "shard" and isinstance(index_or_path, ShardedIndex) and shards is None:
         shards = len(index_or_path)
     shipped = ship_index(spark, index_or_path, mode=mode, shards=shards, method=ship)

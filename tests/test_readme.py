@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def python_blocks() -> list[str]:
+    # (```py blocks need a Spark cluster or files a reader has: the Spark
+    # session example runs as a user's script in tests/test_spark_session.py)
     return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
 
 
