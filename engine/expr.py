@@ -24,8 +24,8 @@ Literal = Union[int, float, str, bool]
 
 
 class Op(enum.Enum):
-    """Predicate operators.  ``NOT_MATCHES`` has no text syntax of its own:
-    it is what ``NOT (a MATCHES r)`` becomes in NNF."""
+    """Predicate operators (docs/language.md#operators); each negated form
+    is also what ``NOT`` of its positive form becomes in NNF."""
 
     EQ = "="
     NE = "!="

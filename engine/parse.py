@@ -61,7 +61,7 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_.]*"
 _QUOTED_IDENT = r'"[^"]*(?:""[^"]*)*"'
 _STRING = r"'[^']*(?:''[^']*)*'"
 _NUMBER = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
-_COMPARISON = r"<=|>=|<>|!=|=|<|>"
+_COMPARISON = r"<=|>=|<>|!=|==|=|<|>"
 
 
 def _any_case(word: str) -> str:
@@ -102,6 +102,7 @@ and_chain: not_expr AND not_expr            -> and_start
     | ATTR LIKE PATTERN                     -> like
     | ATTR NOT LIKE PATTERN                 -> not_like
     | ATTR MATCHES REGEX                    -> matches
+    | ATTR NOT MATCHES REGEX                -> not_matches
     | ATTR IS NULL                          -> is_null
     | ATTR IS NOT NULL                      -> is_not_null
 
@@ -126,7 +127,7 @@ REGEX: /%(string)s/
                                 if word not in ("TRUE", "FALSE")),
 )
 
-_COMPARISON_OPS = {"=": Op.EQ, "!=": Op.NE, "<>": Op.NE, "<": Op.LT, "<=": Op.LE, ">": Op.GT, ">=": Op.GE}
+_COMPARISON_OPS = {"=": Op.EQ, "==": Op.EQ, "!=": Op.NE, "<>": Op.NE, "<": Op.LT, "<=": Op.LE, ">": Op.GT, ">=": Op.GE}
 
 
 class _BadToken(Exception):
@@ -316,6 +317,10 @@ class _ASTBuilder:
         return Pred(c[0], Op.MATCHES, (_regex(c[2]),))
 
     @staticmethod
+    def not_matches(c):
+        return Pred(c[0], Op.NOT_MATCHES, (_regex(c[3]),))
+
+    @staticmethod
     def is_null(c):
         return Pred(c[0], Op.IS_NULL, ())
 
@@ -425,7 +430,7 @@ def _expected_in(state: int) -> tuple[str, ...]:
 # one-character token (rejected later) and `\Z` yields an empty token at the
 # end, so every match attempt succeeds and tokenizing is linear.
 _TOKEN_RE = re.compile(
-    rf"\s*({_STRING}|{_QUOTED_IDENT}|{_IDENT}|{_NUMBER}|<=|>=|<>|!=|.|\Z)", re.DOTALL)
+    rf"\s*({_STRING}|{_QUOTED_IDENT}|{_IDENT}|{_NUMBER}|<=|>=|<>|!=|==|.|\Z)", re.DOTALL)
 _tokenize = _TOKEN_RE.findall
 
 _BAD = _KIND["BAD"]
@@ -705,8 +710,6 @@ def _pred_text(pred: Pred) -> str:
     if op in (Op.IS_NULL, Op.IS_NOT_NULL):
         return f"{attr} {op.value}"
     (value,) = values
-    if op is Op.NOT_MATCHES:
-        return f"NOT ({attr} MATCHES {_literal_text(value)})"
     return f"{attr} {op.value} {_literal_text(value)}"
 
 
@@ -738,8 +741,7 @@ def to_text(node: Node) -> str:
     """The text of ``node``; ``parse(to_text(node)) == node`` for every AST
     `parse` returns.  Parentheses appear only where precedence needs them.
 
-    ``Pred(a, Op.NOT_MATCHES, (r,))`` has no syntax of its own and is written
-    ``NOT (a MATCHES r)``, which parses back as ``Not(Pred(a, Op.MATCHES, (r,)))``.
+    ``Pred(a, Op.NOT_MATCHES, (r,))`` is written ``a NOT MATCHES r``.
 
     Examples
     --------

@@ -266,7 +266,7 @@ def test_negative_zero_keeps_its_sign():
     ("a IN (1,)", 1, 9, "unexpected ')'", ("literal",)),
     ("a IS NOT", 1, 9, "unexpected end of input", ("NULL",)),
     # unknown operators
-    ("a == 1", 1, 3, "unknown operator '=='", ("comparison operator", "IN")),
+    ("a === 1", 1, 3, "unknown operator '==='", ("comparison operator", "IN")),
     ("a ~ 1", 1, 3, "unknown operator '~'", ("comparison operator", "BETWEEN")),
     ("a => 1", 1, 3, "unknown operator '=>'", ("comparison operator",)),
     ("a = 1 && b = 1", 1, 7, "unexpected character '&'", ("AND", "OR")),
@@ -331,7 +331,7 @@ def test_malformed_expressions(text, line, column, message, expected):
 
 def test_first_error_in_the_text_wins():
     # A syntax error is reported before a bad literal or character later on.
-    assert error_of("a == 1 AND b = 1e999 $").column == 3
+    assert error_of("a === 1 AND b = 1e999 $").column == 3
     assert error_of("a = 1e999 AND b ~ 1").column == 5
 
 
@@ -390,16 +390,30 @@ def test_positions_on_later_lines():
     (P("a b", Op.EQ, 1), '"a b" = 1'),
     (P('x"y', Op.EQ, 1), '"x""y" = 1'),
     (P("9lives", Op.EQ, 1), '"9lives" = 1'),
-    (P("s", Op.NOT_MATCHES, "^a"), "NOT (s MATCHES '^a')"),
+    (P("s", Op.NOT_MATCHES, "^a"), "s NOT MATCHES '^a'"),
 ])
 def test_to_text(node, text):
     assert to_text(node) == text
 
 
-def test_not_matches_prints_as_negated_matches():
+def test_not_matches_has_its_own_syntax_and_round_trips():
     node = And((P("s", Op.NOT_MATCHES, "^a"), B))
-    assert parse(to_text(node)) == And((Not(P("s", Op.MATCHES, "^a")), B))
-    assert to_nnf(parse(to_text(node))) == node
+    assert parse(to_text(node)) == node
+    assert to_nnf(parse("NOT s MATCHES '^a' AND b = 1")) == to_nnf(node) == node
+    assert parse("s not   matches '^a'") == P("s", Op.NOT_MATCHES, "^a")
+    with pytest.raises(ParseError, match="invalid RE2 pattern"):
+        parse("s NOT MATCHES '('")
+
+
+def test_the_text_takes_the_columnar_forms_operator_spellings():
+    # every operator name of the columnar form (engine.columnar.OP_NAMES) is text syntax too
+    from engine.columnar import OP_NAMES
+    operand = {"in": " (1, 2)", "not in": " (1, 2)", "between": " 1 AND 2", "not between": " 1 AND 2",
+               "like": " 'x%'", "not like": " 'x%'", "matches": " 'x'", "not matches": " 'x'", "is null": "",
+               "is not null": ""}
+    for name, op in OP_NAMES.items():
+        assert parse(f"a {name}{operand.get(name, ' 1')}").op is op, name
+        assert parse(f"a {name.upper()}{operand.get(name, ' 1')}").op is op, name
 
 
 @pytest.mark.parametrize("node, error", [
