@@ -60,5 +60,5 @@ bench-gpu: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis \
-		spark-warehouse metastore_db derby.log out
+		spark-warehouse metastore_db derby.log out bexmatch-data bexmatch-out notebooks/figures
 	find . -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

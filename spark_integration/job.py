@@ -237,6 +237,13 @@ def _has_scheme(path: str) -> bool:
 # ------------------------------------------------------------------ the job
 
 def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    return _checked_args(p, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``bexmatch run``."""
     p = argparse.ArgumentParser(prog="bexmatch run", description="Match events against subscriptions on Spark.")
     p.add_argument("--subs", help="subscriptions: a saved index, columnar Parquet, or id<TAB>expression lines "
                                   "(as bexmatch match takes)")
@@ -245,28 +252,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=OUT_PATH, help=f"output Parquet directory (default {OUT_PATH})")
     p.add_argument("--master", default=None,
                    help="Spark master (default local[*]; under spark-submit, the one spark-submit was given)")
-    p.add_argument("--mode", choices=("replicate", "shard"), default="replicate")
+    p.add_argument("--mode", choices=("replicate", "shard"), default="replicate",
+                   help="replicate: every executor holds the whole index; shard: the subscriptions split into "
+                        "--shards shards, every event matched against each (default %(default)s)")
     p.add_argument("--shards", type=int, default=None, help="shards in --mode shard (default: the parallelism)")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD, help="standard workload to generate (default W1)")
     p.add_argument("--scale", type=float, default=DEFAULT_SCALE, help="its scale (default 0.01)")
     p.add_argument("--n-events", type=int, default=None, help="events to generate (default 1,000,000 x scale)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default 0)")
     p.add_argument("--data-dir", default=DATA_DIR, help=f"workload cache (default ./{DATA_DIR})")
     p.add_argument("--event-id", default="event_id", help="event id column (default event_id)")
-    p.add_argument("--output", choices=("pairs", "grouped"), default="pairs")
+    p.add_argument("--output", choices=("pairs", "grouped"), default="pairs",
+                   help="pairs: one (event_id, sub_id) row per match; grouped: one row per event with an array "
+                        "of ids (default %(default)s)")
     p.add_argument("--partitions", type=int, default=None,
                    help="event partitions (default: at least the parallelism)")
     p.add_argument("--arrow-batch-size", type=int, default=None, help="rows per Arrow batch")
     p.add_argument("--ship", choices=("broadcast", "files"), default=None, help="how the index is shipped")
     p.add_argument("--algorithm", default=None, help="matching algorithm (default: the engine's best)")
-    p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda in tasks that hold a GPU, cpu elsewhere (default %(default)s)")
     p.add_argument("--gpu-fallback", action="store_true", help="match on CPU when a GPU task cannot use cuda")
-    p.add_argument("--on-bad-event", choices=("fail", "quarantine"), default="fail")
+    p.add_argument("--on-bad-event", choices=("fail", "quarantine"), default="fail",
+                   help="an event the engine refuses: fail the job naming its id, or set it aside in --quarantine "
+                        "(default %(default)s)")
     p.add_argument("--quarantine", default=None,
                    help="where quarantined events go (default: quarantine.parquet next to --out)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
     p.add_argument("--inject-failure", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def _checked_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     if args.master is None and not under_spark_submit():
         args.master = "local[*]"
     if (args.subs is None) != (args.events is None):

@@ -275,3 +275,26 @@ def test_version_is_one_value_everywhere(capsys):
     assert capsys.readouterr().out.strip() == f"bexmatch {engine.__version__}"
     assert importlib.metadata.version("bexmatch") == engine.__version__
     assert (Path(engine.__file__).parent / "py.typed").exists()
+
+
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from engine.bench.cli import build_parser as bench_parser
+    from engine.cli import build_parser
+    from spark_integration.job import build_parser as run_parser
+
+    missing = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not action.help and not isinstance(action, argparse._HelpAction):
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    for parser, path in ((build_parser(), "bexmatch"), (bench_parser(), "bexmatch bench"),
+                         (run_parser(), "bexmatch run")):
+        walk(parser, path)
+    assert missing == []

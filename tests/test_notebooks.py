@@ -25,8 +25,8 @@ def test_benchmarks_notebook_runs_and_shows_table_and_plots(tmp_path, monkeypatc
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
-    assert (tmp_path / "benchmarks.png").stat().st_size > 1000
-    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    assert (tmp_path / "figures" / "benchmarks.png").stat().st_size > 1000
+    assert (tmp_path / "figures" / "sweep.png").stat().st_size > 1000
     html_tables = [o for o in outputs if "text/html" in o.get("data", {})]
     assert any("events_per_s" in o["data"]["text/html"] for o in html_tables)
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
@@ -56,7 +56,7 @@ def test_betree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
     in notebooks/data (BENCHMARKS.md, "BE-Tree (issue 13)")."""
     outputs = run_paper_notebook("betree.ipynb", tmp_path, monkeypatch)
     for name in ("fig5.png", "fig6.png", "fig11.png", "table5.png"):
-        assert (tmp_path / name).stat().st_size > 10_000, name
+        assert (tmp_path / "figures" / name).stat().st_size > 10_000, name
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     ratio_tables = [t for t in html if "betree / opindex" in t and "full scale (C2)" in t and "this run" in t]
@@ -74,7 +74,7 @@ def test_apcm_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
     full-scale run recorded in notebooks/data (BENCHMARKS.md, "A-PCM (issue 14)")."""
     outputs = run_paper_notebook("apcm.ipynb", tmp_path, monkeypatch)
     for name in ("fig8.png", "fig9_a.png", "fig9_b.png", "fig9_c.png", "fig12.png"):
-        assert (tmp_path / name).stat().st_size > 10_000, name
+        assert (tmp_path / "figures" / name).stat().st_size > 10_000, name
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     fig8 = [t for t in html if "apcm / apcm-parallel" in t and "full scale (C2)" in t and "this run" in t]
