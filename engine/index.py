@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +51,9 @@ from engine.expr import Node, predicates
 from engine.index_file import check_saved_options, needed_depth, read_index_file, restore_contents, write_index_file
 from engine.schema import Schema
 from engine.snapshot import BUILD, MatcherSource, Snapshot
+
+if TYPE_CHECKING:
+    from engine.explain import Explanation
 
 logger = logging.getLogger(__name__)
 #: algorithm/backend pairs built in this process so far (the first build of each may compile kernels)
@@ -195,7 +201,7 @@ class Index:
         return state.main.sub_ids[np.flatnonzero(state.alive)]
 
     # ------------------------------------------------------------- reading back
-    def expression(self, sub_id) -> str:
+    def expression(self, sub_id: int) -> str:
         """The text of subscription ``sub_id`` as the index holds it: rebuilt
         from its compiled program, so in negation normal form (``NOT``
         pushed down to the predicates), printed by the parser's printer --
@@ -208,7 +214,7 @@ class Index:
         """``idx[sub_id]``: :meth:`expression`."""
         return self.expression(sub_id)
 
-    def items(self):
+    def items(self) -> Iterator[tuple[int, str]]:
         """``(id, text)`` for every subscription, ids ascending, all from the
         snapshot current at the call (the texts made one by one as the
         iteration goes)."""
@@ -222,11 +228,11 @@ class Index:
         for sub_id, segment, position in where:
             yield sub_id, to_text(segment.expression(position, state.view))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[int, str]]:
         """Iterating over an index gives :meth:`items`: ``(id, text)`` pairs."""
         return self.items()
 
-    def explain(self, sub_id, event: dict):
+    def explain(self, sub_id: int, event: dict) -> "Explanation":
         """Why subscription ``sub_id`` matches ``event`` or not: its
         expression (as :meth:`expression` gives it) as a tree of
         :class:`engine.explain.Explanation` nodes, each with its value --
@@ -255,7 +261,7 @@ class Index:
                 return segment.expression(int(found[0]), state.view)
         raise KeyError(f"subscription id {sub_id} is not in the index")
 
-    def subset(self, ids) -> "Index":
+    def subset(self, ids: Iterable[int]) -> "Index":
         """A new index holding only the given subscriptions (compiled form
         copied, nothing re-parsed), with the whole schema, so that it codes
         and judges events exactly like this one -- e.g. one shard of a
@@ -276,12 +282,13 @@ class Index:
         return part
 
     # ------------------------------------------------------------------- updates
-    def add(self, sub_id, expression) -> None:
+    def add(self, sub_id: int, expression: str | Node) -> None:
         """Add one subscription.  ``expression`` is text or an AST.  A bad
         expression or a present id raises and leaves the index unchanged."""
         self.add_many([sub_id], [expression])
 
-    def add_many(self, ids, expressions=None, *, progress: bool | None = None) -> None:
+    def add_many(self, ids, expressions: Iterable[str | Node] | None = None, *,
+                 progress: bool | None = None) -> None:
         """Add many subscriptions: ``add_many(ids, expressions)`` with
         sequences of ids and texts/ASTs, or ``add_many(table)`` with the
         columnar one-row-per-predicate form (engine.columnar).  All or
@@ -381,7 +388,7 @@ class Index:
         if clash is not None:
             raise KeyError(f"subscription id {clash} is already in the index")
 
-    def remove(self, sub_id) -> None:
+    def remove(self, sub_id: int) -> None:
         """Remove one subscription; KeyError for an unknown id."""
         sub_id = _as_id(sub_id)
         with self._write_lock:
@@ -501,13 +508,14 @@ class Index:
         the current snapshot."""
         return self._state.matchers(self)
 
-    def match(self, event) -> np.ndarray:
+    def match(self, event: Mapping[str, object]) -> np.ndarray:
         """Ids of the subscriptions TRUE on one event (dict), ascending."""
         if not isinstance(event, dict):
             raise TypeError(f"match takes one event as a dict, not {type(event).__name__}")
         return self.match_batch([event])[0]
 
-    def match_batch(self, events, *, output: str = "list", errors: str = "raise", id_column: str | None = None):
+    def match_batch(self, events, *, output: str = "list", errors: str = "raise",
+                    id_column: str | None = None) -> list[np.ndarray] | pa.Table | tuple:
         """Match a batch: a list of dicts, a pyarrow Table/RecordBatch or a
         pandas DataFrame (one row per event, null = absent).
 
@@ -573,7 +581,7 @@ class Index:
         return (found, rejected) if errors == "report" else found
 
     def match_stream(self, events, *, errors: str = "raise", max_pairs: int | None = None,
-                     id_column: str | None = None):
+                     id_column: str | None = None) -> Iterator[pa.RecordBatch]:
         """Match a batch and yield its matches as pyarrow RecordBatches
         ``(event int64, sub_id int64)``, ordered by event then id, each of
         at most about ``max_pairs`` rows (default: what
@@ -647,7 +655,7 @@ class Index:
         return event_idx[order], sub_ids[order]
 
     # ------------------------------------------------------------- persistence
-    def save(self, path) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         """Write the index to ``path`` atomically (temp file + rename), with
         the permissions ``open()`` would give a new file: the main segment,
         the schema, and the algorithm's built structure (``to_arrays``), so
@@ -681,7 +689,7 @@ class Index:
         write_index_file(path, meta, arrays)
 
     @classmethod
-    def load(cls, path, *, backend: str | None = None, algorithm: str | None = None,
+    def load(cls, path: str | os.PathLike, *, backend: str | None = None, algorithm: str | None = None,
              options: dict | None = None) -> "Index":
         """Read an index written by :meth:`save`.  The saved structure of
         the algorithm is used as it is (no build) unless another algorithm
