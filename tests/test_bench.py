@@ -338,10 +338,12 @@ def test_ingest_mode_reports_parse_and_ingestion_rates(capsys):
     workload = standard("W1", scale=0.0005, n_events=100)
     rates = ingest_rates(workload, n_texts=100, repeats=1)
     assert rates["n_texts"] == min(100, workload.n_subscriptions)
-    assert rates["parse_per_s"] > 0 and rates["ingest_per_s"] > 0
+    assert rates["parse_per_s"] > 0 and rates["ingest_per_s"] > 0 and rates["add_texts_per_s"] > 0
+    assert rates["add_texts_share_of_parse"] == pytest.approx(rates["add_texts_per_s"] / rates["parse_per_s"])
     assert rates["n_subscriptions"] == workload.n_subscriptions
     assert main(["--ingest", "--scale", "0.0005", "--repeats", "1"]) == 0
-    assert "expressions/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "expressions/s" in out and "of the parse rate" in out
 
 
 def test_opindex_bs_ablation_is_benchmarked_next_to_opindex():

@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
     what.add_argument("--workload", action="append", metavar="W",
-                      help="standard workload W1..W4, W6 or an alias such as begen-uniform (repeatable; "
+                      help="standard workload W1..W6 or an alias such as begen-uniform (repeatable; "
                            "default W1 unless --parquet or --sweep is given)")
     what.add_argument("--parquet", action="append", metavar="DIR",
                       help="a workload directory written by engine.workloads.write_parquet (repeatable)")
@@ -189,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "Index.add/remove, merge included; betree also its tree, one unit per insert/delete "
                            "call; opindex also N removals + N adds merged, derived vs fully rebuilt")
     what.add_argument("--ingest", action="store_true",
-                      help="measure the ways in instead: text parse rate and columnar ingestion rate")
+                      help="measure the ways in instead: text parse rate, add_many of texts and columnar "
+                           "ingestion rate")
     what.add_argument("--load", action="store_true",
                       help="measure build vs Index.load + first match of the saved index (each --algorithm, "
                            "default opindex, on the first --backend)")
@@ -339,6 +340,8 @@ def main(argv=None) -> int:
                                      repeats=args.repeats)
                 print(f"{rates['workload']}: parse {rates['parse_per_s']:,.0f} expressions/s "
                       f"({rates['n_texts']:,} texts, {rates['mean_predicates_per_text']:.1f} predicates each); "
+                      f"add_many of those texts {rates['add_texts_per_s']:,.0f}/s "
+                      f"({rates['add_texts_share_of_parse']:.0%} of the parse rate); "
                       f"columnar ingestion {rates['ingest_per_s']:,.0f} subscriptions/s "
                       f"({rates['n_subscriptions']:,} in {rates['ingest_s']:.2f} s)")
                 records.append(rates)

@@ -33,7 +33,9 @@ def conjunction_asts(segment, schema, positions=None) -> list:
 
 def ingest_rates(workload, n_texts: int = 20_000, repeats: int = 3) -> dict:
     """The two ways in: text parse rate (7-predicate conjunctions, the
-    workload's first subscriptions printed as text) and columnar ingestion
+    workload's first subscriptions printed as text), ``Index.add_many`` of
+    the same texts (its rate, and that as a share of the parse rate), and
+    columnar ingestion
     rate (``Index.add_many`` of the whole columnar table, build of the
     compiled segment included).  Medians of ``repeats``."""
     from engine.parse import parse, to_text
@@ -41,12 +43,17 @@ def ingest_rates(workload, n_texts: int = 20_000, repeats: int = 3) -> dict:
     sample = Index(algorithm="scan")
     sample.add_many(first_subscriptions(workload.subscriptions, n_texts))
     texts = [to_text(node) for node in conjunction_asts(sample._main, sample.schema)]
-    parse_s, ingest_s = [], []
+    parse_s, texts_s, ingest_s = [], [], []
+    ids = list(range(len(texts)))
     for _ in range(repeats):
         started = time.perf_counter()
         for text in texts:
             parse(text)
         parse_s.append(time.perf_counter() - started)
+        index = Index()             # the default algorithm (its add-time checks included)
+        started = time.perf_counter()
+        index.add_many(ids, texts, progress=False)
+        texts_s.append(time.perf_counter() - started)
         index = Index(algorithm="scan")
         started = time.perf_counter()
         index.add_many(workload.subscriptions)
@@ -54,6 +61,8 @@ def ingest_rates(workload, n_texts: int = 20_000, repeats: int = 3) -> dict:
     return {"workload": workload.name, "n_texts": len(texts),
             "mean_predicates_per_text": float(np.mean([t.count(" AND ") + 1 for t in texts])),
             "parse_per_s": len(texts) / statistics.median(parse_s),
+            "add_texts_per_s": len(texts) / statistics.median(texts_s),
+            "add_texts_share_of_parse": statistics.median(parse_s) / statistics.median(texts_s),
             "n_subscriptions": workload.n_subscriptions, "ingest_s": statistics.median(ingest_s),
             "ingest_per_s": workload.n_subscriptions / statistics.median(ingest_s)}
 
