@@ -30,6 +30,7 @@ spark_integration/README.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import re
@@ -279,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quarantine", default=None,
                    help="where quarantined events go (default: quarantine.parquet next to --out)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines on stderr as stages start and end (the summary is still printed)")
     p.add_argument("--inject-failure", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -310,7 +313,9 @@ def _start_spark(args):
     builder = SparkSession.builder.master(args.master) if args.master else SparkSession.builder
     builder = (builder.appName("bexmatch")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.ui.showConsoleProgress", "false"))
+               # Spark's own stage progress bar where a person watches (a terminal), between our stage lines
+               .config("spark.ui.showConsoleProgress",
+                       "true" if sys.stderr.isatty() and not getattr(args, "quiet", False) else "false"))
     for item in args.conf:
         key, sep, value = item.partition("=")
         if not sep:
@@ -338,6 +343,19 @@ class _Warmup:
             yield pa.RecordBatch.from_pydict({"n": pa.array([batch.num_rows], pa.int64())})
 
 
+@contextlib.contextmanager
+def _stage(args, what: str):
+    """One line on stderr as a stage starts and one as it ends (``--quiet``:
+    none), so that a long run is never silent until its summary."""
+    quiet = getattr(args, "quiet", False)
+    if not quiet:
+        print(f"bexmatch run: {what} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    yield
+    if not quiet:
+        print(f"bexmatch run: {what}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> dict:
     """Run the job; returns the summary (also printed)."""
     import pyarrow.parquet as pq
@@ -348,8 +366,10 @@ def run(args: argparse.Namespace) -> dict:
     # 1. inputs (validated before Spark starts: a bad index fails before any output)
     if args.subs is None:
         n_events = args.n_events if args.n_events is not None else max(100, round(1_000_000 * args.scale))
-        subs, events_path, seconds, cached, n_found = generate_workload(args.workload, args.scale, n_events,
-                                                                         args.seed, args.data_dir)
+        with _stage(args, f"workload {args.workload} at scale {args.scale:g} ({n_events:,} events, "
+                          f"generated or reused from {args.data_dir})"):
+            subs, events_path, seconds, cached, n_found = generate_workload(args.workload, args.scale, n_events,
+                                                                             args.seed, args.data_dir)
         stages["generate"] = seconds
         summary["workload"] = f"{args.workload} scale {args.scale:g}" + (" (cached)" if cached else "")
         summary["events_expected"] = n_found
@@ -360,7 +380,8 @@ def run(args: argparse.Namespace) -> dict:
         if not _has_scheme(events_path) and not os.path.exists(events_path):
             raise JobError(f"--events {events_path!r} does not exist")
     start = time.perf_counter()
-    index = build_index(subs, args.algorithm)
+    with _stage(args, "building the index"):
+        index = build_index(subs, args.algorithm)
     stages["build index"] = time.perf_counter() - start
     summary["subscriptions"] = len(index)
 
@@ -368,7 +389,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.master:
         prepare_environment(args.master)
     start = time.perf_counter()
-    spark, owned = _start_spark(args)
+    with _stage(args, f"starting Spark ({args.master or 'the spark-submit master'})"):
+        spark, owned = _start_spark(args)
     stages["start spark"] = time.perf_counter() - start
     try:
         return _run_spark(spark, args, index, events_path, summary, pq)
@@ -392,13 +414,14 @@ def _run_spark(spark, args, index, events_path, summary, pq):
 
     # 3. ship: serialise, broadcast / addFile, and load on the workers
     start = time.perf_counter()
-    shipped = ship_index(spark, index, mode=args.mode, shards=shards, method=ship)
-    if args.mode == "replicate":
-        warm = _Warmup(shipped, args.backend, args.gpu_fallback, stats.accumulator)
-        spark.range(0, parallelism, 1, parallelism).mapInArrow(warm, "n long").collect()
-        summary["index_bytes"] = shipped.nbytes
-    else:
-        summary["index_bytes"] = sum(s.nbytes for s in shipped.shards)
+    with _stage(args, f"shipping the index ({len(index):,} subscriptions, {ship}) and loading it on the workers"):
+        shipped = ship_index(spark, index, mode=args.mode, shards=shards, method=ship)
+        if args.mode == "replicate":
+            warm = _Warmup(shipped, args.backend, args.gpu_fallback, stats.accumulator)
+            spark.range(0, parallelism, 1, parallelism).mapInArrow(warm, "n long").collect()
+            summary["index_bytes"] = shipped.nbytes
+        else:
+            summary["index_bytes"] = sum(s.nbytes for s in shipped.shards)
     stages["ship"] = time.perf_counter() - start
 
     # 4. match + write
@@ -415,19 +438,20 @@ def _run_spark(spark, args, index, events_path, summary, pq):
                           arrow_batch_size=args.arrow_batch_size, output=args.output,
                           on_bad_event=args.on_bad_event, ship=ship, backend=args.backend,
                           gpu_fallback=args.gpu_fallback, stats=stats, inject_failure=args.inject_failure)
-    if isinstance(result, MatchResult):
-        combined = result.combined.persist()
-        try:
-            result.matches.write.mode("overwrite").parquet(args.out)
-            quarantine = args.quarantine or os.path.join(os.path.dirname(os.path.abspath(args.out)),
-                                                         "quarantine.parquet")
-            result.quarantine.write.mode("overwrite").parquet(quarantine)
-        finally:
-            combined.unpersist()
-        summary["quarantine"] = quarantine
-        summary["quarantined"] = spark.read.parquet(quarantine).count()
-    else:
-        result.write.mode("overwrite").parquet(args.out)
+    with _stage(args, f"matching the events and writing {args.out}"):
+        if isinstance(result, MatchResult):
+            combined = result.combined.persist()
+            try:
+                result.matches.write.mode("overwrite").parquet(args.out)
+                quarantine = args.quarantine or os.path.join(os.path.dirname(os.path.abspath(args.out)),
+                                                             "quarantine.parquet")
+                result.quarantine.write.mode("overwrite").parquet(quarantine)
+            finally:
+                combined.unpersist()
+            summary["quarantine"] = quarantine
+            summary["quarantined"] = spark.read.parquet(quarantine).count()
+        else:
+            result.write.mode("overwrite").parquet(args.out)
     stages["match+write"] = time.perf_counter() - start
 
     written = spark.read.parquet(args.out)

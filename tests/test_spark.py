@@ -472,6 +472,13 @@ def test_job_takes_text_subscriptions_and_json_lines_events(spark, tmp_path, cap
     status = main(["--subs", str(subs), "--events", str(events), "--out", str(out)])
     printed = capsys.readouterr()
     assert status == 0, printed
+    # each stage says so on stderr as it starts and as it ends, before the summary on stdout
+    progress = [line for line in printed.err.splitlines() if line.startswith("bexmatch run: ")]
+    for stage in ("building the index", "starting Spark", "shipping the index", "matching the events"):
+        assert [line for line in progress if stage in line and line.endswith(" ...")], (stage, progress)
+        assert [line for line in progress if stage in line and " done in " in line], (stage, progress)
+    assert main(["--subs", str(subs), "--events", str(events), "--out", str(out), "--quiet"]) == 0
+    assert "bexmatch run: " not in capsys.readouterr().err
     table = pq.read_table(out)
     got = sorted(zip(table["event_id"].to_pylist(), table["sub_id"].to_pylist()))
     assert cli_main(["match", "--subs", str(subs), "--events", str(events), "--id-field", "event_id",
