@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import ExpressionTooLarge, ParseError
-from engine.expr import MAX_NESTING, And, Not, Op, Or, Pred, Xnor, Xor, to_nnf
+from engine.expr import MAX_NESTING, And, Not, Op, Or, Pred, Xnor, Xor, predicates, to_nnf
 from engine.parse import (_END, _LARK, KEYWORDS, _BadToken, _piece_tokens, _text_tokens, parse, parse_many,
                           to_text)
 from tests.strategies import expressions
@@ -559,12 +559,13 @@ _literal_texts = st.sampled_from(["1", "-2", "+0.5", ".5", "5.", "1e3", "-2.5E-2
                                   "TRUE", "false"])
 _pattern_texts = st.sampled_from(["'a%'", "'_'", "'^a|b$'", "'x y'"])
 _predicate_texts = st.one_of(
-    st.tuples(_attr_texts, st.sampled_from(["=", "!=", "<>", "<", "<=", ">", ">="]), _literal_texts),
+    st.tuples(_attr_texts, st.sampled_from(["=", "==", "!=", "<>", "<", "<=", ">", ">="]), _literal_texts),
     st.tuples(_attr_texts, _any_case("NOT IN") | _any_case("IN"),
               st.lists(_literal_texts, min_size=1, max_size=3).map(lambda vs: "(" + ", ".join(vs) + ")")),
     st.tuples(_attr_texts, _any_case("BETWEEN") | _any_case("NOT BETWEEN"), _literal_texts, _any_case("AND"),
               _literal_texts),
-    st.tuples(_attr_texts, _any_case("LIKE") | _any_case("NOT LIKE") | _any_case("MATCHES"), _pattern_texts),
+    st.tuples(_attr_texts, _any_case("LIKE") | _any_case("NOT LIKE") | _any_case("MATCHES") | _any_case("NOT MATCHES"),
+              _pattern_texts),
     st.tuples(_attr_texts, _any_case("IS NULL") | _any_case("IS NOT NULL")),
 ).map(" ".join)
 #: well-formed expressions in every spelling, and with one character
@@ -597,14 +598,48 @@ def test_any_text_parses_or_raises_parse_error(text):
         assert parse(to_text(node)) == node
 
 
+#: AND chains of predicates, what `parse` reads straight off the tokens
+#: (engine.parse._conjunction_of_predicates), whole and mutated
+conjunction_texts = st.lists(_predicate_texts, min_size=1, max_size=8).flatmap(
+    lambda preds: st.lists(_any_case("AND"), min_size=len(preds) - 1, max_size=len(preds) - 1).map(
+        lambda ands: " ".join(p + (f" {a}" if k < len(ands) else "") for k, (p, a) in
+                              enumerate(zip(preds, ands + [""])))))
+mutated_conjunction_texts = st.builds(
+    lambda text, at, fragment, delete: text[:at] + fragment + text[at + delete:],
+    conjunction_texts, st.integers(0, 80), st.sampled_from(_FRAGMENTS + [""]), st.integers(0, 1))
+
+
 @settings(max_examples=600, deadline=1000)
-@given(st.one_of(grammarish_text, expression_texts, mutated_expression_texts))
+@given(st.one_of(grammarish_text, expression_texts, mutated_expression_texts, conjunction_texts,
+                 mutated_conjunction_texts))
 def test_same_results_as_lark_own_runtime(text):
     try:
         node = parse(text)
     except ParseError:
         node = None
     assert node == _lark_reference(text)
+
+
+@settings(max_examples=400, deadline=1000)
+@given(st.one_of(conjunction_texts, mutated_conjunction_texts))
+def test_the_conjunction_shortcut_gives_the_tables_answer_and_errors(text):
+    import engine.parse as module
+
+    def outcome(fn):
+        try:
+            node = fn(text)
+        except ParseError as error:
+            return ("error", str(error), error.line, error.column, error.expected)
+        return ("node", node, tuple(type(v) for p in predicates(node) for v in p.values))
+
+    fast = outcome(parse)
+    saved = module._conjunction_of_predicates
+    module._conjunction_of_predicates = lambda tokens: None     # the table-driven parser alone
+    try:
+        tables = outcome(parse)
+    finally:
+        module._conjunction_of_predicates = saved
+    assert fast == tables       # the same node, literal types included (1, 1.0 and TRUE are equal in Python)
 
 
 @pytest.mark.parametrize("text", [
