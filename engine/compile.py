@@ -432,6 +432,9 @@ def predicate_key(pred: Pred, schema: Schema) -> tuple:
     return attr, OPCODE[op], key(pred.values[0]), 0.0, -1
 
 
+_LEAF_CODES = [opcodes.LEAF]
+
+
 def compile_expressions(ids, nodes, schema: Schema) -> Segment:
     """Compile checked and registered ASTs into a segment (the text route)."""
     pred_index: dict[tuple, int] = {}
@@ -468,7 +471,22 @@ def compile_expressions(ids, nodes, schema: Schema) -> Segment:
         raise TypeError(f"not in negation normal form: {node!r}")
 
     for node in nodes:
-        max_depth = max(max_depth, emit(to_nnf(node)))
+        kind = node.__class__
+        if kind is And and all(child.__class__ is Pred for child in node.children):
+            # a conjunction, most subscriptions: already in NNF, its program is its leaves and one AND
+            n = len(node.children)
+            kinds.extend(_LEAF_CODES * n)
+            kinds.append(opcodes.AND)
+            args.extend([leaf(child) for child in node.children])
+            args.append(n)
+            depth = n
+        elif kind is Pred:
+            kinds.append(opcodes.LEAF)
+            args.append(leaf(node))
+            depth = 1
+        else:
+            depth = emit(to_nnf(node))
+        max_depth = max(max_depth, depth)
         offsets.append(len(kinds))
     columns = list(zip(*keys)) if keys else [(), (), (), (), ()]
     table = PredicateTable(np.array(columns[0], np.int32), np.array(columns[1], np.int8),
