@@ -16,7 +16,7 @@ from engine.algorithms import registry
 from engine.algorithms.options import Options, ScanOptions, option
 from engine.algorithms.scan import ScanMatcher
 from engine.bench import algorithms as bench_algorithms
-from engine.bench import measure
+from engine.bench import measure, report
 from engine.workloads import standard
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -791,3 +791,15 @@ def test_apcm_fig_9_and_fig_12_at_test_scale():
     assert [(r["algorithm"], r["batch_size"]) for r in rows[::2]] == [
         ("apcm-bitmap", 1), ("apcm-bitmap", 32), ("apcm", 1), ("apcm", 32)]
     assert all(r["status"] == "ok" and r["correct"] is True and r["latency_mean_ms"] > 0 for r in rows), rows
+
+
+def test_rows_carry_the_spread_of_the_repeats_and_the_plot_draws_four_panels(tmp_path):
+    rows = bench.run_benchmark([standard("W1", scale=0.0003, n_events=80)], ["scan", "opindex"], repeats=3,
+                               latency_samples=10, progress=False)
+    for row in rows:
+        assert row["status"] == "ok"
+        assert row["events_per_s_min"] <= row["events_per_s"] <= row["events_per_s_max"]
+    fig = bench.plot(rows, tmp_path / "bars.png")
+    assert [ax.get_title() for ax in fig.axes][:4] == [title for _, title, _, _ in report.PANELS]
+    assert all(ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0 for ax in fig.axes[:4])   # bars: linear, from 0
+    assert_png(tmp_path / "bars.png")

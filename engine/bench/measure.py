@@ -33,6 +33,8 @@ index_bytes        ``index.nbytes`` after the build (compiled segment plus the
                    algorithm's structures)
 events_per_s       events / median seconds of ``repeats`` runs of
                    ``match_batch(events, output="arrow")`` after one warm-up run
+events_per_s_min,  the slowest and the fastest of those runs (the spread of
+events_per_s_max   the repeats, drawn as error bars by ``--plot``)
 latency_p50_us,    percentiles of single-event ``index.match(dict)`` times over
 latency_p99_us     the first ``latency_samples`` events (after one warm-up call)
 matches_per_event  (event, subscription) matches / events
@@ -68,7 +70,7 @@ from engine.index import Index
 
 COLUMNS = ("workload", "sweep_param", "sweep_value", "series_param", "series_value", "algorithm", "backend",
            "options", "status", "n_subscriptions", "n_predicates", "n_events", "build_s", "index_bytes",
-           "events_per_s", "latency_p50_us", "latency_p99_us", "matches_per_event", "scan_events_per_s",
+           "events_per_s", "events_per_s_min", "events_per_s_max", "latency_p50_us", "latency_p99_us", "matches_per_event", "scan_events_per_s",
            "scan_sample", "ratio_to_scan", "correct", "note")
 
 #: scan runs on the whole event table when subscriptions x events is at most this
@@ -144,6 +146,7 @@ class _Measurement:
     latency_p50_us: float | None
     latency_p99_us: float | None
     singles: list           # index.match results of the latency events
+    spread: tuple = (None, None)    # events/s of the slowest and the fastest repeat
 
 
 def _warm_up(algorithm, backend, subscriptions, events, dicts, options=None) -> None:
@@ -179,6 +182,7 @@ def _measure(algorithm, backend, subscriptions, events, dicts, repeats, *, laten
         index.match_batch(events, output="arrow")
         times.append(time.perf_counter() - start)
     events_per_s = n / max(statistics.median(times), 1e-9) if n else None
+    spread = (n / max(max(times), 1e-9), n / max(min(times), 1e-9)) if n else (None, None)
 
     p50 = p99 = None
     singles = []
@@ -191,7 +195,7 @@ def _measure(algorithm, backend, subscriptions, events, dicts, repeats, *, laten
             singles.append(index.match(event))
             elapsed.append(time.perf_counter_ns() - start)
         p50, p99 = (float(v) / 1e3 for v in np.percentile(np.asarray(elapsed, dtype=np.float64), [50, 99]))
-    return _Measurement(build_s, index_bytes, n, events_per_s, first.num_rows, pairs, p50, p99, singles)
+    return _Measurement(build_s, index_bytes, n, events_per_s, first.num_rows, pairs, p50, p99, singles, spread)
 
 
 def _sorted_pairs(events, ids, limit):
@@ -346,6 +350,7 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
                 correct, note = _check(measured, reference, k)
                 row.update(status="ok", n_events=measured.n_events, build_s=measured.build_s,
                            index_bytes=measured.index_bytes, events_per_s=measured.events_per_s,
+                           events_per_s_min=measured.spread[0], events_per_s_max=measured.spread[1],
                            latency_p50_us=measured.latency_p50_us, latency_p99_us=measured.latency_p99_us,
                            matches_per_event=measured.n_matches / measured.n_events if measured.n_events else None,
                            correct=correct, note=note)

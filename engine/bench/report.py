@@ -125,71 +125,112 @@ def write_records(records, path) -> None:
             writer.writerow({c: _csv_value(record.get(c)) for c in columns})
 
 
+#: the panels of :func:`plot`: (row column, title, y label, scale of the values)
+PANELS = (("events_per_s", "throughput (match_batch)", "events / s", 1.0),
+          ("build_s", "build time", "seconds", 1.0),
+          ("index_bytes", "index memory", "MiB", 1 / 2 ** 20),
+          ("latency_p50_us", "single-event latency (bar/dot: p50, whisker: p99)", "µs", 1.0))
+
+
 def plot(rows, path=None):
-    """Events/s and index bytes, against the swept parameter (sweeps) or per
-    workload (bars), one series per algorithm x backend (x series value,
-    for a sweep with a second axis); written to ``path``
+    """Four panels -- throughput with the spread of the repeats
+    (``events_per_s_min`` to ``_max``), build time, index memory, and
+    single-event latency p50 with p99 -- per workload as bars on linear
+    axes (bars are compared by length), or against the swept parameter as
+    lines (one per algorithm x backend x series value).  Written to ``path``
     as PNG when given.  Uses matplotlib's Agg canvas directly (no pyplot, no
     change to the caller's matplotlib backend).  Returns the Figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     ok = [r for r in rows if r.get("status") == "ok"]
-    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    fig = Figure(figsize=(13, 8), layout="constrained")
     FigureCanvasAgg(fig)
-    ax_speed, ax_bytes = fig.subplots(1, 2)
-    series = list(dict.fromkeys((r["algorithm"], r["backend"]) for r in ok))
+    axes = fig.subplots(2, 2).ravel()
     swept = [r for r in ok if r.get("sweep_param")]
     if not ok:
-        for ax in (ax_speed, ax_bytes):
+        for ax in axes:
             ax.text(0.5, 0.5, "no results", ha="center", va="center", transform=ax.transAxes)
     elif swept:
-        param = "/".join(sorted({str(r["sweep_param"]) for r in swept}))
-        values = list(dict.fromkeys(r["sweep_value"] for r in swept))
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        position = {v: (v if numeric else i) for i, v in enumerate(values)}
-        lines = list(dict.fromkeys((r["algorithm"], r["backend"], r.get("series_param"), r.get("series_value"))
-                                   for r in swept))
-        for algorithm, backend, series_param, series_value in lines:
-            mine = [r for r in swept if (r["algorithm"], r["backend"], r.get("series_param"),
-                                         r.get("series_value")) == (algorithm, backend, series_param, series_value)]
-            mine.sort(key=lambda r: values.index(r["sweep_value"]))
-            label = f"{algorithm} ({backend})" + (f" {series_param}={series_value}" if series_param else "")
-            if any(r["correct"] is False for r in mine):
-                label += " WRONG ANSWERS"
-            xs = [position[r["sweep_value"]] for r in mine]
-            ax_speed.plot(xs, [r["events_per_s"] or np.nan for r in mine], marker="o", label=label)
-            ax_bytes.plot(xs, [(r["index_bytes"] or np.nan) / 2 ** 20 for r in mine], marker="o", label=label)
-        for ax in (ax_speed, ax_bytes):
-            ax.set_xlabel(param)
-            if numeric and min(values) > 0 and max(values) / min(values) >= 20:
-                ax.set_xscale("log")
-            if not numeric:
-                ax.set_xticks(range(len(values)), [str(v) for v in values])
+        _plot_sweep(axes, swept)
     else:
-        names = list(dict.fromkeys(r["workload"] for r in ok))
-        width = 0.8 / max(len(series), 1)
-        for i, (algorithm, backend) in enumerate(series):
-            label = f"{algorithm} ({backend})"
-            mine = {r["workload"]: r for r in ok if (r["algorithm"], r["backend"]) == (algorithm, backend)}
-            if any(r["correct"] is False for r in mine.values()):
-                label += " WRONG ANSWERS"
-            xs = np.arange(len(names)) + (i - (len(series) - 1) / 2) * width
-            speed = [mine[n]["events_per_s"] or np.nan if n in mine else np.nan for n in names]
-            size = [(mine[n]["index_bytes"] or np.nan) / 2 ** 20 if n in mine else np.nan for n in names]
-            ax_speed.bar(xs, speed, width, label=label)
-            ax_bytes.bar(xs, size, width, label=label)
-        for ax in (ax_speed, ax_bytes):
-            ax.set_xticks(range(len(names)), names)
-            ax.set_xlabel("workload")
-    ax_speed.set_ylabel("events / s")
-    ax_bytes.set_ylabel("index MiB")
-    if ok and all((r["events_per_s"] or 0) > 0 for r in ok):
-        ax_speed.set_yscale("log")
-    ax_speed.set_title("throughput (match_batch)")
-    ax_bytes.set_title("index memory")
-    if series:
-        ax_speed.legend(fontsize="small")
+        _plot_bars(axes, ok)
+    for ax, (_, title, ylabel, _) in zip(axes, PANELS):
+        ax.set_title(title, fontsize="medium")
+        ax.set_ylabel(ylabel)
+    if ok:
+        axes[0].legend(fontsize="small")
     if path is not None:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def _value(row, column, scale):
+    value = row.get(column)
+    return np.nan if value is None else float(value) * scale
+
+
+def _label(algorithm, backend, mine, extra=""):
+    label = f"{algorithm} ({backend})" + extra
+    return label + (" WRONG ANSWERS" if any(r["correct"] is False for r in mine) else "")
+
+
+def _plot_bars(axes, ok):
+    names = list(dict.fromkeys(r["workload"] for r in ok))
+    series = list(dict.fromkeys((r["algorithm"], r["backend"]) for r in ok))
+    width = 0.8 / max(len(series), 1)
+    for i, (algorithm, backend) in enumerate(series):
+        mine = {r["workload"]: r for r in ok if (r["algorithm"], r["backend"]) == (algorithm, backend)}
+        label = _label(algorithm, backend, mine.values())
+        xs = np.arange(len(names)) + (i - (len(series) - 1) / 2) * width
+        rows = [mine.get(n, {}) for n in names]
+        for ax, (column, _, _, scale) in zip(axes, PANELS):
+            heights = [_value(r, column, scale) for r in rows]
+            bars = ax.bar(xs, heights, width, label=label)
+            color = bars.patches[0].get_facecolor() if bars.patches else None
+            if column == "events_per_s":         # the spread of the repeats
+                low = [h - _value(r, "events_per_s_min", 1.0) for h, r in zip(heights, rows)]
+                high = [_value(r, "events_per_s_max", 1.0) - h for h, r in zip(heights, rows)]
+                ax.errorbar(xs, heights, yerr=[np.nan_to_num(low), np.nan_to_num(high)], fmt="none",
+                            ecolor="black", capsize=3, linewidth=1)
+            elif column == "latency_p50_us":     # p99 as a whisker above the p50 bar
+                p99 = [_value(r, "latency_p99_us", 1.0) for r in rows]
+                ax.errorbar(xs, heights, yerr=[np.zeros(len(xs)), np.nan_to_num(np.subtract(p99, heights))],
+                            fmt="none", ecolor=color, capsize=3, linewidth=1)
+    for ax in axes:
+        ax.set_xticks(range(len(names)), names)
+        ax.set_xlabel("workload")
+        ax.set_ylim(bottom=0)
+
+
+def _plot_sweep(axes, swept):
+    param = "/".join(sorted({str(r["sweep_param"]) for r in swept}))
+    values = list(dict.fromkeys(r["sweep_value"] for r in swept))
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    position = {v: (v if numeric else i) for i, v in enumerate(values)}
+    lines = list(dict.fromkeys((r["algorithm"], r["backend"], r.get("series_param"), r.get("series_value"))
+                               for r in swept))
+    for algorithm, backend, series_param, series_value in lines:
+        mine = [r for r in swept if (r["algorithm"], r["backend"], r.get("series_param"),
+                                     r.get("series_value")) == (algorithm, backend, series_param, series_value)]
+        mine.sort(key=lambda r: values.index(r["sweep_value"]))
+        label = _label(algorithm, backend, mine, f" {series_param}={series_value}" if series_param else "")
+        xs = [position[r["sweep_value"]] for r in mine]
+        for ax, (column, _, _, scale) in zip(axes, PANELS):
+            (line,) = ax.plot(xs, [_value(r, column, scale) for r in mine], marker="o", label=label)
+            if column == "events_per_s":
+                ax.fill_between(xs, [_value(r, "events_per_s_min", 1.0) for r in mine],
+                                [_value(r, "events_per_s_max", 1.0) for r in mine], color=line.get_color(),
+                                alpha=0.2, linewidth=0)
+            elif column == "latency_p50_us":
+                ax.plot(xs, [_value(r, "latency_p99_us", 1.0) for r in mine], marker="^", linestyle=":",
+                        color=line.get_color())
+    for ax in axes:
+        ax.set_xlabel(param)
+        if numeric and min(values) > 0 and max(values) / min(values) >= 20:
+            ax.set_xscale("log")
+        if not numeric:
+            ax.set_xticks(range(len(values)), [str(v) for v in values])
+    speeds = [r["events_per_s"] for r in swept if r.get("events_per_s")]
+    if speeds and max(speeds) / min(speeds) >= 100:      # lines spanning decades: a log axis keeps them apart
+        axes[0].set_yscale("log")
