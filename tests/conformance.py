@@ -437,8 +437,12 @@ def answers(index: Index, events: list, backend: str, containers: bool = False) 
             arrow_events(events, pa.large_string(), dictionary=True)))
         frame = pd.DataFrame({a: pd.Series([e.get(a) for e in events], dtype=object) for a in SCHEMA})
         routes["pandas"] = _listed(index.match_batch(frame))
+        lists = index.match_batch(events, output="arrow_lists")
+        assert lists.column("event").to_pylist() == list(range(n))
+        routes['output="arrow_lists"'] = lists.column("sub_ids").to_pylist()
         assert index.match_batch([]) == []
         assert index.match_batch([], output="arrow").num_rows == 0
+        assert index.match_batch([], output="arrow_lists").num_rows == 0
     return routes
 
 

@@ -106,3 +106,28 @@ def test_empty_batches_give_no_results():
     empty = index.match_batch([], output="arrow")
     assert empty.num_rows == 0 and empty.column_names == ["event", "sub_id"]
     assert list(index.match_stream([])) == []
+
+
+def test_arrow_lists_output_is_the_lists_in_one_list_array_within_the_bound(everyone_matches, small_budget):
+    index, events = everyone_matches
+    table, grown = peak_growth(lambda: index.match_batch(events, output="arrow_lists"))
+    assert table.column_names == ["event", "sub_ids"] and table.num_rows == N_EVENTS
+    lists = table.column("sub_ids").combine_chunks()
+    assert lists.type == pa.list_(pa.int64())
+    assert np.diff(lists.offsets.to_numpy()).tolist() == [N_SUBS] * N_EVENTS
+    assert lists.values.to_numpy()[-N_SUBS:].tolist() == list(range(N_SUBS))
+    output = table.nbytes                       # 8 bytes a match, 12 an event
+    assert output <= 8 * N_SUBS * N_EVENTS + 12 * N_EVENTS + 1024
+    assert within_bound(grown, output), f"peak {grown / 2**20:.0f} MiB for a {output / 2**20:.0f} MiB output"
+
+
+def test_arrow_lists_keep_event_ids_empty_events_and_reported_ones():
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many([1, 2], ["n >= 1", "n >= 2"])
+    events = [{"id": "a", "n": 2}, {"id": "b"}, {"id": "c", "n": "bad"}, {"id": "d", "n": 1}]
+    (table, rejected) = index.match_batch(events, output="arrow_lists", errors="report", id_column="id")
+    assert [r.event for r in rejected] == [2]
+    assert table.to_pydict() == {"id": ["a", "b", "c", "d"], "sub_ids": [[1, 2], [], [], [1]]}
+    assert index.match_batch([], output="arrow_lists").num_rows == 0
+    with pytest.raises(ValueError, match="'arrow_lists'"):
+        index.match_batch(events[:1], output="lists")
