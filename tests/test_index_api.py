@@ -230,9 +230,9 @@ def test_save_is_atomic_when_writing_fails(index, tmp_path, monkeypatch):
 
 def test_algorithms_and_backends_are_named_and_refused_clearly():
     # only what exists is listed: a planned algorithm is an unknown one until it is registered
-    assert set(ALGORITHMS) == {"scan", "opindex", "betree", "apcm"}
+    assert set(ALGORITHMS) == {"scan", "opindex", "betree", "apcm", "pstbloom", "psthash", "atree"}
     assert "cpu" in available_backends()
-    for planned in ("pstbloom", "psthash", "atree", "nope"):
+    for planned in ("nope", "pst-tree"):
         with pytest.raises(BackendUnavailable,
                            match=f"unknown algorithm '{planned}'; algorithms are scan, opindex, betree, apcm"):
             Index(algorithm=planned)

@@ -24,17 +24,24 @@ def reference_ids(expressions: dict, event: dict) -> list:
 
 # ---------------------------------------------------------------- registry
 def test_the_registry_lists_what_exists_with_its_paper():
-    assert ALGORITHMS == registry.names() == ("scan", "opindex", "betree", "apcm")
+    assert ALGORITHMS == registry.names() == ("scan", "opindex", "betree", "apcm", "pstbloom", "psthash", "atree")
     for algorithm in registry.algorithms():
-        assert set(algorithm.backends) == {"cpu", "cuda"}
+        assert "cpu" in algorithm.backends
+        if algorithm.name in ("scan", "opindex", "betree", "apcm"):
+            assert set(algorithm.backends) == {"cpu", "cuda"}
         assert algorithm.paper and algorithm.native_forms
         cpu = algorithm.matcher_class("cpu")
         assert issubclass(cpu, HostMatcher) and cpu.name == algorithm.name
     assert "PVLDB 7(8), 2014" in registry.get("opindex").paper and "§6" in registry.get("opindex").sections
     assert "SIGMOD 2011" in registry.get("betree").paper and "§4" in registry.get("betree").sections
     assert "ICDE 2014" in registry.get("apcm").paper and "§VI" in registry.get("apcm").sections
-    with pytest.raises(BackendUnavailable, match="unknown algorithm 'pstbloom'"):
-        registry.get("pstbloom")
+    for name in ("pstbloom", "psthash"):           # PS-Tree: cpu only so far
+        assert "PVLDB 12(3), 2018" in registry.get(name).paper and registry.get(name).backends == ("cpu",)
+    assert "§5" in registry.get("pstbloom").sections and "§6" in registry.get("psthash").sections
+    atree = registry.get("atree")                   # A-Tree: cpu only so far, every expression native
+    assert "SIGMOD 2021" in atree.paper and atree.backends == ("cpu",) and atree.limit_check is None
+    with pytest.raises(BackendUnavailable, match="unknown algorithm 'nope'"):
+        registry.get("nope")
 
 
 def test_conformance_options_are_options_of_every_backend_of_the_algorithm():

@@ -279,3 +279,68 @@ class APCMOptions(Options):
                 raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
         check_launch(self.launch)
         check_device_memory(self.device_memory)
+
+
+def _check_event_batch(log) -> None:
+    """PS-Tree's event log: an EventBatch (its values locate the leaves
+    whose event counters rank predicates, §3.3), or None."""
+    if log is not None and not all(hasattr(log, name) for name in ("offsets", "attr", "value")):
+        raise ValueError("event_log must be an EventBatch (engine.events.encode_events) or None")
+
+
+@dataclass(frozen=True)
+class PSTBloomOptions(Options):
+    """``pstbloom`` (PS-Tree §4-§5): the Bloom signatures and the ranking's event log."""
+
+    algorithm = "pstbloom"
+    bloom_bits: int = option(8, doc="bits of a predicate space's Bloom signature per unit inserted (§5.1; "
+                                    "rounded up to a power of two of 64-bit words)")
+    bloom_hashes: int = option(3, doc="hash probes per unit in a Bloom signature (§5.1)")
+    event_log: object = option(None, saved=False,
+                               doc="an EventBatch: access predicates ranked by the logged events they cover (§3.3)")
+
+    def __post_init__(self):
+        for name, low, high in (("bloom_bits", 1, 1024), ("bloom_hashes", 1, 16)):
+            value = getattr(self, name)
+            if not _is_int(value) or not low <= value <= high:
+                raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
+        _check_event_batch(self.event_log)
+
+
+@dataclass(frozen=True)
+class PSTHashOptions(Options):
+    """``psthash`` (PS-Tree §4, §6): access predicates per unit and the ranking's event log."""
+
+    algorithm = "psthash"
+    n_access: int = option(2, doc="access predicates per unit, the paper's N (§6; N-dim predicate spaces)")
+    max_combinations: int = option(256, doc="most N-dim space keys one unit may make; past it the unit drops "
+                                            "its least selective access predicate (a bound the paper lacks: "
+                                            "W2 at 10,000 subscriptions takes 118 MiB with 4096, 19 with 256)")
+    event_log: object = option(None, saved=False,
+                               doc="an EventBatch: access predicates ranked by the logged events they cover (§3.3)")
+
+    def __post_init__(self):
+        for name, low, high in (("n_access", 1, 4), ("max_combinations", 1, 1 << 24)):
+            value = getattr(self, name)
+            if not _is_int(value) or not low <= value <= high:
+                raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
+        _check_event_batch(self.event_log)
+
+
+@dataclass(frozen=True)
+class ATreeOptions(Options):
+    """``atree`` (A-Tree §4-§5): the paper's design options, as ablations
+    (Figures 8 and 9)."""
+
+    algorithm = "atree"
+    sharing: bool = option(True, doc="one node per distinct predicate and subexpression (§4.2.1); False: the "
+                                     "paper's multitree without sharing, every expression its own nodes")
+    reorganize: bool = option(True, doc="expression reorganisation (§4.2.2, Algorithm 2): an AND/OR reuses "
+                                        "existing nodes over subsets of its children (greedy set cover)")
+    self_adjust: bool = option(True, doc="index self-adjustment (§4.2.3, Algorithm 3): a new AND/OR node becomes "
+                                         "a child of the existing nodes whose children include all of its own")
+
+    def __post_init__(self):
+        for name in ("sharing", "reorganize", "self_adjust"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, not {getattr(self, name)!r}")

@@ -186,3 +186,42 @@ register(Algorithm(
                          # clusters is the default case's (tests/test_apcm.py runs every variant besides)
                          {"variant": "pcm", "unroll": False, "cluster_size": 3, "reorder": False},
                          {"variant": "bitmap"})))
+
+# (imported here, next to their registrations, so that concurrent additions to the import above do not collide)
+from engine.algorithms.options import PSTBloomOptions, PSTHashOptions  # noqa: E402
+
+register(Algorithm(
+    name="pstbloom", title="PSTBloom (PS-Tree)",
+    paper="Ji, Jacobsen. PS-Tree-Based Efficient Boolean Expression Matching for High-Dimensional and Dense "
+          "Workloads. PVLDB 12(3), 2018",
+    sections="§3.3 (selectivity), §4 (PS-Tree), §5 (PSTBloom)",
+    implementations={"cpu": "engine.algorithms.pstree:PSTBloomMatcher"},
+    options=PSTBloomOptions,
+    native_forms=("conjunctions", "DNF within dnf_limit conjunctions"),
+    limit_check="engine.algorithms.pstree:check_expression"))
+
+register(Algorithm(
+    name="psthash", title="PSTHash (PS-Tree)",
+    paper="Ji, Jacobsen. PS-Tree-Based Efficient Boolean Expression Matching for High-Dimensional and Dense "
+          "Workloads. PVLDB 12(3), 2018",
+    sections="§3.3 (selectivity), §4 (PS-Tree), §6 (PSTHash)",
+    implementations={"cpu": "engine.algorithms.pstree:PSTHashMatcher"},
+    options=PSTHashOptions,
+    native_forms=("conjunctions", "DNF within dnf_limit conjunctions"),
+    # (no option variant: CI time; n_access 1 and 3 and the key bound's fallback are checked against scan
+    # in tests/test_pstree.py)
+    limit_check="engine.algorithms.pstree:check_expression"))
+
+from engine.algorithms.options import ATreeOptions  # noqa: E402
+
+register(Algorithm(
+    name="atree", title="A-Tree",
+    paper="Ji, Jacobsen. A-Tree: A Dynamic Data Structure for Efficiently Indexing Arbitrary Boolean "
+          "Expressions. SIGMOD 2021",
+    sections="§4.1-§4.2 (unique nodes, expression ids, reorganisation, self-adjustment, use counts, deletion), "
+             "§5 (level-ordered matching, zero suppression, propagation on demand)",
+    implementations={"cpu": "engine.algorithms.atree:ATreeMatcher"},
+    options=ATreeOptions,
+    native_forms=("every expression: AND, OR, NOT (folded into predicates), XOR, XNOR, as shared n-ary nodes",)))
+# (no conformance variant: the defaults' cases already cost the suite ~40 s; the ablations, sharing=False and
+# reorganize=False and self_adjust=False, are held to scan through every update path in tests/test_atree.py)

@@ -1,0 +1,732 @@
+"""PS-Tree on the CPU: predicate spaces, access predicates, PSTBloom and PSTHash (numba).
+
+The paper's PS-Tree (§4.1) is a digit trie whose leaves are *predicate
+spaces*: disjoint value ranges of one attribute, each with the
+subscriptions whose predicates cover it.  Locating an event value's leaf
+(Algorithm 3, MatchPair) is a walk down the digits.  Here the same leaves
+are kept flat (module docstring of :mod:`engine.algorithms.pstree`):
+
+* per attribute ``a``, the sorted distinct endpoint codes
+  ``vals[val_off[a]:val_off[a + 1]]`` (``m`` of them) cut the domain into
+  ``2m + 1`` *elementary* ranges -- ``(-inf, v0)``, ``[v0]``,
+  ``(v0, v1)``, ``[v1]``, ... ``(v_{m-1}, +inf)``; elementary range ``e``
+  of ``a`` belongs to the predicate space ``elem_space[2 * val_off[a] + a + e]``
+  (global ids, ascending by attribute then value; -1 where ``a`` has no
+  PS-Tree).  Adjacent elementary ranges covered by exactly the same
+  predicates are one space (the merged spaces of §4.4's example), and an
+  endpoint whose three ranges fall in one space is dropped;
+* locating a value is a binary search (the trie walk's job) plus one read.
+
+Every kernel here reads predicate semantics from
+:func:`gpu_kernels.predicates.entry_truth` only: spaces decide which units
+are *candidates*; a candidate is accepted when every predicate of its unit
+is TRUE under three-valued logic.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, prange
+
+from gpu_kernels.compaction import emit_marked
+from gpu_kernels.opcodes import (BETWEEN, EQ, GE, GT, IN, LE, LT, NE, NOT_BETWEEN, NOT_IN, TRUE)
+from gpu_kernels.predicates import entry_truth
+
+#: the paper's selectivity ranking of operators (§3.3): = > ∈ > BETWEEN > ranges > ∉ > ≠
+#: (NOT BETWEEN, which the paper does not list, goes between ∉ and ≠: it excludes a range, ≠ one value).
+#: Index by opcode; NOT_INDEXABLE for the operators whose TRUE set is not a union of code ranges
+#: decided by the value alone (LIKE, MATCHES and their negations need the string; IS [NOT] NULL
+#: is about presence) -- those never serve as access predicates.
+NOT_INDEXABLE = 99
+OPERATOR_CLASS = np.full(16, NOT_INDEXABLE, np.int64)
+OPERATOR_CLASS[EQ] = 0
+OPERATOR_CLASS[IN] = 1
+OPERATOR_CLASS[BETWEEN] = 2
+OPERATOR_CLASS[[LT, LE, GT, GE]] = 3
+OPERATOR_CLASS[NOT_IN] = 4
+OPERATOR_CLASS[NOT_BETWEEN] = 5
+OPERATOR_CLASS[NE] = 6
+
+
+class SpaceTable(NamedTuple):
+    """One PS-Tree per attribute, flattened (see the module docstring)."""
+
+    val_off: np.ndarray      # int64 [n_attrs + 1]
+    vals: np.ndarray         # float64: sorted endpoint codes per attribute
+    elem_space: np.ndarray   # int64 [2 * len(vals) + n_attrs]: elementary range -> global space id (-1: no tree)
+    space_off: np.ndarray    # int64 [n_attrs + 1]: attribute a's spaces are [space_off[a], space_off[a + 1])
+
+
+# ------------------------------------------------------------------ locating
+@njit(inline="always", nogil=True)
+def elementary(vals, v0, v1, x):
+    """Elementary range of ``x`` among the sorted endpoints ``vals[v0:v1]``:
+    ``2i + 1`` when ``x`` equals endpoint ``i``, else ``2i`` (``i``: the
+    endpoints below ``x``).  A NaN lands in range 0, the leftmost gap, which
+    every predicate TRUE on NaN (``!=``, NOT IN, NOT BETWEEN) covers."""
+    lo = v0
+    hi = v1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if vals[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < v1 and vals[lo] == x:
+        return 2 * (lo - v0) + 1
+    return 2 * (lo - v0)
+
+
+def locate_spaces_py(ev_offsets, ev_attr, ev_value, val_off, vals, elem_space):
+    """Per event entry, the global id of the predicate space its value lies
+    in (-1 when its attribute has no PS-Tree): Algorithm 3 for every
+    attribute-value pair, events over all cores."""
+    n_attrs = len(val_off) - 1
+    out = np.full(len(ev_attr), -1, np.int64)
+    for e in prange(len(ev_offsets) - 1):
+        for at in range(ev_offsets[e], ev_offsets[e + 1]):
+            a = ev_attr[at]
+            if a >= n_attrs:
+                continue
+            v0 = val_off[a]
+            v1 = val_off[a + 1]
+            out[at] = elem_space[2 * v0 + a + elementary(vals, v0, v1, ev_value[at])]
+    return out
+
+
+locate_spaces = njit(parallel=True, nogil=True, cache=True)(locate_spaces_py)
+#: the same on the calling thread, for a few events (waking every core costs more than they do)
+locate_spaces_serial = njit(nogil=True, cache=True)(locate_spaces_py)
+
+
+# ------------------------------------------------------------- construction
+@njit(nogil=True, cache=True)
+def _position(vals, v0, v1, x):
+    """Index of endpoint ``x`` in ``vals[v0:v1]`` (it is there)."""
+    return (elementary(vals, v0, v1, x) - 1) >> 1
+
+
+@njit(nogil=True, cache=True)
+def row_intervals(row_op, row_attr, row_lo, row_hi, set_offsets, set_values, use, val_off, vals):
+    """Per predicate row (``use[r]`` set and indexable), the elementary
+    ranges of its attribute where it is TRUE, as inclusive local
+    ``(first, last)`` pairs in CSR by row -- InsertPredicate's (Algorithm 1)
+    'leaf nodes covered by the predicate', for every operator."""
+    n = len(row_op)
+    bound = 0
+    for r in range(n):
+        bound += 2 + set_offsets[r + 1] - set_offsets[r]
+    iv_first = np.empty(bound, np.int64)
+    iv_last = np.empty(bound, np.int64)
+    iv_off = np.zeros(n + 1, np.int64)
+    k = 0
+    for r in range(n):
+        op = row_op[r]
+        if use[r] and op <= NOT_BETWEEN:
+            a = row_attr[r]
+            v0 = val_off[a]
+            v1 = val_off[a + 1]
+            last = 2 * (v1 - v0)
+            if op == IN or op == NOT_IN:
+                start = 0
+                prev = -1
+                for q in range(set_offsets[r], set_offsets[r + 1]):
+                    p = 2 * _position(vals, v0, v1, set_values[q]) + 1
+                    if p == prev:
+                        continue            # a repeated value
+                    prev = p
+                    if op == IN:
+                        iv_first[k] = p
+                        iv_last[k] = p
+                        k += 1
+                    else:
+                        if p - 1 >= start:
+                            iv_first[k] = start
+                            iv_last[k] = p - 1
+                            k += 1
+                        start = p + 1
+                if op == NOT_IN and start <= last:
+                    iv_first[k] = start
+                    iv_last[k] = last
+                    k += 1
+            else:
+                p = 2 * _position(vals, v0, v1, row_lo[r]) + 1
+                if op == EQ:
+                    iv_first[k] = p
+                    iv_last[k] = p
+                    k += 1
+                elif op == NE:
+                    iv_first[k] = 0
+                    iv_last[k] = p - 1
+                    iv_first[k + 1] = p + 1
+                    iv_last[k + 1] = last
+                    k += 2
+                elif op == LT or op == LE:
+                    iv_first[k] = 0
+                    iv_last[k] = p - 1 if op == LT else p
+                    k += 1
+                elif op == GT or op == GE:
+                    iv_first[k] = p + 1 if op == GT else p
+                    iv_last[k] = last
+                    k += 1
+                else:               # BETWEEN, NOT BETWEEN
+                    ph = 2 * _position(vals, v0, v1, row_hi[r]) + 1
+                    if row_lo[r] <= row_hi[r]:
+                        if op == BETWEEN:
+                            iv_first[k] = p
+                            iv_last[k] = ph
+                            k += 1
+                        else:
+                            iv_first[k] = 0
+                            iv_last[k] = p - 1
+                            iv_first[k + 1] = ph + 1
+                            iv_last[k + 1] = last
+                            k += 2
+                    elif op == NOT_BETWEEN:         # lo > hi: x < lo or x > hi holds for every x
+                        iv_first[k] = 0
+                        iv_last[k] = last
+                        k += 1
+        iv_off[r + 1] = k
+    return iv_off, iv_first[:k].copy(), iv_last[:k].copy()
+
+
+@njit(inline="always", nogil=True)
+def _ranks_before(r, o, row_events, row_class, row_width):
+    """Whether row ``r`` is strictly more selective than row ``o`` (§3.3)."""
+    if row_events[r] != row_events[o]:
+        return row_events[r] < row_events[o]
+    if row_class[r] != row_class[o]:
+        return row_class[r] < row_class[o]
+    return row_width[r] < row_width[o]
+
+
+@njit(nogil=True, cache=True)
+def select_access(unit_off, pids, row_attr, row_class, row_width, row_events, n_access):
+    """Per unit, up to ``n_access`` access predicates (positions into
+    ``pids``, -1 padded) on distinct attributes, best first, and how many:
+    the paper's selectivity ranking (§3.3) -- fewest matching logged events
+    (``row_events``; all 0 without a log), then the operator class, then the
+    narrowest covered share of the attribute's PS-Tree (``row_width``).
+    Non-indexable predicates are never chosen."""
+    n_units = len(unit_off) - 1
+    acc = np.full((n_units, max(n_access, 1)), -1, np.int64)
+    arity = np.zeros(n_units, np.int64)
+    for u in range(n_units):
+        for j in range(unit_off[u], unit_off[u + 1]):
+            r = pids[j]
+            if row_class[r] == NOT_INDEXABLE:
+                continue
+            # insert j into the unit's ranked list (one per attribute: the better of two on one attribute)
+            dup = -1
+            for q in range(arity[u]):
+                if row_attr[pids[acc[u, q]]] == row_attr[r]:
+                    dup = q
+            if dup >= 0:
+                o = pids[acc[u, dup]]
+                if not _ranks_before(r, o, row_events, row_class, row_width):
+                    continue
+                for q in range(dup, arity[u] - 1):      # remove the worse one, then insert below
+                    acc[u, q] = acc[u, q + 1]
+                arity[u] -= 1
+            q = arity[u]
+            while q > 0:
+                o = pids[acc[u, q - 1]]
+                if not _ranks_before(r, o, row_events, row_class, row_width):
+                    break
+                q -= 1
+            if q >= n_access:
+                continue
+            top = min(arity[u], n_access - 1)
+            for s in range(top, q, -1):
+                acc[u, s] = acc[u, s - 1]
+            acc[u, q] = j
+            arity[u] = min(arity[u] + 1, n_access)
+    return acc, arity
+
+
+@njit(inline="always", nogil=True)
+def bloom_key(u):
+    """Unit ``u``'s two Bloom hashes (splitmix64; bit ``i`` of a signature
+    of ``n`` bits is ``(h1 + i * h2) mod n``, double hashing)."""
+    x = np.uint64(u) + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    return x, (x >> np.uint64(32)) | np.uint64(1)
+
+
+@njit(inline="always", nogil=True)
+def bloom_probe(sig_words, w0, w1, h1, h2, n_hashes):
+    """Whether the signature in ``sig_words[w0:w1]`` may hold the unit of
+    hashes ``(h1, h2)`` (an empty signature holds nothing)."""
+    if w1 == w0:
+        return False
+    mask = np.uint64((w1 - w0) * 64 - 1)
+    for i in range(n_hashes):
+        b = np.int64((h1 + np.uint64(i) * h2) & mask)
+        if (sig_words[w0 + (b >> 6)] >> np.uint64(b & 63)) & np.uint64(1) == 0:
+            return False
+    return True
+
+
+@njit(nogil=True, cache=True)
+def bloom_contains(sig_words, w0, w1, u, n_hashes):
+    """Whether the signature in ``sig_words[w0:w1]`` may hold unit ``u``."""
+    h1, h2 = bloom_key(u)
+    return bloom_probe(sig_words, w0, w1, h1, h2, n_hashes)
+
+
+@njit(nogil=True, cache=True)
+def build_pstbloom(unit_of, by_attr, pids, acc, row_indexable, cov_off, cov_first, cov_last, n_spaces,
+                   bits_per_unit, n_hashes):
+    """Algorithm 4 for every unit at once: each unit goes to the
+    subscription list of every space its access predicate covers, and into
+    the signature of every space its other (indexable) predicates cover.
+    Returns the lists (CSR by space, units ascending) and the signatures
+    (CSR of uint64 words by space; a power of two of words, at least
+    ``bits_per_unit`` bits per unit inserted, none for an empty one).
+    ``by_attr``: the positions of ``pids`` ordered by attribute (stably), so
+    that the signatures written at a time are one attribute's -- a few
+    hundred KiB that stay in cache, where unit by unit every write would be
+    a miss; ``unit_of[j]``: the unit of position ``j``."""
+    n_list = np.zeros(n_spaces + 1, np.int64)
+    n_sig = np.zeros(n_spaces, np.int64)
+    for k in range(len(by_attr)):
+        j = by_attr[k]
+        u = unit_of[j]
+        a = acc[u, 0]
+        r = pids[j]
+        if not row_indexable[r]:
+            continue
+        for c in range(cov_off[r], cov_off[r + 1]):
+            for g in range(cov_first[c], cov_last[c] + 1):
+                if j == a:
+                    n_list[g + 1] += 1
+                else:
+                    n_sig[g] += 1
+    list_off = np.cumsum(n_list)
+    sig_off = np.zeros(n_spaces + 1, np.int64)
+    for g in range(n_spaces):
+        words = 0
+        if n_sig[g] > 0:
+            words = 1
+            while words * 64 < n_sig[g] * bits_per_unit:
+                words *= 2
+        sig_off[g + 1] = sig_off[g] + words
+    units = np.empty(list_off[-1], np.int32)
+    fill = list_off[:-1].copy()
+    sig = np.zeros(sig_off[-1], np.uint64)
+    for k in range(len(by_attr)):
+        j = by_attr[k]
+        u = unit_of[j]
+        a = acc[u, 0]
+        h1, h2 = bloom_key(u)
+        r = pids[j]
+        if not row_indexable[r]:
+            continue
+        for c in range(cov_off[r], cov_off[r + 1]):
+            for g in range(cov_first[c], cov_last[c] + 1):
+                if j == a:
+                    units[fill[g]] = u
+                    fill[g] += 1
+                else:
+                    mask = np.uint64((sig_off[g + 1] - sig_off[g]) * 64 - 1)
+                    for i in range(n_hashes):
+                        b = np.int64((h1 + np.uint64(i) * h2) & mask)
+                        sig[sig_off[g] + (b >> 6)] |= np.uint64(1) << np.uint64(b & 63)
+    return list_off, units, sig_off, sig
+
+
+@njit(nogil=True, cache=True)
+def space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width):
+    """Algorithm 6 for every unit at once: the N-dim predicate space ids of
+    each unit's access predicates -- every combination of one covered space
+    per access predicate, components ascending (by attribute: global space
+    ids ascend with the attribute), padded with -1 to ``width`` -- and the
+    unit of each."""
+    n_units = len(unit_off) - 1
+    total = 0
+    for u in range(n_units):
+        if arity[u] == 0:
+            continue
+        prod = 1
+        for q in range(arity[u]):
+            r = pids[acc[u, q]]
+            n = 0
+            for c in range(cov_off[r], cov_off[r + 1]):
+                n += cov_last[c] - cov_first[c] + 1
+            prod *= n
+        total += prod
+    keys = np.full((total, width), -1, np.int64)
+    owner = np.empty(total, np.int32)
+    order = np.empty(width, np.int64)
+    idx = np.empty(width, np.int64)          # per access predicate: its current covered interval ...
+    cur = np.empty(width, np.int64)          # ... and space in it
+    k = 0
+    for u in range(n_units):
+        n_acc = arity[u]
+        if n_acc == 0:
+            continue
+        # the access predicates ascending by attribute
+        for q in range(n_acc):
+            order[q] = pids[acc[u, q]]
+        for q in range(1, n_acc):
+            x = order[q]
+            s = q
+            while s > 0 and row_attr[order[s - 1]] > row_attr[x]:
+                order[s] = order[s - 1]
+                s -= 1
+            order[s] = x
+        empty = False
+        for q in range(n_acc):
+            if cov_off[order[q]] == cov_off[order[q] + 1]:
+                empty = True
+            idx[q] = cov_off[order[q]]
+            if not empty:
+                cur[q] = cov_first[idx[q]]
+        if empty:
+            continue                # an access predicate that is never TRUE: no key, never a candidate
+        while True:
+            for q in range(n_acc):
+                keys[k, q] = cur[q]
+            owner[k] = u
+            k += 1
+            # odometer over the covered spaces, last component fastest
+            q = n_acc - 1
+            while q >= 0:
+                r = order[q]
+                if cur[q] < cov_last[idx[q]]:
+                    cur[q] += 1
+                    break
+                if idx[q] + 1 < cov_off[r + 1]:
+                    idx[q] += 1
+                    cur[q] = cov_first[idx[q]]
+                    break
+                idx[q] = cov_off[r]
+                cur[q] = cov_first[idx[q]]
+                q -= 1
+            if q < 0:
+                break
+    return keys[:k], owner[:k]
+
+
+@njit(inline="always", nogil=True)
+def key_hash(keys, row, width):
+    h = np.uint64(0x243F6A8885A308D3)
+    for q in range(width):
+        x = h ^ np.uint64(keys[row, q] + 1)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        h = x ^ (x >> np.uint64(31))
+    return h
+
+
+@njit(nogil=True, cache=True)
+def build_hash_table(group_keys, n_slots):
+    """The hash table of §6.1: open addressing (linear probing) from an
+    N-dim space id (a row of ``group_keys``, distinct) to its group."""
+    width = group_keys.shape[1]
+    slot_key = np.full((n_slots, width), -1, np.int64)
+    slot_group = np.full(n_slots, -1, np.int64)
+    mask = np.uint64(n_slots - 1)
+    for g in range(len(group_keys)):
+        s = np.int64(key_hash(group_keys, g, width) & mask)
+        while slot_group[s] >= 0:
+            s = (s + 1) & (n_slots - 1)
+        slot_group[s] = g
+        for q in range(width):
+            slot_key[s, q] = group_keys[g, q]
+    return slot_key, slot_group
+
+
+# ------------------------------------------------------------------ matching
+@njit(inline="always", nogil=True)
+def unit_true(u, skip0, skip1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth):
+    """Whether every predicate of unit ``u`` is TRUE on the event (``ev_pos``:
+    attribute -> entry, -1 absent), the positions ``skip0``/``skip1`` of
+    ``pids`` excepted (access predicates already decided by their space)."""
+    n_pos = len(ev_pos)
+    for j in range(unit_off[u], unit_off[u + 1]):
+        if j == skip0 or j == skip1:
+            continue
+        r = pids[j]
+        a = rows.attr[r]
+        at = ev_pos[a] if a < n_pos else -1
+        if entry_truth(r, at, ev_value, ev_token, rows.op, rows.lo, rows.hi, rows.set_offsets, rows.set_values,
+                       rows.aux, pattern_truth) != TRUE:
+            return False
+    return True
+
+
+@njit(inline="always", nogil=True)
+def decided_by_space(j, pids, rows, ev_pos, ev_value):
+    """Whether access predicate ``pids[j]`` (whose space holds the event's
+    value) needs no evaluation: always, but for a NaN (placed in the
+    leftmost space, which predicates FALSE on it may cover)."""
+    if j < 0:
+        return -1
+    at = ev_pos[rows.attr[pids[j]]]
+    x = ev_value[at]
+    return j if x == x else -1
+
+
+class BloomArrays(NamedTuple):
+    """PSTBloom's structure besides the PS-Trees (§5.1)."""
+
+    list_off: np.ndarray     # int64 [n_spaces + 1]: CSR of the subscription lists (units)
+    units: np.ndarray        # int32
+    sig_off: np.ndarray      # int64 [n_spaces + 1]: CSR of the signatures (uint64 words)
+    sig: np.ndarray          # uint64
+    access: np.ndarray       # int64 [n_units]: position in pids of the access predicate, -1 none
+    always: np.ndarray       # int32: units without an indexable predicate, candidates for every event
+    indexable: np.ndarray    # uint8 per predicate row: its spaces are in the PS-Trees
+
+
+@njit(nogil=True)
+def pstbloom_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
+                  pattern_truth, unit_sub, unit_off, pids, rows, bloom, n_hashes, alive, ev_pos, bm0, bm1, result,
+                  stats):
+    """Algorithm 5 for events ``[e_first, e_last)`` (the
+    :func:`engine.algorithms.host_tasks.match_in_tasks` protocol); ``stats``
+    (empty, or 3 slots) counts list candidates, those the signatures keep,
+    and matches."""
+    n_pos = len(ev_pos)
+    count = len(stats) > 0
+    used = 0
+    result[0] = e_last
+    result[1] = 0
+    for e in range(e_first, e_last):
+        s0 = ev_offsets[e]
+        s1 = ev_offsets[e + 1]
+        for at in range(s0, s1):
+            if ev_attr[at] < n_pos:
+                ev_pos[ev_attr[at]] = at
+        found = 0
+        for at in range(s0, s1):
+            g = ev_space[at]
+            if g < 0:
+                continue
+            # lines 5-6: the subscription list of the pair's leaf
+            for i in range(bloom.list_off[g], bloom.list_off[g + 1]):
+                u = bloom.units[i]
+                pos = unit_sub[u]
+                word = pos >> 6
+                mask = np.uint64(1) << np.uint64(pos & 63)
+                if alive[pos] == 0 or (bm0[word] & mask) != 0:
+                    continue
+                if count:
+                    stats[0] += 1
+                # lines 7-13: each other predicate's leaf signature must hold the unit
+                keep = True
+                acc = bloom.access[u]
+                h1, h2 = bloom_key(u)
+                for j in range(unit_off[u], unit_off[u + 1]):
+                    r = pids[j]
+                    if j == acc or not bloom.indexable[r]:
+                        continue
+                    a = rows.attr[r]
+                    at2 = ev_pos[a] if a < n_pos else -1
+                    if at2 < 0:         # absent: the predicate is NULL, the unit cannot be TRUE
+                        keep = False
+                        break
+                    g2 = ev_space[at2]
+                    if g2 < 0:          # no PS-Tree on the attribute: the predicate covers nothing, is never TRUE
+                        keep = False
+                        break
+                    if not bloom_probe(bloom.sig, bloom.sig_off[g2], bloom.sig_off[g2 + 1], h1, h2, n_hashes):
+                        keep = False
+                        break
+                if not keep:
+                    continue
+                if count:
+                    stats[1] += 1
+                # line 15: the exact check, the access predicate decided by its space
+                skip = decided_by_space(acc, pids, rows, ev_pos, ev_value)
+                if unit_true(u, skip, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth):
+                    bm0[word] |= mask
+                    bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                    found += 1
+        for i in range(len(bloom.always)):
+            u = bloom.always[i]
+            pos = unit_sub[u]
+            word = pos >> 6
+            mask = np.uint64(1) << np.uint64(pos & 63)
+            if alive[pos] == 0 or (bm0[word] & mask) != 0:
+                continue
+            if unit_true(u, -1, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth):
+                bm0[word] |= mask
+                bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                found += 1
+        for at in range(s0, s1):
+            if ev_attr[at] < n_pos:
+                ev_pos[ev_attr[at]] = -1
+        if count:
+            stats[2] += found
+        write = used + found <= cap
+        emit_marked(bm0, bm1, out, base + used, write)
+        if not write:
+            result[0] = e
+            result[1] = found
+            return
+        used += found
+        ev_count[e] = found
+
+
+def pstbloom_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
+                       ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, unit_sub, unit_off, pids,
+                       rows, bloom, n_hashes, alive, stats):
+    """Tasks of events over all cores (``stats``: see :func:`pstbloom_task`;
+    only on the serial twin)."""
+    n_words = (n_positions + 63) >> 6
+    for t in prange(len(task_first)):
+        ev_pos = np.full(max(n_attrs, 1), -1, np.int64)
+        bm0 = np.zeros(max(n_words, 1), np.uint64)
+        bm1 = np.zeros(max((n_words + 63) >> 6, 1), np.uint64)
+        result = np.empty(2, np.int64)
+        pstbloom_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
+                      ev_token, ev_space, pattern_truth, unit_sub, unit_off, pids, rows, bloom, n_hashes, alive,
+                      ev_pos, bm0, bm1, result, stats)
+        task_stop[t] = result[0]
+        task_need[t] = result[1]
+
+
+pstbloom_kernel = njit(parallel=True, nogil=True, cache=True)(pstbloom_kernel_py)
+pstbloom_serial = njit(nogil=True, cache=True)(pstbloom_kernel_py)
+
+
+class HashArrays(NamedTuple):
+    """PSTHash's structure besides the PS-Trees (§6.1)."""
+
+    slot_key: np.ndarray     # int64 [n_slots, N]: N-dim space id per slot (-1 padded below N)
+    slot_group: np.ndarray   # int64 [n_slots]: its group, -1 for a free slot
+    group_off: np.ndarray    # int64 [n_groups + 1]: CSR of each N-dim space's units
+    units: np.ndarray        # int32
+    access: np.ndarray       # int64 [n_units, N]: positions in pids of the access predicates, -1 padded
+    arities: np.ndarray      # uint8 [N + 1]: 1 where some unit has that many access predicates
+    always: np.ndarray       # int32: units without an indexable predicate
+
+
+@njit(nogil=True)
+def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
+                 pattern_truth, unit_sub, unit_off, pids, rows, table, alive, ev_pos, loc, idx, key, bm0, bm1, result,
+                 stats):
+    """Algorithm 7 for events ``[e_first, e_last)``: the event's located
+    spaces ``loc`` (ascending), every combination of ``r`` of them for each
+    arity ``r`` some unit has (C(|E|, r) keys), its units from the hash table
+    verified.  ``stats`` (empty, or 3 slots): keys probed, candidates,
+    matches."""
+    n_pos = len(ev_pos)
+    width = table.slot_key.shape[1]
+    n_slots = len(table.slot_group)
+    count = len(stats) > 0
+    used = 0
+    result[0] = e_last
+    result[1] = 0
+    for e in range(e_first, e_last):
+        s0 = ev_offsets[e]
+        s1 = ev_offsets[e + 1]
+        k = 0
+        for at in range(s0, s1):
+            if ev_attr[at] < n_pos:
+                ev_pos[ev_attr[at]] = at
+            if ev_space[at] >= 0:
+                loc[k] = ev_space[at]
+                k += 1
+        found = 0
+        for r in range(1, width + 1):
+            if table.arities[r] == 0 or r > k:
+                continue
+            for q in range(r):
+                idx[q] = q
+            while True:
+                for q in range(width):
+                    key[0, q] = loc[idx[q]] if q < r else -1
+                if count:
+                    stats[0] += 1
+                s = np.int64(key_hash(key, 0, width) & np.uint64(n_slots - 1))
+                while table.slot_group[s] >= 0:
+                    same = True
+                    for q in range(width):
+                        if table.slot_key[s, q] != key[0, q]:
+                            same = False
+                            break
+                    if same:
+                        grp = table.slot_group[s]
+                        for i in range(table.group_off[grp], table.group_off[grp + 1]):
+                            u = table.units[i]
+                            pos = unit_sub[u]
+                            word = pos >> 6
+                            mask = np.uint64(1) << np.uint64(pos & 63)
+                            if alive[pos] == 0 or (bm0[word] & mask) != 0:
+                                continue
+                            if count:
+                                stats[1] += 1
+                            skip0 = decided_by_space(table.access[u, 0], pids, rows, ev_pos, ev_value)
+                            skip1 = decided_by_space(table.access[u, 1], pids, rows, ev_pos, ev_value) \
+                                if width > 1 else -1
+                            if unit_true(u, skip0, skip1, unit_off, pids, ev_pos, ev_value, ev_token, rows,
+                                         pattern_truth):
+                                bm0[word] |= mask
+                                bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                                found += 1
+                        break
+                    s = (s + 1) & (n_slots - 1)
+                # the next combination of r of the k located spaces
+                q = r - 1
+                while q >= 0 and idx[q] == k - r + q:
+                    q -= 1
+                if q < 0:
+                    break
+                idx[q] += 1
+                for p in range(q + 1, r):
+                    idx[p] = idx[p - 1] + 1
+        for i in range(len(table.always)):
+            u = table.always[i]
+            pos = unit_sub[u]
+            word = pos >> 6
+            mask = np.uint64(1) << np.uint64(pos & 63)
+            if alive[pos] == 0 or (bm0[word] & mask) != 0:
+                continue
+            if unit_true(u, -1, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth):
+                bm0[word] |= mask
+                bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                found += 1
+        for at in range(s0, s1):
+            if ev_attr[at] < n_pos:
+                ev_pos[ev_attr[at]] = -1
+        if count:
+            stats[2] += found
+        write = used + found <= cap
+        emit_marked(bm0, bm1, out, base + used, write)
+        if not write:
+            result[0] = e
+            result[1] = found
+            return
+        used += found
+        ev_count[e] = found
+
+
+def psthash_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
+                      max_event, ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, unit_sub, unit_off,
+                      pids, rows, table, alive, stats):
+    n_words = (n_positions + 63) >> 6
+    width = table.slot_key.shape[1]
+    for t in prange(len(task_first)):
+        ev_pos = np.full(max(n_attrs, 1), -1, np.int64)
+        loc = np.empty(max(max_event, 1), np.int64)
+        idx = np.empty(width, np.int64)
+        key = np.empty((1, width), np.int64)
+        bm0 = np.zeros(max(n_words, 1), np.uint64)
+        bm1 = np.zeros(max((n_words + 63) >> 6, 1), np.uint64)
+        result = np.empty(2, np.int64)
+        psthash_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
+                     ev_token, ev_space, pattern_truth, unit_sub, unit_off, pids, rows, table, alive, ev_pos, loc,
+                     idx, key, bm0, bm1, result, stats)
+        task_stop[t] = result[0]
+        task_need[t] = result[1]
+
+
+psthash_kernel = njit(parallel=True, nogil=True, cache=True)(psthash_kernel_py)
+psthash_serial = njit(nogil=True, cache=True)(psthash_kernel_py)

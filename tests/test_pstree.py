@@ -1,0 +1,462 @@
+"""PS-Tree (Ji, Jacobsen, PVLDB 2018): the structures the paper defines, not only their answers.
+
+The shared conformance suite checks ``pstbloom`` and ``psthash``'s answers
+on every life cycle; this file checks what the answers cannot show: the
+paper's worked examples (Fig. 1, §4.4, Fig. 3, Fig. 4), predicate spaces
+that are disjoint, cover the domain and decide every predicate that cuts
+them, values on boundaries, the access-predicate ranking (§3.3), Bloom
+signatures that never drop a true match yet drop candidates, PSTHash's
+C(|E|, N) keys, units with no indexable predicate, and random workloads
+against ``scan`` (numbers, and strings sharing long prefixes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import Index
+from engine import events as event_batches
+from engine.algorithms.options import PSTBloomOptions, PSTHashOptions
+from engine.algorithms.pstree import PSTBloomMatcher, PSTHashMatcher
+from engine.algorithms.residual import ResidualMatcher
+from engine.workloads import begen
+from gpu_kernels import opcodes
+from gpu_kernels.predicates import predicate_truth_many
+from gpu_kernels.pstree import cpu as K
+
+
+def built(algorithm: str, subs, options=None) -> Index:
+    index = Index(algorithm=algorithm, options=options or {})
+    if isinstance(subs, list):
+        index.add_many(list(range(len(subs))), subs)
+    else:
+        index.add_many(subs)          # a workload's table of ids and expressions
+    index.merge()
+    return index
+
+
+def matcher_of(index: Index):
+    index.match({})
+    m = index._matcher
+    return m.native if isinstance(m, ResidualMatcher) else m
+
+
+def answers(index: Index, events) -> list[list[int]]:
+    return [m.tolist() for m in index.match_batch(events)]
+
+
+def scan_answers(subs, events) -> list[list[int]]:
+    return answers(built("scan", subs), events)
+
+
+def located(matcher, index: Index, attr: str, values) -> list[int]:
+    """The global space ids of ``values`` of ``attr`` (Algorithm 3)."""
+    a = index.schema.attr_ids[attr]
+    batch = event_batches.encode_events([{attr: v} for v in values], index.schema)
+    assert (batch.attr == a).all()
+    t = matcher.spaces
+    return K.locate_spaces(batch.offsets, batch.attr, batch.value, t.val_off, t.vals, t.elem_space).tolist()
+
+
+def spaces_of(matcher, index: Index, attr: str) -> range:
+    a = index.schema.attr_ids[attr]
+    return range(int(matcher.spaces.space_off[a]), int(matcher.spaces.space_off[a + 1]))
+
+
+def no_patterns(batch) -> np.ndarray:
+    return np.zeros((len(batch.strings) + 1, 1), np.uint8)
+
+
+def unit_of(matcher, position: int) -> int:
+    """The one unit of a plain conjunction at ``position``."""
+    first = matcher.units.first
+    assert first[position + 1] - first[position] == 1
+    return int(first[position])
+
+
+# ----------------------------------------------------------- worked examples
+def test_figure_1_two_spaces_and_their_subscriptions():
+    """Fig. 1: S1 price in [0, 4], S2 price in [2, 4] cut [0, 2) and [2, 4];
+    <price, 3> lies in [2, 4], associated with S1 and S2."""
+    index = built("pstbloom", ["price BETWEEN 0 AND 4", "price BETWEEN 2 AND 4"])
+    m = matcher_of(index)
+    spaces = spaces_of(m, index, "price")
+    assert len(spaces) == 4                              # (-inf, 0), [0, 2), [2, 4], (4, inf)
+    below, s02, s24, above = spaces
+    assert located(m, index, "price", [-1, 0, 1.99, 2, 3, 4, 4.01]) == [below, s02, s02, s24, s24, s24, above]
+    lists = m.structure
+    assert lists.units[lists.list_off[s02]:lists.list_off[s02 + 1]].tolist() == [0]
+    assert lists.units[lists.list_off[s24]:lists.list_off[s24 + 1]].tolist() == [0, 1]
+    assert answers(index, [{"price": 3}, {"price": 1}, {"price": 5}]) == [[0, 1], [0], []]
+
+
+def test_figure_2b_five_spaces_of_two_ranges():
+    """Fig. 2(b): S1 attr in [-5, -1], S2 attr in [1, 5] divide the domain
+    into [.., -5), [-5, -1], (-1, 1), [1, 5], (5, ..] with {}, {S1}, {},
+    {S2}, {}; <attr, 2> lies in [1, 5]."""
+    index = built("pstbloom", ["attr BETWEEN -5 AND -1", "attr BETWEEN 1 AND 5"])
+    m = matcher_of(index)
+    s = list(spaces_of(m, index, "attr"))
+    assert len(s) == 5
+    assert located(m, index, "attr", [-6, -5, -1, 0, 1, 2, 5, 6]) == [s[0], s[1], s[1], s[2], s[3], s[3], s[3], s[4]]
+    b = m.structure
+    assert [b.units[b.list_off[g]:b.list_off[g + 1]].tolist() for g in s] == [[], [0], [], [1], []]
+    assert answers(index, [{"attr": 2}, {"attr": -1}, {"attr": 0}]) == [[1], [0], []]
+
+
+def test_section_4_4_spaces_split_then_merge_on_delete():
+    """§4.4: S1 age in [20, 60], S2 age in [30, 80] give [.., 20), [20, 30),
+    [30, 60], (60, 80], (80, ..]; without S2, [20, 60] and (60, ..]."""
+    index = built("psthash", ["age BETWEEN 20 AND 60", "age BETWEEN 30 AND 80"])
+    m = matcher_of(index)
+    s = list(spaces_of(m, index, "age"))
+    assert len(s) == 5
+    assert located(m, index, "age", [1, 19.5, 20, 29.9, 30, 45, 60, 60.5, 80, 80.5, 100]) == \
+        [s[0], s[0], s[1], s[1], s[2], s[2], s[2], s[3], s[3], s[4], s[4]]
+    assert m.spaces.vals.tolist() == [20, 30, 60, 80]
+    index.remove(1)
+    index.merge()
+    m = matcher_of(index)
+    s = list(spaces_of(m, index, "age"))
+    assert len(s) == 3
+    assert located(m, index, "age", [19.5, 20, 30, 60, 60.5, 80, 81]) == [s[0], s[1], s[1], s[1], s[2], s[2], s[2]]
+    assert m.spaces.vals.tolist() == [20, 60]            # 30 and 80 are no boundary any more
+    assert answers(index, [{"age": 25}, {"age": 70}]) == [[0], []]
+
+
+def test_figure_3_pstbloom_lists_and_signatures():
+    """Fig. 3: S1 takes {attr2 in [1, 5]} as access predicate, S2 and S3
+    {attr1 in [-5, -1]}; S1 is in the signature of attr1's [.., -5), S2 in
+    attr2's [.., 1), S3 in attr2's (5, ..]."""
+    subs = ["attr1 < -5 AND attr2 BETWEEN 1 AND 5", "attr1 BETWEEN -5 AND -1 AND attr2 < 1",
+            "attr1 BETWEEN -5 AND -1 AND attr2 > 5"]
+    index = built("pstbloom", subs)
+    m = matcher_of(index)
+    rows = m.units.rows
+    acc = m.access_predicates()
+    attr = {i: name for name, i in index.schema.attr_ids.items()}
+    assert [(attr[int(rows.attr[r])], int(rows.op[r])) for r in acc] == \
+        [("attr2", opcodes.BETWEEN), ("attr1", opcodes.BETWEEN), ("attr1", opcodes.BETWEEN)]
+    a1 = list(spaces_of(m, index, "attr1"))
+    a2 = list(spaces_of(m, index, "attr2"))
+    assert len(a1) == 3 and len(a2) == 3
+    b = m.structure
+
+    def listed(g):
+        return b.units[b.list_off[g]:b.list_off[g + 1]].tolist()
+
+    def signed(g, u):
+        return bool(K.bloom_contains(b.sig, b.sig_off[g], b.sig_off[g + 1], u, m.bloom_hashes))
+
+    assert [listed(g) for g in a1] == [[], [1, 2], []]
+    assert [listed(g) for g in a2] == [[], [0], []]
+    assert signed(a1[0], 0) and signed(a2[0], 1) and signed(a2[2], 2)
+    # a signature holding nothing drops every unit: attr1's (-1, ..) and attr2's [1, 5]
+    assert b.sig_off[a1[2] + 1] == b.sig_off[a1[2]] and b.sig_off[a2[1] + 1] == b.sig_off[a2[1]]
+    events = [{"attr1": -6, "attr2": 3}, {"attr1": -3, "attr2": 0}, {"attr1": -3, "attr2": 3},
+              {"attr1": -1, "attr2": 6}, {"attr2": 3}]
+    assert answers(index, events) == [[0], [1], [], [2], []] == scan_answers(subs, events)
+
+
+FIGURE_4 = ["attr1 = 1 AND attr2 = -1 AND attr3 < 0", "attr1 = 1 AND attr2 = -1 AND attr3 > 0",
+            "attr1 = 1 AND attr2 < -1 AND attr3 = 0", "attr1 < 1 AND attr2 = -1 AND attr3 = 0"]
+
+
+def test_figure_4_psthash_two_dim_spaces_and_candidates():
+    """Fig. 4: S1, S2 under [1-2][2-2], S3 under [1-2][3-2], S4 under
+    [2-2][3-2]; E = {<attr1, 1>, <attr2, -1>, <attr3, 2>} makes three 2-dim
+    ids, finds S1 and S2 as candidates, and S2 matches."""
+    index = built("psthash", FIGURE_4)
+    m = matcher_of(index)
+    ids = index.schema.attr_ids
+    rows = m.units.rows
+    chosen = [sorted(int(rows.attr[r]) for r in rs if r >= 0) for rs in m.access_predicates()]
+    assert chosen == [sorted([ids["attr1"], ids["attr2"]])] * 2 + [sorted([ids["attr1"], ids["attr3"]]),
+                                                                   sorted([ids["attr2"], ids["attr3"]])]
+    # PS-Tree_H: spaces cut by the access predicates only: (-inf, v), [v], (v, inf) per attribute
+    for name in ("attr1", "attr2", "attr3"):
+        assert len(spaces_of(m, index, name)) == 3
+    t = m.structure
+    assert len(t.group_off) - 1 == 3 and t.arities.tolist() == [0, 0, 1]
+    sp = {n: list(spaces_of(m, index, n)) for n in ("attr1", "attr2", "attr3")}
+    keys = {tuple(t.slot_key[s]): t.units[t.group_off[g]:t.group_off[g + 1]].tolist()
+            for s, g in enumerate(t.slot_group) if g >= 0}
+    assert keys == {(sp["attr1"][1], sp["attr2"][1]): [0, 1], (sp["attr1"][1], sp["attr3"][1]): [2],
+                    (sp["attr2"][1], sp["attr3"][1]): [3]}
+    event = {"attr1": 1, "attr2": -1, "attr3": 2}
+    batch = event_batches.encode_events([event], index.schema)
+    stats = m.candidate_statistics(batch, no_patterns(batch), np.ones(4, np.uint8))
+    assert stats == {"keys_probed": 3, "candidates": 2, "matches": 1}
+    assert answers(index, [event]) == [[1]]
+
+
+def test_psthash_enumerates_every_combination_of_the_events_spaces():
+    """C(|E|, N) keys per event for each arity in use: with N = 3, units
+    keyed by 1, 2 and 3 spaces, an event of 5 located pairs probes
+    5 + 10 + 10 keys; pairs on attributes without a PS-Tree make none."""
+    subs = ["a = 1", "a = 1 AND b = 2", "a = 1 AND b = 2 AND c = 3", "c = 3 AND d = 4 AND e = 5"]
+    index = built("psthash", subs, {"n_access": 3})
+    m = matcher_of(index)
+    assert m.structure.arities.tolist() == [0, 1, 1, 1]
+    events = [{"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "zz": 1}, {"a": 1, "b": 9, "c": 3}]
+    batch = event_batches.encode_events(events, index.schema)
+    stats = m.candidate_statistics(batch, no_patterns(batch), np.ones(4, np.uint8))
+    assert stats["keys_probed"] == (5 + 10 + 10) + (3 + 3 + 1)
+    assert stats["candidates"] == 4 + 1 == stats["matches"]
+    assert answers(index, events) == [[0, 1, 2, 3], [0]] == scan_answers(subs, events)
+
+
+# --------------------------------------------------------- spaces themselves
+def _workload(n_subs=1500, seed=0, op_class="high", **kw):
+    return begen(n_subs, 120, dims=25, cardinality=30, op_class=op_class, match_prob=0.03, seed=seed, **kw)
+
+
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
+def test_spaces_are_disjoint_cover_the_domain_and_decide_their_predicates(algorithm):
+    """For every attribute: located ids never decrease with the value and
+    stay in the attribute's range (disjoint, covering); every value -- on
+    each boundary, between and beyond -- lies in a space its cutting
+    predicates cover exactly when they are TRUE on it."""
+    w = _workload(op_class="high")
+    index = built(algorithm, w.subscriptions)
+    m = matcher_of(index)
+    rows = m.units.rows
+    t = m.spaces
+    from engine.algorithms.pstree import predicate_spaces
+    defining = m.defining
+    if algorithm == "psthash":               # PS-Tree_H: cut by access predicates only
+        acc = m.structure.access
+        assert defining[m._pids[acc[acc >= 0]]].all() and defining.sum() < m.indexable.sum()
+    else:
+        assert (defining == m.indexable).all()
+    _, (cov_off, cov_first, cov_last), _ = predicate_spaces(rows, m.indexable, defining, m.n_attrs)
+    checked = 0
+    for a in range(m.n_attrs):
+        own = np.flatnonzero(defining & (rows.attr == a))
+        if not len(own):
+            assert (t.elem_space[2 * t.val_off[a] + a:2 * t.val_off[a + 1] + a + 1] == -1).all()
+            continue
+        vals = t.vals[t.val_off[a]:t.val_off[a + 1]]
+        assert (np.diff(vals) > 0).all()
+        sets = np.concatenate([rows.set_values[rows.set_offsets[r]:rows.set_offsets[r + 1]] for r in own])
+        bounds = np.unique(np.concatenate((rows.lo[own], rows.hi[own], sets, [-1e9, 1e9])))
+        probe = np.unique(np.concatenate((bounds, bounds - 0.5, bounds + 0.5, bounds - 1e-9, bounds + 1e-9)))
+        batch_attr = np.full(len(probe), a, np.int32)
+        where = K.locate_spaces(np.arange(len(probe) + 1, dtype=np.int64), batch_attr, probe, t.val_off, t.vals,
+                                t.elem_space)
+        assert (np.diff(where) >= 0).all()
+        assert (where >= t.space_off[a]).all() and (where < t.space_off[a + 1]).all()
+        assert len(np.unique(where)) == t.space_off[a + 1] - t.space_off[a]          # every space reached
+        # every (cutting predicate, probe) pair at once: covered <=> TRUE
+        n_p = len(probe)
+        pr = np.repeat(own, n_p)
+        inside = np.zeros(len(pr), bool)
+        wh = np.tile(where, len(own))
+        for k, r in enumerate(own):
+            part = slice(k * n_p, (k + 1) * n_p)
+            for c in range(cov_off[r], cov_off[r + 1]):
+                inside[part] |= (wh[part] >= cov_first[c]) & (wh[part] <= cov_last[c])
+        out = np.empty(len(pr), np.int8)
+        lens = np.diff(rows.set_offsets)[pr]
+        case_off = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+        case_sets = rows.set_values[np.repeat(rows.set_offsets[:-1][pr] - case_off[:-1], lens)
+                                    + np.arange(int(case_off[-1]))]
+        predicate_truth_many(rows.op[pr], rows.lo[pr], rows.hi[pr], case_off, case_sets,
+                             np.zeros(len(pr), np.bool_), np.ones(len(pr), np.bool_), np.tile(probe, len(own)), out)
+        assert np.array_equal(inside, out == opcodes.TRUE), a
+        checked += len(own)
+    assert checked > 50
+
+
+# -------------------------------------------------------- access predicates
+def test_access_predicates_follow_the_operator_ranking_then_the_width():
+    subs = ["a > 1 AND b = 2 AND c IN (1, 2)",                 # = before IN before ranges
+            "a > 1 AND c IN (1, 2)",                           # IN before a range
+            "a BETWEEN 1 AND 10 AND b > 4",                    # BETWEEN before a range
+            "a != 1 AND c NOT IN (1, 2)",                      # NOT IN before !=
+            "a != 1 AND b NOT BETWEEN 1 AND 3",                # NOT BETWEEN before !=
+            "d BETWEEN 1 AND 10 AND e BETWEEN 1 AND 5",        # equal classes: the narrower share
+            "d BETWEEN 1 AND 5 AND e BETWEEN 1 AND 10",
+            "s LIKE 'x%' AND a != 7",                          # a pattern never is one
+            "s LIKE 'x%' AND a IS NULL"]                       # nothing indexable: none
+    want = [("b", opcodes.EQ), ("c", opcodes.IN), ("a", opcodes.BETWEEN), ("c", opcodes.NOT_IN),
+            ("b", opcodes.NOT_BETWEEN), ("e", opcodes.BETWEEN), ("d", opcodes.BETWEEN), ("a", opcodes.NE), None]
+    index = built("pstbloom", subs)
+    m = matcher_of(index)
+    name = {i: n for n, i in index.schema.attr_ids.items()}
+    rows = m.units.rows
+    got = [None if r < 0 else (name[int(rows.attr[r])], int(rows.op[r])) for r in m.access_predicates()]
+    assert got == want
+    assert m.structure.always.tolist() == [unit_of(m, 8)]
+    # PSTHash: the two best on distinct attributes, fewer where fewer are indexable
+    h = matcher_of(built("psthash", subs))
+    got2 = [[(name[int(rows.attr[r])], int(rows.op[r])) for r in rs if r >= 0] for rs in h.access_predicates()]
+    assert got2[0] == [("b", opcodes.EQ), ("c", opcodes.IN)]
+    assert got2[5] == [("e", opcodes.BETWEEN), ("d", opcodes.BETWEEN)]
+    assert got2[7] == [("a", opcodes.NE)] and got2[8] == []
+
+
+@pytest.mark.parametrize("n_access", [1, 2, 3])
+def test_access_predicates_are_the_best_ranked_on_distinct_attributes(n_access):
+    """On a random workload, each unit's access predicates are the
+    ``n_access`` best ranked (§3.3) of its indexable predicates, at most one
+    per attribute, best first: the same rank keys as a plain sort."""
+    w = _workload(n_subs=600, op_class="high", seed=5)
+    index = built("psthash", w.subscriptions, {"n_access": n_access, "max_combinations": 1 << 24})
+    m = matcher_of(index)
+    units, rows = m.units, m.units.rows
+    acc = m.access_predicates()
+    several = 0
+    for u in range(len(units)):
+        best = {}
+        for r in units.pids[units.offsets[u]:units.offsets[u + 1]]:
+            if m.indexable[r]:
+                key = (m.row_events[r], m.row_class[r], m.row_width[r])
+                a = int(rows.attr[r])
+                best[a] = min(best.get(a, key), key)
+        want = sorted(best.values())[:n_access]
+        got = [(m.row_events[r], m.row_class[r], m.row_width[r]) for r in acc[u] if r >= 0]
+        assert got == want, u
+        assert len({int(rows.attr[r]) for r in acc[u] if r >= 0}) == len(got)
+        several += len(got) > 1
+    assert n_access == 1 or several > 100
+
+
+def test_an_event_log_ranks_by_the_events_a_predicate_covers():
+    """§3.3: with historical events, the predicate fewer of them satisfy is
+    the more selective, whatever its operator."""
+    subs = ["a = 1 AND b BETWEEN 0 AND 100"]
+    index = built("pstbloom", subs)
+    rows_attr = {i: n for n, i in index.schema.attr_ids.items()}
+    m = matcher_of(index)
+    assert rows_attr[int(m.units.rows.attr[m.access_predicates()[0]])] == "a"
+    log = event_batches.encode_events([{"a": 1, "b": 500}] * 9 + [{"a": 2, "b": 5}], index.schema)
+    m2 = PSTBloomMatcher(index._main, event_log=log)
+    assert rows_attr[int(m2.units.rows.attr[m2.access_predicates()[0]])] == "b"       # 1 logged event, not 9
+    h = PSTHashMatcher(index._main, n_access=1, event_log=log)
+    assert rows_attr[int(h.units.rows.attr[h.access_predicates()[0, 0]])] == "b"
+    events = [{"a": 1, "b": 5}, {"a": 1, "b": 500}, {"a": 2, "b": 5}]
+    batch = event_batches.encode_events(events, index.schema)
+    for matcher in (m, m2, h):
+        assert matcher.positions(batch, no_patterns(batch), np.ones(1, np.uint8))[0].tolist() == [0]
+    # through the Index: the option reaches the matcher (and is not saved)
+    via = Index(algorithm="pstbloom", options={"event_log": log})
+    via.add_many([0], subs)
+    via.merge()
+    assert rows_attr[int(matcher_of(via).units.rows.attr[matcher_of(via).access_predicates()[0]])] == "b"
+    assert answers(via, events) == [[0], [], []]
+
+
+# ----------------------------------------------------------- Bloom signatures
+def test_signatures_hold_every_unit_their_predicates_cover_and_drop_candidates():
+    """No false negative: for every unit and each of its indexable
+    predicates but the access one, the signature of every space the
+    predicate covers holds the unit.  And on a workload, the signatures
+    drop candidates the lists gave, while the answers stay scan's."""
+    w = _workload(op_class="med", seed=3)
+    index = built("pstbloom", w.subscriptions, {"bloom_bits": 4, "bloom_hashes": 2})
+    m = matcher_of(index)
+    from engine.algorithms.pstree import predicate_spaces
+    _, (cov_off, cov_first, cov_last), _ = predicate_spaces(m.units.rows, m.indexable, m.indexable, m.n_attrs)
+    b = m.structure
+    pairs = 0
+    for u in range(len(m.units)):
+        for j in range(m.units.offsets[u], m.units.offsets[u + 1]):
+            r = m._pids[j]
+            if j == b.access[u] or not m.indexable[r]:
+                continue
+            for c in range(cov_off[r], cov_off[r + 1]):
+                for g in range(cov_first[c], cov_last[c] + 1):
+                    assert K.bloom_contains(b.sig, b.sig_off[g], b.sig_off[g + 1], u, m.bloom_hashes)
+                    pairs += 1
+    assert pairs > 1000
+    batch = event_batches.encode_events(w.events, index.schema)
+    stats = m.candidate_statistics(batch, no_patterns(batch), np.ones(len(index._main), np.uint8))
+    assert 0 < stats["matches"] <= stats["signature_candidates"] < stats["list_candidates"]
+    assert answers(index, w.events) == scan_answers(w.subscriptions, w.events)
+
+
+# ------------------------------------------------------------- no access predicate
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
+def test_units_without_an_indexable_predicate_are_still_matched(algorithm):
+    subs = ["s LIKE 'ab%'", "x IS NULL", "x IS NOT NULL AND s NOT LIKE 'b%'", "s MATCHES '^a.c$' OR x IS NULL",
+            "a = 1 AND s LIKE 'a%'", "a = 1 AND b != 2 AND s LIKE 'a%'", "NOT (a = 1)", "a != 1 AND b != 1"]
+    events = [{"s": "abc", "a": 1, "b": 3}, {"s": "bcd", "x": 1}, {"x": 2, "s": "zz", "a": 2, "b": 1}, {},
+              {"a": 1, "b": 2, "s": "ac"}, {"s": "a\x00c"}]
+    index = built(algorithm, subs)
+    m = matcher_of(index)
+    assert len(m.structure.always) >= 4
+    got = answers(index, events)
+    assert got == scan_answers(subs, events)
+    assert sum(map(len, got)) >= 10
+
+
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
+def test_predicates_that_cover_no_space_are_never_true(algorithm):
+    """An empty BETWEEN (lo > hi) covers no space -- alone on its attribute,
+    that attribute has no PS-Tree at all: as access predicate the unit is
+    never a candidate, as another predicate it drops the candidate."""
+    subs = ["x BETWEEN 5 AND 1 AND y = 1", "y = 1 AND z BETWEEN 'b' AND 'a'", "y = 1", "x NOT BETWEEN 5 AND 1"]
+    events = [{"x": 3, "y": 1, "z": "ab"}, {"x": 0, "y": 1}, {"y": 1, "z": "a"}, {"x": 9}]
+    index = built(algorithm, subs)
+    assert answers(index, events) == [[2, 3], [2, 3], [2], [3]] == scan_answers(subs, events)
+
+
+# --------------------------------------------------------------- random workloads
+@pytest.mark.parametrize("algorithm,options,op_class,seed", [
+    ("pstbloom", {}, "high", 0), ("pstbloom", {"bloom_bits": 1, "bloom_hashes": 1}, "med", 1),
+    ("psthash", {}, "high", 2), ("psthash", {"n_access": 1}, "med", 3),
+    ("psthash", {"n_access": 3, "max_combinations": 8}, "high", 4)])
+def test_random_workloads_answer_as_scan(algorithm, options, op_class, seed):
+    w = _workload(op_class=op_class, seed=seed)
+    index = built(algorithm, w.subscriptions, options)
+    assert answers(index, w.events) == scan_answers(w.subscriptions, w.events)
+    assert sum(map(len, answers(index, w.events))) > 0
+    m = matcher_of(index)
+    if algorithm == "psthash" and "max_combinations" in options:
+        assert m.statistics()["arity_counts"][1] > 0          # the key bound dropped access predicates
+
+
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
+def test_strings_sharing_long_prefixes_and_a_growing_dictionary(algorithm):
+    """Codes of strings with 200-character shared prefixes, events with
+    strings new to the dictionary between them, then subscriptions adding
+    strings (the codes move: the matcher is rebuilt on the new codes)."""
+    p = "prefix-" * 30
+    rng = np.random.default_rng(7)
+    words = [p + f"{i:03d}" for i in range(40)]
+    subs = []
+    for i in range(300):
+        w1, w2 = sorted(rng.choice(words, 2, replace=False))
+        kind = i % 6
+        subs.append([f"s = '{w1}' AND t < '{w2}'", f"s BETWEEN '{w1}' AND '{w2}'",
+                     f"s IN ('{w1}', '{w2}') AND n > {i % 7}", f"s > '{w1}' AND t NOT IN ('{w2}')",
+                     f"s != '{w1}' AND n = {i % 5}", f"t >= '{w2}' AND s LIKE '{p}01%'"][kind])
+    events = [{"s": rng.choice(words) + rng.choice(["", "x", "\x00"]), "t": rng.choice(words),
+               "n": int(rng.integers(8))} for _ in range(120)] + [{"s": p}, {"s": p[:-1]}, {"t": p + "zzz"}]
+    index = built(algorithm, subs)
+    ref = built("scan", subs)
+    first = answers(index, events)
+    assert first == answers(ref, events)
+    assert sum(map(len, first)) > 100
+    more = [f"s = '{p}0155'", f"s BETWEEN '{p}0150' AND '{p}017'", f"t < '{p}0005'"]
+    for ix in (index, ref):
+        ix.add_many([1000, 1001, 1002], more)
+        ix.merge()
+    events += [{"s": p + "0155", "t": p + "0001"}, {"s": p + "016", "t": p}]
+    assert answers(index, events) == answers(ref, events)
+
+
+# ------------------------------------------------------------------- options
+def test_options_are_checked_when_the_index_is_made():
+    for bad in ({"bloom_bits": 0}, {"bloom_hashes": 17}, {"bloom_bits": 2.5}, {"event_log": [1, 2]}):
+        with pytest.raises(ValueError):
+            PSTBloomOptions(**bad)
+    for bad in ({"n_access": 0}, {"n_access": 5}, {"max_combinations": 0}, {"n_access": True}):
+        with pytest.raises(ValueError):
+            PSTHashOptions(**bad)
+    with pytest.raises(TypeError):
+        Index(algorithm="psthash", options={"bloom_bits": 8})
+    with pytest.raises(ValueError):
+        Index(algorithm="pstbloom", options={"bloom_hashes": 0})
