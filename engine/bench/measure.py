@@ -67,6 +67,7 @@ from tqdm import tqdm
 from engine.bench import algorithms as bench_algorithms
 from engine.errors import BackendUnavailable
 from engine.index import Index
+from engine.workloads import add_subscriptions
 
 COLUMNS = ("workload", "sweep_param", "sweep_value", "series_param", "series_value", "algorithm", "backend",
            "options", "status", "n_subscriptions", "n_predicates", "n_events", "build_s", "index_bytes",
@@ -152,7 +153,7 @@ class _Measurement:
 def _warm_up(algorithm, backend, subscriptions, events, dicts, options=None) -> None:
     """A small untimed build and match, so that numba compiles outside the timings."""
     index = bench_algorithms.new_index(algorithm, backend, options)
-    index.add_many(first_subscriptions(subscriptions, WARMUP_SUBS))
+    add_subscriptions(index, first_subscriptions(subscriptions, WARMUP_SUBS))
     index.merge()
     index.match_batch(events.slice(0, WARMUP_EVENTS), output="arrow")
     if dicts:
@@ -166,7 +167,7 @@ def _measure(algorithm, backend, subscriptions, events, dicts, repeats, *, laten
     status("build")
     start = time.perf_counter()
     index = bench_algorithms.new_index(algorithm, backend, options)
-    index.add_many(subscriptions)
+    add_subscriptions(index, subscriptions)   # (columnar, or ABE-Gen texts)
     index.merge()
     index.match_batch(events.slice(0, 1), output="arrow")   # builds what the index builds lazily
     build_s = time.perf_counter() - start
@@ -314,7 +315,7 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
     else:
         bar.set_postfix_str(f"{workload.name}: scan/cpu reference")
         ref_index = Index(algorithm="scan", backend="cpu")
-        ref_index.add_many(subscriptions)
+        add_subscriptions(ref_index, subscriptions)
         ref_index.merge()
         found = ref_index.match_batch(sample, output="arrow")
         reference = _sorted_pairs(found["event"].to_numpy(zero_copy_only=False),

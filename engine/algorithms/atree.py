@@ -1,0 +1,206 @@
+"""``atree`` (A-Tree, Ji and Jacobsen, SIGMOD 2021): arbitrary Boolean
+expressions in one DAG of shared subexpressions (docs/papers.md#a-tree).
+
+How the paper maps onto this module and :mod:`gpu_kernels.atree`:
+
+* **Expressions** (§3): every expression is native -- the compiler's
+  postfix programs (negation normal form: NOT folded into predicates, as
+  the zero suppression filter of §5.2.1 wants) are read back as n-ary
+  trees (:func:`gpu_kernels.atree.dag.program_expression`), AND in AND and
+  OR in OR flattened.
+* **The A-Tree** (§4.1-§4.2): unique l-, i- and r-nodes through
+  order-insensitive expression ids, expression reorganisation by greedy
+  set cover, self-adjustment, use counts, insertion and deletion --
+  :class:`gpu_kernels.atree.dag.ATreeDag`, built on the host.
+* **Levels and flattening** (§4.1, §5): :func:`gpu_kernels.atree.layout.flatten`.
+* **Matching** (§5, Algorithm 6 with §5.2's zero suppression and
+  propagation on demand, exact under SQL's three-valued logic):
+  :mod:`gpu_kernels.atree.cpu`, events over all cores.
+
+Updates (docs/architecture.md#the-index-life-cycle): a merge derives the
+next matcher from this one (:meth:`ATreeMatcher.merged`): a copy of the
+DAG loses the removed subscriptions' uses (nodes reaching zero go,
+Algorithm 5) and gains the added ones (Algorithm 4, sharing the nodes
+that exist), and is flattened again.  Leaves are keyed by their
+predicate's key, not its id, so the renumbered predicate table of a merged
+segment and a grown string dictionary change no node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.algorithms.base import HostMatcher
+from engine.algorithms.host_tasks import match_in_tasks
+from engine.compile import Segment
+from gpu_kernels.atree import cpu as K
+from gpu_kernels.atree.dag import ATreeDag, program_expression
+from gpu_kernels.atree.layout import flatten
+
+
+def _predicate_keys(segment: Segment) -> list:
+    """Each predicate id's key (stable across segments and dictionary versions)."""
+    table = segment.predicates
+    return list(zip(table.attr.tolist(), table.op.tolist(), table.lo_key.tolist(), table.hi_key.tolist(),
+                    table.aux.tolist()))
+
+
+class ATreeMatcher(HostMatcher):
+    """A-Tree on the host (see the module docstring).  Options
+    (:class:`engine.algorithms.options.ATreeOptions`): ``sharing`` (unique
+    nodes for shared predicates and subexpressions), ``reorganize``
+    (Algorithm 2), ``self_adjust`` (Algorithm 3)."""
+
+    name = "atree"
+
+    @classmethod
+    def construct(cls, segment: Segment, settings) -> "ATreeMatcher":
+        return cls(segment, cls.backend, schema=settings.schema, **settings.options.keywords(cls.backend))
+
+    def __init__(self, segment: Segment, backend: str = "cpu", *, schema=None, sharing: bool = True,
+                 reorganize: bool = True, self_adjust: bool = True):
+        if backend != "cpu":
+            raise ValueError(f"ATreeMatcher runs on backend 'cpu', not {backend!r}")
+        from engine.algorithms.options import ATreeOptions
+        ATreeOptions(sharing=sharing, reorganize=reorganize, self_adjust=self_adjust)      # the values' checks
+        self.schema = schema
+        self.segment = self._coded(segment)
+        self.dag = ATreeDag(sharing, reorganize, self_adjust)
+        keys = _predicate_keys(self.segment)
+        self.roots = np.array([self._insert(self.segment, p, keys) for p in range(len(self.segment))], np.int64)
+        self.merges = 0
+        self._flatten(keys)
+
+    def _coded(self, segment: Segment) -> Segment:
+        if segment.predicates.lo is None:
+            if self.schema is None:
+                raise ValueError("the segment's predicates are not coded yet: recode them or pass schema=")
+            segment = segment.coded(self.schema)
+        return segment
+
+    def _insert(self, segment: Segment, position: int, keys: list) -> int:
+        start, stop = segment.prog_offsets[position], segment.prog_offsets[position + 1]
+        expr = program_expression(segment.prog_kind[start:stop].tolist(), segment.prog_arg[start:stop].tolist(),
+                                  keys.__getitem__)
+        return self.dag.insert(expr)
+
+    def _flatten(self, keys: list) -> None:
+        table = self.segment.predicates
+        pid_of_key = {key: pid for pid, key in enumerate(keys)}
+        self.arrays = flatten(self.dag, self.roots, table.attr, table.op, pid_of_key)
+        self._matches_per_event = 16.0
+
+    # -------------------------------------------------------------- updates
+    def merged(self, segment: Segment, old_to_new, added, schema=None) -> "ATreeMatcher":
+        """The matcher of the merged segment, derived (the DAG copied, then
+        Algorithm 5 for the removed subscriptions, Algorithm 4 for the added
+        ones); this matcher is unchanged."""
+        old_to_new = np.asarray(old_to_new, np.int64)
+        added = np.asarray(added, np.int64)
+        if len(old_to_new) != len(self.segment):
+            raise ValueError(f"old_to_new has {len(old_to_new)} positions, the segment {len(self.segment)}")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.schema = schema if schema is not None else self.schema
+        new.segment = new._coded(segment)
+        dag = self.dag.copy()
+        for root in self.roots[old_to_new < 0].tolist():
+            dag.release(root)
+        roots = np.full(len(segment), -1, np.int64)
+        kept = old_to_new >= 0
+        roots[old_to_new[kept]] = self.roots[kept]
+        new.dag = dag
+        keys = _predicate_keys(new.segment)
+        for p in added.tolist():
+            roots[p] = new._insert(new.segment, p, keys)
+        if (roots < 0).any():
+            raise ValueError("merged: a position of the new segment is neither kept nor added")
+        if dag.n_removed > len(dag):           # ids of removed nodes outnumber the live ones: renumber
+            dag, compact_roots = dag.compacted(roots.tolist())
+            roots = np.array(compact_roots, np.int64)
+            new.dag = dag
+        new.roots = roots
+        new.merges = self.merges + 1
+        new._flatten(keys)
+        return new
+
+    def recoded(self, segment: Segment, schema) -> "ATreeMatcher":
+        """The same DAG under a grown string dictionary: nodes hold
+        predicate keys, so only the leaves' predicate ids are read again."""
+        if segment is self.segment:
+            return self
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.schema = schema
+        new.segment = new._coded(segment)
+        new._flatten(_predicate_keys(new.segment))
+        return new
+
+    # ------------------------------------------------------------- matching
+    def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
+        n_events = batch.n_events
+        if n_events == 0 or len(self.segment) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        alive = np.ascontiguousarray(alive, dtype=np.uint8)
+        pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
+        a, preds = self.arrays, self.segment.predicates
+
+        def launch(first, last, out, cap, ev_count, stop, need, serial):
+            kernel = K.atree_match_serial if serial else K.atree_match_kernel
+            kernel(first, last, out, cap, ev_count, stop, need, batch.offsets, batch.attr, batch.value, batch.token,
+                   pattern_truth, alive, a.kind, a.level, a.level_start, a.child_off, a.child_idx, a.par_off,
+                   a.par_idx, a.needs3, a.leaf_pred, a.attr_off, a.attr_leaf, a.absent_leaf, a.sub_off, a.sub_pos,
+                   preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux)
+        events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
+        return events, positions
+
+    # --------------------------------------------------------------- memory
+    #: rough host bytes of the Python DAG kept for merges, per node (list
+    #: slots, the children tuple, the table entry and key, the parent set)
+    #: and per link (a tuple slot, a parent-set entry): an estimate, not a
+    #: measurement (sys.getsizeof over millions of objects costs more than a merge)
+    DAG_BYTES_PER_NODE = 400
+    DAG_BYTES_PER_LINK = 48
+
+    @property
+    def nbytes(self) -> int:
+        """The segment, the flat arrays, and an estimate of the host DAG."""
+        dag = len(self.dag) * self.DAG_BYTES_PER_NODE + len(self.arrays.child_idx) * self.DAG_BYTES_PER_LINK
+        return self.segment.nbytes + self.arrays.nbytes + int(self.roots.nbytes) + dag
+
+    def statistics(self) -> dict:
+        """The A-Tree's shape and sharing (§6.1's measure): nodes per kind,
+        levels, and how many times, on average, a predicate (l-node) and
+        a subexpression (i-node) are used -- parent links plus
+        subscriptions (§4.2.3's use count)."""
+        return sharing_statistics(self.dag, self.arrays, self.roots)
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return (f"ATreeMatcher({len(self.segment)} subscriptions, {s['l_nodes']} l-nodes, {s['i_nodes']} i-nodes, "
+                f"{s['r_nodes']} r-nodes, "
+                f"{s['levels']} levels, sharing={self.dag.sharing}, reorganize={self.dag.reorganize}, "
+                f"self_adjust={self.dag.self_adjust})")
+
+
+def sharing_statistics(dag: ATreeDag, arrays, roots) -> dict:
+    """Node counts, and the sharing §6.1 measures: the average use count
+    (§4.2.3: parents linking to a node plus subscriptions that are it) of
+    the l-nodes (a predicate's sharing) and of the i-nodes -- operator
+    nodes that are no subscription's whole expression (a subexpression's);
+    r-nodes are the subscriptions' distinct expressions."""
+    kind = np.array(dag.kind, np.int8)
+    uses = np.array(dag.uses, np.int64)
+    is_root = np.zeros(len(kind), bool)
+    is_root[np.asarray(roots, np.int64)] = True
+    leaf = kind == 0
+    inner = (kind > 0) & ~is_root
+    return {"nodes": int((kind >= 0).sum()), "l_nodes": int(leaf.sum()), "i_nodes": int(inner.sum()),
+            "r_nodes": int(is_root.sum()), "levels": int(len(arrays.level_start) - 2),
+            "links": int(len(arrays.child_idx)), "propagation_links": int(len(arrays.par_idx)),
+            "absent_list": int(len(arrays.absent_leaf)),
+            "predicate_sharing": float(uses[leaf].mean()) if leaf.any() else 0.0,
+            "subexpression_sharing": float(uses[inner].mean()) if inner.any() else 0.0}
+
+
+__all__ = ["ATreeMatcher", "sharing_statistics"]

@@ -1,0 +1,258 @@
+"""A-Tree event matching (A-Tree §5) on every core: level-ordered,
+bottom-up, with zero suppression and propagation on demand.
+
+The flattened A-Tree (:class:`gpu_kernels.atree.layout.ATreeArrays`)
+numbers nodes by *level* (§4.1: a leaf is level 1, an operator one more
+than its highest child), so the nodes of one level are one id range and
+the per-level queues of Algorithm 6 are slices of one buffer.  Per event:
+
+1. **Predicate matching.**  Every l-node on an attribute the event
+   carries is evaluated (``entry_truth``, the one definition of predicate
+   semantics); so is every l-node of the *absent list* whose attribute the
+   event lacks: ``IS NULL`` ones (TRUE on an absent attribute, which no
+   event entry reaches) and, below XOR/XNOR, ``IS NOT NULL`` ones (FALSE
+   there, and an XOR must tell FALSE from NULL).  Every other predicate on
+   an absent attribute is NULL and is never touched.
+2. **Expression matching**, level by level: a node is queued when a child
+   *propagates* to it, evaluated once, and propagates in turn.
+
+Three-valued logic under zero suppression (§5.2.1).  Expressions are in
+negation normal form: NOT is folded into the predicates, so only AND, OR,
+XOR and XNOR remain.  A node is *exact* when it lies below an XOR or XNOR
+(``needs3`` of its parent): there FALSE and NULL differ.  Elsewhere only
+TRUE counts, and Kleene's AND and OR are monotone, so treating NULL as
+FALSE there changes no TRUE result:
+
+* an exact node propagates TRUE and FALSE to its ``needs3`` parents
+  (XOR/XNOR, exact AND/OR); a node that is not touched is NULL for them
+  (exactly: every present attribute's leaves and the absent list are
+  evaluated, so an untouched leaf is NULL, and a node none of whose
+  children propagated has only NULL children);
+* every other propagation carries TRUE only (the zero suppression
+  filter): an untouched node is "not TRUE" for a non-exact AND/OR;
+* propagation on demand (§5.2.2): a non-exact AND is linked from one
+  *access child* only; when that child is TRUE the AND is evaluated by
+  reading its other children's results of this event (the lazy cleaning
+  of the paper: results carry the event's stamp and are stale otherwise).
+
+So an XNOR whose two children are FALSE -- TRUE with no TRUE below it --
+is reached: in its exact subtree FALSE propagates.  Results go out per
+event as ascending positions (those with ``alive``), in the
+:func:`engine.algorithms.host_tasks.match_in_tasks` protocol.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from gpu_kernels.opcodes import AND, FALSE, NULL, OR, TRUE, XOR
+from gpu_kernels.predicates import entry_truth, find_attribute
+
+
+@njit(nogil=True, cache=True)
+def node_levels(child_off, child_idx):
+    """Level of each node (§4.1): 1 for a leaf, one more than its highest
+    child otherwise.  Ids are mostly topological (children made first;
+    self-adjustment links older parents to newer nodes), so a few passes
+    settle it; returns (levels, whether they settled: False on a cycle)."""
+    n = len(child_off) - 1
+    level = np.ones(n, np.int32)
+    for _ in range(n + 1):
+        changed = False
+        for node in range(n):
+            if child_off[node + 1] == child_off[node]:
+                continue
+            top = 0
+            for k in range(child_off[node], child_off[node + 1]):
+                lv = level[child_idx[k]]
+                if lv > top:
+                    top = lv
+            if level[node] != top + 1:
+                level[node] = top + 1
+                changed = True
+        if not changed:
+            return level, True
+    return level, False
+
+
+@njit(nogil=True, cache=True)
+def exact_nodes(kind, child_off, child_idx):
+    """``needs3[n]``: node ``n`` reads its children in three values (it is
+    an XOR/XNOR, or lies below one); nodes in level order, parents last."""
+    n = len(kind)
+    needs3 = np.zeros(n, np.uint8)
+    for node in range(n - 1, -1, -1):
+        if kind[node] >= XOR:
+            needs3[node] = 1
+        if needs3[node]:
+            for k in range(child_off[node], child_off[node + 1]):
+                needs3[child_idx[k]] = 1
+    return needs3
+
+
+@njit(nogil=True)
+def _propagate(node, value, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur):
+    for k in range(par_off[node], par_off[node + 1]):
+        p = par_idx[k]
+        if value == TRUE or (needs3[p] and value != NULL):
+            if stamp[p] != cur:
+                stamp[p] = cur
+                val[p] = NULL
+                lv = level[p]
+                queue[level_start[lv] + q_len[lv]] = p
+                q_len[lv] += 1
+
+
+@njit(nogil=True)
+def _evaluate(node, kind, needs3, child_off, child_idx, stamp, val, cur):
+    op = kind[node]
+    c0 = child_off[node]
+    c1 = child_off[node + 1]
+    if not needs3[node]:
+        # TRUE is all that counts here; an OR is only reached by a TRUE child
+        if op == OR:
+            return TRUE
+        for k in range(c0, c1):
+            c = child_idx[k]
+            if stamp[c] != cur or val[c] != TRUE:
+                return FALSE
+        return TRUE
+    if op == AND or op == OR:
+        decisive = FALSE if op == AND else TRUE
+        result = TRUE if op == AND else FALSE
+        for k in range(c0, c1):
+            c = child_idx[k]
+            v = val[c] if stamp[c] == cur else NULL      # an untouched exact child is NULL
+            if v == decisive:
+                return decisive
+            if v == NULL:
+                result = NULL
+        return result
+    a = child_idx[c0]
+    b = child_idx[c0 + 1]
+    va = val[a] if stamp[a] == cur else NULL
+    vb = val[b] if stamp[b] == cur else NULL
+    if va == NULL or vb == NULL:
+        return NULL
+    if op == XOR:
+        return TRUE if va != vb else FALSE
+    return TRUE if va == vb else FALSE
+
+
+@njit(nogil=True)
+def _finish(node, value, sub_off, sub_pos, alive, out, write_at, limit, found):
+    """A TRUE r-node's subscription positions (alive ones) to ``out``
+    while they fit below ``limit``; returns how many there were."""
+    for k in range(sub_off[node], sub_off[node + 1]):
+        pos = sub_pos[k]
+        if alive[pos]:
+            if write_at + found < limit:
+                out[write_at + found] = pos
+            found += 1
+    return found
+
+
+@njit(nogil=True)
+def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
+               pattern_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx, needs3,
+               leaf_pred, attr_off, attr_leaf, absent_leaf, sub_off, sub_pos,
+               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+               stamp, val, queue, q_len, result):
+    n_levels = len(level_start) - 1
+    n_attr = len(attr_off) - 1
+    used = 0
+    limit = base + cap
+    result[0] = e_last
+    result[1] = 0
+    cur = 0
+    for e in range(e_first, e_last):
+        cur += 1
+        if cur == 2147483647:              # stamps wrap: start afresh
+            stamp[:] = 0
+            cur = 1
+        s0 = ev_offsets[e]
+        s1 = ev_offsets[e + 1]
+        for lv in range(n_levels):
+            q_len[lv] = 0
+        found = 0
+        write_at = base + used
+        # 1. predicate matching: the leaves of the event's attributes ...
+        for at in range(s0, s1):
+            a = ev_attr[at]
+            if a < 0 or a >= n_attr:
+                continue
+            for k in range(attr_off[a], attr_off[a + 1]):
+                leaf = attr_leaf[k]
+                v = entry_truth(leaf_pred[leaf], at, ev_value, ev_token, pred_op, pred_lo, pred_hi,
+                                set_offsets, set_values, pred_aux, pattern_truth)
+                stamp[leaf] = cur
+                val[leaf] = v
+                if v == TRUE:
+                    found = _finish(leaf, v, sub_off, sub_pos, alive, out, write_at, limit, found)
+                _propagate(leaf, v, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+        # ... and those that are not NULL on an absent attribute
+        for k in range(len(absent_leaf)):
+            leaf = absent_leaf[k]
+            pid = leaf_pred[leaf]
+            if find_attribute(ev_attr, s0, s1, pred_attr[pid]) >= 0:
+                continue                                 # evaluated above
+            v = entry_truth(pid, -1, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values,
+                            pred_aux, pattern_truth)
+            stamp[leaf] = cur
+            val[leaf] = v
+            if v == TRUE:
+                found = _finish(leaf, v, sub_off, sub_pos, alive, out, write_at, limit, found)
+            _propagate(leaf, v, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+        # 2. expression matching, lowest level first (Algorithm 6)
+        for lv in range(2, n_levels):
+            start = level_start[lv]
+            q = 0
+            while q < q_len[lv]:
+                node = queue[start + q]
+                q += 1
+                v = _evaluate(node, kind, needs3, child_off, child_idx, stamp, val, cur)
+                val[node] = v
+                if v == TRUE:
+                    found = _finish(node, v, sub_off, sub_pos, alive, out, write_at, limit, found)
+                if v != NULL:
+                    _propagate(node, v, par_off, par_idx, needs3, level, stamp, val, queue, q_len,
+                               level_start, cur)
+        if write_at + found > limit:
+            result[0] = e
+            result[1] = found
+            return
+        if found > 1:
+            out[write_at:write_at + found].sort()        # r-nodes come level by level: positions ascend per event
+        used += found
+        ev_count[e] = found
+
+
+def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need,
+                          ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive,
+                          kind, level, level_start, child_off, child_idx, par_off, par_idx, needs3,
+                          leaf_pred, attr_off, attr_leaf, absent_leaf, sub_off, sub_pos,
+                          pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux):
+    """Events ``[task_first[t], task_last[t])`` of every task ``t`` in
+    parallel, each with its own scratch (stamps, results, queues)."""
+    n_nodes = len(kind)
+    n_levels = len(level_start) - 1
+    for t in prange(len(task_first)):
+        stamp = np.zeros(n_nodes, np.int32)
+        val = np.empty(n_nodes, np.int8)
+        queue = np.empty(max(n_nodes, 1), np.int32)
+        q_len = np.zeros(max(n_levels, 1), np.int64)
+        result = np.empty(2, np.int64)
+        match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
+                   ev_token, pattern_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx,
+                   needs3, leaf_pred, attr_off, attr_leaf, absent_leaf, sub_off, sub_pos,
+                   pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+                   stamp, val, queue, q_len, result)
+        task_stop[t] = result[0]
+        task_need[t] = result[1]
+
+
+#: the CPU kernel: tasks over all cores
+atree_match_kernel = njit(parallel=True, nogil=True, cache=True)(atree_match_kernel_py)
+#: the same on the calling thread, for a few events
+atree_match_serial = njit(nogil=True, cache=True)(atree_match_kernel_py)

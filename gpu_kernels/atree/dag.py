@@ -1,0 +1,310 @@
+"""The A-Tree itself (A-Tree §4): a multi-rooted DAG of unique nodes, built on the host.
+
+* **Nodes** (§4.1): an *l-node* per distinct predicate, an *i-node* per
+  distinct subexpression, an *r-node* per distinct subscription
+  expression; AND and OR are n-ary.  Node ids are given in creation
+  order.
+* **Expression ids** (§4.2.1): the expression-to-node table ``table``
+  (the paper's H_en) maps an *expression id* to its node.  The paper
+  hashes a predicate's literal and combines child ids arithmetically; we
+  use the exact canonical key instead, so there is no collision to
+  handle: a leaf's id is its predicate's key (attribute, operator,
+  operand keys, IN-list / pattern id -- stable across segments and string
+  dictionary growth), an operator's id is ``(operator, sorted child node
+  ids)``.  Sorting makes the id insensitive to the order of AND, OR, XOR
+  and XNOR children; AND and OR children are also de-duplicated (``x AND
+  x`` is ``x`` under Kleene's logic), XOR and XNOR ones are not.
+* **Reorganisation** (§4.2.2, Algorithm 2): an AND/OR expression is the
+  set of its (flattened) children; existing nodes of the same operator
+  whose child set lies inside it are picked greedily, largest uncovered
+  part first (greedy set cover), and become its children in place of the
+  children they cover.  The node stays keyed by its flat child set, so the
+  same expression arriving in another grouping finds it.  Candidates are
+  found by looking up the ids of the expression's sub-sets in ``table``
+  (all of them up to :data:`SUBSET_ENUMERATION` children, pairs up to
+  :data:`PAIR_ENUMERATION`, none beyond).
+* **Use counts** (§4.2.3, Algorithms 4-5): ``uses[n]`` = parents that
+  link to ``n`` + subscriptions whose expression ``n`` is.  Insertion of
+  an expression that exists only adds a use; deletion removes a use and,
+  at zero, the node, its table entry and one use of each child
+  (recursively).
+* **Self-adjustment** (§4.2.3, Algorithm 3): a new AND/OR node N becomes
+  a child of every existing node P of its operator whose children include
+  all of N's (found through the parents of N's least shared child), in
+  place of those children -- so the structure depends less on the order
+  expressions arrive in (a node over a subset of another's children is
+  reused whichever came first).  This needs parent sets (``parents``),
+  kept only with ``self_adjust``; node ids are then no longer a
+  topological order (P is older than N), which the flattening does not
+  assume.
+
+A DAG is only ever changed while a matcher is being made: ``copy`` gives
+the next matcher its own (a match in flight reads the flattened arrays of
+the old one, never this).
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
+
+#: AND/OR expressions of at most this many children have every sub-set of
+#: two or more children looked up for reorganisation (2^k lookups); wider
+#: ones only their pairs (up to PAIR_ENUMERATION children)
+SUBSET_ENUMERATION = 8
+PAIR_ENUMERATION = 48
+
+REMOVED = -1
+
+
+class ATreeDag:
+    """The host A-Tree: per node id its ``kind`` (LEAF/AND/OR/XOR/XNOR, or
+    REMOVED), ``children`` (a tuple of node ids; a leaf's is empty),
+    ``pred`` (a leaf's predicate key), ``uses`` and ``key`` (its expression
+    id); ``table`` maps expression ids to node ids.
+
+    ``sharing=False`` is the paper's "multitree not supporting sharing"
+    (Figure 8): every insertion makes new nodes, leaves included.
+    ``reorganize=False`` leaves out Algorithm 2, ``self_adjust=False``
+    Algorithm 3."""
+
+    def __init__(self, sharing: bool = True, reorganize: bool = True, self_adjust: bool = True):
+        self.sharing = bool(sharing)
+        self.reorganize = bool(reorganize) and self.sharing
+        self.self_adjust = bool(self_adjust) and self.sharing
+        #: node -> the set of its parents (with self_adjust only); sets are
+        #: shared with the DAG this one was copied from until changed here
+        self.parents: dict = {}
+        self._owned: set = set()
+        self.kind: list[int] = []
+        self.children: list[tuple] = []
+        self.pred: list = []
+        self.uses: list[int] = []
+        self.key: list = []
+        self.table: dict = {}
+        self.n_removed = 0
+
+    def copy(self) -> "ATreeDag":
+        """An independent copy (lists of immutable items: shallow copies suffice)."""
+        new = object.__new__(ATreeDag)
+        new.sharing, new.reorganize, new.n_removed = self.sharing, self.reorganize, self.n_removed
+        new.self_adjust, new.parents, new._owned = self.self_adjust, dict(self.parents), set()
+        new.kind, new.children, new.pred = list(self.kind), list(self.children), list(self.pred)
+        new.uses, new.key, new.table = list(self.uses), list(self.key), dict(self.table)
+        return new
+
+    def __len__(self) -> int:
+        return len(self.kind) - self.n_removed
+
+    # ------------------------------------------------------------ insertion
+    def _new(self, kind: int, children: tuple, pred, key) -> int:
+        node = len(self.kind)
+        self.kind.append(kind)
+        self.children.append(children)
+        self.pred.append(pred)
+        self.uses.append(0)
+        self.key.append(key)
+        if key is not None:
+            self.table[key] = node
+        for child in children:
+            self.uses[child] += 1
+        if self.self_adjust:
+            for child in set(children):
+                self._parent_set(child).add(node)
+        return node
+
+    def _parent_set(self, node: int) -> set:
+        """``parents[node]``, to change: copied first when it is still the
+        set of the DAG this one was copied from (copy on write)."""
+        found = self.parents.get(node)
+        if found is None or node not in self._owned:
+            found = self.parents[node] = set() if found is None else set(found)
+            self._owned.add(node)
+        return found
+
+    def _intern(self, expr) -> int:
+        """The node of ``expr`` (``("L", predicate key)`` or ``(op,
+        [children])``), found or made; a node made here has the uses of its
+        new parent links only (the caller adds the use that reaches it)."""
+        if expr[0] == "L":
+            key = ("L", expr[1]) if self.sharing else None
+            found = self.table.get(key) if key is not None else None
+            return found if found is not None else self._new(LEAF, (), expr[1], key)
+        op, parts = expr
+        kids = [self._intern(part) for part in parts]
+        if op == AND or op == OR:
+            flat = tuple(sorted(set(kids)))
+            if len(flat) == 1:               # x AND x = x: the child itself
+                return flat[0]
+        else:
+            flat = tuple(sorted(kids))       # XOR / XNOR: commutative, not idempotent
+        key = (op, flat) if self.sharing else None
+        if key is not None:
+            found = self.table.get(key)
+            if found is not None:
+                return found
+        children = flat
+        if self.reorganize and (op == AND or op == OR) and len(flat) > 2:
+            children = self._reorganized(op, flat)
+        node = self._new(op, children, None, key)
+        self._drop_unused(flat, children)
+        if self.self_adjust and (op == AND or op == OR):
+            self._adjusted(node, op, flat)
+        return node
+
+    def _adjusted(self, node: int, op: int, flat: tuple) -> None:
+        """Algorithm 3: every existing ``op`` node whose children include all
+        of ``flat`` (and more) takes ``node`` in their place.  Such a node is
+        no descendant of ``node`` (a descendant over a subset of its
+        children cannot hold all of them), so no cycle arises."""
+        wanted = set(flat)
+        pivot = min(flat, key=lambda c: len(self.parents.get(c, ())))
+        for parent in list(self.parents.get(pivot, ())):
+            kids = self.children[parent]
+            if parent == node or self.kind[parent] != op or len(kids) <= len(wanted) or not wanted.issubset(kids):
+                continue
+            self.children[parent] = tuple(sorted([c for c in kids if c not in wanted] + [node]))
+            self.uses[node] += 1
+            self._parent_set(node).add(parent)
+            for child in wanted:
+                self._parent_set(child).discard(parent)
+                self.uses[child] -= 1           # still >= 1: ``node`` reaches every child of ``flat``
+
+    def _reorganized(self, op: int, flat: tuple) -> tuple:
+        """Algorithm 2: existing ``op`` nodes over sub-sets of ``flat``,
+        picked greedily by the most children still uncovered, replace the
+        children they cover."""
+        n = len(flat)
+        if n <= SUBSET_ENUMERATION:
+            sizes = range(n - 1, 1, -1)
+        elif n <= PAIR_ENUMERATION:
+            sizes = (2,)
+        else:
+            return flat
+        candidates = []
+        for size in sizes:
+            for subset in combinations(flat, size):
+                found = self.table.get((op, subset))
+                if found is not None and self.kind[found] == op:
+                    candidates.append((subset, found))
+        if not candidates:
+            return flat
+        uncovered = set(flat)
+        chosen = []
+        while uncovered:
+            best, best_gain = None, 0        # as Algorithm 2: any overlap (the paper reuses P3 ^ P4 for P4)
+            for subset, node in candidates:
+                gain = sum(1 for c in subset if c in uncovered)
+                if gain > best_gain:
+                    best, best_gain = (subset, node), gain
+            if best is None:
+                break
+            chosen.append(best[1])
+            uncovered.difference_update(best[0])
+        return tuple(sorted(chosen)) + tuple(sorted(uncovered))
+
+    def _drop_unused(self, flat: tuple, children: tuple) -> None:
+        """Children made for an expression but covered by reorganisation
+        (so never linked) are removed again: no node without a use stays."""
+        linked = set(children)
+        for child in flat:
+            if child not in linked and self.uses[child] == 0:
+                self._remove(child)
+
+    def insert(self, expr) -> int:
+        """Algorithm 4: the node of a subscription's expression, with one use
+        more (a new r-node, or an existing node that now is one too)."""
+        node = self._intern(expr)
+        self.uses[node] += 1
+        return node
+
+    # ------------------------------------------------------------- deletion
+    def release(self, node: int) -> None:
+        """Algorithm 5: one use less; at zero the node goes, and with it one
+        use of each of its children."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            self.uses[n] -= 1
+            if self.uses[n] == 0:
+                stack.extend(self.children[n])
+                self._forget(n)
+
+    def _remove(self, node: int) -> None:
+        children = self.children[node]
+        self._forget(node)                  # (first: it unlinks the node from its children's parent sets)
+        for child in children:
+            self.release(child)
+
+    def _forget(self, node: int) -> None:
+        if self.self_adjust:
+            for child in set(self.children[node]):
+                self._parent_set(child).discard(node)
+            self.parents.pop(node, None)
+        key = self.key[node]
+        if key is not None and self.table.get(key) == node:
+            del self.table[key]
+        self.kind[node] = REMOVED
+        self.children[node] = ()
+        self.pred[node] = None
+        self.key[node] = None
+        self.n_removed += 1
+
+    # ------------------------------------------------------------ compaction
+    def compacted(self, roots):
+        """Node ids renumbered without the removed ones (in their order);
+        returns ``(dag, new root ids)``."""
+        old_to_new = {}
+        new = ATreeDag(self.sharing, self.reorganize, self.self_adjust)
+        for n, kind in enumerate(self.kind):
+            if kind == REMOVED:
+                continue
+            old_to_new[n] = len(new.kind)
+            new.kind.append(kind)
+            new.children.append(tuple(old_to_new[c] for c in self.children[n]))
+            new.pred.append(self.pred[n])
+            new.uses.append(self.uses[n])
+            key = self.key[n]
+            if key is not None and key[0] != "L":
+                key = (key[0], tuple(old_to_new[c] for c in key[1]))
+            new.key.append(key)
+            if key is not None:
+                new.table[key] = old_to_new[n]
+        if self.self_adjust:
+            for n, parents in self.parents.items():
+                if n in old_to_new:
+                    new.parents[old_to_new[n]] = {old_to_new[p] for p in parents}
+                    new._owned.add(old_to_new[n])
+        return new, [old_to_new[r] for r in roots]
+
+
+def program_expression(kinds, args, leaf_key):
+    """A postfix program (``kinds``, ``args``: LEAF pid / AND, OR arity /
+    XOR, XNOR) as a nested expression for :meth:`ATreeDag.insert`, AND
+    inside AND and OR inside OR flattened (n-ary operators, §4.1);
+    ``leaf_key(pid)`` gives a predicate's key."""
+    stack = []
+    for kind, arg in zip(kinds, args):
+        if kind == LEAF:
+            stack.append(("L", leaf_key(arg)))
+        elif kind == AND or kind == OR:
+            parts = stack[len(stack) - arg:]
+            del stack[len(stack) - arg:]
+            flat = []
+            for part in parts:
+                if part[0] == kind:
+                    flat.extend(part[1])
+                else:
+                    flat.append(part)
+            stack.append((kind, flat))
+        else:
+            right = stack.pop()
+            left = stack.pop()
+            stack.append((kind, [left, right]))
+    if len(stack) != 1:
+        raise ValueError("malformed postfix program")
+    return stack[0]
+
+
+__all__ = ["ATreeDag", "program_expression", "REMOVED", "XOR", "XNOR"]
