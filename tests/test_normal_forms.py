@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from engine.errors import ExpressionTooLarge
 from engine.expr import And, Not, Op, Or, Pred, Xnor, Xor, _too_large, negate, to_cnf, to_dnf, to_nnf
 from engine.reference import evaluate
+from engine.parse import parse
 from tests import strategies as S
 from tests.sql_oracle import STRATEGIES_SCHEMA, duckdb_evaluate
 
@@ -237,3 +238,53 @@ def test_reference_equals_duckdb(exprs, events):
     for i, e in enumerate(exprs):
         for j, ev in enumerate(events):
             assert got[i][j] is evaluate(e, ev), (e, ev)
+
+
+# ------------------------------------------------- the build counts as the check did
+def test_a_build_never_counts_more_conjunctions_than_the_add_time_check():
+    """The add-time limit check counts the DNF of the expression's AST, where
+    ``NOT p`` and ``p`` are one predicate and its negation; the build
+    (engine.algorithms.units) counts it over the compiled program.  It once
+    named each program row apart, so that ``a NOT IN s`` and ``a IN s`` were
+    unrelated there: more conjunctions than checked, and BE-Tree's build
+    raised ExpressionTooLarge on an expression the check had let in (W5)."""
+    from engine import Index
+    from engine.algorithms.units import operand_classes, program_tree
+    from engine.workloads import abe_gen
+
+    text = "(NOT (a IN (30, 35, 94))) XOR ((b <= 89) XNOR (a IN (30, 35, 94)))"
+    assert len(to_dnf(parse(text))) == 3
+    events = [{"a": 30, "b": 1}, {"a": 31, "b": 1}, {"a": 30, "b": 90}, {"a": 31, "b": 90}, {"b": 1}]
+    # (NOT p) XOR (q XNOR p): TRUE where p is FALSE or q TRUE, but not both; NULL without a
+    assert [evaluate(parse(text), e) for e in events] == [True, True, False, False, None]
+    for algorithm in ("betree", "apcm", "pstbloom", "psthash"):
+        idx = Index(algorithm=algorithm, backend="cpu", dnf_limit=3, strict=True)
+        idx.add(1, text)
+        idx.merge()
+        assert [m.tolist() for m in idx.match_batch(events)] == [[1], [1], [], [], []], algorithm
+    # a set id and a pattern id of one value on one attribute are not one operand
+    text = "(s LIKE 'x%') XOR (NOT (s IN ('x'))) XOR (NOT (s LIKE 'x%'))"
+    events = [{"s": "x"}, {"s": "xy"}, {"s": "y"}, {}]
+    want = [[1] if evaluate(parse(text), e) else [] for e in events]
+    assert want == [[1], [], [], []]
+    for algorithm in ("betree", "apcm", "pstbloom", "psthash"):
+        idx = Index(algorithm=algorithm, backend="cpu", dnf_limit=64)
+        idx.add(1, text)
+        idx.merge()
+        assert [m.tolist() for m in idx.match_batch(events)] == want, algorithm
+    workload = abe_gen(400, 10, seed=3)
+    texts = workload.subscriptions["expression"].to_pylist()
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add_many(range(len(texts)), texts)
+    idx.merge()
+    segment = idx._main
+    classes = operand_classes(segment.predicates)
+    checked = 0
+    for pos in range(len(segment)):
+        try:
+            allowed = len(to_dnf(parse(texts[int(segment.sub_ids[pos])]), 64))
+        except ExpressionTooLarge:
+            continue
+        assert len(to_dnf(program_tree(segment, pos, classes), 64)) <= allowed
+        checked += 1
+    assert checked > 200

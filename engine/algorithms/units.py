@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine.compile import OP_OF_CODE, OPCODE, Segment
-from engine.expr import And, Node, Or, Pred, Xnor, Xor, to_dnf
+from engine.compile import OP_OF_CODE, OPCODE, Segment, distinct_rows
+from engine.expr import NEGATED_OP, And, Node, Or, Pred, Xnor, Xor, to_dnf
 from gpu_kernels import opcodes
 from gpu_kernels.opindex.cpu import plain_conjunctions, plain_units
 
@@ -61,15 +61,40 @@ class Units(NamedTuple):
         return len(self.sub)
 
 
-def program_tree(segment: Segment, pos: int) -> Node:
+#: opcode -> the smaller of it and its negation's: one id per operator and negation pair
+_NEGATION_PAIR = np.zeros(max(OPCODE.values()) + 1, np.int8)
+for _op, _code in OPCODE.items():
+    _NEGATION_PAIR[_code] = min(_code, OPCODE[NEGATED_OP[_op]])
+
+
+def operand_classes(preds) -> np.ndarray:
+    """Per predicate row, the first row with the same attribute, operands
+    (``lo``, ``hi``, ``aux``) and operator up to negation: a predicate and
+    its negation -- ``a IN s`` and ``a NOT IN s`` -- share a class.  (The
+    pair is part of the key because ``aux`` means a set for IN and a
+    pattern for LIKE: ``a IN`` set 0 and ``a LIKE`` pattern 0 are not one
+    operand.)"""
+    if len(preds) == 0:
+        return np.zeros(0, np.int64)
+    first, inverse = distinct_rows((preds.attr, _NEGATION_PAIR[preds.op], preds.lo, preds.hi, preds.aux))
+    return np.asarray(first, np.int64)[inverse]
+
+
+def program_tree(segment: Segment, pos: int, classes: np.ndarray | None = None) -> Node:
     """Subscription ``pos``'s NNF program as an AST whose leaves name
-    predicate rows (``Pred(str(row), op)``), for :func:`to_dnf`."""
+    predicate rows (``Pred(str(row), op)``), for :func:`to_dnf`.  With
+    ``classes`` (:func:`operand_classes`) a leaf names its row's class
+    instead, so that a predicate and its negation elsewhere in the program
+    are one predicate and its negation to :func:`to_dnf` too -- as they are
+    in the expression's own AST, whose normal form the add-time limit check
+    counted: without it a build could count more conjunctions than the check
+    allowed."""
     ops = segment.predicates.op
     stack: list[Node] = []
     for pc in range(int(segment.prog_offsets[pos]), int(segment.prog_offsets[pos + 1])):
         kind, arg = int(segment.prog_kind[pc]), int(segment.prog_arg[pc])
         if kind == opcodes.LEAF:
-            stack.append(Pred(str(arg), OP_OF_CODE[int(ops[arg])], ()))
+            stack.append(Pred(str(arg if classes is None else classes[arg]), OP_OF_CODE[int(ops[arg])], ()))
         elif kind in (opcodes.AND, opcodes.OR):
             children = tuple(stack[len(stack) - arg:])
             del stack[len(stack) - arg:]
@@ -94,17 +119,22 @@ def dnf_units(segment: Segment, dnf_limit: int) -> Units:
     plain_pos = np.flatnonzero(plain).astype(np.int64)
     p_off, p_pids = plain_units(plain_pos, segment.prog_offsets, segment.prog_kind, segment.prog_arg)
     negated: dict[tuple[int, int], int] = {}      # (row, negated opcode) -> extended row
+    other = np.flatnonzero(~plain)
+    classes = operand_classes(preds) if len(other) else None
+    # (class, opcode) -> the row of that operator on the class's operands, where there is one
+    by_operator = {(int(c), int(o)): r for r, (c, o) in enumerate(zip(classes, preds.op))} if len(other) else {}
 
     def row_of(pred: Pred) -> int:
-        row = int(pred.attr)
+        row = int(pred.attr)                       # the class
         code = OPCODE[pred.op]
-        if code == int(preds.op[row]):
-            return row
+        found = by_operator.get((row, code))
+        if found is not None:
+            return found
         return negated.setdefault((row, code), n_rows + len(negated))
 
     other_sub, other_len, other_pids = [], [], []
-    for pos in np.flatnonzero(~plain):
-        for conj in to_dnf(program_tree(segment, int(pos)), dnf_limit):
+    for pos in other:
+        for conj in to_dnf(program_tree(segment, int(pos), classes), dnf_limit):
             other_sub.append(int(pos))
             other_len.append(len(conj))
             other_pids.extend(row_of(p) for p in conj)
