@@ -129,6 +129,7 @@ OP_CLASSES = {
 
 _CHUNK = 1 << 19          # rows per chunk where a per-row random matrix is built
 _FALLBACK_CELLS = 1 << 24  # cells per chunk of the exact (Gumbel top-k) fallback
+_GUMBEL_MAX_DOMAIN = 4096  # beyond it, a skewed draw's fallback samples without replacement value by value
 
 
 # ---------------------------------------------------------------- the workload
@@ -192,7 +193,7 @@ def _make_distinct(rng, mat: np.ndarray, free: np.ndarray, domain: int, weights=
     without replacement (Gumbel top-k) over the values the row lacks."""
     todo = free.copy()
     longest = int((free | (mat >= 0)).sum(axis=1).max()) if len(mat) else 0
-    if weights is not None and domain <= 4096 or 4 * longest > domain:
+    if weights is not None and domain <= _GUMBEL_MAX_DOMAIN or 4 * longest > domain:
         max_rounds = 0      # skewed or crowded rows: straight to exact sampling
     for _ in range(max_rounds):
         count = int(todo.sum())
@@ -213,6 +214,11 @@ def _make_distinct(rng, mat: np.ndarray, free: np.ndarray, domain: int, weights=
         todo = np.zeros_like(free)
         todo[rows] = redo
     stuck = np.flatnonzero(todo.any(axis=1))
+    if weights is not None and domain > _GUMBEL_MAX_DOMAIN and len(stuck):
+        # skewed over a wide domain (Zipf attributes over PS-Tree's 30K dimensions): a Gumbel key
+        # per value of the domain per row would be billions of draws
+        mat[stuck] = _weighted_without_replacement(rng, mat[stuck], free[stuck], weights)
+        return mat
     logw = None if weights is None else np.log(weights)
     step = max(1, _FALLBACK_CELLS // max(domain, 1))
     for start in range(0, len(stuck), step):
@@ -230,6 +236,46 @@ def _make_distinct(rng, mat: np.ndarray, free: np.ndarray, domain: int, weights=
         sub[r, c] = top[r, rank[r, c]]
         mat[rows] = sub
     return mat
+
+
+def _weighted_without_replacement(rng, sub: np.ndarray, free: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``sub`` with its ``free`` entries drawn, column by column, each from
+    ``weights`` restricted to the values its row lacks (weighted sampling
+    without replacement, exact), all rows at once: a draw is a point of
+    the remaining mass, found on the weights' cumulative sum by stepping
+    over the row's taken values in ascending order (each adds its weight to
+    the point, as if cut out of the line)."""
+    domain = len(weights)
+    cum = np.cumsum(weights, dtype=np.float64)
+    sub = sub.copy()
+    # each row's taken values, ascending, padded with ``domain`` (above every value)
+    taken = np.where(~free & (sub >= 0), sub, domain)
+    taken.sort(axis=1)
+    weight_of = np.append(np.asarray(weights, np.float64), 0.0)        # the padding weighs nothing
+    for c in range(sub.shape[1]):
+        rows = np.flatnonzero(free[:, c])
+        if not len(rows):
+            continue
+        ex = taken[rows]
+        w_ex = weight_of[ex]
+        point = rng.random(len(rows)) * (cum[-1] - w_ex.sum(axis=1))
+        drawn = np.full(len(rows), -1, np.int64)
+        for j in range(ex.shape[1]):
+            at = np.searchsorted(cum, point, side="right")
+            hit = (drawn < 0) & (at < ex[:, j])
+            drawn[hit] = at[hit]
+            point = point + np.where(drawn < 0, w_ex[:, j], 0.0)
+        # rounding can leave a point at the very end of the line or on a taken value: the row's
+        # largest free value then (rare; either is a draw of negligible probability)
+        bad = np.flatnonzero((drawn >= domain) | (drawn < 0) | (ex == drawn[:, None]).any(axis=1))
+        for i in bad.tolist():
+            lacking = np.setdiff1d(np.arange(domain), ex[i])
+            drawn[i] = lacking[-1]
+        sub[rows, c] = drawn
+        ex[:, -1] = drawn                        # a free entry remained, so the last slot was padding
+        ex.sort(axis=1)
+        taken[rows] = ex
+    return sub
 
 
 def _padding(n_rows: int, width: int) -> np.ndarray:
@@ -352,6 +398,8 @@ def _dense_events(attr_mat: np.ndarray, value_mat: np.ndarray, present: np.ndarr
 
 
 # ------------------------------------------------------------------ BE-Gen
+#: most dimensions for which BE-Gen's events are one column per attribute by default
+WIDE_EVENTS_MAX_DIMS = 1000
 MAX_BASES = 1 << 16        # most base expressions (reached only when chance matches exceed the target)
 PILOT_SUBS, PILOT_BASES, PILOT_EVENTS_PER_BASE = 4096, 64, 2
 
@@ -566,7 +614,7 @@ def begen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 400, c
           match_prob: float = 0.01, zipf: float | None = None, similarity: float | None = None,
           sorted_stream: bool = False, range_share: float = 0.12, max_set: int = 6,
           sub_size_max: int | None = None, filler: int | None = None, group_size: float = 10,
-          seed: int = 0, name: str = "begen") -> Workload:
+          event_layout: str | None = None, seed: int = 0, name: str = "begen") -> Workload:
     """BE-Gen workload (BE-Tree §7.1; stream similarity of A-PCM §VII).
 
     Parameters
@@ -587,6 +635,11 @@ def begen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 400, c
     filler : event pairs not taken from the base (default ``max(1, round(0.2 * event_size))``,
         0 for the paper's literal events = base expressions).
     group_size : mean number of replicas per seed event under ``similarity``.
+    event_layout : "wide" (one column per attribute), "map" (one
+        ``map<string, int64>`` column, as :func:`opindex_gen`'s) or None: "map"
+        above :data:`WIDE_EVENTS_MAX_DIMS` dimensions (PS-Tree's sparse 30K
+        dimensions: a table of thousands of mostly-null columns costs more to
+        build and to read than the matching it feeds), else "wide".
     seed : everything is determined by it.
     """
     n_subs = _positive_int(n_subs, "n_subs")
@@ -594,6 +647,10 @@ def begen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 400, c
     dims = _positive_int(dims, "dims")
     card = _positive_int(cardinality, "cardinality")
     event_size = _positive_int(event_size, "event_size")
+    if event_layout is None:
+        event_layout = "map" if dims > WIDE_EVENTS_MAX_DIMS else "wide"
+    if event_layout not in ("map", "wide"):
+        raise ValueError(f"event_layout must be 'map', 'wide' or None, not {event_layout!r}")
     op_class = str(op_class).lower()
     if op_class not in OP_CLASSES:
         raise ValueError(f"op_class must be one of {sorted(OP_CLASSES)}, not {op_class!r}")
@@ -668,7 +725,8 @@ def begen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 400, c
     else:
         stream_key = seed_base
     order = np.argsort(stream_key, kind="stable") if sorted_stream else rng.permutation(n_events)
-    events = _dense_events(ev_attr[order], ev_val[order], np.ones((n_events, event_size), dtype=bool))
+    events = _dense_events(ev_attr[order], ev_val[order], np.ones((n_events, event_size), dtype=bool),
+                           event_layout, dims)
 
     key = "own_similar" if similarity is not None else "own"
     chance = pilot["chance_similar"] if similarity is not None else pilot["chance"]
@@ -676,7 +734,7 @@ def begen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 400, c
                   sub_size=sub_size, event_size=event_size, eq_share=eq_share, op_class=op_class,
                   match_prob=match_prob, zipf=zipf, similarity=similarity, sorted_stream=bool(sorted_stream),
                   range_share=range_share, max_set=max_set, sub_size_max=sub_size_max, filler=filler,
-                  group_size=group_size, seed=seed, n_base=n_base, base_size=base_size,
+                  group_size=group_size, event_layout=event_layout, seed=seed, n_base=n_base, base_size=base_size,
                   chance_match_prob=pilot["chance"],
                   expected_match_prob=pilot[key] / n_base + chance * (1 - 1 / n_base))
     return Workload(name, subscriptions, events, _jsonable(params))

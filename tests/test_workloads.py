@@ -301,11 +301,27 @@ def test_unknown_names_and_bad_scales_raise():
 @pytest.mark.parametrize("kwargs", [dict(sub_size=20), dict(event_size=500), dict(match_prob=0), dict(match_prob=2),
                                     dict(similarity=1.5), dict(op_class="extreme"), dict(op_class="min", eq_share=0.5),
                                     dict(eq_share=-0.1), dict(zipf=-1), dict(n_subs=0), dict(filler=15),
-                                    dict(filler=-1), dict(sub_size_max=10, sub_size=6)])
+                                    dict(filler=-1), dict(sub_size_max=10, sub_size=6), dict(event_layout="long")])
 def test_begen_rejects_bad_parameters(kwargs):
     kwargs = {"n_subs": 10, **kwargs}
     with pytest.raises(ValueError):
         W.begen(**kwargs)
+
+
+def test_begen_sparse_events_are_a_map_column_with_the_same_matches():
+    # PS-Tree's sparse space (30K dimensions): thousands of mostly-null columns would cost more than
+    # the matching they feed, so the default layout is the map column above WIDE_EVENTS_MAX_DIMS
+    kwargs = dict(dims=W.WIDE_EVENTS_MAX_DIMS + 1, cardinality=100, sub_size=5, event_size=30, eq_share=0.2)
+    sparse = W.begen(300, 40, **kwargs)
+    wide = W.begen(300, 40, event_layout="wide", **kwargs)
+    assert sparse.events.column_names == [W.EVENTS_MAP_COLUMN] and sparse.params["event_layout"] == "map"
+    assert wide.params["event_layout"] == "wide" and len(wide.events.column_names) > 100
+    assert W.begen(300, 40, dims=W.WIDE_EVENTS_MAX_DIMS).params["event_layout"] == "wide"
+    assert sparse.subscriptions.equals(wide.subscriptions)
+    index = Index(algorithm="scan")
+    W.add_subscriptions(index, sparse.subscriptions)
+    found = index.match_batch(sparse.events, output="arrow")
+    assert found.num_rows > 0 and found.equals(index.match_batch(wide.events, output="arrow"))
 
 
 def test_opindex_rejects_bad_parameters():
@@ -319,3 +335,36 @@ def test_unreachable_matching_probability_warns():
     with pytest.warns(RuntimeWarning, match="match_prob"):
         w = W.begen(200, 20, dims=5, cardinality=3, sub_size=1, event_size=4, filler=1, match_prob=0.001)
     assert w.params["expected_match_prob"] > 0.001
+
+
+def test_weighted_draw_without_replacement_is_exact():
+    # the fallback of skewed draws over a wide domain (Zipf attributes over 30K dimensions): each value
+    # of a row drawn from the weights of the values the row lacks -- first and second draws checked
+    # against those probabilities, a fixed entry never drawn again
+    rng = np.random.default_rng(1)
+    weights = 1 / np.arange(1, 6) ** 2
+    weights /= weights.sum()
+    n = 100_000
+    sub = np.broadcast_to(-1 - np.arange(3), (n, 3)).copy()
+    sub[:, 2] = 1                                    # a fixed entry: value 1 is taken in every row
+    free = np.ones((n, 3), bool)
+    free[:, 2] = False
+    out = W._weighted_without_replacement(rng, sub, free, weights)
+    assert (out[:, 2] == 1).all() and (out[:, 0] != 1).all() and (out[:, 1] != 1).all()
+    assert (out[:, 0] != out[:, 1]).all() and out.min() >= 0 and out.max() < 5
+    first = np.bincount(out[:, 0], minlength=5) / n
+    expected = weights.copy()
+    expected[1] = 0
+    np.testing.assert_allclose(first, expected / expected.sum(), atol=0.006)
+    after_0 = out[:, 0] == 0
+    second = np.bincount(out[after_0, 1], minlength=5) / after_0.sum()
+    expected[0] = 0
+    np.testing.assert_allclose(second, expected / expected.sum(), atol=0.01)
+
+
+def test_begen_zipf_over_a_wide_domain_is_quick_and_distinct():
+    with pytest.warns(RuntimeWarning, match="match_prob"):      # skewed: chance matches above 1 %
+        w = W.begen(300, 30, dims=30_000, cardinality=100, sub_size=5, event_size=30, eq_share=0.2, zipf=3)
+    events = w.events.column(W.EVENTS_MAP_COLUMN)
+    rows = events.to_pylist()
+    assert len(rows) == 30 and all(len(row) == 30 and len({k for k, _ in row}) == 30 for row in rows)
