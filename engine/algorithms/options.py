@@ -298,6 +298,8 @@ class PSTBloomOptions(Options):
     bloom_hashes: int = option(3, doc="hash probes per unit in a Bloom signature (§5.1)")
     event_log: object = option(None, saved=False,
                                doc="an EventBatch: access predicates ranked by the logged events they cover (§3.3)")
+    launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
+    device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
 
     def __post_init__(self):
         for name, low, high in (("bloom_bits", 1, 1024), ("bloom_hashes", 1, 16)):
@@ -305,6 +307,8 @@ class PSTBloomOptions(Options):
             if not _is_int(value) or not low <= value <= high:
                 raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
         _check_event_batch(self.event_log)
+        check_launch(self.launch)
+        check_device_memory(self.device_memory)
 
 
 @dataclass(frozen=True)
@@ -318,6 +322,8 @@ class PSTHashOptions(Options):
                                             "W2 at 10,000 subscriptions takes 118 MiB with 4096, 19 with 256)")
     event_log: object = option(None, saved=False,
                                doc="an EventBatch: access predicates ranked by the logged events they cover (§3.3)")
+    launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
+    device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
 
     def __post_init__(self):
         for name, low, high in (("n_access", 1, 4), ("max_combinations", 1, 1 << 24)):
@@ -325,6 +331,12 @@ class PSTHashOptions(Options):
             if not _is_int(value) or not low <= value <= high:
                 raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
         _check_event_batch(self.event_log)
+        check_launch(self.launch)
+        check_device_memory(self.device_memory)
+
+
+#: A-Tree's cuda kernel modes (gpu_kernels.atree.cuda.KERNELS)
+ATREE_KERNELS = ("levels", "persistent")
 
 
 @dataclass(frozen=True)

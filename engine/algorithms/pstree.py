@@ -72,7 +72,8 @@ exact.  (In this flat form any change rewrites the CSR lists and
 signatures whole, and a Bloom signature cannot forget a deleted unit, so a
 derived structure would save little over the rebuild: the ranking and the
 endpoint sort.)  Saving the structure (``to_arrays``): the default, a
-rebuild on load.  A cuda matcher.
+rebuild on load.  (The cuda matchers, :mod:`engine.algorithms.pstree_cuda`,
+serve this very structure from the device.)
 """
 
 from __future__ import annotations

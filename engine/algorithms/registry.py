@@ -195,7 +195,8 @@ register(Algorithm(
     paper="Ji, Jacobsen. PS-Tree-Based Efficient Boolean Expression Matching for High-Dimensional and Dense "
           "Workloads. PVLDB 12(3), 2018",
     sections="§3.3 (selectivity), §4 (PS-Tree), §5 (PSTBloom)",
-    implementations={"cpu": "engine.algorithms.pstree:PSTBloomMatcher"},
+    implementations={"cpu": "engine.algorithms.pstree:PSTBloomMatcher",
+                     "cuda": "engine.algorithms.pstree_cuda:PSTBloomCudaMatcher"},
     options=PSTBloomOptions,
     native_forms=("conjunctions", "DNF within dnf_limit conjunctions"),
     limit_check="engine.algorithms.pstree:check_expression"))
@@ -205,7 +206,8 @@ register(Algorithm(
     paper="Ji, Jacobsen. PS-Tree-Based Efficient Boolean Expression Matching for High-Dimensional and Dense "
           "Workloads. PVLDB 12(3), 2018",
     sections="§3.3 (selectivity), §4 (PS-Tree), §6 (PSTHash)",
-    implementations={"cpu": "engine.algorithms.pstree:PSTHashMatcher"},
+    implementations={"cpu": "engine.algorithms.pstree:PSTHashMatcher",
+                     "cuda": "engine.algorithms.pstree_cuda:PSTHashCudaMatcher"},
     options=PSTHashOptions,
     native_forms=("conjunctions", "DNF within dnf_limit conjunctions"),
     # (no option variant: CI time; n_access 1 and 3 and the key bound's fallback are checked against scan

@@ -17,6 +17,10 @@ are kept flat (module docstring of :mod:`engine.algorithms.pstree`):
   endpoint whose three ranges fall in one space is dropped;
 * locating a value is a binary search (the trie walk's job) plus one read.
 
+The structures and the few functions the CUDA twin (:mod:`gpu_kernels.pstree.cuda`)
+compiles as well -- the binary search, the Bloom and key hashes -- live in
+:mod:`gpu_kernels.pstree.layout`, one source for both.
+
 Every kernel here reads predicate semantics from
 :func:`gpu_kernels.predicates.entry_truth` only: spaces decide which units
 are *candidates*; a candidate is accepted when every predicate of its unit
@@ -25,58 +29,20 @@ is TRUE under three-valued logic.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.compaction import emit_marked
-from gpu_kernels.opcodes import (BETWEEN, EQ, GE, GT, IN, LE, LT, NE, NOT_BETWEEN, NOT_IN, TRUE)
+from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, IN, LE, LT, NE, NOT_BETWEEN, NOT_IN, TRUE
 from gpu_kernels.predicates import entry_truth
-
-#: the paper's selectivity ranking of operators (§3.3): = > ∈ > BETWEEN > ranges > ∉ > ≠
-#: (NOT BETWEEN, which the paper does not list, goes between ∉ and ≠: it excludes a range, ≠ one value).
-#: Index by opcode; NOT_INDEXABLE for the operators whose TRUE set is not a union of code ranges
-#: decided by the value alone (LIKE, MATCHES and their negations need the string; IS [NOT] NULL
-#: is about presence) -- those never serve as access predicates.
-NOT_INDEXABLE = 99
-OPERATOR_CLASS = np.full(16, NOT_INDEXABLE, np.int64)
-OPERATOR_CLASS[EQ] = 0
-OPERATOR_CLASS[IN] = 1
-OPERATOR_CLASS[BETWEEN] = 2
-OPERATOR_CLASS[[LT, LE, GT, GE]] = 3
-OPERATOR_CLASS[NOT_IN] = 4
-OPERATOR_CLASS[NOT_BETWEEN] = 5
-OPERATOR_CLASS[NE] = 6
-
-
-class SpaceTable(NamedTuple):
-    """One PS-Tree per attribute, flattened (see the module docstring)."""
-
-    val_off: np.ndarray      # int64 [n_attrs + 1]
-    vals: np.ndarray         # float64: sorted endpoint codes per attribute
-    elem_space: np.ndarray   # int64 [2 * len(vals) + n_attrs]: elementary range -> global space id (-1: no tree)
-    space_off: np.ndarray    # int64 [n_attrs + 1]: attribute a's spaces are [space_off[a], space_off[a + 1])
+# the structures and the functions the CUDA twin compiles too (one source, so both see the same spaces and bits)
+from gpu_kernels.pstree.layout import (NOT_INDEXABLE, OPERATOR_CLASS, BloomArrays, HashArrays,  # noqa: F401
+                                       SpaceTable, bloom_key_py, bloom_probe_py, elementary_py, key_hash_py)
 
 
 # ------------------------------------------------------------------ locating
-@njit(inline="always", nogil=True)
-def elementary(vals, v0, v1, x):
-    """Elementary range of ``x`` among the sorted endpoints ``vals[v0:v1]``:
-    ``2i + 1`` when ``x`` equals endpoint ``i``, else ``2i`` (``i``: the
-    endpoints below ``x``).  A NaN lands in range 0, the leftmost gap, which
-    every predicate TRUE on NaN (``!=``, NOT IN, NOT BETWEEN) covers."""
-    lo = v0
-    hi = v1
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if vals[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < v1 and vals[lo] == x:
-        return 2 * (lo - v0) + 1
-    return 2 * (lo - v0)
+#: elementary range of ``x`` among ``vals[v0:v1]`` (:func:`~gpu_kernels.pstree.layout.elementary_py`)
+elementary = njit(inline="always", nogil=True)(elementary_py)
 
 
 def locate_spaces_py(ev_offsets, ev_attr, ev_value, val_off, vals, elem_space):
@@ -246,29 +212,12 @@ def select_access(unit_off, pids, row_attr, row_class, row_width, row_events, n_
     return acc, arity
 
 
-@njit(inline="always", nogil=True)
-def bloom_key(u):
-    """Unit ``u``'s two Bloom hashes (splitmix64; bit ``i`` of a signature
-    of ``n`` bits is ``(h1 + i * h2) mod n``, double hashing)."""
-    x = np.uint64(u) + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    x = x ^ (x >> np.uint64(31))
-    return x, (x >> np.uint64(32)) | np.uint64(1)
+#: unit ``u``'s two Bloom hashes (:func:`~gpu_kernels.pstree.layout.bloom_key_py`)
+bloom_key = njit(inline="always", nogil=True)(bloom_key_py)
 
 
-@njit(inline="always", nogil=True)
-def bloom_probe(sig_words, w0, w1, h1, h2, n_hashes):
-    """Whether the signature in ``sig_words[w0:w1]`` may hold the unit of
-    hashes ``(h1, h2)`` (an empty signature holds nothing)."""
-    if w1 == w0:
-        return False
-    mask = np.uint64((w1 - w0) * 64 - 1)
-    for i in range(n_hashes):
-        b = np.int64((h1 + np.uint64(i) * h2) & mask)
-        if (sig_words[w0 + (b >> 6)] >> np.uint64(b & 63)) & np.uint64(1) == 0:
-            return False
-    return True
+#: whether a signature may hold a unit (:func:`~gpu_kernels.pstree.layout.bloom_probe_py`)
+bloom_probe = njit(inline="always", nogil=True)(bloom_probe_py)
 
 
 @njit(nogil=True, cache=True)
@@ -412,15 +361,7 @@ def space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first,
     return keys[:k], owner[:k]
 
 
-@njit(inline="always", nogil=True)
-def key_hash(keys, row, width):
-    h = np.uint64(0x243F6A8885A308D3)
-    for q in range(width):
-        x = h ^ np.uint64(keys[row, q] + 1)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        h = x ^ (x >> np.uint64(31))
-    return h
+key_hash = njit(inline="always", nogil=True)(key_hash_py)
 
 
 @njit(nogil=True, cache=True)
@@ -470,18 +411,6 @@ def decided_by_space(j, pids, rows, ev_pos, ev_value):
     at = ev_pos[rows.attr[pids[j]]]
     x = ev_value[at]
     return j if x == x else -1
-
-
-class BloomArrays(NamedTuple):
-    """PSTBloom's structure besides the PS-Trees (§5.1)."""
-
-    list_off: np.ndarray     # int64 [n_spaces + 1]: CSR of the subscription lists (units)
-    units: np.ndarray        # int32
-    sig_off: np.ndarray      # int64 [n_spaces + 1]: CSR of the signatures (uint64 words)
-    sig: np.ndarray          # uint64
-    access: np.ndarray       # int64 [n_units]: position in pids of the access predicate, -1 none
-    always: np.ndarray       # int32: units without an indexable predicate, candidates for every event
-    indexable: np.ndarray    # uint8 per predicate row: its spaces are in the PS-Trees
 
 
 @njit(nogil=True)
@@ -594,18 +523,6 @@ def pstbloom_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, tas
 
 pstbloom_kernel = njit(parallel=True, nogil=True, cache=True)(pstbloom_kernel_py)
 pstbloom_serial = njit(nogil=True, cache=True)(pstbloom_kernel_py)
-
-
-class HashArrays(NamedTuple):
-    """PSTHash's structure besides the PS-Trees (§6.1)."""
-
-    slot_key: np.ndarray     # int64 [n_slots, N]: N-dim space id per slot (-1 padded below N)
-    slot_group: np.ndarray   # int64 [n_slots]: its group, -1 for a free slot
-    group_off: np.ndarray    # int64 [n_groups + 1]: CSR of each N-dim space's units
-    units: np.ndarray        # int32
-    access: np.ndarray       # int64 [n_units, N]: positions in pids of the access predicates, -1 padded
-    arities: np.ndarray      # uint8 [N + 1]: 1 where some unit has that many access predicates
-    always: np.ndarray       # int32: units without an indexable predicate
 
 
 @njit(nogil=True)
