@@ -25,8 +25,10 @@ from engine.workloads import abe_gen, add_subscriptions
 from gpu_kernels.atree.dag import REMOVED, ATreeDag
 from gpu_kernels.opcodes import AND, LEAF, OR
 
-OPTIONS = [{}, {"sharing": False}, {"reorganize": False}, {"self_adjust": False}]
-OPTION_IDS = ["default", "no-sharing", "no-reorganize", "no-self-adjust"]
+OPTIONS = [{}, {"sharing": False}, {"reorganize": False}, {"self_adjust": False}, {"binary": True},
+           {"zero_suppression": False}, {"on_demand": False}]
+OPTION_IDS = ["default", "no-sharing", "no-reorganize", "no-self-adjust", "binary", "no-zero-suppression",
+              "no-on-demand"]
 
 
 def atree_of(index: Index) -> ATreeMatcher:
@@ -354,6 +356,23 @@ def test_abe_gen_workload_equals_scan_under_every_option():
     # sharing: fewer nodes than without it; reorganisation: no more links than without it
     assert shared["nodes"] < unshared["nodes"] and shared["predicate_sharing"] > unshared["predicate_sharing"] == 1
     assert shared["links"] <= flat["links"]
+
+
+def test_the_papers_ablations_change_the_structure_they_name():
+    # Figure 8's binary tree: two children per AND/OR, the wide AND shared as a chain; Figure 10's
+    # optimisations off: FALSE propagates everywhere (every node exact) / an AND is linked from every child
+    texts = {1: "a = 1 AND b = 2 AND c = 3 AND d = 4", 2: "b = 2 AND c = 3 AND d = 4", 3: "a = 1 OR b > 2 OR c < 3"}
+    default, binary = atree_of(index_of(texts)), atree_of(index_of(texts, binary=True))
+    kids = np.diff(binary.arrays.child_off)[binary.arrays.kind != 0]
+    assert kids.max() == 2 and np.diff(default.arrays.child_off).max() > 2
+    assert binary.statistics()["i_nodes"] > default.statistics()["i_nodes"]
+    assert binary.statistics()["r_nodes"] == 3               # b AND c AND d is a link of a's chain: still a root
+    plain = atree_of(index_of(texts, zero_suppression=False))
+    assert plain.arrays.needs3.all() and not default.arrays.needs3.any()
+    eager = atree_of(index_of(texts, on_demand=False))
+    # propagation on demand links an AND from one child; without it from all: one link per edge
+    assert len(eager.arrays.par_idx) == len(eager.arrays.child_idx) > len(default.arrays.par_idx)
+    assert "binary=True" in repr(binary) and "on_demand=False" in repr(eager)
 
 
 # ------------------------------------------------------------ ABE-Gen (§6.1)

@@ -40,8 +40,8 @@ def test_the_registry_lists_what_exists_with_its_paper():
     for name in ("pstbloom", "psthash"):           # PS-Tree: both backends
         assert "PVLDB 12(3), 2018" in registry.get(name).paper
     assert "§5" in registry.get("pstbloom").sections and "§6" in registry.get("psthash").sections
-    atree = registry.get("atree")                   # A-Tree: cpu only so far, every expression native
-    assert "SIGMOD 2021" in atree.paper and atree.backends == ("cpu",) and atree.limit_check is None
+    atree = registry.get("atree")                   # A-Tree: both backends, every expression native
+    assert "SIGMOD 2021" in atree.paper and set(atree.backends) == {"cpu", "cuda"} and atree.limit_check is None
     with pytest.raises(BackendUnavailable, match="unknown algorithm 'nope'"):
         registry.get("nope")
 

@@ -49,7 +49,9 @@ class ATreeMatcher(HostMatcher):
     """A-Tree on the host (see the module docstring).  Options
     (:class:`engine.algorithms.options.ATreeOptions`): ``sharing`` (unique
     nodes for shared predicates and subexpressions), ``reorganize``
-    (Algorithm 2), ``self_adjust`` (Algorithm 3)."""
+    (Algorithm 2), ``self_adjust`` (Algorithm 3), and the paper's
+    ablations ``binary`` (Figure 8's binary tree), ``zero_suppression`` and
+    ``on_demand`` (Figure 10's matching optimisations)."""
 
     name = "atree"
 
@@ -58,14 +60,17 @@ class ATreeMatcher(HostMatcher):
         return cls(segment, cls.backend, schema=settings.schema, **settings.options.keywords(cls.backend))
 
     def __init__(self, segment: Segment, backend: str = "cpu", *, schema=None, sharing: bool = True,
-                 reorganize: bool = True, self_adjust: bool = True):
+                 reorganize: bool = True, self_adjust: bool = True, binary: bool = False,
+                 zero_suppression: bool = True, on_demand: bool = True):
         if backend != "cpu":
             raise ValueError(f"ATreeMatcher runs on backend 'cpu', not {backend!r}")
         from engine.algorithms.options import ATreeOptions
-        ATreeOptions(sharing=sharing, reorganize=reorganize, self_adjust=self_adjust)      # the values' checks
+        ATreeOptions(sharing=sharing, reorganize=reorganize, self_adjust=self_adjust, binary=binary,
+                     zero_suppression=zero_suppression, on_demand=on_demand)      # the values' checks
         self.schema = schema
         self.segment = self._coded(segment)
-        self.dag = ATreeDag(sharing, reorganize, self_adjust)
+        self.zero_suppression, self.on_demand = zero_suppression, on_demand
+        self.dag = ATreeDag(sharing, reorganize, self_adjust, binary)
         keys = _predicate_keys(self.segment)
         self.roots = np.array([self._insert(self.segment, p, keys) for p in range(len(self.segment))], np.int64)
         self.merges = 0
@@ -87,7 +92,8 @@ class ATreeMatcher(HostMatcher):
     def _flatten(self, keys: list) -> None:
         table = self.segment.predicates
         pid_of_key = {key: pid for pid, key in enumerate(keys)}
-        self.arrays = flatten(self.dag, self.roots, table.attr, table.op, pid_of_key)
+        self.arrays = flatten(self.dag, self.roots, table.attr, table.op, pid_of_key,
+                              zero_suppression=self.zero_suppression, on_demand=self.on_demand)
         self._matches_per_event = 16.0
 
     # -------------------------------------------------------------- updates
@@ -180,7 +186,8 @@ class ATreeMatcher(HostMatcher):
         return (f"ATreeMatcher({len(self.segment)} subscriptions, {s['l_nodes']} l-nodes, {s['i_nodes']} i-nodes, "
                 f"{s['r_nodes']} r-nodes, "
                 f"{s['levels']} levels, sharing={self.dag.sharing}, reorganize={self.dag.reorganize}, "
-                f"self_adjust={self.dag.self_adjust})")
+                f"self_adjust={self.dag.self_adjust}, binary={self.dag.binary}, "
+                f"zero_suppression={self.zero_suppression}, on_demand={self.on_demand})")
 
 
 def sharing_statistics(dag: ATreeDag, arrays, roots) -> dict:

@@ -351,8 +351,23 @@ class ATreeOptions(Options):
                                         "existing nodes over subsets of its children (greedy set cover)")
     self_adjust: bool = option(True, doc="index self-adjustment (§4.2.3, Algorithm 3): a new AND/OR node becomes "
                                          "a child of the existing nodes whose children include all of its own")
+    binary: bool = option(False, doc="the paper's 'binary tree index supporting sharing' (Figure 8): an AND/OR of "
+                                     "more than two children becomes a chain of two-child nodes")
+    zero_suppression: bool = option(True, doc="the zero suppression filter (§5.2.1): only TRUE propagates outside "
+                                              "XOR/XNOR subtrees; False (the Figure 10 ablation): FALSE too")
+    on_demand: bool = option(True, doc="propagation on demand (§5.2.2): an AND is reached from one access child "
+                                       "and reads the others; False (the Figure 10 ablation): from every child")
+    kernel: str = option("levels", backends=CUDA, structural=False,
+                         doc="cuda matching: 'levels' (one launch per level of the DAG) or 'persistent' (one "
+                             "launch, a block per event walking the levels); not measured on a GPU yet")
+    launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
+    device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
 
     def __post_init__(self):
-        for name in ("sharing", "reorganize", "self_adjust"):
+        for name in ("sharing", "reorganize", "self_adjust", "binary", "zero_suppression", "on_demand"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        if self.kernel not in ATREE_KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(map(repr, ATREE_KERNELS))}, not {self.kernel!r}")
+        check_launch(self.launch)
+        check_device_memory(self.device_memory)

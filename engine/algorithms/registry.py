@@ -222,7 +222,8 @@ register(Algorithm(
           "Expressions. SIGMOD 2021",
     sections="§4.1-§4.2 (unique nodes, expression ids, reorganisation, self-adjustment, use counts, deletion), "
              "§5 (level-ordered matching, zero suppression, propagation on demand)",
-    implementations={"cpu": "engine.algorithms.atree:ATreeMatcher"},
+    implementations={"cpu": "engine.algorithms.atree:ATreeMatcher",
+                     "cuda": "engine.algorithms.atree_cuda:ATreeCudaMatcher"},
     options=ATreeOptions,
     native_forms=("every expression: AND, OR, NOT (folded into predicates), XOR, XNOR, as shared n-ary nodes",)))
 # (no conformance variant: the defaults' cases already cost the suite ~40 s; the ablations, sharing=False and

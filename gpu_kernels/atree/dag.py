@@ -67,10 +67,15 @@ class ATreeDag:
     ``sharing=False`` is the paper's "multitree not supporting sharing"
     (Figure 8): every insertion makes new nodes, leaves included.
     ``reorganize=False`` leaves out Algorithm 2, ``self_adjust=False``
-    Algorithm 3."""
+    Algorithm 3.  ``binary=True`` is the paper's "binary tree index
+    supporting sharing" (Figure 8): an AND/OR of more than two children is
+    a right-leaning chain of two-child nodes (``a ∧ (b ∧ (c ∧ d))`` over the
+    sorted children), each shared like any node."""
 
-    def __init__(self, sharing: bool = True, reorganize: bool = True, self_adjust: bool = True):
+    def __init__(self, sharing: bool = True, reorganize: bool = True, self_adjust: bool = True,
+                 binary: bool = False):
         self.sharing = bool(sharing)
+        self.binary = bool(binary)
         self.reorganize = bool(reorganize) and self.sharing
         self.self_adjust = bool(self_adjust) and self.sharing
         #: node -> the set of its parents (with self_adjust only); sets are
@@ -89,6 +94,7 @@ class ATreeDag:
         """An independent copy (lists of immutable items: shallow copies suffice)."""
         new = object.__new__(ATreeDag)
         new.sharing, new.reorganize, new.n_removed = self.sharing, self.reorganize, self.n_removed
+        new.binary = self.binary
         new.self_adjust, new.parents, new._owned = self.self_adjust, dict(self.parents), set()
         new.kind, new.children, new.pred = list(self.kind), list(self.children), list(self.pred)
         new.uses, new.key, new.table = list(self.uses), list(self.key), dict(self.table)
@@ -139,6 +145,16 @@ class ATreeDag:
                 return flat[0]
         else:
             flat = tuple(sorted(kids))       # XOR / XNOR: commutative, not idempotent
+        return self._operator(op, flat)
+
+    def _operator(self, op: int, flat: tuple) -> int:
+        """The node of operator ``op`` over the (sorted) child nodes ``flat``, found or made."""
+        if self.binary and (op == AND or op == OR) and len(flat) > 2:
+            rest = self._operator(op, flat[1:])
+            node = self._operator(op, tuple(sorted((flat[0], rest))))
+            if self.uses[rest] == 0:         # the pair existed already: the chain made for it is unused
+                self._remove(rest)
+            return node
         key = (op, flat) if self.sharing else None
         if key is not None:
             found = self.table.get(key)
@@ -256,7 +272,7 @@ class ATreeDag:
         """Node ids renumbered without the removed ones (in their order);
         returns ``(dag, new root ids)``."""
         old_to_new = {}
-        new = ATreeDag(self.sharing, self.reorganize, self.self_adjust)
+        new = ATreeDag(self.sharing, self.reorganize, self.self_adjust, self.binary)
         for n, kind in enumerate(self.kind):
             if kind == REMOVED:
                 continue

@@ -55,10 +55,11 @@ _LEAF_ESTIMATE[[opcodes.IS_NULL]] = 0.9
 
 
 @njit(nogil=True, cache=True)
-def _links(kind, child_off, child_idx, needs3, leaf_estimate):
+def _links(kind, child_off, child_idx, needs3, leaf_estimate, on_demand):
     """Propagation links (child -> parent) and their count per child: every
     child of an OR, an XOR/XNOR or an exact AND; only the access child of
-    a non-exact AND (propagation on demand, §5.2.2)."""
+    a non-exact AND (propagation on demand, §5.2.2; every child without
+    ``on_demand``)."""
     n = len(kind)
     estimate = np.empty(n, np.float64)
     link_parent = np.empty(len(child_idx), np.int64)
@@ -79,7 +80,7 @@ def _links(kind, child_off, child_idx, needs3, leaf_estimate):
                 if estimate[child_idx[k]] < estimate[child_idx[best]]:
                     best = k
             estimate[node] = p
-            if not needs3[node]:
+            if on_demand and not needs3[node]:
                 link_parent[n_links] = node
                 link_child[n_links] = child_idx[best]
                 n_links += 1
@@ -98,10 +99,17 @@ def _links(kind, child_off, child_idx, needs3, leaf_estimate):
     return link_parent[:n_links], link_child[:n_links]
 
 
-def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, pid_of_key: dict) -> ATreeArrays:
+def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, pid_of_key: dict, *,
+            zero_suppression: bool = True, on_demand: bool = True) -> ATreeArrays:
     """The level-ordered arrays of ``dag`` whose subscription at position
     ``p`` is r-node ``roots[p]`` (a host node id); ``pid_of_key`` maps a
-    leaf's predicate key to its predicate id in the segment."""
+    leaf's predicate key to its predicate id in the segment.
+
+    The paper's matching optimisations as ablations (Figure 10):
+    ``zero_suppression=False`` makes every node exact (``needs3``), so
+    FALSE propagates as TRUE does -- every evaluated node reaches all its
+    parents; ``on_demand=False`` links every child of an AND, not its
+    access child alone.  Neither changes a result."""
     kinds = np.array(dag.kind, dtype=np.int8)
     n_all = len(kinds)
     counts = np.fromiter((len(c) for c in dag.children), np.int64, n_all)
@@ -127,13 +135,13 @@ def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, 
         raise AssertionError("A-Tree: a node links to a removed node")
     top = int(lv.max(initial=1))
     level_start = np.searchsorted(lv, np.arange(top + 2), side="left").astype(np.int64)
-    needs3 = exact_nodes(kind, c_off, c_idx)
+    needs3 = exact_nodes(kind, c_off, c_idx) if zero_suppression else np.ones(n, np.uint8)
     leaf_pred = np.full(n, -1, np.int64)
     leaves = np.flatnonzero(kind == LEAF)
     leaf_pred[leaves] = [pid_of_key[dag.pred[h]] for h in order[leaves].tolist()]
     leaf_estimate = np.full(n, 0.5)
     leaf_estimate[leaves] = _LEAF_ESTIMATE[pred_op[leaf_pred[leaves]]]
-    link_parent, link_child = _links(kind, c_off, c_idx, needs3, leaf_estimate)
+    link_parent, link_child = _links(kind, c_off, c_idx, needs3, leaf_estimate, bool(on_demand))
     by_child = np.lexsort((link_parent, link_child))
     par_off = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(link_child, minlength=n), out=par_off[1:])
