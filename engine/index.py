@@ -133,9 +133,10 @@ class Index:
         self._options = self._algorithm.make_options(options, self.backend)
         self.options = dict(options or {})
         # the residual matcher runs on the same backend with the same device settings
+        self._residual = registry.get(residual_split.RESIDUAL_ALGORITHM)
         shared = {name: value for name, value in self._options.keywords(self.backend).items()
                   if name in ScanOptions.__dataclass_fields__}
-        self._residual_options = ScanOptions(**shared)
+        self._residual_options = self._residual.make_options(shared, self.backend)
         self._schema = Schema()
         for attr, family in (schema or {}).items():
             self._schema.declare(attr, family)
@@ -353,7 +354,8 @@ class Index:
             self._schema.register(preds, families)
         segment = compile_expressions(ids, nodes, self._schema)
         residual = np.array(residual, dtype=bool)
-        if self.backend == "cuda":      # programs deeper than a device thread's stack run on the host
+        # programs deeper than a device thread's stack: residual, for the A-Tree (no stack, no depth limit)
+        if self.backend == "cuda" and self.algorithm != residual_split.RESIDUAL_ALGORITHM:
             residual |= self._too_deep_for_the_device(segment)
         if residual.any():
             segment.residual = residual
@@ -362,8 +364,8 @@ class Index:
     def _too_deep_for_the_device(self, segment: Segment) -> np.ndarray:
         """Per subscription, whether its program needs more operand slots than
         a cuda thread holds (an AND/OR of more than
-        ``gpu_kernels.scan.MAX_STACK_DEPTH`` operands): residual, matched on
-        the host -- or refused with ``strict=True``."""
+        ``gpu_kernels.scan.MAX_STACK_DEPTH`` operands): residual, matched by
+        the A-Tree -- or refused with ``strict=True``."""
         from gpu_kernels.scan import MAX_STACK_DEPTH
         deep = program_depths(segment.prog_offsets, segment.prog_kind, segment.prog_arg) > MAX_STACK_DEPTH
         if deep.any() and self.strict:
@@ -496,14 +498,11 @@ class Index:
                         "kernels; engine.warmup() does this up front)", self.algorithm, self.backend)
 
     def _build_residual(self, segment: Segment, view):
-        """The residual matcher: on the index's backend, or on the host when
-        a program is too deep for a device thread's stack."""
-        backend = self.backend
-        if backend == "cuda" and len(segment) and self._too_deep_for_the_device(segment).any():
-            backend = "cpu"
-        scan = registry.get(residual_split.RESIDUAL_ALGORITHM)
-        options = self._residual_options if backend == self.backend else scan.make_options(None, backend)
-        return scan.matcher_class(backend).build(segment, BuildSettings(view, self.dnf_limit, options))
+        """The residual matcher (A-Tree), on the index's backend: its DAG has
+        no depth limit, so a program too deep for a device thread's stack
+        runs on the device there too."""
+        return self._residual.matcher_class(self.backend).build(
+            segment, BuildSettings(view, self.dnf_limit, self._residual_options))
 
     def _matchers(self):
         """(segment, alive, matcher) for the main segment and the delta of

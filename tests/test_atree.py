@@ -424,3 +424,34 @@ def test_abe_gen_shape_and_parameters():
         abe_gen(10, fanout=(1, 3))
     with pytest.raises(ValueError, match="operators"):
         abe_gen(10, operators=(1, 1))
+
+
+# ------------------------------------------------ the residual matcher of the others
+@pytest.mark.parametrize("algorithm", ["opindex", "betree", "pstbloom"])
+def test_expressions_beyond_a_rewrite_limit_go_to_an_a_tree_derived_at_each_merge(algorithm):
+    # dnf_limit=2: XORs of conjunctions and ORs of ANDs exceed it, plain conjunctions do not
+    rng = np.random.default_rng(7)
+    texts = [random_expression(rng, 3) for _ in range(160)]
+    events = [random_event(rng) for _ in range(200)]
+    index = Index(algorithm=algorithm, backend="cpu", dnf_limit=2)
+    scan = Index(algorithm="scan", backend="cpu")
+    for target in (index, scan):
+        target.add_many(range(120), texts[:120])
+        target.merge()
+    n_residual = index.statistics()["residual"]
+    assert 0 < n_residual < 120
+    index.match({})                                       # builds the matcher
+    first = index._matcher
+    assert isinstance(first, ResidualMatcher) and isinstance(first.residual, ATreeMatcher)
+    assert len(first.residual.segment) == n_residual
+    matched = check_against_scan(index, scan, events)
+    for target in (index, scan):
+        for i in range(0, 120, 3):
+            target.remove(i)
+        target.add_many(range(120, 160), texts[120:])
+        target.merge()
+    index.match({})
+    second = index._matcher
+    assert second.residual.merges == first.residual.merges + 1       # derived (Algorithms 4 and 5), not rebuilt
+    matched += check_against_scan(index, scan, events)
+    assert matched > 100

@@ -250,7 +250,8 @@ def test_every_matcher_follows_the_contract():
 # ------------------------------------------------- cuda: programs too deep
 @pytest.mark.cuda
 @pytest.mark.parametrize("algorithm", ["scan", "opindex"])
-def test_programs_too_deep_for_a_device_thread_are_residual_on_the_host(algorithm, monkeypatch):
+def test_programs_too_deep_for_a_device_thread_are_residual_on_the_device(algorithm, monkeypatch):
+    # residual, they go to the A-Tree, whose DAG has no depth limit: on the device as well
     from tests.test_cuda_sim import HAVE_CUDA
     if not HAVE_CUDA:
         pytest.skip("needs a CUDA GPU with CuPy, or numba's simulator (NUMBA_ENABLE_CUDASIM=1)")
@@ -267,6 +268,11 @@ def test_programs_too_deep_for_a_device_thread_are_residual_on_the_host(algorith
         events, ids = idx.match_batch([full, {"b": 1}], output="device")
         assert np.asarray(events).tolist() == [0, 0, 0, 1] and np.asarray(ids).tolist() == [1, 2, 3, 2]
         idx.merge()
-    assert idx._matcher.residual.backend == "cpu" and idx._matcher.native.backend == "cuda"
+    assert idx._matcher.residual.backend == "cuda" and idx._matcher.native.backend == "cuda"
+    assert idx._matcher.residual.name == "atree"
+    atree = Index(algorithm="atree", backend="cuda")         # the A-Tree itself: no stack, nothing residual
+    atree.add_many([1, 2], [wide, "b = 1"])
+    atree.merge()
+    assert atree.statistics()["residual"] == 0 and [m.tolist() for m in atree.match_batch([full, {}])] == [[1, 2], []]
     with pytest.raises(ExpressionTooLarge, match="subscription 7 needs an operand stack"):
         Index(algorithm=algorithm, backend="cuda", strict=True).add(7, wide)

@@ -7,10 +7,15 @@ expression is still valid, so the Index does not refuse it (unless
 ``strict=True``): at add time the registry's limit check marks it
 *residual* (:attr:`engine.compile.Segment.residual`), and the main
 segment's matcher becomes a :class:`ResidualMatcher` -- the algorithm's
-matcher over the subscriptions it indexes, plus the residual matcher
-(``scan``, on the same backend) over the others -- whose answers are merged
-into one ascending result.  The split follows every merge: both halves are
-derived through their own ``merged``.
+matcher over the subscriptions it indexes, plus the residual matcher over
+the others -- whose answers are merged into one ascending result.  The
+split follows every merge: both halves are derived through their own
+``merged``.
+
+The residual matcher is A-Tree (``atree``, on the same backend): the one
+algorithm that indexes every expression as it is -- AND/OR/NOT/XOR/XNOR at
+any depth, shared subexpressions evaluated once -- where ``scan`` would
+evaluate each residual expression whole on every event.
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from engine.algorithms.base import Matcher
 from engine.compile import Segment
 from gpu_kernels import cuda_support
 
-#: the algorithm that matches residual subscriptions (A-Tree, once it exists, would do better)
-RESIDUAL_ALGORITHM = "scan"
+#: the algorithm that matches residual subscriptions: it must index every expression (no limit check)
+RESIDUAL_ALGORITHM = "atree"
 
 
 def split_positions(segment: Segment) -> tuple[np.ndarray, np.ndarray]:
@@ -95,9 +100,8 @@ class ResidualMatcher(Matcher):
         native_pos, residual_pos = split_positions(segment)
         native_map, native_added = _sub_map(old_to_new, self.native_pos, native_pos, len(segment))
         native = self.native.merged(_part(segment, native_pos), native_map, native_added, schema)
-        # (the residual matcher, scan, holds nothing to update: built again, which also
-        # picks its backend for what the merge brought)
-        residual = self.build_residual(segment.take(residual_pos))
+        residual_map, residual_added = _sub_map(old_to_new, self.residual_pos, residual_pos, len(segment))
+        residual = self.residual.merged(segment.take(residual_pos), residual_map, residual_added, schema)
         return ResidualMatcher(segment, native, residual, native_pos, residual_pos, self.build_residual)
 
     def recoded(self, segment: Segment, schema) -> Matcher:
