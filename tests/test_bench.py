@@ -519,7 +519,8 @@ def test_apcm_variants_exist_while_apcm_is_registered(no_apcm, capsys):
                                            implementations={"cpu": FakeAPCMMatcher}, options=FakeAPCMOptions))
     try:
         names = bench_algorithms.names()
-        assert names[names.index("opindex-bs") + 1:] == APCM_VARIANTS
+        assert tuple(n for n in names if n.startswith("apcm-")) == APCM_VARIANTS
+        assert names.index("apcm-bitmap") == names.index("opindex-bs") + 1      # in VARIANTS' order
         assert all(bench_algorithms.base_of(name) == "apcm" for name in APCM_VARIANTS)
         help_text = bench.build_parser().format_help()
         assert "apcm-cuppre" in help_text and "C-U-PP-RE" in help_text
@@ -803,3 +804,18 @@ def test_rows_carry_the_spread_of_the_repeats_and_the_plot_draws_four_panels(tmp
     assert [ax.get_title() for ax in fig.axes][:4] == [title for _, title, _, _ in report.PANELS]
     assert all(ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0 for ax in fig.axes[:4])   # bars: linear, from 0
     assert_png(tmp_path / "bars.png")
+
+
+def test_atree_ablations_are_bench_variants_and_abe_sweeps(tmp_path):
+    # A-Tree Fig. 8-10's ablations by name; ABE-Gen as a sweep generator, a fan-out range from the command line
+    names = bench_algorithms.names()
+    assert {"atree-noshare", "atree-binary", "atree-plain", "atree-nozs", "atree-noopt"} <= set(names)
+    assert bench_algorithms.fixed_options("atree-noopt") == {"zero_suppression": False, "on_demand": False}
+    csv = tmp_path / "abe.csv"
+    bench.main(["--generator", "abe", "--sweep", "fanout", "--values", "2..3,4..5", "--scale", "0.0002",
+                "--events", "30", "--algorithm", "scan", "--algorithm", "atree-binary", "--repeats", "1",
+                "--latency-samples", "0", "--quiet", "--csv", str(csv)])
+    _, rows = read_csv(csv)
+    assert [(r["sweep_value"], r["algorithm"]) for r in rows] == [
+        ("(2, 3)", "scan"), ("(2, 3)", "atree-binary"), ("(4, 5)", "scan"), ("(4, 5)", "atree-binary")]
+    assert all(r["status"] == "ok" and r["correct"] == "True" for r in rows)

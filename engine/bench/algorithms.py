@@ -35,6 +35,15 @@ VARIANTS = {
     "apcm-cu": ("apcm", {"variant": "pcm", "reorder": False, "parallel_paths": False}),
     "apcm-cupp": ("apcm", {"variant": "pcm", "reorder": False}),
     "apcm-cuppre": ("apcm", {"variant": "pcm"}),
+    # A-Tree §6.3: Fig. 8's design options, Fig. 9's construction options, Fig. 10's matching optimisations
+    "atree-noshare": ("atree", {"sharing": False}),
+    "atree-binary": ("atree", {"binary": True}),
+    "atree-plain": ("atree", {"reorganize": False, "self_adjust": False}),
+    "atree-reorg": ("atree", {"self_adjust": False}),
+    "atree-adjust": ("atree", {"reorganize": False}),
+    "atree-nozs": ("atree", {"zero_suppression": False}),
+    "atree-nopod": ("atree", {"on_demand": False}),
+    "atree-noopt": ("atree", {"zero_suppression": False, "on_demand": False}),
 }
 #: what each variant is, for ``bexmatch bench --help``
 VARIANT_TITLES = {
@@ -45,6 +54,14 @@ VARIANT_TITLES = {
     "apcm-cu": "Fig. 8 'C-U': + traversal unrolling",
     "apcm-cupp": "Fig. 8 'C-U-PP': + parallel path traversal (Fig. 8(a) runs it on sorted_stream=true)",
     "apcm-cuppre": "Fig. 8 'C-U-PP-RE': + online stream re-ordering, every cluster compressed",
+    "atree-noshare": "A-Tree Fig. 8 'multitree not supporting sharing': every expression its own nodes",
+    "atree-binary": "A-Tree Fig. 8 'binary tree index supporting sharing': two-child AND/OR nodes",
+    "atree-plain": "A-Tree Fig. 9 (1): neither reorganisation nor self-adjustment",
+    "atree-reorg": "A-Tree Fig. 9 (2): expression reorganisation only",
+    "atree-adjust": "A-Tree Fig. 9 (3): self-adjustment only",
+    "atree-nozs": "A-Tree Fig. 10: without the zero suppression filter (FALSE propagates too)",
+    "atree-nopod": "A-Tree Fig. 10: without propagation on demand (an AND reached from every child)",
+    "atree-noopt": "A-Tree Fig. 10: neither matching optimisation",
 }
 #: an option value chosen per workload from its generating parameters
 AUTO = "auto"

@@ -148,11 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
                           f"subscriptions x events <= {SCAN_BUDGET:,}, else the first "
                           f"{SCAN_SAMPLE_MIN}..{SCAN_SAMPLE_MAX}), 'all', or the first N (default %(default)s)")
     swp = parser.add_argument_group("sweeps (OpIndex Fig. 10; with --generator begen: BE-Tree Fig. 5-11, "
-                                    "A-PCM Fig. 8-9)")
+                                    "PS-Tree Fig. 6-13, A-PCM Fig. 8-9; with --generator abe: A-Tree Fig. 8-13)")
     swp.add_argument("--sweep", metavar="PARAM",
                      help="vary one generator parameter: N, dims, Γmax/gamma_max, m, θ/theta, σ/cardinality, "
-                          "zipf, p/match_prob, s/similarity, ... (any keyword of engine.workloads.opindex_gen or "
-                          "begen; a workload per value) -- or one algorithm option ALG.NAME, e.g. "
+                          "zipf, p/match_prob, s/similarity, α/alpha, depth, fanout (a range: 2..6), ... (any "
+                          "keyword of engine.workloads.opindex_gen, begen or abe_gen; a workload per value) -- or one algorithm option ALG.NAME, e.g. "
                           "apcm.cluster_size or betree.max_cap (one workload, the option set per value on ALG and "
                           "its variants; default --algorithm: ALG alone)")
     swp.add_argument("--values", type=_csv_list, metavar="V1,V2,...", help="the values of the swept parameter "
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "A-PCM Fig. 9(c); one stream similarity alone: --param similarity=0.7")
     swp.add_argument("--generator", choices=tuple(SWEEP_BASE), default="opindex",
                      help="generator of the sweep (default %(default)s; base parameters: W3 for opindex, "
-                          "W1 for begen, subscriptions times --scale)")
+                          "W1 for begen, W5 for abe (A-Tree Fig. 8-13), subscriptions times --scale)")
     swp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a base parameter of the sweep's generator (repeatable)")
     lat = parser.add_argument_group(

@@ -33,9 +33,13 @@ SWEEP_ALIASES = {
     "begen": {"N": "n_subs", "n": "n_subs", "subs": "n_subs", "d": "dims", "σ": "cardinality",
               "sigma": "cardinality", "card": "cardinality", "θ": "eq_share", "theta": "eq_share",
               "m": "event_size", "p": "match_prob", "s": "similarity", "events": "n_events"},
+    # A-Tree §6.1 (Table 3): α is the subexpressions' Zipf exponent, the attributes' is attr_zipf
+    "abe": {"N": "n_subs", "n": "n_subs", "subs": "n_subs", "d": "dims", "σ": "cardinality", "sigma": "cardinality",
+            "card": "cardinality", "α": "alpha", "children": "fanout", "fan-out": "fanout", "m": "event_size",
+            "events": "n_events"},
 }
 #: the standard workload whose full-scale parameters are a sweep's defaults
-SWEEP_BASE = {"opindex": "W3", "begen": "W1"}
+SWEEP_BASE = {"opindex": "W3", "begen": "W1", "abe": "W5"}
 #: int parameters whose default is None
 _INT_PARAMS = {"n_events", "sub_size_max", "filler"}
 
@@ -44,7 +48,7 @@ def _generator(name: str):
     from engine import workloads as generators
     if name not in SWEEP_BASE:
         raise ValueError(f"unknown generator {name!r}; generators are {', '.join(SWEEP_BASE)}")
-    return generators.opindex_gen if name == "opindex" else generators.begen
+    return {"opindex": generators.opindex_gen, "begen": generators.begen, "abe": generators.abe_gen}[name]
 
 
 def sweep_parameters(generator: str) -> list[str]:
@@ -66,8 +70,11 @@ def resolve_sweep_param(generator: str, param: str) -> str:
 
 def coerce_value(generator: str, param: str, value):
     """A swept value as the generator wants it: text from the command line
-    becomes int, float, None or bool; integral floats become ints for int
-    parameters."""
+    becomes int, float, None or bool (``"2..6"`` a range, for ABE-Gen's
+    ``fanout``); integral floats become ints for int parameters."""
+    default = inspect.signature(_generator(generator)).parameters[param].default
+    if isinstance(value, str) and isinstance(default, tuple) and ".." in value:
+        return tuple(coerce_value(generator, "n_subs", part) for part in value.split(".."))
     if isinstance(value, str):
         text = value.strip()
         low = text.lower()
@@ -83,7 +90,6 @@ def coerce_value(generator: str, param: str, value):
                     value = float(text)
                 except ValueError:
                     value = text
-    default = inspect.signature(_generator(generator)).parameters[param].default
     integer = isinstance(default, int) and not isinstance(default, bool) or param in _INT_PARAMS
     if integer and isinstance(value, float) and value.is_integer():
         value = int(value)
