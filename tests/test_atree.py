@@ -455,3 +455,120 @@ def test_expressions_beyond_a_rewrite_limit_go_to_an_a_tree_derived_at_each_merg
     assert second.residual.merges == first.residual.merges + 1       # derived (Algorithms 4 and 5), not rebuilt
     matched += check_against_scan(index, scan, events)
     assert matched > 100
+
+
+# ----------------------------------------------------------------- saving the DAG
+def saved_atree(tmp_path, texts: dict, **options):
+    index = index_of(texts, **options)
+    path = tmp_path / "atree.bexidx"
+    index.save(path)
+    return index, path
+
+
+def test_the_saved_dag_is_loaded_as_it_was_built(tmp_path):
+    # self-adjustment makes the DAG depend on the order of insertion: a rebuild from the texts in id
+    # order would link other nodes; the load must give back the very DAG, not replay insertions
+    rng = np.random.default_rng(21)
+    texts = {i: random_expression(rng, 3) for i in range(200)}
+    index = Index(algorithm="atree", backend="cpu")
+    for i in sorted(texts, reverse=True):                 # inserted newest id first, merged in three steps
+        index.add(i, texts[i])
+        if i % 70 == 0:
+            index.merge()
+    for i in range(0, 200, 9):
+        index.remove(i)
+    index.merge()
+    path = tmp_path / "atree.bexidx"
+    index.save(path)
+    loaded = Index.load(path)
+    assert loaded._state.source.kind == "reuse"           # restored, not built
+    before, after = atree_of(index), atree_of(loaded)
+    assert after.statistics() == before.statistics() and after.merges == before.merges
+    assert np.array_equal(after.arrays.child_idx, before.arrays.child_idx)
+    events = [random_event(rng) for _ in range(200)]
+    want = [m.tolist() for m in index.match_batch(events)]
+    assert [m.tolist() for m in loaded.match_batch(events)] == want and sum(map(len, want)) > 50
+    loaded.add(999, texts[5])                             # and it keeps growing from there
+    loaded.merge()
+    check_use_counts(atree_of(loaded))
+
+
+def test_a_merge_that_removes_most_nodes_renumbers_them(tmp_path):
+    # removed ids outnumbering live ones: the merge compacts the DAG -- with self-adjusted links from
+    # older parents to newer nodes, and reorganised nodes keyed by children that are gone
+    rng = np.random.default_rng(5)
+    pool = [random_expression(rng, 2) for _ in range(30)]
+    texts = [" AND ".join(f"({pool[k]})" for k in rng.choice(30, int(rng.integers(2, 5)), replace=False))
+             for _ in range(300)]
+    events = [random_event(rng) for _ in range(150)]
+    index, scan = Index(algorithm="atree", backend="cpu"), Index(algorithm="scan", backend="cpu")
+    for target in (index, scan):
+        target.add_many(range(300), texts)
+        target.merge()
+    before = atree_of(index)
+    for target in (index, scan):
+        for i in range(290):
+            target.remove(i)
+        target.add_many(range(300, 310), texts[:10])
+        target.merge()
+    after = atree_of(index)
+    assert after.dag.n_removed == 0 and len(after.dag.kind) < len(before.dag.kind)     # renumbered
+    check_use_counts(after)
+    check_against_scan(index, scan, events)
+
+
+def test_a_saved_dag_of_other_construction_options_is_built_again(tmp_path):
+    texts = {1: "a = 1 AND b = 2 AND c = 3", 2: "b = 2 AND c = 3"}
+    _, path = saved_atree(tmp_path, texts, binary=True)
+    from tests.test_index_file import members, rewritten
+    meta, arrays = members(path.read_bytes())
+    meta["options"]["binary"] = False                     # the file's DAG is a binary one: not what is asked
+    other = tmp_path / "other.bexidx"
+    other.write_bytes(rewritten(meta, arrays))
+    loaded = Index.load(other)
+    assert not atree_of(loaded).dag.binary and atree_of(loaded).arrays.child_off.size > 0      # built as asked
+    assert [m.tolist() for m in loaded.match_batch([{"a": 1, "b": 2, "c": 3}])] == [[1, 2]]
+
+
+@pytest.mark.parametrize("craft", ["child_out_of_range", "uses", "leaf_without_predicate", "float_kind",
+                                   "root_out_of_range", "missing", "duplicate_key"])
+def test_a_crafted_saved_dag_is_a_file_error(tmp_path, craft):
+    from engine import IndexFileError
+    from tests.test_index_file import members, rewritten
+    texts = {1: "a = 1 AND (b = 2 OR c = 3)", 2: "(b = 2 OR c = 3) XOR d > 4", 3: "a = 1"}
+    _, path = saved_atree(tmp_path, texts)
+    meta, arrays = members(path.read_bytes())
+    arrays = dict(arrays)
+    if craft == "child_out_of_range":
+        arrays["matcher.child_idx"] = arrays["matcher.child_idx"] + 100
+    elif craft == "uses":
+        arrays["matcher.uses"] = arrays["matcher.uses"] + 1
+    elif craft == "leaf_without_predicate":
+        pid = arrays["matcher.leaf_pid"].copy()
+        pid[np.flatnonzero(pid >= 0)[0]] = -1
+        arrays["matcher.leaf_pid"] = pid
+    elif craft == "float_kind":
+        arrays["matcher.kind"] = arrays["matcher.kind"].astype(np.float64)
+    elif craft == "root_out_of_range":
+        arrays["matcher.roots"] = arrays["matcher.roots"] + 1000
+    elif craft == "missing":
+        del arrays["matcher.key_idx"]
+    else:
+        keyed = np.flatnonzero(arrays["matcher.key_len"] > 0)
+        key_len = arrays["matcher.key_len"].copy()
+        assert len(keyed) >= 2
+        key_len[keyed[0]] = -1                            # drop one operator's key ...
+        arrays["matcher.key_len"] = key_len
+        n0 = int(arrays["matcher.key_len"][:keyed[0]][arrays["matcher.key_len"][:keyed[0]] > 0].sum())
+        k = int(members(path.read_bytes())[1]["matcher.key_len"][keyed[0]])
+        key_idx = arrays["matcher.key_idx"]
+        arrays["matcher.key_idx"] = np.concatenate((key_idx[:n0], key_idx[n0 + k:]))
+        leaf = np.flatnonzero(arrays["matcher.key_len"] == 0)
+        key_len[leaf[0]], key_len[leaf[1]] = 0, 0
+        pid = arrays["matcher.leaf_pid"].copy()
+        pid[leaf[1]] = pid[leaf[0]]                       # ... and give two leaves one predicate: one id
+        arrays["matcher.leaf_pid"] = pid
+    bad = tmp_path / "crafted.bexidx"
+    bad.write_bytes(rewritten(meta, arrays))
+    with pytest.raises(IndexFileError, match="crafted.bexidx"):
+        Index.load(bad)

@@ -321,3 +321,19 @@ def test_atree_cuda_kernels_compile_to_ptx():
     if done.returncode == 0 and "no-nvvm" in done.stdout:
         pytest.skip(f"libNVVM not installed: {done.stdout.strip()[:200]}")
     assert done.returncode == 0 and "compiled 3" in done.stdout, (done.stdout + done.stderr)[-3000:]
+
+
+@needs_cuda
+def test_a_saved_dag_loads_onto_the_device(tmp_path):
+    # saved from cpu, restored as it was built (no insertion replayed), then copied to the device
+    w = abe_gen(80, 30, dims=30, cardinality=10, depth=3, seed=11)
+    built = abe_index("cpu")
+    add_subscriptions(built, w.subscriptions)
+    built.merge()
+    path = tmp_path / "abe.bexidx"
+    built.save(path)
+    loaded = Index.load(path, backend="cuda")
+    want = [m.tolist() for m in built.match_batch(w.events)]
+    assert [m.tolist() for m in loaded.match_batch(w.events)] == want and sum(map(len, want)) > 20
+    assert loaded._state.source.kind == "reuse"
+    assert native(loaded._matcher).host.statistics() == native(built._matcher).statistics()

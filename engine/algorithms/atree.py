@@ -36,6 +36,7 @@ from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
 from gpu_kernels.atree.dag import ATreeDag, program_expression
 from gpu_kernels.atree.layout import flatten
+from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
 
 
 def _predicate_keys(segment: Segment) -> list:
@@ -160,6 +161,69 @@ class ATreeMatcher(HostMatcher):
         events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
         return events, positions
 
+    # ---------------------------------------------------------- persistence
+    #: version of the saved DAG (:meth:`to_arrays`)
+    SAVED_FORMAT = 1
+    #: the options a saved DAG was built with: another value asks for another DAG
+    _SHAPE = ("sharing", "reorganize", "self_adjust", "binary")
+
+    def to_arrays(self):
+        """The host DAG as arrays (removed nodes left out): per node its
+        kind, uses, leaf predicate (id in the segment, -1 for an operator)
+        and children (CSR); per node with an expression id its key's
+        children (CSR, ``key_len`` -1 without a key; a leaf's key is its
+        predicate's) -- a reorganised or self-adjusted node is keyed by its
+        flat child set, not by the children it links; and each
+        subscription's r-node.  Saving keeps the DAG its insertion order
+        made, which a rebuild might not reproduce."""
+        dag, roots = self.dag.compacted(self.roots.tolist())
+        pid_of_key = {key: pid for pid, key in enumerate(_predicate_keys(self.segment))}
+        kind = np.array(dag.kind, np.int8)
+        child_len = np.fromiter((len(c) for c in dag.children), np.int64, len(kind))
+        key_len = np.fromiter((-1 if k is None else 0 if k[0] == "L" else len(k[1]) for k in dag.key), np.int64,
+                              len(kind))
+        arrays = {"kind": kind, "uses": np.array(dag.uses, np.int64),
+                  "leaf_pid": np.array([pid_of_key[p] if p is not None else -1 for p in dag.pred], np.int64),
+                  "child_len": child_len,
+                  "child_idx": np.fromiter((c for cs in dag.children for c in cs), np.int64, int(child_len.sum())),
+                  "key_len": key_len,
+                  "key_idx": np.fromiter((c for k in dag.key if k is not None and k[0] != "L" for c in k[1]),
+                                         np.int64, int(key_len[key_len > 0].sum())),
+                  "roots": np.array(roots, np.int64)}
+        meta = {"format": self.SAVED_FORMAT, "merges": self.merges,
+                **{name: getattr(self.dag, name) for name in self._SHAPE}}
+        return meta, arrays
+
+    @classmethod
+    def from_arrays(cls, segment: Segment, settings, meta: dict, arrays: dict) -> "ATreeMatcher":
+        """The saved DAG, checked (ValueError for anything an insertion
+        could not have made), then flattened -- no insertion replayed.  A
+        file saved with other construction options is built again."""
+        options = settings.options.keywords("cpu")
+        if meta.get("format") != cls.SAVED_FORMAT:
+            raise ValueError(f"saved A-Tree: format {meta.get('format')!r} (this version reads {cls.SAVED_FORMAT})")
+        if not isinstance(meta.get("merges"), int) or any(not isinstance(meta.get(n), bool) for n in cls._SHAPE):
+            raise ValueError("saved A-Tree: meta 'merges' or a construction option missing")
+        if any(meta[name] != options[name] for name in cls._SHAPE):
+            return cls.build(segment, settings)
+        missing = sorted(set(SAVED_ARRAYS) - set(arrays))
+        if missing:
+            raise ValueError(f"saved A-Tree: arrays {missing} missing")
+        if any(np.asarray(arrays[name]).dtype.kind not in "iu" or np.ndim(arrays[name]) != 1 for name in SAVED_ARRAYS):
+            raise ValueError("saved A-Tree: an array is not 1-d integers")
+        new = object.__new__(cls)
+        new.schema = settings.schema
+        new.segment = new._coded(segment)
+        new.zero_suppression, new.on_demand = options["zero_suppression"], options["on_demand"]
+        new.dag = _restored_dag(meta, arrays, _predicate_keys(new.segment))
+        roots = np.asarray(arrays["roots"], np.int64)
+        if len(roots) != len(new.segment) or (len(roots) and (roots.min() < 0 or roots.max() >= len(new.dag.kind))):
+            raise ValueError("saved A-Tree: the r-nodes do not fit the segment's subscriptions")
+        new.roots = roots
+        new.merges = meta["merges"]
+        new._flatten(_predicate_keys(new.segment))
+        return new
+
     # --------------------------------------------------------------- memory
     #: rough host bytes of the Python DAG kept for merges, per node (list
     #: slots, the children tuple, the table entry and key, the parent set)
@@ -188,6 +252,55 @@ class ATreeMatcher(HostMatcher):
                 f"{s['levels']} levels, sharing={self.dag.sharing}, reorganize={self.dag.reorganize}, "
                 f"self_adjust={self.dag.self_adjust}, binary={self.dag.binary}, "
                 f"zero_suppression={self.zero_suppression}, on_demand={self.on_demand})")
+
+
+#: the arrays of a saved A-Tree (:meth:`ATreeMatcher.to_arrays`)
+SAVED_ARRAYS = ("kind", "uses", "leaf_pid", "child_len", "child_idx", "key_len", "key_idx", "roots")
+
+
+def _restored_dag(meta: dict, arrays: dict, keys: list) -> ATreeDag:
+    """:meth:`ATreeMatcher.from_arrays`'s DAG: the lists rebuilt from the
+    arrays, the expression table and the parent sets derived, every count
+    checked against what the links and r-nodes give."""
+    kind = np.asarray(arrays["kind"], np.int64)
+    n = len(kind)
+    sizes = {name: len(arrays[name]) for name in ("uses", "leaf_pid", "child_len", "key_len")}
+    if any(size != n for size in sizes.values()):
+        raise ValueError(f"saved A-Tree: per-node arrays of different lengths {sizes}, {n} nodes")
+    child_len, key_len = np.asarray(arrays["child_len"], np.int64), np.asarray(arrays["key_len"], np.int64)
+    child_idx, key_idx = np.asarray(arrays["child_idx"], np.int64), np.asarray(arrays["key_idx"], np.int64)
+    leaf_pid = np.asarray(arrays["leaf_pid"], np.int64)
+    leaf = kind == LEAF
+    if ((kind != LEAF) & ~np.isin(kind, (AND, OR, XOR, XNOR))).any() or (child_len < 0).any() \
+            or child_len.sum() != len(child_idx) or key_len[key_len > 0].sum() != len(key_idx) \
+            or (child_idx.size and (child_idx.min() < 0 or child_idx.max() >= n)) \
+            or (key_idx.size and (key_idx.min() < 0 or key_idx.max() >= n)) \
+            or (leaf != (child_len == 0)).any() or (leaf != (leaf_pid >= 0)).any() \
+            or (leaf_pid.size and leaf_pid.max() >= len(keys)) or (leaf & (key_len > 0)).any():
+        raise ValueError("saved A-Tree: a node's kind, children, key or predicate is out of range")
+    dag = ATreeDag(meta["sharing"], meta["reorganize"], meta["self_adjust"], meta["binary"])
+    c_at = np.concatenate(([0], np.cumsum(child_len))).tolist()
+    k_at = np.concatenate(([0], np.cumsum(np.maximum(key_len, 0)))).tolist()
+    children, key_children = child_idx.tolist(), key_idx.tolist()
+    dag.kind = kind.astype(np.int64).tolist()
+    dag.children = [tuple(children[c_at[i]:c_at[i + 1]]) for i in range(n)]
+    dag.pred = [keys[p] if p >= 0 else None for p in leaf_pid.tolist()]
+    dag.uses = np.asarray(arrays["uses"], np.int64).tolist()
+    dag.key = [None if kl < 0 else ("L", dag.pred[i]) if kl == 0 else (dag.kind[i], tuple(key_children[k_at[i]:k_at[i + 1]]))
+               for i, kl in enumerate(key_len.tolist())]
+    dag.table = {key: i for i, key in enumerate(dag.key) if key is not None}
+    if len(dag.table) != int((key_len >= 0).sum()):
+        raise ValueError("saved A-Tree: two nodes with one expression id")
+    if n:
+        roots = np.asarray(arrays["roots"], np.int64).clip(0, n - 1)
+        uses = np.bincount(child_idx, minlength=n) + np.bincount(roots, minlength=n)
+    if n and not np.array_equal(uses, np.asarray(arrays["uses"], np.int64)):
+        raise ValueError("saved A-Tree: use counts differ from the links and r-nodes")
+    if dag.self_adjust:
+        for parent, kids in enumerate(dag.children):
+            for child in set(kids):
+                dag._parent_set(child).add(parent)
+    return dag
 
 
 def sharing_statistics(dag: ATreeDag, arrays, roots) -> dict:

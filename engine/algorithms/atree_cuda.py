@@ -93,15 +93,31 @@ class ATreeCudaMatcher(HostStructureCudaMatcher):
         ATreeOptions(sharing=sharing, reorganize=reorganize, self_adjust=self_adjust, binary=binary,
                      zero_suppression=zero_suppression, on_demand=on_demand, kernel=kernel, launch=launch,
                      device_memory=device_memory)
+        self._configure(kernel, launch, device_memory)
+        self._attach(ATreeMatcher(segment, "cpu", schema=schema, sharing=sharing, reorganize=reorganize,
+                                  self_adjust=self_adjust, binary=binary, zero_suppression=zero_suppression,
+                                  on_demand=on_demand))
+
+    @classmethod
+    def from_arrays(cls, segment, settings, meta: dict, arrays: dict) -> "ATreeCudaMatcher":
+        """The host DAG restored (:meth:`ATreeMatcher.from_arrays
+        <engine.algorithms.atree.ATreeMatcher.from_arrays>`: every array
+        checked, ValueError otherwise), then copied to the device."""
+        resolve_backend("cuda")
+        options = settings.options.keywords(cls.backend)
+        matcher = cls.__new__(cls)
+        matcher._configure(options["kernel"], options["launch"], options["device_memory"])
+        matcher._attach(ATreeMatcher.from_arrays(segment, settings, meta, arrays))
+        return matcher
+
+    def _configure(self, kernel: str, launch, device_memory) -> None:
+        """The device settings (checked by ATreeOptions)."""
         self.backend = "cuda"
         self.kernel = kernel
         self.launch = launch or cuda_support.default_launch()
         fixed = launch is not None or cuda_support.simulated()
         self.threads = self.launch.block[0] * self.launch.block[1] if fixed else GPU_THREADS
         self.device_memory = device_memory
-        self._attach(ATreeMatcher(segment, "cpu", schema=schema, sharing=sharing, reorganize=reorganize,
-                                  self_adjust=self_adjust, binary=binary, zero_suppression=zero_suppression,
-                                  on_demand=on_demand))
 
     def _attach(self, host: ATreeMatcher) -> None:
         """Serve ``host``'s DAG (and its segment) from the device; the device

@@ -271,19 +271,21 @@ class ATreeDag:
     def compacted(self, roots):
         """Node ids renumbered without the removed ones (in their order);
         returns ``(dag, new root ids)``."""
-        old_to_new = {}
+        # (two passes: self-adjustment links older parents to newer nodes, so a child's new id may come later)
+        live = [n for n, kind in enumerate(self.kind) if kind != REMOVED]
+        old_to_new = {n: i for i, n in enumerate(live)}
         new = ATreeDag(self.sharing, self.reorganize, self.self_adjust, self.binary)
-        for n, kind in enumerate(self.kind):
-            if kind == REMOVED:
-                continue
-            old_to_new[n] = len(new.kind)
-            new.kind.append(kind)
+        for n in live:
+            new.kind.append(self.kind[n])
             new.children.append(tuple(old_to_new[c] for c in self.children[n]))
             new.pred.append(self.pred[n])
             new.uses.append(self.uses[n])
             key = self.key[n]
             if key is not None and key[0] != "L":
-                key = (key[0], tuple(old_to_new[c] for c in key[1]))
+                # a reorganised node is keyed by its flat child set, whose unlinked members may be gone:
+                # such a key names nodes no insertion can produce again, so it is dropped
+                flat = [old_to_new.get(c) for c in key[1]]
+                key = None if None in flat else (key[0], tuple(flat))
             new.key.append(key)
             if key is not None:
                 new.table[key] = old_to_new[n]
