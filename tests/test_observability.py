@@ -43,3 +43,19 @@ def test_text_add_many_shows_progress_on_request_only(capsys, monkeypatch):
     monkeypatch.setattr(index_module, "PROGRESS_AFTER_S", 3600.0)
     idx.add_many(list(range(60, 70)), [f"a = {i}" for i in range(10)])
     assert capsys.readouterr().err == ""
+
+
+def test_a_long_a_tree_build_shows_progress_on_a_terminal(capsys, monkeypatch):
+    # the A-Tree inserts node by node in Python: minutes at a million expressions, so a bar appears once a
+    # second has gone by -- on a terminal (tqdm's rule; pytest's capture is none, so it is forced here)
+    import tqdm as tqdm_module
+    from engine.algorithms import atree
+    monkeypatch.setattr(index_module, "PROGRESS_AFTER_S", 0.0)
+    shown = tqdm_module.tqdm
+    monkeypatch.setattr(tqdm_module, "tqdm", lambda *args, **kwargs: shown(*args, **{**kwargs, "disable": False}))
+    idx = Index(algorithm="atree")
+    idx.add_many(list(range(40)), [f"a = {i} OR b = {i}" for i in range(40)], progress=False)
+    idx.merge()
+    idx.match({})
+    assert "A-Tree insert" in capsys.readouterr().err
+    assert list(atree._progress(range(3))) == [0, 1, 2]

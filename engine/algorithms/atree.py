@@ -28,6 +28,8 @@ segment and a grown string dictionary change no node.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from engine.algorithms.base import HostMatcher
@@ -73,7 +75,8 @@ class ATreeMatcher(HostMatcher):
         self.zero_suppression, self.on_demand = zero_suppression, on_demand
         self.dag = ATreeDag(sharing, reorganize, self_adjust, binary)
         keys = _predicate_keys(self.segment)
-        self.roots = np.array([self._insert(self.segment, p, keys) for p in range(len(self.segment))], np.int64)
+        self.roots = np.array([self._insert(self.segment, p, keys) for p in _progress(range(len(self.segment)))],
+                              np.int64)
         self.merges = 0
         self._flatten(keys)
 
@@ -118,7 +121,7 @@ class ATreeMatcher(HostMatcher):
         roots[old_to_new[kept]] = self.roots[kept]
         new.dag = dag
         keys = _predicate_keys(new.segment)
-        for p in added.tolist():
+        for p in _progress(added.tolist()):
             roots[p] = new._insert(new.segment, p, keys)
         if (roots < 0).any():
             raise ValueError("merged: a position of the new segment is neither kept nor added")
@@ -252,6 +255,17 @@ class ATreeMatcher(HostMatcher):
                 f"{s['levels']} levels, sharing={self.dag.sharing}, reorganize={self.dag.reorganize}, "
                 f"self_adjust={self.dag.self_adjust}, binary={self.dag.binary}, "
                 f"zero_suppression={self.zero_suppression}, on_demand={self.on_demand})")
+
+
+def _progress(positions):
+    """``positions``, with a progress bar on a terminal once inserting has
+    taken a second (the DAG is built in Python, node by node: a million
+    expressions take minutes)."""
+    from tqdm import tqdm
+
+    from engine.index import PROGRESS_AFTER_S
+    return tqdm(positions, desc="A-Tree insert", unit="expression", file=sys.stderr, delay=PROGRESS_AFTER_S,
+                disable=None, leave=False)
 
 
 #: the arrays of a saved A-Tree (:meth:`ATreeMatcher.to_arrays`)
