@@ -177,11 +177,6 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
         self._uploaded_from = sources
 
     @property
-    def nbytes(self) -> int:
-        """Host bytes of the index; see :attr:`device_nbytes` for the device copy."""
-        return self.host.nbytes
-
-    @property
     def device_nbytes(self) -> int:
         """Device bytes held: the twins of the walked structure, the layout and the predicate rows."""
         return betree_layout.nbytes(self.index_d) + betree_layout.nbytes(self.bitmap_d) + \

@@ -159,11 +159,6 @@ class ATreeCudaMatcher(HostStructureCudaMatcher):
         self._uploaded_from = sources
 
     @property
-    def nbytes(self) -> int:
-        """Host bytes of the DAG; see :attr:`device_nbytes` for the device copy."""
-        return self.host.nbytes
-
-    @property
     def device_nbytes(self) -> int:
         """Device bytes held: the twins of the flattened DAG and the predicate table."""
         return sum(int(x.nbytes) for x in self.tree_d) + sum(int(x.nbytes) for x in self.preds_d)

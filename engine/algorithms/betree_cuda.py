@@ -168,11 +168,6 @@ class BETreeCudaMatcher(HostStructureCudaMatcher):
         self._uploaded_from = sources
 
     @property
-    def nbytes(self) -> int:
-        """Host bytes of the tree; see :attr:`device_nbytes` for the device copy."""
-        return self.host.nbytes
-
-    @property
     def device_nbytes(self) -> int:
         """Device bytes held: the twins of the structure, the leaves, the
         predicate rows and the string maps."""

@@ -389,3 +389,8 @@ class HostStructureCudaMatcher(ChunkedCudaMatcher):
 
     def to_arrays(self):
         return self.host.to_arrays()
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes of the structure; see :attr:`device_nbytes` for the device copy."""
+        return self.host.nbytes

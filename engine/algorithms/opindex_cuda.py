@@ -193,11 +193,6 @@ class OpIndexCudaMatcher(HostStructureCudaMatcher):
         self._uploaded_from = source
 
     @property
-    def nbytes(self) -> int:
-        """Host bytes of the index; see :attr:`device_nbytes` for the device copy."""
-        return self.host.nbytes
-
-    @property
     def device_nbytes(self) -> int:
         """Device bytes held: the index's and the programs' twins and the
         per-partition flags."""

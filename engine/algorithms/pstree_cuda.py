@@ -128,11 +128,6 @@ class _PSTreeCudaMatcher(HostStructureCudaMatcher):
         self._uploaded_from = sources
 
     @property
-    def nbytes(self) -> int:
-        """Host bytes of the structure; see :attr:`device_nbytes` for the device copy."""
-        return self.host.nbytes
-
-    @property
     def device_nbytes(self) -> int:
         """Device bytes held: the twins of the space table, the PSTBloom or
         PSTHash arrays, the units and the predicate rows."""
