@@ -28,6 +28,8 @@ operations.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -404,3 +406,109 @@ def _distinct_sequences(offsets, keys):
                 break
             slot = (slot + 1) & (capacity - 1)
     return first[:n_distinct].copy(), inverse
+
+
+# ---------------------------------------------------------------- texts in the columnar form
+
+_SET_OPS = (Op.IN, Op.NOT_IN)
+_RANGE_OPS = (Op.BETWEEN, Op.NOT_BETWEEN)
+#: the family code of an operand's class: 0 numeric, 1 string, 2 boolean
+_CLASS_CODE = {int: 0, float: 0, str: 1, bool: 2}
+#: (operator kind, operand family) -> the column of a one-operand row; a
+#: pattern's operand is always a string (the parser says so)
+_SCALAR_COLUMN = {0: "value", 1: "str_value", 2: "bool_value"}
+_SET_COLUMN = {0: "values", 1: "str_values", 2: "bool_values"}
+_OP_INDEX = {op: i for i, op in enumerate(Op)}
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
+_OP_TEXTS = pa.array([op.value for op in Op], pa.string())
+_COLUMN_TYPE = {"value": pa.float64(), "value_hi": pa.float64(), "str_value": pa.string(),
+                "str_value_hi": pa.string(), "bool_value": pa.bool_(), "values": pa.list_(pa.float64()),
+                "str_values": pa.list_(pa.string()), "bool_values": pa.list_(pa.bool_())}
+
+
+def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
+    """The columnar form of those ``texts`` that are plain conjunctions (one
+    predicate, or predicates joined by AND: most subscriptions), and the
+    positions of the others -- any other expression, an AST, a text with an
+    error, a boolean BETWEEN (the form has no boolean high end), an IN list
+    or BETWEEN mixing literal types -- for the text route, which compiles
+    them one by one and says what is wrong with the bad ones.
+
+    The texts are read by `engine.parse.conjunction_terms` (the parser's own
+    tokens and literal checks, without building ASTs), so that bulk text
+    ingestion costs a read per text and then the columnar form's array
+    operations; a column per operand kind is filled only where a row uses
+    it."""
+    from engine.parse import conjunction_terms
+
+    terms: list = []
+    counts: list[int] = []
+    kept: list[int] = []
+    others: list[int] = []
+    for position, found in enumerate(conjunction_terms(texts)):
+        if found is None:
+            others.append(position)
+        else:
+            terms += found
+            counts.append(len(found))
+            kept.append(position)
+
+    n = len(terms)
+    columns: dict[str, list] = {}       # made on first use: most workloads need two or three
+
+    def column(name: str) -> list:
+        made = columns.get(name)
+        if made is None:
+            made = columns[name] = [None] * n
+        return made
+
+    op_index = list(map(_OP_INDEX.__getitem__, map(_second, terms)))
+    usable = np.ones(n, dtype=bool)
+    scalar_columns: list = [None, None, None]    # per family code
+    set_columns: list = [None, None, None]
+    range_columns: list = [None, None]           # numeric, string: (low, high)
+    for row, (_, op, values) in enumerate(terms):
+        if not values:                   # IS [NOT] NULL: no operand
+            continue
+        code = _CLASS_CODE[values[0].__class__]
+        if op in _SET_OPS:
+            if len(values) > 1 and len(set(map(_CLASS_CODE.__getitem__, map(type, values)))) > 1:
+                usable[row] = False      # a mixed list: the text route refuses it
+                continue
+            target = set_columns[code]
+            if target is None:
+                target = set_columns[code] = column(_SET_COLUMN[code])
+            target[row] = values
+        elif op in _RANGE_OPS:
+            if code == 2 or _CLASS_CODE[values[1].__class__] != code:
+                usable[row] = False      # boolean or mixed ends
+                continue
+            ends = range_columns[code]
+            if ends is None:
+                ends = range_columns[code] = (column(_SCALAR_COLUMN[code]), column(_SCALAR_COLUMN[code] + "_hi"))
+            ends[0][row] = values[0]
+            ends[1][row] = values[1]
+        else:
+            target = scalar_columns[code]
+            if target is None:
+                target = scalar_columns[code] = column(_SCALAR_COLUMN[code])
+            target[row] = values[0]
+
+    counts_ = np.array(counts, dtype=np.int64)
+    text_of_row = np.repeat(np.arange(len(kept)), counts_)
+    if not usable.all():
+        usable_text = np.ones(len(kept), dtype=bool)
+        usable_text[text_of_row[~usable]] = False
+        others = sorted(others + [kept[t] for t in np.flatnonzero(~usable_text)])
+        keep_rows = usable_text[text_of_row]
+    else:
+        keep_rows = None
+    table = pa.table({
+        "sub_id": pa.array(np.asarray(ids, dtype=np.int64)[np.array(kept, dtype=np.int64)][text_of_row]),
+        "attr": pa.array(list(map(_first, terms)), pa.string()),
+        "op": pa.DictionaryArray.from_arrays(pa.array(op_index, pa.int8()), _OP_TEXTS),
+        **{name: pa.array(values, _COLUMN_TYPE[name]) for name, values in columns.items()},
+    })
+    if keep_rows is not None:
+        table = table.filter(pa.array(keep_rows))
+    return table, others

@@ -43,7 +43,7 @@ from engine.algorithms import residual as residual_split
 from engine.algorithms.base import BuildSettings
 from engine.algorithms.options import ScanOptions
 from engine.backend import array_namespace, resolve_backend
-from engine.columnar import compile_columnar
+from engine.columnar import compile_columnar, texts_as_columns
 from engine.compile import (Segment, compile_expressions, concat_segments, merge_segments, program_depths,
                             sorted_by_id, without_unused_predicates)
 from engine.errors import IndexFileError, SchemaError
@@ -60,6 +60,10 @@ logger = logging.getLogger(__name__)
 _BUILT_ONCE: set = set()
 #: text add_many shows a progress bar (stderr) once it has run this long
 PROGRESS_AFTER_S = 1.0
+#: text add_many of at least this many expressions reads the plain
+#: conjunctions into the columnar form (fewer: the fixed cost of the array
+#: operations is more than it saves)
+_COLUMNAR_TEXTS_FROM = 64
 
 DEFAULT_DNF_LIMIT = 256
 #: working memory of one slice of a large batch (matcher scratch, pairs,
@@ -78,6 +82,15 @@ def _as_id(sub_id) -> int:
     if not -2 ** 63 <= int(sub_id) < 2 ** 63:
         raise OverflowError(f"subscription id {sub_id} does not fit in int64")
     return int(sub_id)
+
+
+def _as_ids(ids) -> list[int]:
+    """``[_as_id(i) for i in ids]``, with the common case (Python ints in
+    range) checked by C loops."""
+    ids = list(ids)
+    if set(map(type, ids)) <= {int} and (not ids or (-2 ** 63 <= min(ids) and max(ids) < 2 ** 63)):
+        return ids
+    return [_as_id(i) for i in ids]
 
 
 def _parse(text: str) -> Node:
@@ -316,22 +329,44 @@ class Index:
     def _compile_texts(self, ids, expressions, progress: bool | None = None) -> Segment:
         if isinstance(expressions, (str, bytes)):
             raise TypeError("add_many takes a sequence of expressions, not one string: use add(id, text)")
-        ids = [_as_id(i) for i in ids]
+        ids = _as_ids(ids)
         expressions = list(expressions)
         if len(ids) != len(expressions):
             raise ValueError(f"{len(ids)} ids but {len(expressions)} expressions")
         self._check_new_ids(np.array(ids, dtype=np.int64))
         from tqdm import tqdm
-        # progress=None: tqdm's own rule (a terminal only), after PROGRESS_AFTER_S; True: always; False: never
-        rows = tqdm(zip(ids, expressions), total=len(ids), desc="add_many", unit="subscription", file=sys.stderr,
-                    delay=0 if progress else PROGRESS_AFTER_S, disable=None if progress is None else not progress,
-                    leave=False)
-        from engine.parse import collector_paused
-        with collector_paused():
-            return self._compile_rows(ids, rows)
 
-    def _compile_rows(self, ids: list, rows) -> Segment:
-        """Check, register and compile ``(id, text or AST)`` rows."""
+        from engine.parse import collector_paused
+        # progress=None: tqdm's own rule (a terminal only), after PROGRESS_AFTER_S; True: always; False: never
+        bar = dict(total=len(ids), desc="add_many", unit="subscription", file=sys.stderr,
+                   delay=0 if progress else PROGRESS_AFTER_S, disable=None if progress is None else not progress,
+                   leave=False)
+        with collector_paused():
+            if len(ids) < _COLUMNAR_TEXTS_FROM:
+                return self._finish(*self._compile_rows(ids, tqdm(zip(ids, expressions), **bar)))
+            # Plain conjunctions go the columnar way (read, not parsed into
+            # ASTs; then array operations), the rest one by one.  Should the
+            # columnar way refuse anything, the whole batch goes one by one,
+            # so that errors read as the text route words them.
+            table, others = texts_as_columns(ids, tqdm(expressions, **bar))
+            mark = self._schema.mark()
+            try:
+                parts = [compile_columnar(table, self._schema)[0]] if table.num_rows else []
+                residual = [np.zeros(len(parts[0]), dtype=bool)] if parts else []
+                if others:
+                    segment, flags = self._compile_rows([ids[p] for p in others],
+                                                        ((ids[p], expressions[p]) for p in others))
+                    parts.append(segment)
+                    residual.append(flags)
+            except Exception as error:     # noqa: BLE001 -- the text route says what is wrong, or takes it
+                self._schema.rollback(mark)
+                logger.debug("add_many: the columnar way refused the batch (%s); compiling it text by text", error)
+                return self._finish(*self._compile_rows(ids, zip(ids, expressions)))
+            return self._finish(concat_segments(parts), np.concatenate(residual))
+
+    def _compile_rows(self, ids: list, rows) -> tuple[Segment, np.ndarray]:
+        """Check, register and compile ``(id, text or AST)`` rows; the
+        segment and which of its subscriptions are residual."""
         nodes, all_preds, residual = [], [], []
         fixed: dict = {}
         for sub_id, expression in rows:
@@ -352,11 +387,14 @@ class Index:
             all_preds.append((preds, families))
         for preds, families in all_preds:
             self._schema.register(preds, families)
-        segment = compile_expressions(ids, nodes, self._schema)
-        residual = np.array(residual, dtype=bool)
-        # programs deeper than a device thread's stack: residual, for the A-Tree (no stack, no depth limit)
+        return compile_expressions(ids, nodes, self._schema), np.array(residual, dtype=bool)
+
+    def _finish(self, segment: Segment, residual: np.ndarray) -> Segment:
+        """The segment sorted by id, with its residual flags: the given ones,
+        and on cuda programs deeper than a device thread's stack (residual,
+        for the A-Tree: no stack, no depth limit)."""
         if self.backend == "cuda" and self.algorithm != residual_split.RESIDUAL_ALGORITHM:
-            residual |= self._too_deep_for_the_device(segment)
+            residual = residual | self._too_deep_for_the_device(segment)
         if residual.any():
             segment.residual = residual
         return sorted_by_id(segment)
@@ -379,7 +417,8 @@ class Index:
         if not isinstance(table, pa.Table):
             table = pa.table(table)
         segment, _ = compile_columnar(table, self._schema, check_ids=self._refuse_present)
-        return sorted_by_id(segment)     # (conjunctions: native to every algorithm)
+        # conjunctions, native to every algorithm: residual only when too deep for a device thread
+        return self._finish(segment, np.zeros(len(segment), dtype=bool))
 
     def _check_new_ids(self, ids: np.ndarray) -> None:
         unique, counts = np.unique(ids, return_counts=True)

@@ -47,7 +47,7 @@ from lark.parsers.lalr_analysis import Shift
 from engine.errors import ExpressionTooLarge, ParseError
 from engine.expr import MAX_NESTING, And, Node, Not, Op, Or, Pred, Xnor, Xor, check_nesting, lone_surrogate
 
-__all__ = ["KEYWORDS", "parse", "parse_many", "to_text"]
+__all__ = ["KEYWORDS", "conjunction_terms", "parse", "parse_many", "to_text"]
 
 #: reserved words, matched case-insensitively; an attribute with one of these
 #: names has to be written double-quoted.
@@ -480,6 +480,7 @@ def _classify(token: str) -> tuple[int, object]:
 # BAD one (an unterminated quote: perhaps a string with a space in it) is not
 # stored, and its text is tokenized whole instead.
 _PIECES_LIMIT = 1 << 16
+_chain = itertools.chain.from_iterable
 _pieces: dict[str, tuple[tuple[int, object], ...]] = {}
 
 
@@ -509,6 +510,41 @@ def _text_tokens(text: str) -> list[tuple[int, object]]:
     return tokens
 
 
+_object_new = object.__new__
+_set_attr, _set_op, _set_values = Pred.attr.__set__, Pred.op.__set__, Pred.values.__set__
+
+
+def _new_pred(attr: str, op: Op, values: tuple) -> Pred:
+    """``Pred(attr, op, values)`` through its slots' own setters: a frozen
+    dataclass's ``__init__`` assigns each field through
+    ``object.__setattr__``, which makes it the largest cost of parsing a
+    conjunction (0.6 us of about 1.4 a predicate).  The same object
+    (tests/test_parse.py compares them field by field)."""
+    pred = _object_new(Pred)
+    _set_attr(pred, attr)
+    _set_op(pred, op)
+    _set_values(pred, values)
+    return pred
+
+
+def _tokens(text: str) -> list[tuple[int, object]]:
+    """The text's tokens, ending in `_END` or at the first BAD one.  The
+    lookups and the concatenation run in C (map, chain): most pieces of a
+    workload's texts have been seen before."""
+    try:
+        tokens = list(_chain(map(_pieces.get, text.split())))
+    except TypeError:     # a piece seen for the first time (None)
+        found = []
+        for piece in text.split():
+            piece_tokens = _pieces.get(piece) or _piece_tokens(piece)
+            if piece_tokens is None:
+                return _text_tokens(text)
+            found.append(piece_tokens)
+        tokens = list(_chain(found))
+    tokens.append(_END)
+    return tokens
+
+
 def parse(text: str) -> Node:
     """Parse one expression (docs/language.md#grammar) into its AST.
 
@@ -525,20 +561,12 @@ def parse(text: str) -> Node:
     """
     if not isinstance(text, str):
         raise TypeError(f"an expression must be a str, not {type(text).__name__}")
-    pieces_get = _pieces.get
-    tokens: list = []
-    for piece in text.split():
-        piece_tokens = pieces_get(piece) or _piece_tokens(piece)
-        if piece_tokens is None:
-            tokens = _text_tokens(text)
-            break
-        tokens += piece_tokens
-    else:
-        tokens.append(_END)
-
-    node = _conjunction_of_predicates(tokens)
-    if node is not None:
-        return node
+    tokens = _tokens(text)
+    terms = _conjunction_terms(tokens)
+    if terms is not None:
+        if len(terms) == 1:
+            return _new_pred(*terms[0])
+        return And(tuple([_new_pred(*term) for term in terms]))
     actions, gotos, rules, error = _ACTIONS, _GOTOS, _RULES, _ERROR
     state = _START
     states = [state]
@@ -584,16 +612,17 @@ _AND, _NOT, _IN, _BETWEEN, _LIKE, _MATCHES, _IS, _NULL = (
 _END_KIND = _KIND["$END"]
 
 
-def _conjunction_of_predicates(tokens: list):
-    """The AST of a text that is one predicate or an AND chain of
-    predicates -- what most subscriptions are -- read straight off its
-    tokens, or None for anything else (a connective but AND, NOT before a
-    predicate, parentheses, an error), which the table-driven parser then
-    reads.  It builds exactly the nodes that parser's rule callbacks would
-    (tests/test_parse.py checks both on random texts); it only skips the
-    table lookups and the reductions, two thirds of the time of a plain
-    conjunction."""
-    preds = []
+def _conjunction_terms(tokens: list) -> list[tuple[str, Op, tuple]] | None:
+    """The predicates, as ``(attr, op, values)``, of a text that is one
+    predicate or an AND chain of predicates -- what most subscriptions are --
+    read straight off its tokens, or None for anything else (a connective
+    but AND, NOT before a predicate, parentheses, an error), which the
+    table-driven parser then reads.  `parse` makes of them exactly the nodes
+    that parser's rule callbacks would (tests/test_parse.py checks both on
+    random texts), skipping the table lookups and the reductions, two thirds
+    of the time of a plain conjunction; `conjunction_terms` hands them to
+    the columnar form (engine.columnar.texts_as_columns) without any node."""
+    terms = []
     i = 0
     try:
         while True:
@@ -605,7 +634,7 @@ def _conjunction_of_predicates(tokens: list):
                 kind, value = tokens[i + 2]
                 if kind != _LITERAL and kind != _STRING_KIND:
                     return None
-                preds.append(Pred(attr, op, (value,)))
+                terms.append((attr, op, (value,)))
                 i += 3
             else:
                 negated = kind == _NOT
@@ -628,13 +657,13 @@ def _conjunction_of_predicates(tokens: list):
                             break
                         if kind != _COMMA:
                             return None
-                    preds.append(Pred(attr, Op.NOT_IN if negated else Op.IN, tuple(values)))
+                    terms.append((attr, Op.NOT_IN if negated else Op.IN, tuple(values)))
                     i = j
                 elif kind == _BETWEEN:
                     (k_lo, low), (k_and, _), (k_hi, high) = tokens[i + 2], tokens[i + 3], tokens[i + 4]
                     if k_and != _AND or k_lo not in (_LITERAL, _STRING_KIND) or k_hi not in (_LITERAL, _STRING_KIND):
                         return None
-                    preds.append(Pred(attr, Op.NOT_BETWEEN if negated else Op.BETWEEN, (low, high)))
+                    terms.append((attr, Op.NOT_BETWEEN if negated else Op.BETWEEN, (low, high)))
                     i += 5
                 elif kind == _LIKE or kind == _MATCHES:
                     operand_kind, pattern = tokens[i + 2]
@@ -645,15 +674,15 @@ def _conjunction_of_predicates(tokens: list):
                     else:
                         op = Op.NOT_MATCHES if negated else Op.MATCHES
                         pattern = _regex(pattern)
-                    preds.append(Pred(attr, op, (pattern,)))
+                    terms.append((attr, op, (pattern,)))
                     i += 3
                 elif kind == _IS and not negated:
                     kind = tokens[i + 2][0]
                     if kind == _NULL:
-                        preds.append(Pred(attr, Op.IS_NULL, ()))
+                        terms.append((attr, Op.IS_NULL, ()))
                         i += 3
                     elif kind == _NOT and tokens[i + 3][0] == _NULL:
-                        preds.append(Pred(attr, Op.IS_NOT_NULL, ()))
+                        terms.append((attr, Op.IS_NOT_NULL, ()))
                         i += 4
                     else:
                         return None
@@ -667,7 +696,15 @@ def _conjunction_of_predicates(tokens: list):
             i += 1
     except (IndexError, _BadToken):      # cut short, or a bad pattern: the full parser says where and why
         return None
-    return preds[0] if len(preds) == 1 else And(tuple(preds))
+    return terms
+
+
+def conjunction_terms(texts: Iterable) -> list[list[tuple[str, Op, tuple]] | None]:
+    """Per text, ``[(attr, op, values), ...]`` when it is one predicate or an
+    AND chain of predicates (the literals converted and checked as `parse`
+    does), else None -- for any other text, valid or not (`parse` then says
+    what it is or what is wrong with it), and for anything not a str."""
+    return [_conjunction_terms(_tokens(text)) if text.__class__ is str else None for text in texts]
 
 
 def parse_many(texts: Iterable[str]) -> list[Node]:

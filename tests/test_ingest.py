@@ -78,3 +78,123 @@ def test_the_collector_runs_again_after_add_many_even_when_it_fails():
         assert not gc.isenabled()            # a caller's own pause is kept
     finally:
         gc.enable()
+
+
+# ------------------------------------------------- bulk texts through the columnar form
+#
+# add_many of at least _COLUMNAR_TEXTS_FROM expressions reads its plain
+# conjunctions straight into the columnar form (engine.columnar.texts_as_columns)
+# and compiles the rest one by one; with the threshold out of reach every
+# expression takes the text route.  Both must give the same index and, for a
+# bad batch, the same error.
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import engine.index as index_module  # noqa: E402
+from engine.columnar import texts_as_columns  # noqa: E402
+from engine.expr import And, Not, Or  # noqa: E402
+from engine.parse import to_text  # noqa: E402
+from tests import strategies  # noqa: E402
+
+_conjunctions = st.lists(strategies.predicates(), min_size=1, max_size=9).map(
+    lambda preds: preds[0] if len(preds) == 1 else And(tuple(preds)))
+#: what a bulk load holds: mostly conjunctions as text (whitespace and AND's
+#: spelling varied), some other expressions, some ASTs
+_bulk_expressions = st.one_of(
+    _conjunctions.map(to_text), _conjunctions.map(to_text), _conjunctions.map(to_text),
+    _conjunctions.map(lambda node: to_text(node).replace(" AND ", " and\n ")),
+    strategies.expressions(max_leaves=6).map(to_text), _conjunctions)
+
+
+def _in_lists_sorted(node):
+    """``node`` with its IN lists in one order: a read-back list is in the
+    order of its values' codes, and the two routes register strings in
+    different orders."""
+    if isinstance(node, Pred):
+        if node.op in (Op.IN, Op.NOT_IN):
+            return Pred(node.attr, node.op, tuple(sorted(node.values, key=repr)))
+        return node
+    if isinstance(node, (And, Or)):
+        return type(node)(tuple(map(_in_lists_sorted, node.children)))
+    if isinstance(node, Not):
+        return Not(_in_lists_sorted(node.child))
+    return type(node)(_in_lists_sorted(node.left), _in_lists_sorted(node.right))
+
+
+def _text_route(monkeypatch):
+    monkeypatch.setattr(index_module, "_COLUMNAR_TEXTS_FROM", 10 ** 9)
+
+
+def _built(algorithm, expressions, monkeypatch=None, text_route=False):
+    if text_route:
+        _text_route(monkeypatch)
+    try:
+        idx = Index(algorithm=algorithm, backend="cpu")
+        idx.add_many(range(len(expressions)), expressions, progress=False)
+    finally:
+        if text_route:
+            monkeypatch.undo()
+    return idx
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(expressions=st.lists(_bulk_expressions, min_size=index_module._COLUMNAR_TEXTS_FROM, max_size=110),
+       events=st.lists(strategies.events(), min_size=1, max_size=12),
+       algorithm=st.sampled_from(["scan", "opindex"]))
+def test_bulk_texts_build_the_index_the_text_route_builds(expressions, events, algorithm, monkeypatch):
+    table, others = texts_as_columns(range(len(expressions)), expressions)
+    assert table.num_rows > 0           # the columnar way is taken
+    bulk = _built(algorithm, expressions)
+    one_by_one = _built(algorithm, expressions, monkeypatch, text_route=True)
+    assert dict(bulk.schema.items()) == dict(one_by_one.schema.items())
+    assert bulk.statistics()["residual"] == one_by_one.statistics()["residual"]
+    for sub_id in range(len(expressions)):
+        assert _in_lists_sorted(parse(bulk.expression(sub_id))) == \
+            _in_lists_sorted(parse(one_by_one.expression(sub_id))), sub_id
+    assert [m.tolist() for m in bulk.match_batch(events)] == [m.tolist() for m in one_by_one.match_batch(events)]
+
+
+def test_what_the_columnar_form_cannot_hold_takes_the_text_route():
+    texts = ["a = 1 AND s = 'x'", "a = 1 OR s = 'x'", "b BETWEEN TRUE AND FALSE AND a = 2", "c IN (1, 'x')",
+             "s LIKE 'x%' AND t IS NULL AND b = TRUE", "a = 1 AND", Pred("a", Op.EQ, (3,)), "d BETWEEN 1 AND 'z'",
+             "s IN ('x', 'y') AND a BETWEEN 1 AND 2.5 AND u NOT IN (TRUE)"]
+    table, others = texts_as_columns(range(10, 10 + len(texts)), texts)
+    assert others == [1, 2, 3, 5, 6, 7]
+    assert sorted(set(table["sub_id"].to_pylist())) == [10, 14, 18]
+    rows = table.to_pylist()
+    assert [(r["sub_id"], r["attr"], r["op"]) for r in rows] == [
+        (10, "a", "="), (10, "s", "="), (14, "s", "LIKE"), (14, "t", "IS NULL"), (14, "b", "="),
+        (18, "s", "IN"), (18, "a", "BETWEEN"), (18, "u", "NOT IN")]
+    assert [rows[0]["value"], rows[1]["str_value"], rows[4]["bool_value"], rows[5]["str_values"],
+            (rows[6]["value"], rows[6]["value_hi"]), rows[7]["bool_values"]] == [
+        1.0, "x", True, ["x", "y"], (1.0, 2.5), [True]]
+
+
+@pytest.mark.parametrize("bad", [
+    "x = 'a'",                        # x is numeric in the earlier texts of the batch
+    "x = ",                           # a syntax error
+    "s IN (1, 'a')",                  # mixed literal types
+    "x = 9007199254740993",           # beyond 2**53
+    "s MATCHES '('",                  # a bad RE2 pattern
+    "y = 1 AND y = 'b'",              # two families in one text
+])
+def test_a_bad_text_in_a_bulk_batch_fails_as_on_the_text_route_and_changes_nothing(bad, monkeypatch):
+    texts = [f"x = {k} AND s = 'v{k % 7}'" for k in range(80)] + [bad] + ["z = 1"] * 10
+
+    def failure(idx):
+        with pytest.raises(Exception) as caught:
+            idx.add_many(range(100, 100 + len(texts)), texts, progress=False)
+        return type(caught.value), str(caught.value), getattr(caught.value, "__notes__", None)
+
+    bulk = Index(algorithm="opindex", backend="cpu")
+    bulk.add(1, "x = 1")
+    got = failure(bulk)
+    assert len(bulk) == 1 and set(bulk.schema) == {"x"}        # all or nothing
+    _text_route(monkeypatch)
+    reference = Index(algorithm="opindex", backend="cpu")
+    reference.add(1, "x = 1")
+    assert got == failure(reference)
+    bulk.add_many(range(200, 300), [f"x = {k}" for k in range(100)], progress=False)     # still usable
+    assert bulk.match({"x": 5}).tolist() == [205]

@@ -599,7 +599,7 @@ def test_any_text_parses_or_raises_parse_error(text):
 
 
 #: AND chains of predicates, what `parse` reads straight off the tokens
-#: (engine.parse._conjunction_of_predicates), whole and mutated
+#: (engine.parse._conjunction_terms), whole and mutated
 conjunction_texts = st.lists(_predicate_texts, min_size=1, max_size=8).flatmap(
     lambda preds: st.lists(_any_case("AND"), min_size=len(preds) - 1, max_size=len(preds) - 1).map(
         lambda ands: " ".join(p + (f" {a}" if k < len(ands) else "") for k, (p, a) in
@@ -633,12 +633,12 @@ def test_the_conjunction_shortcut_gives_the_tables_answer_and_errors(text):
         return ("node", node, tuple(type(v) for p in predicates(node) for v in p.values))
 
     fast = outcome(parse)
-    saved = module._conjunction_of_predicates
-    module._conjunction_of_predicates = lambda tokens: None     # the table-driven parser alone
+    saved = module._conjunction_terms
+    module._conjunction_terms = lambda tokens: None     # the table-driven parser alone
     try:
         tables = outcome(parse)
     finally:
-        module._conjunction_of_predicates = saved
+        module._conjunction_terms = saved
     assert fast == tables       # the same node, literal types included (1, 1.0 and TRUE are equal in Python)
 
 
@@ -694,3 +694,16 @@ def test_token_memo_does_not_change_results():
     first = parse(text)
     assert parse(text) == first == _lark_reference(text)
     assert re.sub(r"\s+", " ", to_text(first)) == "a = 1 AND s = 'x' AND s IN ('x', 'y z')"
+
+
+def test_the_parsers_predicate_constructor_makes_the_dataclasss_object():
+    from dataclasses import fields
+
+    from engine.parse import _new_pred
+    for attr, op, values in [("a", Op.EQ, (1,)), ("s", Op.IN, ("x", "y")), ("n", Op.IS_NULL, ()),
+                             ("b", Op.BETWEEN, (True, False))]:
+        made, reference = _new_pred(attr, op, values), Pred(attr, op, values)
+        assert type(made) is Pred and made == reference and hash(made) == hash(reference)
+        assert [getattr(made, f.name) for f in fields(Pred)] == [getattr(reference, f.name) for f in fields(Pred)]
+        with pytest.raises(AttributeError):        # still frozen
+            made.attr = "z"

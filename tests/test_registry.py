@@ -276,3 +276,17 @@ def test_programs_too_deep_for_a_device_thread_are_residual_on_the_device(algori
     assert atree.statistics()["residual"] == 0 and [m.tolist() for m in atree.match_batch([full, {}])] == [[1, 2], []]
     with pytest.raises(ExpressionTooLarge, match="subscription 7 needs an operand stack"):
         Index(algorithm=algorithm, backend="cuda", strict=True).add(7, wide)
+    # the bulk ways in: many texts (read into the columnar form) and the columnar form itself
+    import pyarrow as pa
+
+    from engine.index import _COLUMNAR_TEXTS_FROM
+    bulk = Index(algorithm=algorithm, backend="cuda")
+    bulk.add_many(range(_COLUMNAR_TEXTS_FROM + 1), [wide] + ["b = 1"] * _COLUMNAR_TEXTS_FROM)
+    assert bulk.statistics()["residual"] == 1
+    table = pa.table({"sub_id": [9] * width + [10], "attr": [f"a{k}" for k in range(width)] + ["b"],
+                      "op": [">="] * width + ["="], "value": [0.0] * width + [1.0]})
+    columnar = Index(algorithm=algorithm, backend="cuda")
+    columnar.add_many(table)
+    assert columnar.statistics()["residual"] == 1
+    with pytest.raises(ExpressionTooLarge, match="subscription 9 needs an operand stack"):
+        Index(algorithm=algorithm, backend="cuda", strict=True).add_many(table)
