@@ -235,16 +235,28 @@ def test_opindex_cuda_agrees_with_cpu_reference_and_duckdb(exprs, events, data):
 
 
 # ================================================================= matcher
-def test_chunks_small_budgets_device_batches_and_device_output():
+def test_chunks_small_budgets_device_batches_and_device_output(caplog):
     seg, batch, truth = compiled()
     alive = np.ones(len(seg), np.uint8)
     want = cpu_pairs(seg, batch, truth, alive)
     matcher = cuda_matcher(seg)
     fixed = matcher._fixed_bytes() + truth.nbytes + alive.nbytes + 16 * len(seg)
     widest = int(np.diff(batch.offsets).max())
+    n_chunks = []
     for budget in (fixed + 64 + 32 * widest, fixed + 4096, None):    # one event a chunk, a few, all
-        e, p = cuda_matcher(seg, device_memory=budget).match(batch, truth, alive)
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="engine.algorithms.cuda_base"):
+            e, p = cuda_matcher(seg, device_memory=budget).match(batch, truth, alive)
         assert (e.tolist(), p.tolist()) == want, budget
+        chunks = [r for r in caplog.records if r.levelname == "DEBUG" and "chunk" in r.getMessage()]
+        summary = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+        # every chunk logged at DEBUG; a batch split into several said once at INFO
+        assert chunks and (summary == [] if len(chunks) == 1 else
+                           summary == [f"opindex/cuda: {len(batch.offsets) - 1} events against {len(seg)} "
+                                       f"subscriptions matched in {len(chunks)} chunks (device memory budget "
+                                       f"{budget} bytes)"]), budget
+        n_chunks.append(len(chunks))
+    assert n_chunks[0] > 1 == n_chunks[-1]      # the smallest budget splits the batch, the default does not
     e, p = cuda_matcher(seg).match(_on_device(batch), _to_device_input(truth), _to_device_input(alive),
                                    output="device")
     assert type(e) is type(cuda_support.array_module().zeros(0))   # CuPy on a GPU

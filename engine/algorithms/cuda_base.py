@@ -27,6 +27,7 @@ event.  A batch with an event that cannot fit even alone raises
 from __future__ import annotations
 
 import copy
+import logging
 
 import numpy as np
 
@@ -37,6 +38,8 @@ from engine.errors import ExpressionTooLarge
 from gpu_kernels import cuda_support, transfer
 from gpu_kernels import scan as scan_kernels
 from gpu_kernels.compaction import fill_rows_cuda, hit_offsets_cuda
+
+logger = logging.getLogger(__name__)
 
 #: bytes of one result pair (event index and subscription position, int64 each)
 PAIR_BYTES = 16
@@ -290,6 +293,7 @@ class ChunkedCudaMatcher(Matcher):
         results_row, results_col = [], []
         held = 0
         start = 0
+        n_chunks = 0
         while start < n_events:
             free, budget = room(held)
             if single[start] > free:
@@ -297,6 +301,9 @@ class ChunkedCudaMatcher(Matcher):
                     f"device results of earlier chunks hold {held} bytes and leave too little of the {budget}-byte "
                     f"budget for event {start}; use output='numpy' (results copied back chunk by chunk)")
             stop = plan_chunk(cost, start, free)
+            n_chunks += 1
+            logger.debug("%s/cuda: chunk %d, events %d-%d of %d (%d bytes free of the %d-byte budget)",
+                         self.name, n_chunks, start, stop - 1, n_events, free, budget)
             pieces = self._match_chunk(batch, events_d, offsets, start, stop, truth_d, alive_d,
                                        free + reserve - int(cost[stop] - cost[start]), col_dtype)
             for first_row, row_ends, rows, cols in pieces:
@@ -314,6 +321,9 @@ class ChunkedCudaMatcher(Matcher):
                     results_row.append(host_rows)
                     results_col.append(host_cols)
             start = stop
+        if n_chunks > 1:    # the batch outgrew the device memory budget: say so once per call
+            logger.info("%s/cuda: %d events against %d subscriptions matched in %d chunks (device memory budget "
+                        "%d bytes)", self.name, n_events, n_subs, n_chunks, budget)
         if not results_row:
             return _empty_result(output)
         xp = cuda_support.array_module() if output == "device" else np
