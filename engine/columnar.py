@@ -28,6 +28,7 @@ operations.
 
 from __future__ import annotations
 
+import itertools
 import operator
 
 import numpy as np
@@ -420,6 +421,11 @@ _SCALAR_COLUMN = {0: "value", 1: "str_value", 2: "bool_value"}
 _SET_COLUMN = {0: "values", 1: "str_values", 2: "bool_values"}
 _OP_INDEX = {op: i for i, op in enumerate(Op)}
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
+_chain = itertools.chain.from_iterable
+#: what an operator's operands are: one literal (comparisons, patterns), a list, two ends, none
+_ONE, _SET, _RANGE, _NONE = range(4)
+_KIND_OF = {op: _SET if op in _SET_OPS else _RANGE if op in _RANGE_OPS else
+            _NONE if op in (Op.IS_NULL, Op.IS_NOT_NULL) else _ONE for op in Op}
 _OP_TEXTS = pa.array([op.value for op in Op], pa.string())
 _COLUMN_TYPE = {"value": pa.float64(), "value_hi": pa.float64(), "str_value": pa.string(),
                 "str_value_hi": pa.string(), "bool_value": pa.bool_(), "values": pa.list_(pa.float64()),
@@ -441,17 +447,12 @@ def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
     it."""
     from engine.parse import conjunction_terms
 
-    terms: list = []
-    counts: list[int] = []
-    kept: list[int] = []
-    others: list[int] = []
-    for position, found in enumerate(conjunction_terms(texts)):
-        if found is None:
-            others.append(position)
-        else:
-            terms += found
-            counts.append(len(found))
-            kept.append(position)
+    read = conjunction_terms(texts)
+    kept = [position for position, found in enumerate(read) if found is not None]
+    others = [position for position, found in enumerate(read) if found is None]
+    read = [found for found in read if found is not None]
+    counts = list(map(len, read))
+    terms = list(_chain(read))
 
     n = len(terms)
     columns: dict[str, list] = {}       # made on first use: most workloads need two or three
@@ -468,10 +469,18 @@ def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
     set_columns: list = [None, None, None]
     range_columns: list = [None, None]           # numeric, string: (low, high)
     for row, (_, op, values) in enumerate(terms):
-        if not values:                   # IS [NOT] NULL: no operand
+        kind = _KIND_OF[op]
+        if kind == _ONE:
+            code = _CLASS_CODE[values[0].__class__]
+            target = scalar_columns[code]
+            if target is None:
+                target = scalar_columns[code] = column(_SCALAR_COLUMN[code])
+            target[row] = values[0]
+            continue
+        if kind == _NONE:                # IS [NOT] NULL: no operand
             continue
         code = _CLASS_CODE[values[0].__class__]
-        if op in _SET_OPS:
+        if kind == _SET:
             if len(values) > 1 and len(set(map(_CLASS_CODE.__getitem__, map(type, values)))) > 1:
                 usable[row] = False      # a mixed list: the text route refuses it
                 continue
@@ -479,7 +488,7 @@ def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
             if target is None:
                 target = set_columns[code] = column(_SET_COLUMN[code])
             target[row] = values
-        elif op in _RANGE_OPS:
+        else:
             if code == 2 or _CLASS_CODE[values[1].__class__] != code:
                 usable[row] = False      # boolean or mixed ends
                 continue
@@ -488,11 +497,6 @@ def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
                 ends = range_columns[code] = (column(_SCALAR_COLUMN[code]), column(_SCALAR_COLUMN[code] + "_hi"))
             ends[0][row] = values[0]
             ends[1][row] = values[1]
-        else:
-            target = scalar_columns[code]
-            if target is None:
-                target = scalar_columns[code] = column(_SCALAR_COLUMN[code])
-            target[row] = values[0]
 
     counts_ = np.array(counts, dtype=np.int64)
     text_of_row = np.repeat(np.arange(len(kept)), counts_)
