@@ -28,9 +28,12 @@ def test_benchmarks_notebook_runs_and_shows_table_and_plots(tmp_path, monkeypatc
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert (tmp_path / "figures" / "benchmarks.png").stat().st_size > 1000
     assert (tmp_path / "figures" / "sweep.png").stat().st_size > 1000
+    assert (tmp_path / "figures" / "recorded.png").stat().st_size > 1000      # the recorded full-scale runs beside
     html_tables = [o for o in outputs if "text/html" in o.get("data", {})]
     assert any("events_per_s" in o["data"]["text/html"] for o in html_tables)
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3
+    recorded = [o["data"]["text/html"] for o in html_tables if "median" in o["data"]["text/html"]]
+    assert recorded and all(name in recorded[-1] for name in ("opindex", "betree", "apcm"))
 
 
 def run_paper_notebook(name: str, tmp_path, monkeypatch, scale: str = "0.001", events: str = "60",
