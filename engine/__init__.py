@@ -10,6 +10,10 @@ expressions (docs/README.md).  The public API (docs/architecture.md#the-public-a
 backend is asked for.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from engine._version import __version__
 from engine.algorithms import ALGORITHMS
 from engine.backend import available_backends
@@ -19,8 +23,13 @@ from engine.index import Index
 from engine.rules import rules_to_columnar
 from engine.streaming import EventStream
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-def warmup(algorithms=None, backend=None) -> dict:
+    from engine.expr import Node
+
+
+def warmup(algorithms: Iterable[str] | None = None, backend: str | None = None) -> dict[str, float]:
     """Compile (or load from numba's cache) the kernels of every algorithm
     on ``backend`` -- or of those named -- up front, so that the first real
     ``match_batch`` does not pay for it; ``{algorithm: seconds}``
@@ -29,7 +38,7 @@ def warmup(algorithms=None, backend=None) -> dict:
     return run(algorithms, backend)
 
 
-def validate(expression):
+def validate(expression: str | Node) -> Node:
     """Check an expression without adding it anywhere: its AST (an
     :mod:`engine.expr` node) when it is valid, else the error ``add`` would
     raise for it -- :class:`ParseError` (with the position and what was

@@ -52,7 +52,7 @@ class BadEventError(SchemaError):
     ``str(error)`` is ``"event 3: " + reason``, and a hint on what to do.
     """
 
-    def __init__(self, event: int, attribute: str | None, value, reason: str, hint: str = ""):
+    def __init__(self, event: int, attribute: str | None, value: object, reason: str, hint: str = ""):
         self.event = int(event)
         self.attribute = attribute
         self.value = value

@@ -31,8 +31,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 import pyarrow as pa
@@ -53,7 +53,14 @@ from engine.schema import Schema
 from engine.snapshot import BUILD, MatcherSource, Snapshot
 
 if TYPE_CHECKING:
+    import pandas
+
+    from engine.algorithms.base import Matcher
     from engine.explain import Explanation
+    from engine.schema import SchemaView
+
+#: what match_batch / match_stream take: dicts (attribute -> value), an Arrow table or batch, a pandas frame
+Events = Union[Sequence[Mapping[str, Any]], pa.Table, pa.RecordBatch, "pandas.DataFrame"]
 
 logger = logging.getLogger(__name__)
 #: algorithm/backend pairs built in this process so far (the first build of each may compile kernels)
@@ -303,7 +310,7 @@ class Index:
         expression or a present id raises and leaves the index unchanged."""
         self.add_many([sub_id], [expression])
 
-    def add_many(self, ids, expressions: Iterable[str | Node] | None = None, *,
+    def add_many(self, ids: Iterable[int] | pa.Table | pa.RecordBatch, expressions: Iterable[str | Node] | None = None, *,
                  progress: bool | None = None) -> None:
         """Add many subscriptions: ``add_many(ids, expressions)`` with
         sequences of ids and texts/ASTs, or ``add_many(table)`` with the
@@ -508,7 +515,7 @@ class Index:
             self._state = Snapshot(self._schema.view(), segment, np.ones(len(segment), np.uint8), 0, (), source)
 
     # ------------------------------------------------------------------ matching
-    def build_matcher(self, segment: Segment, view):
+    def build_matcher(self, segment: Segment, view: SchemaView) -> Matcher:
         """The matcher of a main segment from scratch: the algorithm's, with
         the residual subscriptions split off to the residual matcher."""
         settings = BuildSettings(view, self.dnf_limit, self._options)
@@ -518,7 +525,8 @@ class Index:
         self._log_built("built", len(segment), time.perf_counter() - started)
         return matcher
 
-    def derive_matcher(self, matcher, segment: Segment, old_to_new: np.ndarray, added: np.ndarray, view):
+    def derive_matcher(self, matcher: Matcher, segment: Segment, old_to_new: np.ndarray, added: np.ndarray,
+                       view: SchemaView) -> Matcher:
         """The matcher of a merged main segment, derived from the last one."""
         started = time.perf_counter()
         derived = residual_split.derive(matcher, segment, old_to_new, added, view,
@@ -554,7 +562,7 @@ class Index:
             raise TypeError(f"match takes one event as a dict, not {type(event).__name__}")
         return self.match_batch([event])[0]
 
-    def match_batch(self, events, *, output: str = "list", errors: str = "raise",
+    def match_batch(self, events: Events, *, output: str = "list", errors: str = "raise",
                     id_column: str | None = None) -> list[np.ndarray] | pa.Table | tuple:
         """Match a batch: a list of dicts, a pyarrow Table/RecordBatch or a
         pandas DataFrame (one row per event, null = absent).
@@ -633,7 +641,7 @@ class Index:
                 found.extend(np.split(sub_ids, np.searchsorted(event_idx, np.arange(first + 1, stop))))
         return (found, rejected) if errors == "report" else found
 
-    def match_stream(self, events, *, errors: str = "raise", max_pairs: int | None = None,
+    def match_stream(self, events: Events, *, errors: str = "raise", max_pairs: int | None = None,
                      id_column: str | None = None) -> Iterator[pa.RecordBatch]:
         """Match a batch and yield its matches as pyarrow RecordBatches
         ``(event int64, sub_id int64)``, ordered by event then id, each of

@@ -24,6 +24,8 @@ attribute family has.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +33,9 @@ import pyarrow.compute as pc
 from engine.columnar import OP_NAMES
 from engine.errors import SchemaError
 from engine.expr import PATTERN_OPS, Op
+
+if TYPE_CHECKING:
+    import pandas
 
 __all__ = ["rules_to_columnar", "COLUMNAR_SCHEMA"]
 
@@ -45,7 +50,7 @@ _SCALAR_OPS = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE}) | PATTERN_OP
 _LIST_OPS = frozenset({Op.IN, Op.NOT_IN})
 
 
-def rules_to_columnar(rules, *, id_column: str | None = "rule_id", columns: dict | None = None) -> pa.Table:
+def rules_to_columnar(rules: pandas.DataFrame | pa.Table, *, id_column: str | None = "rule_id", columns: dict | None = None) -> pa.Table:
     """The columnar subscriptions (:data:`COLUMNAR_SCHEMA`) of a rules table.
 
     Parameters

@@ -53,8 +53,13 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.index import Index
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +92,7 @@ class EventStream:
     name : the background thread's name.
     """
 
-    def __init__(self, index, batch_size: int = 1024, max_wait: float | None = 0.005, *, errors: str = "raise",
+    def __init__(self, index: Index, batch_size: int = 1024, max_wait: float | None = 0.005, *, errors: str = "raise",
                  name: str = "bexmatch-event-stream"):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
@@ -114,7 +119,7 @@ class EventStream:
         self._thread.start()
 
     # ------------------------------------------------------------ callers
-    def submit(self, event) -> Future:
+    def submit(self, event: Mapping[str, Any]) -> Future:
         """Queue ``event`` (a dict of attribute values) for matching: a
         Future of its matches, an ascending int64 array of subscription
         ids.  RuntimeError once the stream is closed."""

@@ -3,7 +3,7 @@ through ``mapInArrow`` (docs/architecture.md#spark)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +12,14 @@ from engine import errors as engine_errors
 from spark_integration import layout as layouts
 from spark_integration.session import check_workers
 from spark_integration.shipping import DEFAULT_SHIP, ShardedIndex, ShippedIndex, ship_index, worker_index
+
+if TYPE_CHECKING:       # (hints only: importing this module does not import pyspark)
+    import os
+
+    from pyspark.sql import DataFrame
+
+    from engine import Index
+    from spark_integration.shipping import MatchStats
 
 MODES = ("replicate", "shard")
 OUTPUTS = ("pairs", "grouped")
@@ -29,8 +37,8 @@ class BadEventError(engine_errors.BadEventError):
     matched, ``attribute``, ``value``, ``reason``) and ``event_id``, the
     value of the event id column ``id_column``."""
 
-    def __init__(self, event: int, attribute, value, reason: str, hint: str = "", *, event_id=None,
-                 id_column: str = "event_id"):
+    def __init__(self, event: int, attribute: str | None, value: object, reason: str, hint: str = "", *,
+                 event_id: object = None, id_column: str = "event_id"):
         super().__init__(event, attribute, value, reason, hint)
         self.event_id = event_id
         self.id_column = id_column
@@ -231,11 +239,13 @@ def _output_schema(df, event_id: str, output: str, quarantine: bool):
     return StructType(fields)
 
 
-def match_events(events_df, index_or_path, *, event_id: str = "event_id", mode: str = "replicate",
+def match_events(events_df: DataFrame, index_or_path: Index | str | os.PathLike | ShippedIndex | ShardedIndex, *,
+                 event_id: str = "event_id", mode: str = "replicate",
                  shards: int | None = None, layout: str = "auto", attrs_column: str = "attrs",
                  arrow_batch_size: int | None = None, output: str = "pairs", on_bad_event: str = "fail",
                  ship: str = DEFAULT_SHIP, backend: str = "auto", gpu_fallback: bool = False,
-                 stats=None, cache_size: int | None = None, resource_profile=None, inject_failure=False):
+                 stats: MatchStats | None = None, cache_size: int | None = None, resource_profile: Any = None,
+                 inject_failure: Any = False) -> DataFrame | MatchResult:
     """Match a DataFrame of events against an index, on the executors.
 
     Parameters

@@ -16,8 +16,13 @@ they can import what matching needs, raising one
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sys
 import threading
+
+if TYPE_CHECKING:       # (hints only: importing this module does not import pyspark)
+    from pyspark.sql import SparkSession
 
 #: the modules a Python worker imports to match (engine, and what it needs)
 WORKER_MODULES = ("numpy", "pyarrow", "numba", "re2", "lark", "engine", "spark_integration")
@@ -31,7 +36,7 @@ class WorkerEnvironmentError(RuntimeError):
 
 
 def session(master: str = "local[*]", app_name: str = "bexmatch", conf: dict | None = None, *,
-            check: bool = True):
+            check: bool = True) -> SparkSession:
     """A SparkSession for bexmatch: the executors run this interpreter
     (``PYSPARK_PYTHON``) with bexmatch importable, a local master stays on
     127.0.0.1, Arrow transfer is on, Java 17/21 is found when ``JAVA_HOME``
@@ -77,7 +82,7 @@ def _make_probe(modules: tuple):
     return probe
 
 
-def check_workers(spark, modules: tuple = WORKER_MODULES) -> list:
+def check_workers(spark: SparkSession, modules: tuple = WORKER_MODULES) -> list:
     """Ask the executors (one tiny task per default-parallelism slot)
     whether their Python imports ``modules`` and runs the driver's bexmatch
     version; raise :class:`WorkerEnvironmentError` naming what is missing

@@ -35,11 +35,15 @@ import time
 import zipfile
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import Index
 from engine.errors import IndexFileError
+
+if TYPE_CHECKING:       # (hints only: importing this module does not import pyspark)
+    from pyspark.sql import SparkSession
 
 SHIP_METHODS = ("broadcast", "files")
 DEFAULT_SHIP = "broadcast"
@@ -202,8 +206,8 @@ def resolve_index(index_or_path) -> tuple[Index, bytes | None]:
                     f"(spark_integration.ship_index), not {type(index_or_path).__name__}")
 
 
-def ship_index(spark, index_or_path, *, mode: str = "replicate", shards: int | None = None,
-               method: str = DEFAULT_SHIP):
+def ship_index(spark: SparkSession, index_or_path: Index | str | os.PathLike, *, mode: str = "replicate",
+               shards: int | None = None, method: str = DEFAULT_SHIP) -> ShippedIndex | ShardedIndex:
     """Validate, serialise and ship an index for :func:`match_events`.
 
     Returns a :class:`ShippedIndex` (``mode="replicate"``) or a
@@ -286,7 +290,7 @@ class MatchStats:
     Accumulator updates of failed task attempts are dropped by Spark, so a
     load done by an attempt that then failed is not counted."""
 
-    def __init__(self, spark):
+    def __init__(self, spark: SparkSession):
         from pyspark import AccumulatorParam
 
         param = type("DictSumParam", (_DictSum, AccumulatorParam), {})()

@@ -24,9 +24,17 @@ micro-batch.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 from spark_integration.matching import MatchResult, match_events
-from spark_integration.shipping import DEFAULT_SHIP, ship_index
+from spark_integration.shipping import DEFAULT_SHIP, ShardedIndex, ShippedIndex, ship_index
+
+if TYPE_CHECKING:       # (hints only: importing this module does not import pyspark)
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.types import StructType
+
+    from engine import Index
 
 SINKS = ("file", "foreachBatch")
 
@@ -43,10 +51,12 @@ def read_stream(spark, path, *, source_format: str = "parquet", schema=None, max
     return reader.load(os.fspath(path))
 
 
-def start_stream(spark, source, index_or_path, out_path, checkpoint, *, source_format: str = "parquet",
-                 schema=None, max_files_per_trigger: int | None = None, trigger: dict | None = None,
-                 sink: str = "file", quarantine_path=None, query_name: str | None = None,
-                 ship: str = DEFAULT_SHIP, **match_kwargs):
+def start_stream(spark: SparkSession, source: str | os.PathLike | DataFrame,
+                 index_or_path: Index | str | os.PathLike | ShippedIndex | ShardedIndex,
+                 out_path: str | os.PathLike, checkpoint: str | os.PathLike, *, source_format: str = "parquet",
+                 schema: StructType | str | None = None, max_files_per_trigger: int | None = None,
+                 trigger: dict | None = None, sink: str = "file", quarantine_path: str | os.PathLike | None = None,
+                 query_name: str | None = None, ship: str = DEFAULT_SHIP, **match_kwargs: Any) -> StreamingQuery:
     """Start a streaming query matching ``source`` (a directory of
     ``source_format`` files, or a streaming DataFrame) into Parquet at
     ``out_path``, checkpointed at ``checkpoint``.

@@ -262,3 +262,46 @@ def test_the_numpy_api_scan_finds_names_chains_and_keywords():
                      "np.sort(a, stable=True)\nnp.unique(a, return_inverse=True)\na.astype(int, copy=False)\n")
     assert [(line, what) for line, what, _ in numpy_apis(tree)] == [
         (2, "np.unique_values"), (3, "np.dtypes"), (3, "np.dtypes.StringDType"), (4, "np.sort(stable=)")]
+
+
+def test_the_public_api_is_typed():
+    # every public function and public method of the two packages' exports
+    # has a hint on each parameter and on its return, and the hints resolve
+    import inspect
+    import os
+    import typing
+
+    import pandas
+    import pyspark.sql
+    import pyspark.sql.streaming
+    import pyspark.sql.types
+
+    import engine
+    import spark_integration
+    from engine.algorithms.base import Matcher
+    from engine.explain import Explanation
+    from engine.expr import Node
+    from engine.schema import SchemaView
+
+    names = {"pandas": pandas, "os": os, "DataFrame": pyspark.sql.DataFrame, "SparkSession": pyspark.sql.SparkSession,
+             "StreamingQuery": pyspark.sql.streaming.StreamingQuery, "StructType": pyspark.sql.types.StructType,
+             "Index": engine.Index, "MatchStats": spark_integration.MatchStats, "Matcher": Matcher,
+             "Explanation": Explanation, "Node": Node, "SchemaView": SchemaView, "Iterable": typing.Iterable}
+    checked = []
+    for package in (engine, spark_integration):
+        for name in package.__all__:
+            obj = getattr(package, name)
+            if inspect.isfunction(obj):
+                functions = [(name, obj)]
+            elif inspect.isclass(obj) and obj.__module__.startswith(("engine", "spark_integration")):
+                functions = [(f"{name}.{member}", f) for member, f in vars(obj).items()
+                             if inspect.isfunction(f) and (not member.startswith("_") or member == "__init__")]
+            else:
+                continue
+            for label, function in functions:
+                hints = typing.get_type_hints(function, localns=names)
+                parameters = [p for p in inspect.signature(function).parameters.values() if p.name not in ("self", "cls")]
+                assert all(p.name in hints for p in parameters), (label, [p.name for p in parameters if p.name not in hints])
+                assert "return" in hints or function.__name__ == "__init__", label
+                checked.append(label)
+    assert {"Index.match_batch", "Index.add_many", "match_events", "session", "validate", "EventStream.submit"} <= set(checked)
