@@ -51,6 +51,7 @@ from engine.expr import Node, predicates
 from engine.index_file import check_saved_options, needed_depth, read_index_file, restore_contents, write_index_file
 from engine.schema import Schema
 from engine.snapshot import BUILD, MatcherSource, Snapshot
+from gpu_kernels import cuda_support
 
 if TYPE_CHECKING:
     import pandas
@@ -562,8 +563,9 @@ class Index:
             raise TypeError(f"match takes one event as a dict, not {type(event).__name__}")
         return self.match_batch([event])[0]
 
-    def match_batch(self, events: Events, *, output: str = "list", errors: str = "raise",
-                    id_column: str | None = None) -> list[np.ndarray] | pa.Table | tuple:
+    def match_batch(self, events: Events | Mapping[str, Any], *, output: str = "list", errors: str = "raise",
+                    id_column: str | None = None, valid: Mapping[str, Any] | None = None
+                    ) -> list[np.ndarray] | pa.Table | tuple:
         """Match a batch: a list of dicts, a pyarrow Table/RecordBatch or a
         pandas DataFrame (one row per event, null = absent).
 
@@ -596,9 +598,24 @@ class Index:
         which is not an attribute: it is left out of matching, and
         ``output="arrow"`` and ``"arrow_lists"`` name each match's event by
         it (a column of that name, of its type, instead of ``event``).
-        KeyError when an event lacks it."""
+        KeyError when an event lacks it.
+
+        Events already on the device (backend ``cuda``): ``events`` a
+        mapping of attribute name to device column -- CuPy, numba device
+        arrays, PyTorch tensors, cuDF columns: anything with the CUDA Array
+        Interface or DLPack, one value per event -- and a string attribute
+        as the pair ``(device codes, dictionary)``; ``valid`` maps an
+        attribute to a device boolean column, True where the event carries
+        it (absent otherwise).  They are encoded on the device
+        (:mod:`engine.device_events`) and matched there; ``errors`` is
+        "raise" or "null", ``id_column`` does not apply."""
         if output not in MATCH_OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(map(repr, MATCH_OUTPUTS))}, not {output!r}")
+        from engine import device_events
+        if device_events.is_device_columns(events):
+            return self._match_device_columns(events, valid, output, errors, id_column)
+        if valid is not None:
+            raise ValueError("valid= goes with device columns (a mapping of attribute to device array)")
         if id_column is not None and output == "device":
             raise ValueError("id_column names the events in output='arrow' (and is left out of matching with "
                              "'list'); output='device' keeps event positions")
@@ -696,16 +713,27 @@ class Index:
             yield first, stop, event_idx, sub_ids
             first = stop
 
-    def _match_encoded(self, state: Snapshot, batch, device: bool = False):
+    def _match_encoded(self, state: Snapshot, batch, device: bool = False, strings=None):
+        """Matches of an encoded batch; ``strings``: the batch whose string
+        entries the LIKE/MATCHES results are computed over, when ``batch``
+        lives on the device (:mod:`engine.device_events`)."""
         matchers = state.matchers(self)
         pairs = matchers[0][0].predicates.pattern_pairs() if len(matchers) == 1 else \
             np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
-        truth = event_batches.pattern_truth(batch, state.view, pairs)
+        truth = event_batches.pattern_truth(batch if strings is None else strings, state.view, pairs)
         xp = array_namespace(self.backend) if device else np
+        host_batch = batch if strings is None else None
         events, ids = [], []
         for k, (segment, alive, matcher) in enumerate(matchers):
             on_device = device and k == 0        # (the small delta is matched on the host)
-            e, sub_ids = matcher.match(batch, truth, alive, ids=state.device_ids(xp) if on_device else segment.sub_ids,
+            given = batch
+            if matcher.backend != "cuda":        # a host matcher (the delta's scan) reads a host copy
+                if host_batch is None:
+                    host_batch = event_batches.EventBatch(
+                        *(cuda_support.to_host(getattr(batch, f)) for f in ("offsets", "attr", "value", "token")),
+                        batch.strings)
+                given = host_batch
+            e, sub_ids = matcher.match(given, truth, alive, ids=state.device_ids(xp) if on_device else segment.sub_ids,
                                        output="device" if on_device else "numpy")
             events.append(xp.asarray(e))
             ids.append(xp.asarray(sub_ids))
@@ -714,6 +742,27 @@ class Index:
         event_idx, sub_ids = xp.concatenate(events), xp.concatenate(ids)
         order = xp.lexsort(xp.stack([sub_ids, event_idx]))
         return event_idx[order], sub_ids[order]
+
+    def _match_device_columns(self, columns, valid, output: str, errors: str, id_column):
+        from engine import device_events
+        if self.backend != "cuda":
+            raise ValueError("device columns need backend='cuda'; this index runs on "
+                             f"{self.backend!r} (copy the columns to the host and pass a table)")
+        if id_column is not None:
+            raise ValueError("id_column does not apply to device columns: matches name events by position")
+        state = self._state
+        batch, strings = device_events.encode_device_columns(columns, valid, state.view, errors)
+        n_events = len(batch.offsets) - 1
+        event_idx, sub_ids = self._match_encoded(state, batch, device=output == "device", strings=strings)
+        if output == "device":
+            return event_idx, sub_ids
+        event_idx, sub_ids = np.asarray(event_idx, np.int64), np.asarray(sub_ids, np.int64)
+        if output == "arrow":
+            return pa.table({"event": pa.array(event_idx, pa.int64()), "sub_id": pa.array(sub_ids, pa.int64())})
+        if output == "arrow_lists":
+            return pa.table({"event": pa.array(np.arange(n_events, dtype=np.int64)),
+                             "sub_ids": _list_array(np.bincount(event_idx, minlength=n_events), sub_ids)})
+        return np.split(sub_ids, np.searchsorted(event_idx, np.arange(1, n_events))) if n_events else []
 
     # ------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike) -> None:

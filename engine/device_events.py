@@ -1,0 +1,226 @@
+"""Events that are already on the device: one column per attribute in,
+an :class:`engine.events.EventBatch` on the device out (docs/architecture.md, "Device-resident events").
+
+Users on GPU workstations and Spark-RAPIDS hold their events on the GPU
+(CuPy arrays, numba device arrays, PyTorch tensors, cuDF columns); copying
+them to the host only to encode them and copy them back is what this module
+avoids.  ``Index.match_batch(columns)`` with a mapping of attribute name to
+device column comes here when the index runs on ``cuda``:
+
+* a column is anything exposing the CUDA Array Interface
+  (``__cuda_array_interface__``: CuPy, numba device arrays, cuDF numeric
+  columns) or DLPack (``__dlpack__``: PyTorch, JAX), one value per event;
+* a string attribute arrives as its dictionary codes plus the dictionary
+  (a pair ``(codes, dictionary)``; a cuDF categorical column's ``codes``
+  and ``categories``): the dictionary is small and goes through the host
+  encoder once (each entry's code under the index's string dictionary, and
+  the LIKE/MATCHES results per entry), the codes stay on the device;
+* absent values are given by ``valid={attribute: device boolean column}``
+  (True where the event carries the attribute).  The interface's own
+  ``mask`` field is refused with a pointer to ``valid=``: producers do not
+  agree on its polarity (NumPy's masked arrays mark the *invalid* values).
+
+Encoding is array operations on the device (CuPy; NumPy stands in under
+numba's CUDA simulator): the columns are stacked as ``[attribute, event]``
+values, validity and string tokens, an event's entry count is a column
+sum, the offsets its running sum, and the entries the stacked arrays read
+event-major through the validity mask -- attributes ascending within each
+event, as every matcher expects.  Nothing of the batch visits the host
+except one flag per check (whether any value is refused; the first refused
+one's position when one is).  Values follow the host encoder's rules:
+numbers must be finite and, for integer columns, within +-2**53 (float64
+holds them exactly); a boolean attribute takes a boolean column; an
+attribute the index has never seen is left out (no subscription reads it).
+``errors="raise"`` names the first refused value's event and attribute,
+``errors="null"`` treats refused values as absent; ``"report"`` is the
+host encoder's alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from engine.errors import BadEventError, SchemaError
+from engine.events import EventBatch, from_arrow
+from engine.expr import Family
+from engine.schema import MAX_EXACT_INT
+from gpu_kernels import cuda_support
+
+__all__ = ["encode_device_columns", "is_device_column", "is_device_columns"]
+
+
+def is_device_column(x) -> bool:
+    """A device array as a caller hands it over (CUDA Array Interface or
+    DLPack; under the simulator, what its ``cuda.to_device`` returns)."""
+    if cuda_support.is_device_array(x):
+        return True
+    return not cuda_support.simulated() and hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray)
+
+
+def is_device_columns(events) -> bool:
+    """Whether ``events`` is a mapping of attribute to device column (or to
+    a ``(codes, dictionary)`` pair with device codes)."""
+    if not isinstance(events, Mapping) or not events:
+        return False
+    first = next(iter(events.values()))
+    if isinstance(first, tuple) and len(first) == 2:
+        first = first[0]
+    return is_device_column(first)
+
+
+def _device(x, name: str):
+    """``x`` as an array of the device's array module, without a copy."""
+    interface = getattr(x, "__cuda_array_interface__", None)
+    if isinstance(interface, dict) and interface.get("mask") is not None:
+        raise ValueError(f"column {name!r} carries a CUDA Array Interface mask; pass the valid values as "
+                         f"match_batch(columns, valid={{{name!r}: device boolean array}}) instead")
+    if not cuda_support.simulated() and not hasattr(x, "__cuda_array_interface__") and hasattr(x, "__dlpack__"):
+        import cupy
+        return cupy.from_dlpack(x)
+    array = cuda_support.as_device(x)
+    if array.ndim != 1:
+        raise ValueError(f"column {name!r} must be one-dimensional (one value per event), not of shape {array.shape}")
+    return array
+
+
+def _first_bad(xp, bad, valid) -> int | None:
+    """Position of the first refused value (only one scalar leaves the device)."""
+    bad = bad & valid
+    if not bool(bad.any()):
+        return None
+    return int(xp.argmax(bad))
+
+
+def _refuse(name: str, column, row: int, reason: str) -> BadEventError:
+    value = cuda_support.to_host(column[row:row + 1])[0]
+    return BadEventError(row, name, value.item() if hasattr(value, "item") else value,
+                         f"attribute {name!r} {reason}",
+                         " (pass errors='null' to treat such values as absent)")
+
+
+def _dictionary_codes(name: str, dictionary, schema) -> tuple[pa.Array, np.ndarray]:
+    """The dictionary as an Arrow string array and each entry's code under
+    the index's string dictionary (through the host encoder, so that the
+    rules are the same: a lone surrogate, for one, is refused)."""
+    try:
+        strings = pa.array(dictionary, pa.large_string()) if not isinstance(dictionary, pa.Array) \
+            else dictionary.cast(pa.large_string())
+    except (pa.ArrowException, UnicodeEncodeError, TypeError) as error:     # a lone surrogate, a non-string
+        raise SchemaError(f"column {name!r}: its dictionary is not a list of strings: {error}") from None
+    if strings.null_count:
+        raise SchemaError(f"column {name!r}: its dictionary holds a null")
+    try:
+        coded = from_arrow(pa.table({name: strings}), schema, "raise")
+    except BadEventError as error:
+        raise SchemaError(f"column {name!r}: dictionary entry {error.event}: {error.reason}") from None
+    return strings, coded.value
+
+
+def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, errors: str = "raise"
+                          ) -> tuple[EventBatch, EventBatch]:
+    """Device columns -> ``(batch, strings)``: the batch in CSR form with its
+    arrays on the device, and a small host batch holding one entry per
+    dictionary string (attribute, token), for the LIKE/MATCHES results
+    (:func:`engine.events.pattern_truth`)."""
+    if errors not in ("raise", "null"):
+        raise ValueError(f"device columns take errors='raise' or 'null', not {errors!r} ('report' needs the "
+                         f"host encoder: pass the events as a table)")
+    valid = dict(valid or {})
+    unknown = set(valid) - set(columns)
+    if unknown:
+        raise ValueError(f"valid= names {sorted(unknown)}, which are not among the columns")
+    xp = cuda_support.array_module()
+    n_events = None
+    stacked = []      # (attribute id, values float64, valid bool, tokens int32 or None)
+    dictionaries: list[tuple[int, pa.Array]] = []
+    n_strings = 0
+    for name, column in columns.items():
+        if not isinstance(name, str):
+            raise TypeError(f"column names are attribute names (str), not {type(name).__name__}")
+        pair = isinstance(column, tuple)
+        if pair and len(column) != 2:
+            raise ValueError(f"column {name!r}: a string column is a pair (codes, dictionary)")
+        data = _device(column[0] if pair else column, name)
+        if n_events is None:
+            n_events = len(data)
+        elif len(data) != n_events:
+            raise ValueError(f"column {name!r} has {len(data)} values where the others have {n_events}")
+        present = xp.ones(n_events, dtype=bool)
+        if name in valid:
+            present = _device(valid[name], f"valid[{name!r}]")
+            if present.dtype != np.bool_ or len(present) != n_events:
+                raise ValueError(f"valid[{name!r}] must be a boolean column of {n_events} values")
+        if name not in schema.attr_ids:
+            continue                    # no subscription reads it (as the host encoder does)
+        family = schema.families.get(name)
+        kind = data.dtype.kind
+        tokens = None
+        if pair:
+            if family not in (Family.STRING, None) or kind not in "iu":
+                raise SchemaError(f"column {name!r}: (codes, dictionary) is for a string attribute, with integer "
+                                  f"codes; {name!r} is {family.value if family else 'untyped'} and the codes are "
+                                  f"{data.dtype}")
+            strings, table = _dictionary_codes(name, column[1], schema)
+            out_of_range = (data < 0) | (data >= len(strings))
+            row = _first_bad(xp, out_of_range, present)
+            if row is not None:
+                if errors == "raise":
+                    raise _refuse(name, data, row, f"has code {int(cuda_support.to_host(data[row:row + 1])[0])}, "
+                                                   f"outside its dictionary of {len(strings)}")
+                present = present & ~out_of_range
+            codes = xp.where(present, data, 0).astype(np.int64)
+            values = xp.asarray(table)[codes] if len(strings) else xp.zeros(n_events)
+            tokens = (codes + n_strings).astype(np.int32)
+            dictionaries.append((schema.attr_ids[name], strings))
+            n_strings += len(strings)
+        elif family is Family.STRING:
+            raise SchemaError(f"column {name!r}: strings arrive on the device as (codes, dictionary)")
+        elif family is Family.BOOLEAN:
+            if kind != "b":
+                raise SchemaError(f"column {name!r}: attribute {name!r} is boolean, the column is {data.dtype}")
+            values = data.astype(np.float64)
+        else:
+            if kind not in "iuf" and not (family is None and kind == "b"):
+                raise SchemaError(f"column {name!r}: attribute {name!r} is {family.value if family else 'untyped'}"
+                                  f", the column is {data.dtype}")
+            values = data.astype(np.float64)
+            bad = ~xp.isfinite(values)
+            if kind == "i":             # exact as float64 only within +-2**53 (compared as integers:
+                bad = bad | (data > MAX_EXACT_INT) | (data < -MAX_EXACT_INT)      # 2**53 + 1 rounds to 2**53)
+            elif kind == "u":
+                bad = bad | (data > MAX_EXACT_INT)
+            row = _first_bad(xp, bad, present)
+            if row is not None:
+                if errors == "raise":
+                    raise _refuse(name, data, row, "is numeric and takes finite numbers within +-2**53 "
+                                                   "(float64 holds them exactly)")
+                present = present & ~bad
+        stacked.append((schema.attr_ids[name], values, present, tokens))
+    n_events = n_events or 0
+    stacked.sort(key=lambda entry: entry[0])    # attributes ascending within each event
+    k = len(stacked)
+    if k == 0:
+        batch = EventBatch(xp.zeros(n_events + 1, dtype=np.int64), xp.zeros(0, dtype=np.int32),
+                           xp.zeros(0, dtype=np.float64), xp.zeros(0, dtype=np.int32), pa.array([], pa.large_string()))
+    else:
+        values = xp.stack([entry[1] for entry in stacked])
+        present = xp.stack([entry[2] for entry in stacked])
+        tokens = xp.stack([xp.full(n_events, -1, dtype=np.int32) if entry[3] is None else entry[3]
+                           for entry in stacked])
+        attr_ids = xp.asarray(np.array([entry[0] for entry in stacked], dtype=np.int32))
+        offsets = xp.zeros(n_events + 1, dtype=np.int64)
+        offsets[1:] = xp.cumsum(present.sum(axis=0))
+        keep = present.T.ravel()                         # event-major: the CSR order
+        batch = EventBatch(offsets, xp.broadcast_to(attr_ids, (n_events, k)).ravel()[keep],
+                           values.T.ravel()[keep], tokens.T.ravel()[keep],
+                           pa.concat_arrays([s for _, s in dictionaries]) if dictionaries
+                           else pa.array([], pa.large_string()))
+    # the dictionaries' entries, one host entry each: what the pattern results are computed over
+    attrs = np.concatenate([np.full(len(s), a, np.int32) for a, s in dictionaries]) if dictionaries \
+        else np.zeros(0, np.int32)
+    strings = EventBatch(np.array([0, len(attrs)], np.int64), attrs, np.zeros(len(attrs)),
+                         np.arange(len(attrs), dtype=np.int32), batch.strings)
+    return batch, strings

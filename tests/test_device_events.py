@@ -1,0 +1,158 @@
+"""Events already on the device (engine/device_events.py): device columns in,
+encoded on the device, matched there -- the same answers as the same events
+given as dicts, for every output form, with absent values, dictionary-coded
+strings, LIKE, a delta matched on the host, and every refusal named.
+
+Runs on a GPU (CuPy arrays) or under numba's CUDA simulator (its device
+arrays; NumPy stands in for CuPy)::
+
+    NUMBA_ENABLE_CUDASIM=1 pytest -m cuda tests/test_device_events.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from engine import Index
+from engine.device_events import encode_device_columns, is_device_columns
+from engine.errors import BadEventError, SchemaError
+from tests.test_cuda_sim import _to_device_input, host, needs_cuda
+
+pytestmark = [pytest.mark.cuda, needs_cuda]
+
+SUBSCRIPTIONS = {
+    1: "price <= 580 AND color = 'silver'",
+    2: "color LIKE 'sil%' OR in_stock = TRUE",
+    3: "price BETWEEN 100 AND 600 AND NOT (color IN ('red', 'blue'))",
+    4: "price IS NULL",
+    5: "weight > 2.5 AND in_stock = FALSE",
+    6: "color >= 'b' AND color < 'r' AND price > 0",
+}
+#: the events as dicts (None: absent)
+PRICE = [550.0, None, 700.0, 120.0, -3.0, 600.0]
+COLOR = ["silver", "red", None, "blue", "green", "silver"]
+IN_STOCK = [True, False, None, False, True, False]
+WEIGHT = [3, 1, 2, 7, None, 2 ** 53]
+
+
+def _events():
+    rows = []
+    for k in range(len(PRICE)):
+        event = {name: values[k] for name, values in
+                 (("price", PRICE), ("color", COLOR), ("in_stock", IN_STOCK), ("weight", WEIGHT))
+                 if values[k] is not None}
+        rows.append(event)
+    return rows
+
+
+def _columns():
+    dictionary = ["blue", "green", "red", "silver"]
+    codes = np.array([dictionary.index(c) if c is not None else 0 for c in COLOR], np.int32)
+    present = lambda values: _to_device_input(np.array([v is not None for v in values]))   # noqa: E731
+    columns = {
+        "price": _to_device_input(np.array([p if p is not None else np.nan for p in PRICE])),
+        "color": (_to_device_input(codes), dictionary),
+        "in_stock": _to_device_input(np.array([bool(v) for v in IN_STOCK])),
+        "weight": _to_device_input(np.array([w if w is not None else 0 for w in WEIGHT], np.int64)),
+        "unknown": _to_device_input(np.arange(len(PRICE), dtype=np.float32)),   # no subscription reads it
+    }
+    valid = {"price": present(PRICE), "color": present(COLOR), "in_stock": present(IN_STOCK),
+             "weight": present(WEIGHT)}
+    return columns, valid
+
+
+def _index(merged: bool = True) -> Index:
+    idx = Index(algorithm="opindex", backend="cuda")
+    idx.add_many(list(SUBSCRIPTIONS), list(SUBSCRIPTIONS.values()))
+    if merged:
+        idx.merge()
+    return idx
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["main", "delta-on-host"])
+def test_device_columns_match_as_the_same_events_as_dicts(merged):
+    idx = _index(merged)
+    columns, valid = _columns()
+    assert is_device_columns(columns)
+    want = [m.tolist() for m in idx.match_batch(_events())]
+    assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == want
+    assert (want[0], want[1], want[3], want[5]) == ([1, 2, 3], [4], [5, 6], [2, 3, 5])   # not a vacuous example
+    table = idx.match_batch(columns, valid=valid, output="arrow")
+    assert table.column_names == ["event", "sub_id"]
+    assert [table["sub_id"].to_numpy()[table["event"].to_numpy() == e].tolist() for e in range(len(PRICE))] == want
+    lists = idx.match_batch(columns, valid=valid, output="arrow_lists")
+    assert lists["sub_ids"].to_pylist() == want
+    events, ids = idx.match_batch(columns, valid=valid, output="device")
+    pairs = list(zip(host(events).tolist(), host(ids).tolist()))
+    assert pairs == [(e, s) for e, subs in enumerate(want) for s in subs]
+
+
+def test_the_batch_is_encoded_in_csr_form_attributes_ascending():
+    idx = _index()
+    columns, valid = _columns()
+    batch, strings = encode_device_columns(columns, valid, idx._state.view)
+    reference = __import__("engine.events", fromlist=["x"]).encode_events(_events(), idx._state.view)
+    assert host(batch.offsets).tolist() == reference.offsets.tolist()
+    assert host(batch.attr).tolist() == reference.attr.tolist()
+    assert host(batch.value).tolist() == reference.value.tolist()        # string codes as the host encoder's
+    tokens = host(batch.token)
+    assert [batch.strings[t].as_py() if t >= 0 else None for t in tokens.tolist()] == \
+        [reference.strings[t].as_py() if t >= 0 else None for t in reference.token.tolist()]
+    assert strings.strings.to_pylist() == ["blue", "green", "red", "silver"]   # the pattern results' domain
+
+
+def test_without_valid_every_value_is_present_and_errors_null_drops_refused_ones():
+    idx = _index()
+    price = _to_device_input(np.array([550.0, np.nan, np.inf, 90.0]))
+    with pytest.raises(BadEventError, match=r"event 1: attribute 'price' is numeric") as caught:
+        idx.match_batch({"price": price})
+    assert caught.value.event == 1 and caught.value.attribute == "price"
+    found = idx.match_batch({"price": price}, errors="null")
+    assert [m.tolist() for m in found] == [m.tolist() for m in idx.match_batch(
+        [{"price": 550.0}, {}, {}, {"price": 90.0}])]
+    big = _to_device_input(np.array([1, 2 ** 53 + 1], np.int64))
+    with pytest.raises(BadEventError, match=r"event 1: attribute 'weight'.*2\*\*53"):
+        idx.match_batch({"weight": big})
+
+
+def test_refusals_are_clear_and_change_nothing():
+    idx = _index()
+    n = _to_device_input(np.arange(3, dtype=np.float64))
+    with pytest.raises(ValueError, match="has 2 values where the others have 3"):
+        idx.match_batch({"price": n, "weight": _to_device_input(np.arange(2.0))})
+    with pytest.raises(SchemaError, match=r"strings arrive on the device as \(codes, dictionary\)"):
+        idx.match_batch({"color": n})
+    with pytest.raises(SchemaError, match="boolean"):
+        idx.match_batch({"in_stock": n})
+    with pytest.raises(BadEventError, match="outside its dictionary of 2"):
+        idx.match_batch({"color": (_to_device_input(np.array([0, 2, 1], np.int32)), ["red", "silver"])})
+    with pytest.raises(ValueError, match="valid= names"):
+        idx.match_batch({"price": n}, valid={"colour": n})
+    with pytest.raises(ValueError, match="errors='raise' or 'null'"):
+        idx.match_batch({"price": n}, errors="report")
+    with pytest.raises(SchemaError, match="its dictionary is not a list of strings"):
+        idx.match_batch({"color": (_to_device_input(np.array([0, 1, 0], np.int32)), ["red", "a\ud800"])})
+    assert [m.tolist() for m in idx.match_batch({"price": n})] == [[], [], []]   # still usable
+    cpu = Index(algorithm="opindex", backend="cpu")
+    cpu.add(1, "price > 1")
+    with pytest.raises(ValueError, match="device columns need backend='cuda'"):
+        cpu.match_batch({"price": n})
+
+
+def test_an_empty_batch_and_columns_no_subscription_reads():
+    idx = _index()
+    assert idx.match_batch({"price": _to_device_input(np.zeros(0))}) == []
+    assert [m.tolist() for m in idx.match_batch({"nobody": _to_device_input(np.zeros(2))})] == [[4], [4]]
+
+
+def test_an_interface_mask_is_refused_with_the_way_to_say_it():
+    from engine.device_events import _device
+
+    class Masked:
+        __cuda_array_interface__ = {"shape": (3,), "typestr": "<f8", "data": (0, False), "version": 3,
+                                    "mask": object()}
+
+    with pytest.raises(ValueError, match=r"pass the valid values as match_batch\(columns, valid="):
+        _device(Masked(), "price")
