@@ -68,3 +68,10 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
     assert float(row[2]) > 0 and float(row[3]) > 0
     blocks = out.split("by threads per block")[1].splitlines()[1]
     assert blocks.startswith("W1-toy: chosen ") and ", 2 " in blocks and ", 8 " in blocks
+    # end to end by route (opindex by default): the three routes agree, every rate is measured
+    routes = out.split("== end to end, Index.match_batch")[1].splitlines()
+    header, row = routes[1].split(), routes[2].split()
+    assert header[:8] == ["workload", "algorithm", "events", "pairs", "device_resident", "device_in_device_out",
+                          "host_in_device_out", "host_in_arrow_out"] and header[-1] == "routes_agree"
+    assert row[:3] == ["W1-toy", "opindex", "2"] and row[-1] == "True"
+    assert all(float(v.replace(",", "")) > 0 for v in row[4:8])

@@ -156,3 +156,12 @@ def test_an_interface_mask_is_refused_with_the_way_to_say_it():
 
     with pytest.raises(ValueError, match=r"pass the valid values as match_batch\(columns, valid="):
         _device(Masked(), "price")
+
+
+def test_the_gpu_benchmarks_device_columns_are_the_tables_events():
+    from engine.bench.gpu import device_columns
+
+    idx = _index()
+    table = pa.table({"price": PRICE, "color": COLOR, "in_stock": IN_STOCK, "weight": WEIGHT})
+    columns, valid = device_columns(table)
+    assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == [m.tolist() for m in idx.match_batch(table)]

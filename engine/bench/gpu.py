@@ -11,7 +11,12 @@ one batch matched from host arrays with results copied back, against the
 same batch already on the device with results left there (both after the
 host-side event encoding, which is the same on every backend) -- and, for
 ``opindex``, the device-resident batch once more with sort-and-segment
-counting, the alternative to atomic decrements.
+counting, the alternative to atomic decrements -- and, for ``--end-to-end``
+algorithms (default opindex), ``Index.match_batch`` over the whole batch by
+route: device columns in and device arrays out, a host table in and device
+arrays out, a host table in and Arrow out, beside the kernels alone, with
+the host encoder's share and the Arrow output against the measured
+device-to-host bandwidth.
 """
 
 from __future__ import annotations
@@ -110,6 +115,93 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
     return row
 
 
+def device_columns(table):
+    """A wide event table as device columns for ``Index.match_batch``:
+    numbers and booleans as they are, strings as dictionary codes plus the
+    dictionary, nulls as ``valid`` -- what a GPU pipeline (CuPy, cuDF)
+    holds already."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def _on_device(host):        # as a caller holds it: CuPy on a GPU, a numba device array under the simulator
+        host = np.ascontiguousarray(host)
+        if cuda_support.simulated():
+            return cuda_support.load_cuda().to_device(host)
+        import cupy
+        return cupy.asarray(host)
+
+    columns, valid = {}, {}
+    for name, column in zip(table.column_names, table.columns):
+        column = column.combine_chunks()
+        if pa.types.is_map(column.type):
+            raise ValueError("a map column (events over many dimensions) has no device-column form here")
+        present = column.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or \
+                pa.types.is_dictionary(column.type):
+            coded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+            codes = pc.fill_null(coded.indices, 0).to_numpy(zero_copy_only=False).astype(np.int32)
+            columns[name] = (_on_device(codes), coded.dictionary.to_pylist())
+        elif pa.types.is_boolean(column.type):
+            columns[name] = _on_device(pc.fill_null(column, False).to_numpy(zero_copy_only=False))
+        else:
+            columns[name] = _on_device(pc.fill_null(column, 0).to_numpy(zero_copy_only=False))
+        valid[name] = _on_device(present)
+    return columns, valid
+
+
+def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_resident_s: float | None = None
+               ) -> dict:
+    """Events/s of ``Index.match_batch`` over the workload's whole batch on
+    cuda, by where the events come from and the matches go: device columns
+    in and device arrays out, a host table in and device arrays out, a host
+    table in and an Arrow table out -- beside ``device_resident_s`` (the
+    kernels alone, :func:`copy_share`) -- with the host encoder's share of
+    the host-in time, the bytes per match an Arrow output writes on the host
+    and the measured device-to-host copy bandwidth (so the Arrow-out figure
+    reads as a share of the bus).  The three routes' matches are compared."""
+    index = Index(algorithm=algorithm, backend="cuda")
+    index.add_many(workload.subscriptions)
+    index.merge()
+    table = workload.events
+    index.match_batch(table.slice(0, 1), output="arrow")            # builds the matcher
+    columns, valid = device_columns(table)
+    n_events = table.num_rows
+
+    def timed(run) -> float:
+        run()
+        cuda_support.synchronize()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            cuda_support.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    device_in = timed(lambda: index.match_batch(columns, valid=valid, output="device"))
+    host_device = timed(lambda: index.match_batch(table, output="device"))
+    host_arrow = timed(lambda: index.match_batch(table, output="arrow"))
+    encode = timed(lambda: event_batches.encode_events(table, index._state.view))
+    pairs = index.match_batch(table, output="arrow")
+    routes = [tuple(cuda_support.to_host(a).tolist() for a in index.match_batch(columns, valid=valid,
+                                                                               output="device")),
+              tuple(cuda_support.to_host(a).tolist() for a in index.match_batch(table, output="device")),
+              (pairs["event"].to_pylist(), pairs["sub_id"].to_pylist())]
+    xp = cuda_support.array_module()
+    probe = xp.zeros(8 << 20, dtype=np.int64)                        # 64 MiB device -> host
+    copy_s = timed(lambda: cuda_support.to_host(probe))
+    row = {"workload": workload.name, "algorithm": algorithm, "events": n_events, "pairs": pairs.num_rows,
+           "device_resident": n_events / device_resident_s if device_resident_s else None,
+           "device_in_device_out": n_events / device_in, "host_in_device_out": n_events / host_device,
+           "host_in_arrow_out": n_events / host_arrow, "encode_share": encode / host_arrow,
+           "bytes_per_match": 16, "copy_gb_per_s": probe.nbytes / copy_s / 1e9,
+           "routes_agree": routes[0] == routes[1] == routes[2]}
+    # the Arrow output's bytes against what the bus carries in that time
+    row["arrow_out_bus_share"] = (16 * pairs.num_rows / host_arrow) / (probe.nbytes / copy_s) if pairs.num_rows \
+        else 0.0
+    return row
+
+
 def ratios(rows) -> list[dict]:
     """Per (workload, algorithm): cpu and cuda events/s and cuda / cpu."""
     out = []
@@ -153,6 +245,10 @@ def main(argv=None) -> int:
                              "(e.g. 128,256,512; default: none)")
     parser.add_argument("--no-counting", action="store_true",
                         help="skip timing opindex's sort-and-segment counting against its atomic counting")
+    parser.add_argument("--end-to-end", default="opindex", metavar="ALGORITHMS",
+                        help="comma-separated algorithms whose Index.match_batch is timed end to end by route "
+                             "(device columns in / host table in; device arrays / Arrow out); default opindex, "
+                             "'' for none")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency-samples", type=int, default=50)
     parser.add_argument("--csv", help="write the bench rows as CSV")
@@ -168,7 +264,7 @@ def main(argv=None) -> int:
         block_sizes = [int(t) for t in args.block_sizes.split(",") if t.strip()]
     except ValueError:
         parser.error(f"--block-sizes takes comma-separated integers, not {args.block_sizes!r}")
-    rows, shares = [], []
+    rows, shares, routes = [], [], []
     all_threads = numba.get_num_threads()
     device = cuda_support.device_name()
     for name in args.workload or ["W1", "W2", "W3", "W4"]:
@@ -185,6 +281,8 @@ def main(argv=None) -> int:
                     shares.append(copy_share(workload, algorithm, args.repeats,
                                              counting=not args.no_counting and algorithm == "opindex",
                                              block_sizes=block_sizes if algorithm == "opindex" else ()))
+                    if algorithm in args.end_to_end.split(","):
+                        routes.append(end_to_end(workload, algorithm, args.repeats, shares[-1]["device_io_s"]))
         print(f"\n== {name} (scale {args.scale:g}) on {device}; cpu rows with {args.cpu_threads} numba threads "
               f"of {all_threads}", flush=True)
         print(format_table([r for r in rows if r["workload"] == workload.name]), flush=True)
@@ -209,8 +307,15 @@ def main(argv=None) -> int:
             print(_table([r for r in shares if "sort_counting_s" in r],
                          ("workload", "events", "device_io_s", "sort_counting_s", "atomic_over_sort",
                           "sort_agrees")))
+    if routes:
+        print("\n== end to end, Index.match_batch of the whole batch on cuda (events/s; Arrow out: 16 bytes a match "
+              "on the host, its share of the measured device->host bandwidth)")
+        print(_table(routes, ("workload", "algorithm", "events", "pairs", "device_resident", "device_in_device_out",
+                              "host_in_device_out", "host_in_arrow_out", "encode_share", "copy_gb_per_s",
+                              "arrow_out_bus_share", "routes_agree")))
     bad = [r for r in rows if r.get("status") == "ok" and r.get("correct") is False]
     bad += [r for r in shares if r.get("sort_agrees") is False]
+    bad += [r for r in routes if not r["routes_agree"]]
     return 1 if bad else 0
 
 
