@@ -32,8 +32,13 @@ numbers must be finite and, for integer columns, within +-2**53 (float64
 holds them exactly); a boolean attribute takes a boolean column; an
 attribute the index has never seen is left out (no subscription reads it).
 ``errors="raise"`` names the first refused value's event and attribute,
-``errors="null"`` treats refused values as absent; ``"report"`` is the
-host encoder's alone.
+``errors="null"`` treats refused values as absent, ``errors="report"``
+sets the events holding one aside (the batch's ``rejected``: one
+:class:`engine.errors.BadEventError` per event, of its first column in the
+order given; only the refused rows' positions and values come back).
+
+:func:`arrow_columns` copies a host Arrow table's columns over, one copy
+per column -- the Spark workers' route on GPU executors.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from engine.expr import Family
 from engine.schema import MAX_EXACT_INT
 from gpu_kernels import cuda_support
 
-__all__ = ["encode_device_columns", "is_device_column", "is_device_columns"]
+__all__ = ["arrow_columns", "encode_device_columns", "is_device_column", "is_device_columns"]
 
 
 def is_device_column(x) -> bool:
@@ -125,9 +130,25 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
     arrays on the device, and a small host batch holding one entry per
     dictionary string (attribute, token), for the LIKE/MATCHES results
     (:func:`engine.events.pattern_truth`)."""
-    if errors not in ("raise", "null"):
-        raise ValueError(f"device columns take errors='raise' or 'null', not {errors!r} ('report' needs the "
-                         f"host encoder: pass the events as a table)")
+    if errors not in ("raise", "null", "report"):
+        raise ValueError(f"errors must be 'raise', 'null' or 'report', not {errors!r}")
+    rejected: dict[int, BadEventError] = {}
+
+    def refused(name: str, data, bad, present, reason) -> object:
+        """``present`` without the refused values, after raising (errors=
+        "raise") or recording them (errors="report": first column first)."""
+        row = _first_bad(xp, bad, present)
+        if row is None:
+            return present
+        if errors == "raise":
+            raise _refuse(name, data, row, reason(row))
+        if errors == "report":
+            rows = cuda_support.to_host(xp.flatnonzero(bad & present)).tolist()
+            for r in rows:
+                if r not in rejected:
+                    rejected[r] = _refuse(name, data, r, reason(r))
+        return present & ~bad
+
     valid = dict(valid or {})
     unknown = set(valid) - set(columns)
     if unknown:
@@ -165,12 +186,10 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
                                   f"{data.dtype}")
             strings, table = _dictionary_codes(name, column[1], schema)
             out_of_range = (data < 0) | (data >= len(strings))
-            row = _first_bad(xp, out_of_range, present)
-            if row is not None:
-                if errors == "raise":
-                    raise _refuse(name, data, row, f"has code {int(cuda_support.to_host(data[row:row + 1])[0])}, "
-                                                   f"outside its dictionary of {len(strings)}")
-                present = present & ~out_of_range
+            present = refused(name, data, out_of_range, present,
+                              lambda row, data=data, size=len(strings):
+                              f"has code {int(cuda_support.to_host(data[row:row + 1])[0])}, outside its dictionary "
+                              f"of {size}")
             codes = xp.where(present, data, 0).astype(np.int64)
             values = xp.asarray(table)[codes] if len(strings) else xp.zeros(n_events)
             tokens = (codes + n_strings).astype(np.int32)
@@ -192,14 +211,15 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
                 bad = bad | (data > MAX_EXACT_INT) | (data < -MAX_EXACT_INT)      # 2**53 + 1 rounds to 2**53)
             elif kind == "u":
                 bad = bad | (data > MAX_EXACT_INT)
-            row = _first_bad(xp, bad, present)
-            if row is not None:
-                if errors == "raise":
-                    raise _refuse(name, data, row, "is numeric and takes finite numbers within +-2**53 "
-                                                   "(float64 holds them exactly)")
-                present = present & ~bad
+            present = refused(name, data, bad, present, lambda row: "is numeric and takes finite numbers within "
+                                                                      "+-2**53 (float64 holds them exactly)")
         stacked.append((schema.attr_ids[name], values, present, tokens))
     n_events = n_events or 0
+    if rejected:          # a refused event is encoded with no attributes (its matches are dropped)
+        keep = np.ones(n_events, dtype=bool)
+        keep[list(rejected)] = False
+        keep = xp.asarray(keep)
+        stacked = [(a, values, present & keep, tokens) for a, values, present, tokens in stacked]
     stacked.sort(key=lambda entry: entry[0])    # attributes ascending within each event
     k = len(stacked)
     if k == 0:
@@ -218,9 +238,51 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
                            values.T.ravel()[keep], tokens.T.ravel()[keep],
                            pa.concat_arrays([s for _, s in dictionaries]) if dictionaries
                            else pa.array([], pa.large_string()))
+    batch.rejected = tuple(rejected[r] for r in sorted(rejected))
     # the dictionaries' entries, one host entry each: what the pattern results are computed over
     attrs = np.concatenate([np.full(len(s), a, np.int32) for a, s in dictionaries]) if dictionaries \
         else np.zeros(0, np.int32)
     strings = EventBatch(np.array([0, len(attrs)], np.int64), attrs, np.zeros(len(attrs)),
                          np.arange(len(attrs), dtype=np.int32), batch.strings)
     return batch, strings
+
+
+def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
+    """A host Arrow table's columns on the device, one copy each, as
+    :func:`encode_device_columns` takes them: numbers and booleans as they
+    are, strings as dictionary codes plus the dictionary, nulls as
+    ``valid``.  TypeError for a column this form has no place for (a map,
+    a list, a decimal): the host encoder takes those."""
+    import pyarrow.compute as pc
+
+    columns, valid = {}, {}
+    for name, column in zip(table.schema.names, table.columns):
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        kind = column.type
+        if pa.types.is_dictionary(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            coded = column if pa.types.is_dictionary(kind) else pc.dictionary_encode(column)
+            if not (pa.types.is_string(coded.dictionary.type) or pa.types.is_large_string(coded.dictionary.type)):
+                raise TypeError(f"column {name!r}: a dictionary of {coded.dictionary.type}")
+            codes = pc.fill_null(coded.indices, 0).to_numpy(zero_copy_only=False).astype(np.int32)
+            columns[name] = (_copied(codes), coded.dictionary)
+        elif pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
+            default = False if pa.types.is_boolean(kind) else 0
+            columns[name] = _copied(pc.fill_null(column, default).to_numpy(zero_copy_only=False))
+        elif pa.types.is_null(kind):
+            columns[name] = _copied(np.zeros(len(column)))
+        else:
+            raise TypeError(f"column {name!r} of type {kind} has no device-column form")
+        valid[name] = _copied(column.is_valid().to_numpy(zero_copy_only=False))
+    return columns, valid
+
+
+def _copied(host: np.ndarray):
+    """One host column on the device as a caller holds it: a CuPy array on
+    a GPU, a numba device array under the simulator (NumPy arrays are host
+    arrays there)."""
+    host = np.ascontiguousarray(host)
+    if cuda_support.simulated():
+        return cuda_support.load_cuda().to_device(host)
+    import cupy
+    return cupy.asarray(host)

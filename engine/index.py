@@ -607,8 +607,8 @@ class Index:
         as the pair ``(device codes, dictionary)``; ``valid`` maps an
         attribute to a device boolean column, True where the event carries
         it (absent otherwise).  They are encoded on the device
-        (:mod:`engine.device_events`) and matched there; ``errors`` is
-        "raise" or "null", ``id_column`` does not apply."""
+        (:mod:`engine.device_events`) and matched there; ``id_column``
+        does not apply."""
         if output not in MATCH_OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(map(repr, MATCH_OUTPUTS))}, not {output!r}")
         from engine import device_events
@@ -754,15 +754,23 @@ class Index:
         batch, strings = device_events.encode_device_columns(columns, valid, state.view, errors)
         n_events = len(batch.offsets) - 1
         event_idx, sub_ids = self._match_encoded(state, batch, device=output == "device", strings=strings)
+        rejected = list(batch.rejected)
+        if rejected:         # a refused event matches nothing (not even IS NULL: it was encoded empty)
+            xp = array_namespace(self.backend) if output == "device" else np
+            keep = ~xp.isin(xp.asarray(event_idx), xp.asarray([bad.event for bad in rejected], dtype=np.int64))
+            event_idx, sub_ids = event_idx[keep], sub_ids[keep]
         if output == "device":
-            return event_idx, sub_ids
-        event_idx, sub_ids = np.asarray(event_idx, np.int64), np.asarray(sub_ids, np.int64)
-        if output == "arrow":
-            return pa.table({"event": pa.array(event_idx, pa.int64()), "sub_id": pa.array(sub_ids, pa.int64())})
-        if output == "arrow_lists":
-            return pa.table({"event": pa.array(np.arange(n_events, dtype=np.int64)),
-                             "sub_ids": _list_array(np.bincount(event_idx, minlength=n_events), sub_ids)})
-        return np.split(sub_ids, np.searchsorted(event_idx, np.arange(1, n_events))) if n_events else []
+            found = event_idx, sub_ids
+        else:
+            event_idx, sub_ids = np.asarray(event_idx, np.int64), np.asarray(sub_ids, np.int64)
+            if output == "arrow":
+                found = pa.table({"event": pa.array(event_idx, pa.int64()), "sub_id": pa.array(sub_ids, pa.int64())})
+            elif output == "arrow_lists":
+                found = pa.table({"event": pa.array(np.arange(n_events, dtype=np.int64)),
+                                  "sub_ids": _list_array(np.bincount(event_idx, minlength=n_events), sub_ids)})
+            else:
+                found = np.split(sub_ids, np.searchsorted(event_idx, np.arange(1, n_events))) if n_events else []
+        return (found, rejected) if errors == "report" else found
 
     # ------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike) -> None:

@@ -171,7 +171,7 @@ class _BatchMatcher:
         and the reason the engine gives."""
         ids = batch.column(self.event_id)
         events = self.events_table(batch)
-        result, rejected = index.match_batch(events, output="arrow", errors="report")
+        result, rejected = self.match_events_table(index, events)
         if rejected and self.on_bad_event == "fail":
             first = rejected[0]
             raise BadEventError.of(first, ids[first.event].as_py(), self.event_id) from first
@@ -179,6 +179,27 @@ class _BatchMatcher:
             else result["sub_id"]
         return self._output(ids, batch.num_rows, result["event"].to_numpy(), sub_ids,
                             {error.event: error for error in rejected})
+
+    def match_events_table(self, index, events: pa.Table) -> tuple:
+        """``(matches, refused events)`` of one batch's events.  On a GPU
+        executor (an index on cuda) the wide columns go to the device one
+        copy each and are encoded there (:mod:`engine.device_events`);
+        the map layout, a column type the device form lacks and a column of
+        another family than its attribute take the host encoder, which
+        names each bad event."""
+        if index.backend == "cuda" and self.layout != "map":
+            from engine import device_events
+            try:
+                columns, valid = device_events.arrow_columns(events)
+            except TypeError:
+                columns = None
+            if columns:
+                try:
+                    return index.match_batch(columns, valid=valid, output="arrow", errors="report")
+                except engine_errors.SchemaError as error:
+                    if isinstance(error, engine_errors.BadEventError):
+                        raise
+        return index.match_batch(events, output="arrow", errors="report")
 
     def _output(self, ids, n: int, event_pos: np.ndarray, sub_ids, problems: dict) -> pa.RecordBatch:
         """``problems``: {row: the engine's BadEventError} of the batch's

@@ -117,6 +117,23 @@ def test_without_valid_every_value_is_present_and_errors_null_drops_refused_ones
         idx.match_batch({"weight": big})
 
 
+def test_errors_report_sets_the_refused_events_aside_as_the_host_encoder_does():
+    idx = _index()
+    price = np.array([550.0, np.nan, 120.0, np.inf])
+    codes = np.array([3, 0, 9, 1], np.int32)         # 9: outside the dictionary
+    dictionary = ["blue", "green", "red", "silver"]
+    columns = {"color": (_to_device_input(codes), dictionary), "price": _to_device_input(price)}
+    found, rejected = idx.match_batch(columns, errors="report")
+    assert [(bad.event, bad.attribute) for bad in rejected] == [(1, "price"), (2, "color"), (3, "price")]
+    assert "outside its dictionary of 4" in rejected[1].reason and rejected[0].value != rejected[0].value   # NaN
+    assert [m.tolist() for m in found] == [[1, 2, 3], [], [], []]   # refused events match nothing, IS NULL included
+    host_found, host_rejected = idx.match_batch(
+        [{"color": "silver", "price": 550.0}, {"color": "blue", "price": "x"}, {"color": 5, "price": 120.0},
+         {"color": "green", "price": "y"}], errors="report")
+    assert [m.tolist() for m in host_found] == [m.tolist() for m in found]
+    assert [bad.event for bad in host_rejected] == [bad.event for bad in rejected]
+
+
 def test_refusals_are_clear_and_change_nothing():
     idx = _index()
     n = _to_device_input(np.arange(3, dtype=np.float64))
@@ -130,8 +147,8 @@ def test_refusals_are_clear_and_change_nothing():
         idx.match_batch({"color": (_to_device_input(np.array([0, 2, 1], np.int32)), ["red", "silver"])})
     with pytest.raises(ValueError, match="valid= names"):
         idx.match_batch({"price": n}, valid={"colour": n})
-    with pytest.raises(ValueError, match="errors='raise' or 'null'"):
-        idx.match_batch({"price": n}, errors="report")
+    with pytest.raises(ValueError, match="errors must be 'raise', 'null' or 'report'"):
+        idx.match_batch({"price": n}, errors="skip")
     with pytest.raises(SchemaError, match="its dictionary is not a list of strings"):
         idx.match_batch({"color": (_to_device_input(np.array([0, 1, 0], np.int32)), ["red", "a\ud800"])})
     assert [m.tolist() for m in idx.match_batch({"price": n})] == [[], [], []]   # still usable
@@ -165,3 +182,28 @@ def test_the_gpu_benchmarks_device_columns_are_the_tables_events():
     table = pa.table({"price": PRICE, "color": COLOR, "in_stock": IN_STOCK, "weight": WEIGHT})
     columns, valid = device_columns(table)
     assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == [m.tolist() for m in idx.match_batch(table)]
+
+
+@pytest.mark.parametrize("output", ["pairs", "grouped"])
+def test_a_spark_worker_on_a_gpu_executor_matches_through_device_columns(output, monkeypatch):
+    # the mapInArrow function's batch step, on an index on cuda, against the same step on cpu
+    from engine import device_events
+    from spark_integration.matching import _BatchMatcher
+
+    worker = _BatchMatcher.__new__(_BatchMatcher)
+    worker.event_id, worker.layout, worker.attrs_column, worker.output = "event_id", "wide", "attrs", output
+    worker.on_bad_event, worker.report_bad = "quarantine", True
+    batch = pa.RecordBatch.from_pydict({
+        "event_id": ["e0", "e1", "e2", "e3", "e4", "e5"], "price": PRICE,
+        "color": pa.array(COLOR).dictionary_encode(), "in_stock": IN_STOCK, "weight": WEIGHT})
+    cpu = Index(algorithm="opindex", backend="cpu")
+    cpu.add_many(list(SUBSCRIPTIONS), list(SUBSCRIPTIONS.values()))
+    encoded = []
+    real = device_events.encode_device_columns
+    monkeypatch.setattr(device_events, "encode_device_columns",
+                        lambda *a, **k: encoded.append(1) or real(*a, **k))
+    assert worker.match(_index(), batch).to_pylist() == worker.match(cpu, batch).to_pylist()
+    assert encoded             # the device route was taken
+    # a string column for a numeric attribute: the host encoder names each event (quarantined here)
+    bad = pa.RecordBatch.from_pydict({"event_id": ["a", "b"], "price": ["cheap", "dear"]})
+    assert worker.match(_index(), bad).to_pylist() == worker.match(cpu, bad).to_pylist()

@@ -116,37 +116,11 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
 
 
 def device_columns(table):
-    """A wide event table as device columns for ``Index.match_batch``:
-    numbers and booleans as they are, strings as dictionary codes plus the
-    dictionary, nulls as ``valid`` -- what a GPU pipeline (CuPy, cuDF)
-    holds already."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    def _on_device(host):        # as a caller holds it: CuPy on a GPU, a numba device array under the simulator
-        host = np.ascontiguousarray(host)
-        if cuda_support.simulated():
-            return cuda_support.load_cuda().to_device(host)
-        import cupy
-        return cupy.asarray(host)
-
-    columns, valid = {}, {}
-    for name, column in zip(table.column_names, table.columns):
-        column = column.combine_chunks()
-        if pa.types.is_map(column.type):
-            raise ValueError("a map column (events over many dimensions) has no device-column form here")
-        present = column.is_valid().to_numpy(zero_copy_only=False)
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or \
-                pa.types.is_dictionary(column.type):
-            coded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
-            codes = pc.fill_null(coded.indices, 0).to_numpy(zero_copy_only=False).astype(np.int32)
-            columns[name] = (_on_device(codes), coded.dictionary.to_pylist())
-        elif pa.types.is_boolean(column.type):
-            columns[name] = _on_device(pc.fill_null(column, False).to_numpy(zero_copy_only=False))
-        else:
-            columns[name] = _on_device(pc.fill_null(column, 0).to_numpy(zero_copy_only=False))
-        valid[name] = _on_device(present)
-    return columns, valid
+    """A wide event table as device columns for ``Index.match_batch``
+    (:func:`engine.device_events.arrow_columns`): what a GPU pipeline
+    (CuPy, cuDF) holds already."""
+    from engine.device_events import arrow_columns
+    return arrow_columns(table)
 
 
 def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_resident_s: float | None = None
