@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.errors import BadEventError, SchemaError
-from engine.events import EventBatch, from_arrow
+from engine.events import EventBatch, _value_error, from_arrow
 from engine.expr import Family
 from engine.schema import MAX_EXACT_INT
 from gpu_kernels import cuda_support
@@ -99,10 +99,15 @@ def _first_bad(xp, bad, valid) -> int | None:
     return int(xp.argmax(bad))
 
 
-def _refuse(name: str, column, row: int, reason: str) -> BadEventError:
+def _refuse(name: str, column, row: int, reason: str | None) -> BadEventError:
+    """The error for the value at ``row``: in the host encoder's words for a
+    number (``reason`` None), so that a quarantine reads the same whichever
+    executor matched."""
     value = cuda_support.to_host(column[row:row + 1])[0]
-    return BadEventError(row, name, value.item() if hasattr(value, "item") else value,
-                         f"attribute {name!r} {reason}",
+    value = value.item() if hasattr(value, "item") else value
+    if reason is None:
+        return _value_error(row, name, Family.NUMERIC, value)
+    return BadEventError(row, name, value, f"attribute {name!r} {reason}",
                          " (pass errors='null' to treat such values as absent)")
 
 
@@ -211,8 +216,7 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
                 bad = bad | (data > MAX_EXACT_INT) | (data < -MAX_EXACT_INT)      # 2**53 + 1 rounds to 2**53)
             elif kind == "u":
                 bad = bad | (data > MAX_EXACT_INT)
-            present = refused(name, data, bad, present, lambda row: "is numeric and takes finite numbers within "
-                                                                      "+-2**53 (float64 holds them exactly)")
+            present = refused(name, data, bad, present, lambda row: None)
         stacked.append((schema.attr_ids[name], values, present, tokens))
     n_events = n_events or 0
     if rejected:          # a refused event is encoded with no attributes (its matches are dropped)

@@ -187,7 +187,7 @@ class _BatchMatcher:
         the map layout, a column type the device form lacks and a column of
         another family than its attribute take the host encoder, which
         names each bad event."""
-        if index.backend == "cuda" and self.layout != "map":
+        if getattr(index, "backend", "cpu") == "cuda" and self.layout != "map":
             from engine import device_events
             try:
                 columns, valid = device_events.arrow_columns(events)
