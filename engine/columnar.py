@@ -331,7 +331,10 @@ def _string_keys(schema: Schema, string_lists):
 
 def _register_sets(schema: Schema, parents: np.ndarray, keys: np.ndarray):
     """Canonicalise IN lists (sorted, unique keys per row), register each
-    distinct list of this call once, and return (rows, their set ids)."""
+    distinct list of this call once -- or find it among the lists the
+    schema holds already (from text or an earlier table: equal lists share
+    an id, so equal predicates share a key whichever way they came in) --
+    and return (rows, their set ids)."""
     if len(parents) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     # list elements arrive grouped by row, rows ascending (Arrow's flatten order)
@@ -342,7 +345,7 @@ def _register_sets(schema: Schema, parents: np.ndarray, keys: np.ndarray):
     kept_lengths = lengths[first]
     kept_starts = np.concatenate(([0], np.cumsum(kept_lengths)[:-1]))
     gather = np.repeat(offsets[first] - kept_starts, kept_lengths) + np.arange(kept_lengths.sum())
-    ids = schema.add_sets(kept_lengths, keys[gather])
+    ids = schema.find_or_add_sets(kept_lengths, keys[gather])
     return parents[row_starts], ids[inverse]
 
 

@@ -143,7 +143,9 @@ class Schema:
     attr_names: list[str] = field(default_factory=list)
     strings: list[str] = field(default_factory=list)
     string_ids: dict[str, int] = field(default_factory=dict)
-    set_ids: dict[tuple, int] = field(default_factory=dict)   # the text route's IN lists, for sharing
+    set_ids: dict[tuple, int] = field(default_factory=dict)   # IN lists by their keys, for sharing
+    # set ids below this are all in set_ids (the rest are indexed when a lookup needs them)
+    _sets_indexed: int = field(default=0, repr=False)
     patterns: list[tuple[str, str]] = field(default_factory=list)   # (kind, text), kind in like/regex
     pattern_ids: dict[tuple[str, str], int] = field(default_factory=dict)
     #: bumped whenever strings are added or taken back: string codes move with it
@@ -173,6 +175,7 @@ class Schema:
                      "pattern_ids", "_set_chunks", "_fixed_at", "_fix_log"):
             setattr(clone, name, copy.deepcopy(getattr(self, name), memo))
         clone.version, clone.n_sets, clone._attr_version = self.version, self.n_sets, self._attr_version
+        clone._sets_indexed = self._sets_indexed
         return clone
 
     # -------------------------------------------- read as {attribute: family}
@@ -355,11 +358,50 @@ class Schema:
     # -------------------------------------------------------------- sets, patterns
     def set_id(self, keys: tuple) -> int:
         """Stable id of one IN list given its canonical (sorted, unique)
-        operand keys; equal lists added this way share an id."""
+        operand keys; equal lists share an id, however they were added."""
         found = self.set_ids.get(keys)
+        if found is None and self._sets_indexed < self.n_sets:
+            self._index_sets()
+            found = self.set_ids.get(keys)
         if found is None:
             found = self.set_ids[keys] = self.add_sets(np.array([len(keys)]), np.asarray(keys, np.float64))[0]
+            self._sets_indexed = self.n_sets
         return int(found)
+
+    def find_or_add_sets(self, lengths: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Ids of many distinct canonical IN lists (CSR: ``lengths`` and the
+        concatenated ``keys``): a list the schema holds already keeps its id,
+        the others are added.  Into a schema without lists (a first bulk
+        load) they are added without a lookup, and indexed for sharing only
+        when a later lookup needs them."""
+        if self.n_sets == 0:
+            return self.add_sets(lengths, keys)
+        self._index_sets()
+        # one pass over Python lists (as restore_sets): the lookup is by key tuple
+        bounds, values = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64).tolist(), keys.tolist()
+        lists = [tuple(values[bounds[k]:bounds[k + 1]]) for k in range(len(lengths))]
+        ids = np.array([self.set_ids.get(found, -1) for found in lists], dtype=np.int64)
+        new = np.flatnonzero(ids < 0)
+        if len(new):
+            ids[new] = self.add_sets(np.asarray(lengths)[new],
+                                     np.concatenate([keys[bounds[k]:bounds[k + 1]] for k in new.tolist()]))
+            for k, set_id in zip(new.tolist(), ids[new].tolist()):
+                self.set_ids[lists[k]] = set_id
+            self._sets_indexed = self.n_sets
+        return ids
+
+    def _index_sets(self) -> None:
+        """Put the lists not yet in ``set_ids`` there (equal lists keep the
+        first id)."""
+        if self._sets_indexed >= self.n_sets:
+            return
+        offsets, keys = self.set_csr()
+        first = self._sets_indexed
+        bounds, values = offsets[first:].tolist(), keys[offsets[first]:].tolist()
+        base = bounds[0]
+        for k in range(len(bounds) - 1):
+            self.set_ids.setdefault(tuple(values[bounds[k] - base:bounds[k + 1] - base]), first + k)
+        self._sets_indexed = self.n_sets
 
     def add_sets(self, lengths: np.ndarray, keys: np.ndarray) -> np.ndarray:
         """Register many canonical IN lists at once (CSR: ``lengths`` and
@@ -441,6 +483,7 @@ class Schema:
         del self.patterns[n_patterns:]
         if self.n_sets > n_sets:
             self.set_ids = {keys: i for keys, i in self.set_ids.items() if i < n_sets}
+            self._sets_indexed = min(self._sets_indexed, n_sets)
             self._set_generation += 1
             del self._set_chunks[n_chunks:]
             self.n_sets = n_sets
@@ -460,12 +503,7 @@ class Schema:
         """Re-register saved IN lists under their ids (Index.load)."""
         if len(offsets) < 1 or offsets[0] != 0 or (np.diff(offsets) < 0).any() or offsets[-1] != len(keys):
             raise ValueError("IN-list offsets do not describe the IN-list keys")
-        first = self.n_sets
-        self.add_sets(np.diff(offsets), keys)
-        # one pass over Python lists: a set_keys() call per list costs 4x more on a 446,000-list index
-        bounds, values = offsets.tolist(), keys.tolist()
-        for k in range(len(bounds) - 1):
-            self.set_ids.setdefault(tuple(values[bounds[k]:bounds[k + 1]]), first + k)
+        self.add_sets(np.diff(offsets), keys)      # (indexed for sharing when a lookup needs them)
 
     @classmethod
     def from_json(cls, data: dict) -> "Schema":

@@ -5,10 +5,14 @@ texts are compiled."""
 
 import gc
 
+import numpy as np
+import pyarrow as pa
+
 import pytest
 
 from engine import Index
 from engine.algorithms import registry
+from engine.compile import OPCODE
 from engine.errors import ParseError, SchemaError
 from engine.expr import Op, Pred
 from engine.parse import parse
@@ -198,3 +202,34 @@ def test_a_bad_text_in_a_bulk_batch_fails_as_on_the_text_route_and_changes_nothi
     assert got == failure(reference)
     bulk.add_many(range(200, 300), [f"x = {k}" for k in range(100)], progress=False)     # still usable
     assert bulk.match({"x": 5}).tolist() == [205]
+
+
+def test_equal_in_lists_share_one_id_whichever_way_they_came_in():
+    # from text one by one, from many texts (the columnar way), from a table: one IN list, one predicate
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add(1, "n IN (3, 1, 2) AND s IN ('b', 'a')")
+    many = [f"n IN (1, 2, 3, 3) AND s IN ('a', 'b') AND k = {k}" for k in range(index_module._COLUMNAR_TEXTS_FROM)]
+    idx.add_many(range(100, 100 + len(many)), many, progress=False)
+    idx.add_many(pa.table({"sub_id": [7, 7], "attr": ["n", "s"], "op": ["in", "not in"],
+                           "values": [[2.0, 1.0, 3.0], None], "str_values": [None, ["b", "a"]]}))
+    idx.add(8, "s NOT IN ('a', 'b')")
+    idx.merge()
+    table = idx._state.main.predicates
+    in_rows = np.isin(table.op, [OPCODE[Op.IN], OPCODE[Op.NOT_IN]])
+    assert in_rows.sum() == 3                        # n IN (1, 2, 3); s IN ('a', 'b'); s NOT IN ('a', 'b')
+    assert len(set(table.aux[in_rows].tolist())) == 2     # ... over two lists
+
+
+def test_lists_of_a_loaded_index_and_of_a_failed_add_are_shared_and_taken_back(tmp_path):
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add_many(pa.table({"sub_id": [1, 2], "attr": ["n", "n"], "op": ["in", "in"],
+                           "values": [[1.0, 2.0], [5.0, 6.0]]}))
+    idx.save(tmp_path / "idx.bex")
+    loaded = Index.load(tmp_path / "idx.bex")
+    with pytest.raises(SchemaError):          # a new list, then a family clash: all taken back
+        loaded.add_many([3, 4], ["n IN (8, 9)", "n = 'x'"])
+    loaded.add_many([5, 6], ["n IN (2, 1)", "n IN (9, 8)"])
+    loaded.merge()
+    table = loaded._state.main.predicates
+    assert sorted(table.aux[table.op == OPCODE[Op.IN]].tolist()) == [0, 1, 2]   # (1, 2) shared; (8, 9) a third
+    assert [m.tolist() for m in loaded.match_batch([{"n": 1}, {"n": 9}, {"n": 6}])] == [[1, 5], [6], [2]]
