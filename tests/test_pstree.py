@@ -6,8 +6,10 @@ paper's worked examples (Fig. 1, §4.4, Fig. 3, Fig. 4), predicate spaces
 that are disjoint, cover the domain and decide every predicate that cuts
 them, values on boundaries, the access-predicate ranking (§3.3), Bloom
 signatures that never drop a true match yet drop candidates, PSTHash's
-C(|E|, N) keys, units with no indexable predicate, and random workloads
-against ``scan`` (numbers, and strings sharing long prefixes).
+C(|E|, N) keys, units with no indexable predicate, random workloads
+against ``scan`` (numbers, and strings sharing long prefixes), and merges
+that derive the structure -- spaces split and merged (§4.4) -- instead of
+rebuilding it, checked against a fresh build and ``scan``.
 """
 
 from __future__ import annotations
@@ -323,7 +325,7 @@ def test_access_predicates_are_the_best_ranked_on_distinct_attributes(n_access):
     assert n_access == 1 or several > 100
 
 
-def test_an_event_log_ranks_by_the_events_a_predicate_covers():
+def test_an_event_log_ranks_by_the_events_a_predicate_covers(monkeypatch):
     """§3.3: with historical events, the predicate fewer of them satisfy is
     the more selective, whatever its operator."""
     subs = ["a = 1 AND b BETWEEN 0 AND 100"]
@@ -346,6 +348,14 @@ def test_an_event_log_ranks_by_the_events_a_predicate_covers():
     via.merge()
     assert rows_attr[int(matcher_of(via).units.rows.attr[matcher_of(via).access_predicates()[0]])] == "b"
     assert answers(via, events) == [[0], [], []]
+    # a merge ranks the added units by the log too (against the spaces they meet)
+    monkeypatch.setattr(PSTBloomMatcher, "REBUILD_SHARE", np.inf)
+    via.add_many([1], ["a = 1 AND b BETWEEN 0 AND 50"])
+    via.merge()
+    m3 = matcher_of(via)
+    assert m3.merges == 1
+    assert [rows_attr[int(m3.units.rows.attr[r])] for r in m3.access_predicates()] == ["b", "b"]
+    assert answers(via, events) == [[0, 1], [], []]
 
 
 # ----------------------------------------------------------- Bloom signatures
@@ -460,3 +470,222 @@ def test_options_are_checked_when_the_index_is_made():
         Index(algorithm="psthash", options={"bloom_bits": 8})
     with pytest.raises(ValueError):
         Index(algorithm="pstbloom", options={"bloom_hashes": 0})
+
+
+# ------------------------------------------------- dynamic adjustment (§4.4)
+_PREFIX = "shared-prefix-" * 12
+
+
+def _random_predicate(rng, attr: str) -> str:
+    """A predicate on ``attr`` whose operands sit on a small grid (so that
+    added endpoints often equal existing ones or fall inside their spaces)."""
+    if attr == "s":
+        words = [f"'{_PREFIX}{i:02d}'" for i in range(12)]
+        w1, w2 = sorted(rng.choice(words, 2, replace=False))
+        return rng.choice([f"s = {w1}", f"s < {w1}", f"s >= {w2}", f"s BETWEEN {w1} AND {w2}",
+                           f"s IN ({w1}, {w2})", f"s NOT IN ({w1})", f"s != {w2}", f"s LIKE '{_PREFIX}0%'"])
+    v = [float(x) for x in rng.integers(0, 12, 3) / 2]
+    lo, hi = min(v[0], v[1]), max(v[0], v[1])
+    return rng.choice([f"{attr} = {v[0]}", f"{attr} != {v[0]}", f"{attr} < {v[0]}", f"{attr} <= {v[0]}",
+                       f"{attr} > {v[0]}", f"{attr} >= {v[0]}", f"{attr} BETWEEN {lo} AND {hi}",
+                       f"{attr} NOT BETWEEN {lo} AND {hi}", f"{attr} IN ({v[0]}, {v[1]}, {v[2]})",
+                       f"{attr} NOT IN ({v[0]}, {v[2]})", f"{attr} IS NULL"])
+
+
+def _random_subscription(rng) -> str:
+    attrs = ["a", "b", "c", "d", "s"]
+    conj = [" AND ".join(_random_predicate(rng, str(a)) for a in rng.choice(attrs, rng.integers(1, 4), replace=False))
+            for _ in range(1 if rng.random() < 0.8 else 2)]
+    return conj[0] if len(conj) == 1 else f"({conj[0]}) OR ({conj[1]})"
+
+
+def _random_event(rng) -> dict:
+    ev = {a: float(rng.integers(-1, 14)) / 2 for a in "abcde" if rng.random() < 0.8}
+    if rng.random() < 0.7:
+        ev["s"] = f"{_PREFIX}{int(rng.integers(0, 13)):02d}" + rng.choice(["", "x"])
+    return ev
+
+
+def check_structure(m) -> None:
+    """The derived structure's invariants: its PS-Trees are the ones a build
+    cuts from the same cutting predicates (spaces disjoint, sorted, covering;
+    boundaries exactly the ends of the cutting predicates), and every unit
+    is where its access predicates cover -- in PSTBloom's lists (exactly
+    there) and signatures, in PSTHash's keys (exactly those)."""
+    from engine.algorithms.pstree import predicate_spaces
+    rows = m.units.rows
+    t = m.spaces
+    fresh, (cov_off, cov_first, cov_last), _ = predicate_spaces(rows, m.indexable, m.defining, m.n_attrs)
+    for a, b in zip(t, fresh):
+        assert np.array_equal(a, b)
+    for a in range(m.n_attrs):
+        assert (np.diff(t.vals[t.val_off[a]:t.val_off[a + 1]]) > 0).all()
+        es = t.elem_space[2 * t.val_off[a] + a:2 * t.val_off[a + 1] + a + 1]
+        if t.space_off[a] == t.space_off[a + 1]:
+            assert (es == -1).all()
+        else:
+            assert es[0] == t.space_off[a] and es[-1] == t.space_off[a + 1] - 1 and set(np.diff(es)) <= {0, 1}
+
+    def spaces_of_row(r):
+        return {g for c in range(cov_off[r], cov_off[r + 1]) for g in range(cov_first[c], cov_last[c] + 1)}
+
+    s = m.structure
+    n_units = len(m.units)
+    if isinstance(m, PSTBloomMatcher):
+        where = [set() for _ in range(n_units)]
+        for g in range(len(s.list_off) - 1):
+            for u in s.units[s.list_off[g]:s.list_off[g + 1]]:
+                assert g not in where[u]             # once per space
+                where[u].add(g)
+        for u in range(n_units):
+            j = s.access[u]
+            assert where[u] == (spaces_of_row(m._pids[j]) if j >= 0 else set())
+            for k in range(m.units.offsets[u], m.units.offsets[u + 1]):
+                if k != j and m.indexable[m._pids[k]]:
+                    for g in spaces_of_row(m._pids[k]):
+                        assert K.bloom_contains(s.sig, s.sig_off[g], s.sig_off[g + 1], s.key[u], m.bloom_hashes)
+        assert len(np.unique(s.key)) == n_units
+    else:
+        occupied = np.flatnonzero(s.slot_group >= 0)
+        assert len(occupied) == len(s.group_off) - 1
+        got = {(tuple(s.slot_key[i]), int(u)) for i in occupied
+               for u in s.units[s.group_off[s.slot_group[i]]:s.group_off[s.slot_group[i] + 1]]}
+        assert len(got) == len(s.units)                 # no unit twice under one key
+        keys, owner = K.space_combinations(m.units.offsets, m._pids, s.access, m.arity, rows.attr.astype(np.int64),
+                                           cov_off, cov_first, cov_last, m.n_access)
+        assert got == {(tuple(k), int(u)) for k, u in zip(keys, owner)}
+        for i in occupied:                              # each key is found where a probe looks
+            h = int(K.key_hash(s.slot_key, i, m.n_access) & np.uint64(len(s.slot_group) - 1))
+            while h != i:
+                assert s.slot_group[h] >= 0
+                h = (h + 1) % len(s.slot_group)
+
+
+@pytest.mark.parametrize("algorithm,options,seed", [
+    ("pstbloom", {}, 0), ("pstbloom", {"bloom_bits": 2, "bloom_hashes": 1}, 1),
+    ("psthash", {}, 2), ("psthash", {"n_access": 1}, 3), ("psthash", {"n_access": 3, "max_combinations": 4}, 4)])
+def test_merges_derive_the_structure_and_answer_as_a_rebuild_and_scan(algorithm, options, seed, monkeypatch):
+    """§4.4: random rounds of removals and adds (operands on a small grid:
+    added endpoints inside existing spaces and equal to existing endpoints,
+    values exactly on bounds, strings sharing long prefixes, IN lists,
+    BETWEEN, DNFs of two units, removals that empty spaces) each merged into
+    a derived matcher -- never a rebuild -- whose structure keeps the
+    invariants and whose answers are a fresh build's and scan's."""
+    cls = PSTBloomMatcher if algorithm == "pstbloom" else PSTHashMatcher
+    monkeypatch.setattr(cls, "REBUILD_SHARE", np.inf)
+    rng = np.random.default_rng(seed)
+    subs = {i: _random_subscription(rng) for i in range(240)}
+    index = built(algorithm, list(subs.values()), options)
+    matcher_of(index)                                   # built: the merges below derive from it
+    events = [_random_event(rng) for _ in range(150)] + [{"a": 2.5, "b": 0.0, "c": 5.5, "s": _PREFIX + "03"}, {}]
+    next_id = len(subs)
+    for round_ in range(5):
+        n_remove = [20, 120, 5, 60, 30][round_]
+        for i in rng.choice(sorted(subs), n_remove, replace=False):
+            index.remove(int(i))
+            del subs[int(i)]
+        added = {next_id + k: _random_subscription(rng) for k in range(int(rng.integers(5, 60)))}
+        if round_ == 2:                                 # an attribute no PS-Tree had: a new tree
+            added[next_id] = "e BETWEEN 1 AND 3 AND a >= 2.5"
+        next_id += len(added)
+        index.add_many(list(added), list(added.values()))
+        subs.update(added)
+        index.merge()
+        m = matcher_of(index)
+        assert m.merges == round_ + 1                   # derived, not rebuilt
+        assert m.nbytes > 0 and f"{len(subs)} subscriptions" in repr(m)
+        check_structure(m)
+        got = answers(index, events)
+        rebuilt = built(algorithm, list(subs.values()), options)
+        ids = np.array(sorted(subs))
+        assert got == [ids[np.asarray(a, np.int64)].tolist() for a in answers(rebuilt, events)]
+        scan = Index(algorithm="scan")
+        scan.add_many(list(subs), list(subs.values()))
+        scan.merge()
+        assert got == answers(scan, events)
+    assert sum(map(len, got)) > 0
+
+
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
+def test_section_4_4_example_derived(algorithm, monkeypatch):
+    """§4.4's example as a merge: removing S2 merges [20, 30) into [30, 60]
+    and (60, 80] into (80, ..]; adding S3 age in [40, 50] splits [20, 60]
+    into three, which keep S1's list, signature or keys -- without a rebuild
+    (the churn bound lifted: on three subscriptions any change passes it)."""
+    monkeypatch.setattr(PSTBloomMatcher if algorithm == "pstbloom" else PSTHashMatcher, "REBUILD_SHARE", np.inf)
+    index = built(algorithm, ["age BETWEEN 20 AND 60 AND x = 1", "age BETWEEN 30 AND 80 AND x = 1",
+                              "x = 2 AND age = 5"])
+    matcher_of(index)
+    index.remove(1)
+    index.merge()
+    m = matcher_of(index)
+    assert m.merges == 1
+    assert m.spaces.vals[m.spaces.val_off[0]:m.spaces.val_off[1]].tolist() == [5, 20, 60]
+    index.add_many([3, 4], ["age BETWEEN 40 AND 50 AND x = 1", "age = 20 AND x = 3"])
+    index.merge()
+    m = matcher_of(index)
+    assert m.merges == 2
+    check_structure(m)
+    assert m.spaces.vals[m.spaces.val_off[0]:m.spaces.val_off[1]].tolist() == [5, 20, 40, 50, 60]
+    events = [{"age": a, "x": x} for a in (5, 19, 20, 30, 40, 45, 50, 55, 60, 61, 80) for x in (1, 2, 3)]
+    want = [[i for i, ok in ((0, 20 <= e["age"] <= 60 and e["x"] == 1), (2, e["x"] == 2 and e["age"] == 5),
+                             (3, 40 <= e["age"] <= 50 and e["x"] == 1), (4, e["age"] == 20 and e["x"] == 3)) if ok]
+            for e in events]
+    assert answers(index, events) == want
+
+
+def test_merges_rebuild_past_the_churn_share():
+    """Deriving keeps the survivors' ranking; past REBUILD_SHARE of the
+    built units added and removed, the merge rebuilds (merges back to 0)."""
+    index = built("psthash", [f"a = {i} AND b < {i}" for i in range(100)])
+    matcher_of(index)
+    index.remove(0)
+    index.merge()
+    assert matcher_of(index).merges == 1
+    for i in range(1, 60):
+        index.remove(i)
+    index.merge()
+    assert matcher_of(index).merges == 0
+
+
+def test_psthash_keeps_its_table_when_no_space_changes(monkeypatch):
+    """Adds whose endpoints are all boundaries already and removals that
+    leave every boundary cut change no space: the hash table is the old
+    one (shared while no key is new, copied when one is), its groups
+    refilled -- the regime of a workload whose values are a fixed grid."""
+    monkeypatch.setattr(PSTHashMatcher, "REBUILD_SHARE", np.inf)
+    subs = [f"a = {i % 5} AND b < {i % 7} AND c = {(i + 1) % 5}" for i in range(60)]
+    index = built("psthash", subs)
+    old = matcher_of(index)
+    index.remove(3)
+    index.add_many([100], ["a = 2 AND b < 4 AND c = 3"])      # an existing key
+    index.merge()
+    m = matcher_of(index)
+    assert m.merges == 1 and m.structure.slot_key is old.structure.slot_key
+    index.add_many([101], ["a = 4 AND b < 1 AND c = 1"])      # a key of existing spaces, new to the table
+    index.merge()
+    m2 = matcher_of(index)
+    assert m2.merges == 2 and m2.structure.slot_key is not m.structure.slot_key
+    assert len(m2.structure.slot_group) == len(m.structure.slot_group)
+    for x in (m, m2):
+        check_structure(x)
+    events = [{"a": a, "b": b, "c": c} for a in range(6) for b in range(-1, 8) for c in range(5)]
+    want = [[i for i in range(60) if i != 3 and e["a"] == i % 5 and e["b"] < i % 7 and e["c"] == (i + 1) % 5] +
+            ([100] if (e["a"], e["c"]) == (2, 3) and e["b"] < 4 else []) +
+            ([101] if (e["a"], e["c"]) == (4, 1) and e["b"] < 1 else []) for e in events]
+    assert answers(index, events) == want
+
+
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
+def test_bench_update_costs_times_the_derived_and_the_rebuilt_merge(algorithm):
+    """``bexmatch bench --updates`` for PS-Tree: the function asserts which
+    path each run took (derived, then a rebuild forced) and restores the
+    churn bound."""
+    from engine.bench import update_costs
+    from engine.workloads import standard
+    cls = PSTBloomMatcher if algorithm == "pstbloom" else PSTHashMatcher
+    share = cls.REBUILD_SHARE
+    cost = update_costs(standard("W2", scale=0.003, n_events=5), n=20, repeats=1, algorithm=algorithm)
+    assert cost["algorithm"] == algorithm and cost["n_subscriptions"] == 3000
+    assert cost["incremental_s"] > 0 and cost["full_s"] > 0
+    assert cls.REBUILD_SHARE == share

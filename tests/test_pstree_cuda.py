@@ -158,9 +158,10 @@ def test_long_prefixes_boundaries_and_absent_attributes(algorithm, options):
 @pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
 def test_updates_between_matches_reach_the_device(algorithm):
     """Adds and removals show in the next match (delta, tombstones), a merge
-    rebuilds the structure on the host and copies the new arrays over, a
-    grown string dictionary recodes them: answers are the reference
-    evaluator's throughout."""
+    makes the structure anew on the host (on five subscriptions: rebuilt,
+    past the churn bound) and copies the new arrays over, a grown string
+    dictionary recodes them: answers are the reference evaluator's
+    throughout."""
     exprs = {0: "n0 = 1 AND s0 = 'm'", 1: "s0 > 'k' AND s0 < 'p'", 2: "n1 IN (1, 2) AND s1 LIKE 'a%'",
              3: "n0 >= 1 AND n1 < 2", 4: "s0 = 'm' OR n1 = 2"}
     index = Index(algorithm=algorithm, backend="cuda", schema=SCHEMA)
@@ -192,6 +193,34 @@ def test_updates_between_matches_reach_the_device(algorithm):
     check()
     index.merge()
     check()
+
+
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
+def test_merges_derive_the_host_structure_the_device_serves(algorithm, monkeypatch):
+    """§4.4 on cuda: merges derive the host structure (split and merged
+    spaces, lists, signatures, keys) and the device serves each derived one
+    -- answers the reference evaluator's, the device arrays replaced."""
+    monkeypatch.setattr(CPU[algorithm], "REBUILD_SHARE", np.inf)
+    exprs = dict(enumerate(CHECKS))
+    index = Index(algorithm=algorithm, backend="cuda", schema=SCHEMA)
+    index.add_many(list(exprs), list(exprs.values()))
+    index.merge()
+    events = EVENTS + MORE_EVENTS
+    answers(index, events)
+    first = index._matcher
+    rounds = [([0, 3], {10: "n0 = 2 AND n1 BETWEEN 4 AND 6", 11: "s0 IN ('ab', 'cz') AND n2 > 1.5"}),
+              ([5, 10], {12: "n0 NOT IN (2) AND n2 <= 2.5", 13: "n1 = 7.75 OR s1 = 'q'"})]
+    for k, (gone, added) in enumerate(rounds):
+        for i in gone:
+            index.remove(i)
+            del exprs[i]
+        index.add_many(list(added), list(added.values()))
+        exprs.update(added)
+        index.merge()
+        assert answers(index, events) == \
+            [sorted(i for i, t in exprs.items() if matches(parse(t), e)) for e in events]
+        assert index._matcher.host.merges == k + 1
+    assert index._matcher.structure_d is not first.structure_d
 
 
 @pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])

@@ -64,19 +64,49 @@ How the paper maps onto this module and :mod:`gpu_kernels.pstree.cpu`:
   placed in the leftmost space; every other predicate is evaluated by
   :func:`gpu_kernels.predicates.entry_truth` under three-valued logic (an
   absent attribute makes it NULL, the unit not TRUE).
-
-Not implemented in this round, and said so: the dynamic adjustment of §4.4
-(space split on insert, merge on delete) -- :meth:`merged` is the default
-rebuild, and :meth:`recoded` (string codes moved) rebuilds as well, both
-exact.  (In this flat form any change rewrites the CSR lists and
-signatures whole, and a Bloom signature cannot forget a deleted unit, so a
-derived structure would save little over the rebuild: the ranking and the
-endpoint sort.)  Saving the structure (``to_arrays``): the default, a
-rebuild on load.  (The cuda matchers, :mod:`engine.algorithms.pstree_cuda`,
-serve this very structure from the device.)
+* **Dynamic adjustment** (§4.4; insertion and deletion of §5-§6): a
+  merge derives the next structure from this one (:meth:`merged`) instead
+  of building it.  The paper's leaf *predicate counters* are kept at the
+  cuts: per elementary range, how many cutting predicates (PSTBloom: every
+  indexable one; PSTHash: the access predicates) start there or end just
+  before, and per attribute how many cut its tree.  The removed units'
+  cuts are subtracted; the added units' endpoints are merged into the
+  boundaries -- the *split*: each new elementary range lies in one old
+  space, whose list, signature and keys the pieces inherit -- and their
+  cuts added; spaces then start where a counter is positive, so adjacent
+  spaces no surviving predicate separates any more are one again (the
+  *merge* of §4.4's example) and endpoints that stopped being boundaries
+  are dropped.  The result is the PS-Trees a build cuts from the same
+  predicates.  Survivors (a subscription kept with one unit of the same
+  predicates) keep their access predicates; added units are ranked by
+  §3.3 against the spaces they meet (widths over the old boundaries and
+  their own endpoints, the event log if one was given).  PSTBloom: each
+  space's list is its source's without the removed units, plus the added
+  units whose access predicate covers it; its signature is its source's
+  words with the added units' bits -- a Bloom filter cannot forget, so a
+  removed unit's stale bits stay, costing candidates that the exact check
+  rejects; a space's signature is sized and filled afresh when more than
+  :attr:`PSTBloomMatcher.STALE_SHARE` of the units it holds are gone or
+  copying would put twice the units it was sized for in it.  Units keep
+  their Bloom key across merges (``BloomArrays.key``: unit ids are
+  renumbered, the copied bits are of the old ids).  PSTHash (§6.2: "the
+  records associated with the old space ID ... are copied to new records
+  using the new space ID"): every old key goes to the combinations of its
+  spaces' pieces with its surviving units, then the added units' keys;
+  when no space split or merged, the table itself is kept and only its
+  groups refilled.  A survivor whose codes moved (a grown string
+  dictionary) or a DNF of several units is re-inserted like an added one.
+  Past :attr:`REBUILD_SHARE` of the built units added and removed (the
+  survivors' ranking ages, and removed units leave stale bits and empty
+  keys), the merge rebuilds; so does :meth:`recoded` (a grown string
+  dictionary moved codes).  Saving the structure (``to_arrays``): the default, a rebuild
+  on load.  (The cuda matchers, :mod:`engine.algorithms.pstree_cuda`,
+  serve this very structure from the device, derived on the host.)
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -209,6 +239,126 @@ def selectivity(rows, elem, n_attrs: int, event_log) -> tuple[np.ndarray, np.nda
     return cls.astype(np.int64), width.astype(np.float64), events
 
 
+
+# ------------------------------------------------------ dynamic adjustment (§4.4)
+def weighted_intervals(rows, weight: np.ndarray, table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The elementary ranges (global, inclusive, on ``table``'s grid) where
+    each row of ``weight > 0`` is TRUE, with its attribute and weight (how
+    many unit positions hold the row).  Every endpoint of such a row must be
+    on the grid."""
+    n_attrs = len(table.val_off) - 1
+    iv_off, first, last = K.row_intervals(rows.op, rows.attr, rows.lo, rows.hi, rows.set_offsets, rows.set_values,
+                                          (weight > 0).astype(np.uint8), table.val_off, table.vals)
+    row_of_iv = np.repeat(np.arange(len(rows.op)), np.diff(iv_off))
+    attr = rows.attr[row_of_iv].astype(np.int64)
+    eoff = 2 * table.val_off + np.arange(n_attrs + 1)
+    return eoff[attr] + first, eoff[attr] + last, attr, weight[row_of_iv].astype(np.int64)
+
+
+def cut_counters(first, last, attr, weight, n_elem: int, n_attrs: int) -> tuple[np.ndarray, np.ndarray]:
+    """§4.1's predicate counters, at the cuts: per elementary range, how
+    many cutting predicates start there or end just before (a space starts
+    where this is positive), and per attribute how many cut its tree (it has
+    one while this is positive)."""
+    cuts = np.bincount(first, weights=weight, minlength=n_elem + 1) + \
+        np.bincount(last + 1, weights=weight, minlength=n_elem + 1)
+    trees = np.bincount(attr, weights=weight, minlength=n_attrs)
+    return np.rint(cuts).astype(np.int64), np.rint(trees).astype(np.int64)
+
+
+def union_grid(table, add_off: np.ndarray, add_vals: np.ndarray, n_attrs: int):
+    """The old boundaries and the added endpoints, per attribute
+    (``n_attrs`` >= the old count): ``(val_off, vals, first_u,
+    parent_elem)``, where old elementary range ``g`` became the new ranges
+    ``first_u[g]:first_u[g + 1]`` (the split: each piece lies in the old
+    range's space) and ``parent_elem`` is the inverse (-1 on attributes the
+    old table did not have)."""
+    n_old = len(table.val_off) - 1
+    a_old = np.repeat(np.arange(n_old), np.diff(table.val_off))
+    attr = np.concatenate((a_old, np.repeat(np.arange(len(add_off) - 1), np.diff(add_off))))
+    value = np.concatenate((table.vals, add_vals))
+    order = np.lexsort((value, attr))
+    s_attr, s_value = attr[order], value[order]
+    first = np.ones(len(order), bool)
+    first[1:] = (s_attr[1:] != s_attr[:-1]) | (s_value[1:] != s_value[:-1])
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.cumsum(first) - 1
+    vals = s_value[first]
+    val_off = np.searchsorted(s_attr[first], np.arange(n_attrs + 1)).astype(np.int64)
+    eo = 2 * table.val_off + np.arange(n_old + 1)
+    eu = 2 * val_off + np.arange(n_attrs + 1)
+    first_u = np.empty(eo[-1] + 1, np.int64)
+    first_u[eo] = eu[:n_old + 1]
+    k = np.arange(len(table.vals))
+    point_old = eo[a_old] + 2 * (k - table.val_off[a_old]) + 1
+    point_new = eu[a_old] + 2 * (rank[:len(table.vals)] - val_off[a_old]) + 1
+    first_u[point_old] = point_new              # [v] stays [v] ...
+    first_u[point_old + 1] = point_new + 1      # ... and the gap after it starts after it
+    parent_elem = np.full(eu[-1], -1, np.int64)
+    parent_elem[:eu[n_old]] = np.repeat(np.arange(eo[-1]), np.diff(first_u))
+    return val_off, vals, first_u, parent_elem
+
+
+def cut_spaces(val_off: np.ndarray, vals: np.ndarray, cuts: np.ndarray, trees: np.ndarray):
+    """The PS-Trees the counters give on a grid: a space starts where a
+    cutting predicate starts or after one ends (as :func:`predicate_spaces`
+    cuts them, so adjacent ranges covered by the same predicates are one
+    space: §4.4's merge), and endpoints that stop being boundaries (no
+    predicate starts at ``[v]`` nor after it) are dropped.  Returns the
+    :class:`~gpu_kernels.pstree.cpu.SpaceTable`, the counters on its grid,
+    and per range of the given grid its space and whether a space starts
+    there."""
+    n_attrs = len(val_off) - 1
+    eoff = 2 * val_off + np.arange(n_attrs + 1)
+    n_elem = int(eoff[-1])
+    has_tree = trees > 0
+    elem_attr = np.repeat(np.arange(n_attrs), np.diff(eoff))
+    start = cuts[:n_elem] > 0
+    start[eoff[:-1]] = True
+    start &= has_tree[elem_attr]
+    space = np.cumsum(start) - 1
+    space[~has_tree[elem_attr]] = -1
+    space_off = np.concatenate(([0], np.cumsum(np.bincount(elem_attr[start], minlength=n_attrs)))).astype(np.int64)
+    val_attr = np.repeat(np.arange(n_attrs), np.diff(val_off))
+    eg = eoff[val_attr] + 2 * (np.arange(len(vals)) - val_off[val_attr])
+    keep = ((cuts[eg + 1] > 0) | (cuts[eg + 2] > 0)) & has_tree[val_attr]
+    keep_elem = np.ones(n_elem + 1, bool)
+    keep_elem[eg[~keep] + 1] = False            # [v] and the gap after it join the gap before
+    keep_elem[eg[~keep] + 2] = False
+    new_off = np.concatenate(([0], np.cumsum(np.bincount(val_attr[keep], minlength=n_attrs)))).astype(np.int64)
+    table = K.SpaceTable(new_off, vals[keep].astype(np.float64), space[keep_elem[:n_elem]].astype(np.int64), space_off)
+    return table, cuts[keep_elem], space, start
+
+
+def _positions(offsets: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The positions (into ``pids``) of the given units, and their CSR."""
+    lens = np.diff(offsets)[units]
+    off = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+    return np.repeat(offsets[units] - off[:-1], lens) + np.arange(off[-1]), off
+
+
+def _moved(acc: np.ndarray, old_off: np.ndarray, new_off: np.ndarray) -> np.ndarray:
+    """Access positions of kept units (rows of ``acc``) in the new ``pids``."""
+    shift = (new_off - old_off).reshape((-1,) + (1,) * (acc.ndim - 1))
+    return np.where(acc >= 0, acc + shift, -1)
+
+
+def _covered(iv_off, first, last, space, rows_of):
+    """Per position (its row in ``rows_of``): one record per interval of
+    the row -- ``(position index, first space, last space)`` -- with the
+    intervals' elementary ranges mapped to spaces by ``space``."""
+    n = np.diff(iv_off)[rows_of]
+    idx = np.repeat(np.arange(len(rows_of)), n)
+    iv = np.repeat(iv_off[rows_of] - np.concatenate(([0], np.cumsum(n)))[:-1], n) + np.arange(int(n.sum()))
+    return idx, space[first[iv]], space[last[iv]]
+
+def _space_counts(s_first: np.ndarray, s_last: np.ndarray, weight: np.ndarray, n_spaces: int) -> np.ndarray:
+    """Per space, the summed weight of the ranges ``[s_first, s_last]`` holding it."""
+    diff = np.bincount(s_first, weights=weight, minlength=n_spaces + 1) - \
+        np.bincount(s_last + 1, weights=weight, minlength=n_spaces + 1)
+    return np.rint(np.cumsum(diff)[:n_spaces]).astype(np.int64)
+
+
 # ----------------------------------------------------------------- matchers
 class _PSTreeMatcher(HostMatcher):
     """What PSTBloom and PSTHash share: units, PS-Trees, access predicates."""
@@ -225,6 +375,9 @@ class _PSTreeMatcher(HostMatcher):
                 raise ValueError("the segment's predicates are not coded yet: recode them or pass schema=")
             seg.predicates.recode(schema)
         self.dnf_limit = int(dnf_limit)
+        self._event_log = event_log
+        self.merges = 0                           # derivations (§4.4) since the last build
+        self._cuts = None                         # (cut counters, tree counters): see _cut_state
         self.units = units = dnf_units(seg, self.dnf_limit)
         rows = units.rows
         self.n_attrs = int(rows.attr.max(initial=-1)) + 1
@@ -234,11 +387,147 @@ class _PSTreeMatcher(HostMatcher):
         # the full PS-Trees (every indexable predicate) and the ranking they give
         self._full = predicate_spaces(rows, self.indexable, self.indexable, self.n_attrs)
         self.row_class, self.row_width, self.row_events = selectivity(rows, self._full[2], self.n_attrs, event_log)
+        self._churn, self._built_units = 0, len(units)
 
     def _select(self, n_access: int):
         u = self.units
         return K.select_access(u.offsets, u.pids.astype(np.int64), u.rows.attr.astype(np.int64), self.row_class,
                                self.row_width, self.row_events, n_access)
+
+    # ---------------------------------------------------- updates (§4.4)
+    #: a merge rebuilds once the units added and removed since the last
+    #: build exceed this share of the index's units: the survivors keep the
+    #: access predicates of their ranking (§3.3's widths and event counts of
+    #: that time), as the paper's inserts keep those of the index they met
+    REBUILD_SHARE = 0.5
+
+    def merged(self, segment: Segment, old_to_new, added, schema=None):
+        """The matcher of ``segment``, the Index's next main segment, derived
+        from this one (§4.4's dynamic adjustment; the merge protocol of
+        :mod:`engine.algorithms.base`): the removed units leave the lists,
+        keys and predicate counters, the spaces no surviving predicate
+        separates any more merge, the added units' endpoints split the
+        spaces they fall in (their lists, signatures and keys copied to the
+        pieces) and the added units go where their access predicates --
+        ranked as a build ranks them, against these spaces -- cover.
+        Survivors keep their access predicates (a survivor whose codes moved,
+        or of several units, is re-inserted).  Rebuilt instead when the
+        churn since the last build passes :attr:`REBUILD_SHARE`.  This
+        matcher is unchanged; ``merges`` counts derivations since the build."""
+        schema = self.schema if schema is None else schema
+        derived = self._derived(segment, np.asarray(old_to_new, np.int64), schema)
+        if derived is None:
+            return self.rebuilt(segment, schema)
+        return derived
+
+    def _cutting(self) -> np.ndarray:
+        """The positions (into ``pids``) of the predicates that cut the PS-Trees."""
+        raise NotImplementedError
+
+    def _cut_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """The predicate counters at the cuts (:func:`cut_counters`) on this
+        matcher's grid: carried by a derived matcher, counted once for a
+        built one."""
+        if self._cuts is None:
+            rows = self.units.rows
+            weight = np.bincount(self._pids[self._cutting()], minlength=len(rows.op))
+            first, last, attr, w = weighted_intervals(rows, weight, self.spaces)
+            self._cuts = cut_counters(first, last, attr, w, len(self.spaces.elem_space), self.n_attrs)
+        return self._cuts
+
+    def _derived(self, segment: Segment, old_to_new: np.ndarray, schema):
+        if len(old_to_new) != len(self.segment):
+            raise ValueError(f"old_to_new has {len(old_to_new)} positions, the segment {len(self.segment)}")
+        if segment.predicates.lo is None:
+            if schema is None:
+                return None
+            segment = segment.coded(schema)
+        old, old_rows = self.units, self.units.rows
+        units = dnf_units(segment, self.dnf_limit)
+        rows = units.rows
+        # ---- survivors: a subscription kept with one unit of the same predicates keeps its unit's places
+        # (a DNF of several is re-inserted: its conjunctions' order is to_dnf's, not a key)
+        new_sub = old_to_new[old.sub] if len(old) else np.zeros(0, np.int64)
+        single = (np.diff(old.first)[old.sub] == 1) & (new_sub >= 0)
+        single[single] = np.diff(units.first)[new_sub[single]] == 1
+        cand_old = np.flatnonzero(single)
+        cand_new = units.first[new_sub[cand_old]].astype(np.int64)
+        same = K.same_units(old.offsets, old.pids, old_rows.attr, old_rows.op, old_rows.lo, old_rows.hi,
+                            old_rows.set_offsets, old_rows.set_values, units.offsets, units.pids, rows.attr, rows.op,
+                            rows.lo, rows.hi, rows.set_offsets, rows.set_values, cand_old, cand_new)
+        kept_old, kept_new = cand_old[same], cand_new[same]
+        unit_map = np.full(len(old), -1, np.int64)
+        unit_map[kept_old] = kept_new
+        is_fresh = np.ones(len(units), bool)
+        is_fresh[kept_new] = False
+        fresh = np.flatnonzero(is_fresh)
+        gone = np.flatnonzero(unit_map < 0)
+        churn = self._churn + len(fresh) + len(gone)
+        if churn > self.REBUILD_SHARE * max(self._built_units, 1) or len(self.segment) == 0 or len(segment) == 0:
+            return None
+
+        new = copy.copy(self)
+        new.segment, new.schema, new.units = segment, schema, units
+        new._churn = churn
+        new.merges = self.merges + 1
+        new._pids = units.pids.astype(np.int64)
+        n_rows = len(rows.op)
+        new.n_attrs = n_attrs = max(self.n_attrs, int(rows.attr.max(initial=-1)) + 1)
+        used = np.zeros(n_rows, bool)
+        used[units.pids] = True
+        indexable_row = K.OPERATOR_CLASS[rows.op.astype(np.int64)] != K.NOT_INDEXABLE
+        new.indexable = used & indexable_row
+        # ---- the added units' positions and their endpoints: the union grid (§4.4's split)
+        f_pos, f_off = _positions(units.offsets, fresh)
+        f_rows = new._pids[f_pos]
+        use_add = np.zeros(n_rows, bool)
+        use_add[f_rows[indexable_row[f_rows]]] = True
+        add_off, add_vals = endpoints(rows, use_add, n_attrs)
+        val_off, vals, first_u, parent_elem = union_grid(self.spaces, add_off, add_vals, n_attrs)
+        eu = 2 * val_off + np.arange(n_attrs + 1)
+        iv_off, iv_first, iv_last = K.row_intervals(rows.op, rows.attr, rows.lo, rows.hi, rows.set_offsets,
+                                                    rows.set_values, use_add.astype(np.uint8), val_off, vals)
+        row_of_iv = np.repeat(np.arange(n_rows), np.diff(iv_off))
+        g_first = eu[rows.attr[row_of_iv].astype(np.int64)] + iv_first
+        g_last = eu[rows.attr[row_of_iv].astype(np.int64)] + iv_last
+        # ---- §3.3's ranking for the added units only, against the spaces they meet
+        new.row_class, new.row_width, new.row_events = selectivity(
+            rows, (iv_off, g_first, g_last, eu[:-1], val_off, vals), n_attrs, self._event_log)
+        acc_f, arity_f = K.select_access(f_off, f_rows, rows.attr.astype(np.int64), new.row_class, new.row_width,
+                                         new.row_events, self._width())
+        acc_f = np.where(acc_f >= 0, f_pos[np.maximum(acc_f, 0)], -1)        # positions into pids
+        fx = dict(fresh=fresh, f_pos=f_pos, f_off=f_off, f_rows=f_rows, acc=acc_f, arity=arity_f,
+                  f_indexable=indexable_row[f_rows],
+                  kept_old=kept_old, kept_new=kept_new, gone=gone, unit_map=unit_map)
+        # ---- the predicate counters: the old ones on the union grid, less the removed units' cuts, plus the
+        # added ones' (§4.4: a space whose counters fall to zero at its start merges with its left neighbour)
+        cut_old = self._gone_cutting(gone)
+        weight = np.bincount(old.pids[cut_old].astype(np.int64), minlength=len(old_rows.op))
+        r_first, r_last, r_attr, r_w = weighted_intervals(old_rows, weight, self.spaces)
+        cuts_old, trees_old = self._cut_state()
+        n_elem = int(eu[-1])
+        cuts = np.zeros(n_elem + 1, np.int64)
+        cuts[first_u] = cuts_old
+        trees = np.zeros(n_attrs, np.int64)
+        trees[:len(trees_old)] = trees_old
+        rm_cuts, rm_trees = cut_counters(first_u[r_first], first_u[r_last + 1] - 1, r_attr, r_w, n_elem, n_attrs)
+        fx["cut_new"] = cut_new = self._fresh_cutting(fx)
+        add_w = np.bincount(new._pids[cut_new], minlength=n_rows)[row_of_iv]
+        add_cuts, add_trees = cut_counters(g_first, g_last, rows.attr[row_of_iv].astype(np.int64), add_w, n_elem,
+                                           n_attrs)
+        cuts += add_cuts - rm_cuts
+        trees += add_trees - rm_trees
+        new.spaces, cuts_f, space_u, start_u = cut_spaces(val_off, vals, cuts, trees)
+        new._cuts = (cuts_f, trees)
+        # per new space, the old one it lies in (the split's source; the first of a merge's)
+        pe = parent_elem[np.flatnonzero(start_u)]
+        fx["parent"] = np.where(pe >= 0, self.spaces.elem_space[np.maximum(pe, 0)], -1)
+        if len(fx["parent"]) and not len(self.spaces.elem_space):
+            fx["parent"][:] = -1
+        fx["space_u"], fx["parent_elem"] = space_u, parent_elem
+        fx["iv"] = (iv_off, g_first, g_last)
+        new._finish_derived(self, fx)
+        return new
 
     def _launch(self, batch, kernel, serial, extra):
         n_subs = len(self.segment)
@@ -313,9 +602,97 @@ class PSTBloomMatcher(_PSTreeMatcher):
             unit_of, by_attr, self._pids, acc, self.indexable.astype(np.uint8), cov_off, cov_first, cov_last,
             int(self.spaces.space_off[-1]), self.bloom_bits, self.bloom_hashes)
         self.structure = K.BloomArrays(list_off, list_units, sig_off, sig, acc[:, 0].copy(),
-                                       np.flatnonzero(arity == 0).astype(np.int32), self.indexable.astype(np.uint8))
+                                       np.flatnonzero(arity == 0).astype(np.int32), self.indexable.astype(np.uint8),
+                                       np.arange(len(units), dtype=np.int64))
         del self._full
         self._matches_per_event = 16.0
+
+    # ---------------------------------------------------- updates (§4.4)
+    #: a space's signature is refilled once more than this share of the units it holds are gone
+    STALE_SHARE = 0.5
+
+    def _width(self) -> int:
+        return 1
+
+    def _cutting(self) -> np.ndarray:
+        return np.flatnonzero(self.indexable[self._pids])          # every indexable predicate cuts PS-Tree_B
+
+    def _gone_cutting(self, gone: np.ndarray) -> np.ndarray:
+        pos, _ = _positions(self.units.offsets, gone)
+        return pos[self.indexable[self._pids[pos]]]
+
+    def _fresh_cutting(self, fx: dict) -> np.ndarray:
+        return fx["f_pos"][fx["f_indexable"]]
+
+    def _signature_positions(self, units: np.ndarray | None = None) -> np.ndarray:
+        """The positions whose units are in signatures: indexable, not access (of ``units``; all by default)."""
+        offsets = self.units.offsets
+        if units is None:
+            pos = np.arange(int(offsets[-1]))
+            owner = np.repeat(np.arange(len(self.units)), np.diff(offsets))
+        else:
+            pos, _ = _positions(offsets, units)
+            owner = np.repeat(units, np.diff(offsets)[units])
+        return pos[self.indexable[self._pids[pos]] & (pos != self.structure.access[owner])]
+
+    def _signature_counts(self, positions: np.ndarray) -> np.ndarray:
+        """Per space, the units of ``positions`` in its signature."""
+        rows = self.units.rows
+        weight = np.bincount(self._pids[positions], minlength=len(rows.op))
+        first, last, _, w = weighted_intervals(rows, weight, self.spaces)
+        es = self.spaces.elem_space
+        return _space_counts(es[first], es[last], w, int(self.spaces.space_off[-1]))
+
+    def _finish_derived(self, old: "PSTBloomMatcher", fx: dict) -> None:
+        units, rows = self.units, self.units.rows
+        fresh, kept_old, kept_new = fx["fresh"], fx["kept_old"], fx["kept_new"]
+        ob = old.structure
+        access = np.full(len(units), -1, np.int64)
+        access[kept_new] = _moved(ob.access[kept_old], old.units.offsets[kept_old], units.offsets[kept_new])
+        access[fresh] = fx["acc"][:, 0]
+        # survivors keep their Bloom keys (the copied signatures hold those), the added units take new ones
+        key = np.empty(len(units), np.int64)
+        key[kept_new] = ob.key[kept_old]
+        key[fresh] = int(ob.key.max(initial=-1)) + 1 + np.arange(len(fresh))
+        # per old space: units inserted in its signature, and those still there
+        if getattr(old, "_sig_counts", None) is None:
+            counts = old._signature_counts(old._signature_positions())
+            old._sig_counts = (counts, counts)
+        total, live = old._sig_counts
+        live = live - old._signature_counts(old._signature_positions(fx["gone"]))
+        # the added units' records: each covered range of spaces, list (access) or signature
+        sel = fx["f_indexable"]
+        pos = fx["f_pos"][sel]
+        owner = np.repeat(fresh, np.diff(fx["f_off"]))[sel]
+        iv_off, g_first, g_last = fx["iv"]
+        idx, s_first, s_last = _covered(iv_off, g_first, g_last, fx["space_u"], fx["f_rows"][sel])
+        rec_unit = owner[idx]
+        list_off, list_units, sig_off, sig, total, live, refresh = K.derive_pstbloom(
+            fx["parent"], ob.list_off, ob.units, fx["unit_map"], ob.sig_off, ob.sig, total, live,
+            rec_unit.astype(np.int32), key[rec_unit], pos[idx] == access[rec_unit], s_first, s_last,
+            self.bloom_bits, self.bloom_hashes, self.STALE_SHARE)
+        self.structure = K.BloomArrays(list_off, list_units, sig_off, sig, access,
+                                       np.flatnonzero(access < 0).astype(np.int32), self.indexable.astype(np.uint8),
+                                       key)
+        if refresh.any():
+            # refill the refreshed signatures from every unit whose predicates cover them
+            space_attr = np.repeat(np.arange(self.n_attrs), np.diff(self.spaces.space_off))
+            touched = np.zeros(self.n_attrs, bool)
+            touched[space_attr[refresh]] = True
+            pos = self._signature_positions()
+            pos = pos[touched[rows.attr[self._pids[pos]]]]
+            weight = np.bincount(self._pids[pos], minlength=len(rows.op))
+            iv_off2, first2, last2 = K.row_intervals(rows.op, rows.attr, rows.lo, rows.hi, rows.set_offsets,
+                                                     rows.set_values, (weight > 0).astype(np.uint8),
+                                                     self.spaces.val_off, self.spaces.vals)
+            eoff = 2 * self.spaces.val_off + np.arange(self.n_attrs + 1)
+            row_of_iv = np.repeat(np.arange(len(rows.op)), np.diff(iv_off2))
+            at = eoff[rows.attr[row_of_iv].astype(np.int64)]
+            idx, s_first, s_last = _covered(iv_off2, at + first2, at + last2, self.spaces.elem_space, self._pids[pos])
+            owner = np.repeat(np.arange(len(units)), np.diff(units.offsets))[pos[idx]]
+            K.refill_signatures(refresh, sig_off, sig, key[owner], s_first, s_last, self.bloom_hashes)
+        self.defining = self.indexable
+        self._sig_counts = (total, live)
 
     def access_predicates(self) -> np.ndarray:
         """Per unit, the extended-table row of its access predicate (-1: none)."""
@@ -362,6 +739,7 @@ class PSTHashMatcher(_PSTreeMatcher):
         self._pids = units.pids.astype(np.int64)
         width = self.n_access
         acc, arity = self._select(width)
+        self._cut_acc = acc.copy()                # the access predicates that cut PS-Tree_H (before the departure)
         del self._full
         # PS-Tree_H: spaces cut by the access predicates only (§6.1)
         defining = np.zeros(len(rows.op), bool)
@@ -400,6 +778,96 @@ class PSTHashMatcher(_PSTreeMatcher):
                                       np.flatnonzero(arity == 0).astype(np.int32))
         self.arity = arity
         self._matches_per_event = 16.0
+
+    # ---------------------------------------------------- updates (§4.4)
+    def _width(self) -> int:
+        return self.n_access
+
+    def _cutting(self) -> np.ndarray:
+        return self._cut_acc[self._cut_acc >= 0]
+
+    def _gone_cutting(self, gone: np.ndarray) -> np.ndarray:
+        acc = self._cut_acc[gone]
+        return acc[acc >= 0]
+
+    def _fresh_cutting(self, fx: dict) -> np.ndarray:
+        return fx["acc"][fx["acc"] >= 0]
+
+    def _finish_derived(self, old: "PSTHashMatcher", fx: dict) -> None:
+        units, rows = self.units, self.units.rows
+        n_rows, width = len(rows.op), self.n_access
+        fresh, kept_old, kept_new = fx["fresh"], fx["kept_old"], fx["kept_new"]
+        ot = old.structure
+        cut_acc = np.full((len(units), width), -1, np.int64)
+        cut_acc[kept_new] = _moved(old._cut_acc[kept_old], old.units.offsets[kept_old], units.offsets[kept_new])
+        cut_acc[fresh] = fx["acc"]
+        self._cut_acc = cut_acc
+        self.defining = np.zeros(n_rows, bool)
+        self.defining[self._pids[cut_acc[cut_acc >= 0]]] = True
+        # the added units: the departure (module docstring) on the spaces they cover, then their keys
+        iv_off, g_first, g_last = fx["iv"]
+        cov_first, cov_last = fx["space_u"][g_first], fx["space_u"][g_last]
+        n_cov = np.bincount(np.repeat(np.arange(n_rows), np.diff(iv_off)),
+                            weights=(cov_last - cov_first + 1).astype(np.float64), minlength=n_rows)
+        acc, arity = fx["acc"].copy(), fx["arity"].copy()
+        while True:
+            prod = np.ones(len(arity))
+            for q in range(width):
+                on = acc[:, q] >= 0
+                prod[on] *= n_cov[self._pids[acc[on, q]]]
+            over = (prod > self.max_combinations) & (arity > 1)
+            if not over.any():
+                break
+            acc[over, arity[over] - 1] = -1
+            arity[over] -= 1
+        keys, owner = K.space_combinations(fx["f_off"], self._pids, acc, arity, rows.attr.astype(np.int64), iv_off,
+                                           cov_first, cov_last, width)
+        # the old keys: each old space became the new spaces lo..hi (one when kept or merged, several when split)
+        n_old = int(old.spaces.space_off[-1])
+        pe = fx["parent_elem"]
+        inside = pe >= 0
+        ps, ns = old.spaces.elem_space[pe[inside]], fx["space_u"][inside]
+        ok = (ps >= 0) & (ns >= 0)
+        lo = np.full(n_old, np.iinfo(np.int64).max, np.int64)
+        hi = np.full(n_old, -1, np.int64)
+        np.minimum.at(lo, ps[ok], ns[ok])
+        np.maximum.at(hi, ps[ok], ns[ok])
+        add_owner = fresh[owner].astype(np.int32)
+        n_groups = len(ot.group_off) - 1
+        same_spaces = int(self.spaces.space_off[-1]) == n_old and np.array_equal(lo, np.arange(n_old)) and \
+            np.array_equal(hi, lo)
+        table = None
+        if same_spaces:
+            # no space split or merged: every old key stands; the table is kept (copied only when the added
+            # units bring keys it lacks -- it is the old matcher's too), its groups refilled
+            slot_key, slot_group = ot.slot_key, ot.slot_group
+            add_group = K.lookup_groups(slot_key, slot_group, keys)
+            missing = add_group < 0
+            if missing.any():
+                n_new = len(np.unique(keys[missing], axis=0))
+                if 2 * (n_groups + n_new) <= len(slot_group):
+                    slot_key, slot_group = slot_key.copy(), slot_group.copy()
+                    add_group[missing], n_groups = K.find_groups(slot_key, slot_group, keys[missing], n_groups)
+                    missing[:] = False
+            if not missing.any():
+                group_off, key_units = K.regroup(ot.group_off, ot.units, fx["unit_map"], n_groups, add_group,
+                                                 add_owner)
+                table = slot_key, slot_group, group_off, key_units
+        if table is None:
+            old_keys = K.group_keys(ot.slot_key, ot.slot_group, n_groups)
+            table = K.derive_psthash(old_keys, ot.group_off, ot.units, fx["unit_map"], lo, hi, keys, add_owner, width)
+        slot_key, slot_group, group_off, key_units = table
+        access = np.full((len(units), width), -1, np.int64)
+        access[kept_new] = _moved(ot.access[kept_old], old.units.offsets[kept_old], units.offsets[kept_new])
+        access[fresh] = acc
+        all_arity = np.zeros(len(units), np.int64)
+        all_arity[kept_new] = old.arity[kept_old]
+        all_arity[fresh] = arity
+        arities = np.zeros(width + 1, np.uint8)
+        arities[all_arity[all_arity > 0]] = 1
+        self.structure = K.HashArrays(slot_key, slot_group, group_off, key_units, access, arities,
+                                      np.flatnonzero(all_arity == 0).astype(np.int32))
+        self.arity = all_arity
 
     def access_predicates(self) -> np.ndarray:
         """Per unit, the extended-table rows of its access predicates, best

@@ -10,8 +10,8 @@ What runs where:
   Index's residual matcher takes the subscription, on cuda as on cpu), the
   predicate selectivity ranking (§3.3), the flat PS-Trees (§4), PSTBloom's
   subscription lists and signatures (§5.1), PSTHash's N-dim keys and hash
-  table (§6.1).  A merge or a recode rebuilds them there (the cpu
-  matcher's own path: §4.4's dynamic adjustment is not implemented);
+  table (§6.1).  A merge derives them there (the cpu matcher's own path:
+  §4.4's space split and merge), a recode rebuilds them;
 * **copied to the device once**, as their device twins
   (:mod:`gpu_kernels.pstree.layout`): the space table, the PSTBloom or
   PSTHash arrays, the units (subscription, CSR of predicate positions) and

@@ -302,13 +302,13 @@ def main(argv=None) -> int:
                 workload = standard(name, scale=args.scale, n_events=10, seed=args.seed)
                 for algorithm in algorithms or ["opindex"]:
                     chosen = bench_algorithms.options_of(algorithm, algorithm_options)
-                    if algorithm == "opindex" and not chosen:
-                        cost = update_costs(workload, args.updates, repeats=args.repeats)
+                    if algorithm in ("opindex", "pstbloom", "psthash") and not chosen:
+                        cost = update_costs(workload, args.updates, repeats=args.repeats, algorithm=algorithm)
                         print(f"{cost['workload']} ({cost['n_subscriptions']:,} subscriptions): {cost['n']:,} "
                               f"removals + {cost['n']:,} adds, merged and matched: {cost['incremental_s']:.3f} s "
-                              f"with opindex's derived matcher, {cost['full_s']:.3f} s with a full rebuild "
+                              f"with {algorithm}'s derived matcher, {cost['full_s']:.3f} s with a full rebuild "
                               f"({cost['full_s'] / cost['incremental_s']:.1f}x)")
-                        records.append(dict(cost, algorithm="opindex"))
+                        records.append(cost)
                     chosen = bench_algorithms.resolve_options(algorithm, chosen, workload)
                     rates = update_rates(workload, algorithm, args.updates, repeats=args.repeats, options=chosen,
                                          seed=args.seed)

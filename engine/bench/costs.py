@@ -67,29 +67,35 @@ def ingest_rates(workload, n_texts: int = 20_000, repeats: int = 3) -> dict:
             "ingest_per_s": workload.n_subscriptions / statistics.median(ingest_s)}
 
 
-def update_costs(workload, n: int = 1000, repeats: int = 3) -> dict:
-    """What a merge costs opindex (docs/architecture.md#the-index-life-cycle): ``n`` removals and ``n``
+def update_costs(workload, n: int = 1000, repeats: int = 3, algorithm: str = "opindex") -> dict:
+    """What a merge costs an algorithm that derives its matcher at a merge
+    (``opindex``: docs/architecture.md#the-index-life-cycle; ``pstbloom``,
+    ``psthash``: PS-Tree's §4.4): ``n`` removals and ``n``
     new subscriptions (columnar, new ids; their rows copied from random
     subscriptions of the workload) folded into the main index, up to the
     first match after it -- with the matcher derived from the last one, and
-    with a full rebuild forced (``REBUILD_SHARE = 0``).  Alternating runs,
-    medians of ``repeats`` each."""
-    from engine.algorithms.opindex import OpIndexMatcher
+    with a full rebuild forced (the matcher class's ``REBUILD_SHARE = 0``).
+    Alternating runs, medians of ``repeats`` each."""
+    from engine.algorithms.residual import ResidualMatcher
+
+    def native(matcher):
+        return matcher.native if isinstance(matcher, ResidualMatcher) else matcher
 
     subs = workload.subscriptions
-    index = Index(algorithm="opindex", backend="cpu")
+    index = Index(algorithm=algorithm, backend="cpu")
     index.add_many(subs)
     index.merge()
     index.match({})
+    matcher_class = type(native(index._matcher))
     rng = np.random.default_rng(0)
     source_ids = np.unique(subs["sub_id"].to_numpy())
     next_id = int(source_ids.max()) + 1
-    share = OpIndexMatcher.REBUILD_SHARE
+    share = matcher_class.REBUILD_SHARE
     times = {"incremental": [], "full": []}
     try:
         for k in range(2 * repeats):
             mode = "incremental" if k % 2 == 0 else "full"
-            OpIndexMatcher.REBUILD_SHARE = share if mode == "incremental" else 0.0
+            matcher_class.REBUILD_SHARE = share if mode == "incremental" else 0.0
             gone = rng.choice(index.ids(), n, replace=False)
             copied = np.sort(rng.choice(source_ids, n, replace=False))
             rows = subs.filter(pc.is_in(subs["sub_id"], value_set=pa.array(copied)))
@@ -102,10 +108,10 @@ def update_costs(workload, n: int = 1000, repeats: int = 3) -> dict:
             index.add_many(rows)            # a columnar add merges at once
             index.match({})                 # derives (or rebuilds) the matcher
             times[mode].append(time.perf_counter() - started)
-            assert (index._matcher.merges > 0) == (mode == "incremental")
+            assert (native(index._matcher).merges > 0) == (mode == "incremental")
     finally:
-        OpIndexMatcher.REBUILD_SHARE = share
-    return {"workload": workload.name, "n_subscriptions": len(index), "n": n,
+        matcher_class.REBUILD_SHARE = share
+    return {"workload": workload.name, "algorithm": algorithm, "n_subscriptions": len(index), "n": n,
             "incremental_s": statistics.median(times["incremental"]), "full_s": statistics.median(times["full"])}
 
 

@@ -450,7 +450,7 @@ def pstbloom_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr
                 # lines 7-13: each other predicate's leaf signature must hold the unit
                 keep = True
                 acc = bloom.access[u]
-                h1, h2 = bloom_key(u)
+                h1, h2 = bloom_key(bloom.key[u])
                 for j in range(unit_off[u], unit_off[u + 1]):
                     r = pids[j]
                     if j == acc or not bloom.indexable[r]:
@@ -647,3 +647,371 @@ def psthash_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task
 
 psthash_kernel = njit(parallel=True, nogil=True, cache=True)(psthash_kernel_py)
 psthash_serial = njit(nogil=True, cache=True)(psthash_kernel_py)
+
+
+# ------------------------------------------------- dynamic adjustment (§4.4)
+@njit(inline="always", nogil=True)
+def _same_code(x, y):
+    return x == y or (x != x and y != y)
+
+
+@njit(nogil=True, cache=True)
+def same_units(old_off, old_pids, old_attr, old_op, old_lo, old_hi, old_set_off, old_set_val, new_off, new_pids,
+               new_attr, new_op, new_lo, new_hi, new_set_off, new_set_val, cand_old, cand_new):
+    """Per candidate pair (old unit ``cand_old[k]``, new unit
+    ``cand_new[k]``), whether both are the same predicates position by
+    position (attribute, operator, codes, IN list): then the old unit's
+    places in the structure (its access predicates, its list entries and
+    Bloom bits) stand for the new one.  A merge's survivors are the same
+    programs but for predicate ids; codes moved by a grown string
+    dictionary show here."""
+    ok = np.zeros(len(cand_old), np.bool_)
+    for k in range(len(cand_old)):
+        a = cand_old[k]
+        b = cand_new[k]
+        n = old_off[a + 1] - old_off[a]
+        if n != new_off[b + 1] - new_off[b]:
+            continue
+        same = True
+        for i in range(n):
+            r = old_pids[old_off[a] + i]
+            s = new_pids[new_off[b] + i]
+            if old_attr[r] != new_attr[s] or old_op[r] != new_op[s] or not _same_code(old_lo[r], new_lo[s]) \
+                    or not _same_code(old_hi[r], new_hi[s]):
+                same = False
+                break
+            n_set = old_set_off[r + 1] - old_set_off[r]
+            if n_set != new_set_off[s + 1] - new_set_off[s]:
+                same = False
+                break
+            for q in range(n_set):
+                if not _same_code(old_set_val[old_set_off[r] + q], new_set_val[new_set_off[s] + q]):
+                    same = False
+                    break
+            if not same:
+                break
+        ok[k] = same
+    return ok
+
+
+@njit(nogil=True, cache=True)
+def derive_pstbloom(parent, old_list_off, old_units, unit_map, old_sig_off, old_sig, sig_total, sig_live, add_unit,
+                    add_key, add_access, add_first, add_last, bits_per_unit, n_hashes, stale_share):
+    """§4.4's split and merge for PSTBloom's lists and signatures.  Space
+    ``s`` of the new PS-Trees lies inside old space ``parent[s]`` (-1: none,
+    a new tree) -- split off it, or the first of the old spaces merged into
+    it, which all hold the same surviving units (no surviving predicate
+    ends between them).  Its list is the parent's, the removed units
+    dropped (``unit_map``: old unit -> new, -1 removed), then the added
+    units whose access predicate covers it; its signature the parent's
+    words copied (a Bloom filter cannot forget a removed unit: its stale
+    bits only let a few more candidates through to the exact check) with
+    the added units' bits set.  A space is *refreshed* -- its signature
+    sized afresh and refilled by :func:`refill_signatures` -- when it has no
+    parent, when copying would put more than twice the bits per unit it was
+    sized for in it, or when more than ``stale_share`` of the units it holds
+    are gone.  Added records: unit, Bloom key, access or not, and the range
+    of new spaces covered.  Returns the lists, the signatures, the per-space
+    counters (units inserted, units live) and the refreshed flags."""
+    n_sp = len(parent)
+    n_old = len(old_list_off) - 1
+    live_list = np.zeros(n_old, np.int64)
+    for p in range(n_old):
+        for i in range(old_list_off[p], old_list_off[p + 1]):
+            if unit_map[old_units[i]] >= 0:
+                live_list[p] += 1
+    n_list = np.zeros(n_sp + 1, np.int64)
+    n_sig_add = np.zeros(n_sp, np.int64)
+    for k in range(len(add_unit)):
+        for s in range(add_first[k], add_last[k] + 1):
+            if add_access[k]:
+                n_list[s + 1] += 1
+            else:
+                n_sig_add[s] += 1
+    for s in range(n_sp):
+        if parent[s] >= 0:
+            n_list[s + 1] += live_list[parent[s]]
+    list_off = np.cumsum(n_list)
+    units = np.empty(list_off[-1], np.int32)
+    fill = list_off[:-1].copy()
+    for s in range(n_sp):
+        p = parent[s]
+        if p < 0:
+            continue
+        for i in range(old_list_off[p], old_list_off[p + 1]):
+            v = unit_map[old_units[i]]
+            if v >= 0:
+                units[fill[s]] = v
+                fill[s] += 1
+    total = np.zeros(n_sp, np.int64)
+    live = np.zeros(n_sp, np.int64)
+    refresh = np.zeros(n_sp, np.bool_)
+    sig_off = np.zeros(n_sp + 1, np.int64)
+    for s in range(n_sp):
+        p = parent[s]
+        have = 0
+        t = 0
+        n = 0
+        if p >= 0:
+            have = old_sig_off[p + 1] - old_sig_off[p]
+            t = sig_total[p]
+            n = sig_live[p]
+        t += n_sig_add[s]
+        n += n_sig_add[s]
+        words = have
+        if p < 0 or (have == 0 and n > 0) or t * bits_per_unit > 2 * have * 64 or t - n > stale_share * t:
+            refresh[s] = True
+            words = 0
+            if n > 0:
+                words = 1
+                while words * 64 < n * bits_per_unit:
+                    words *= 2
+            t = n
+        total[s] = t
+        live[s] = n
+        sig_off[s + 1] = sig_off[s] + words
+    sig = np.zeros(sig_off[-1], np.uint64)
+    for s in range(n_sp):
+        if not refresh[s]:
+            w0 = old_sig_off[parent[s]]
+            for w in range(sig_off[s + 1] - sig_off[s]):
+                sig[sig_off[s] + w] = old_sig[w0 + w]
+    for k in range(len(add_unit)):
+        h1, h2 = bloom_key(add_key[k])
+        for s in range(add_first[k], add_last[k] + 1):
+            if add_access[k]:
+                units[fill[s]] = add_unit[k]
+                fill[s] += 1
+            elif not refresh[s]:
+                mask = np.uint64((sig_off[s + 1] - sig_off[s]) * 64 - 1)
+                for i in range(n_hashes):
+                    b = np.int64((h1 + np.uint64(i) * h2) & mask)
+                    sig[sig_off[s] + (b >> 6)] |= np.uint64(1) << np.uint64(b & 63)
+    return list_off, units, sig_off, sig, total, live, refresh
+
+
+@njit(nogil=True, cache=True)
+def refill_signatures(refresh, sig_off, sig, rec_key, rec_first, rec_last, n_hashes):
+    """The bits of every live unit (record: Bloom key, range of spaces one
+    of its non-access predicates covers) in the refreshed spaces'
+    signatures."""
+    for k in range(len(rec_key)):
+        h1, h2 = bloom_key(rec_key[k])
+        for s in range(rec_first[k], rec_last[k] + 1):
+            if not refresh[s] or sig_off[s + 1] == sig_off[s]:
+                continue
+            mask = np.uint64((sig_off[s + 1] - sig_off[s]) * 64 - 1)
+            for i in range(n_hashes):
+                b = np.int64((h1 + np.uint64(i) * h2) & mask)
+                sig[sig_off[s] + (b >> 6)] |= np.uint64(1) << np.uint64(b & 63)
+
+
+@njit(inline="always", nogil=True)
+def _group_of(slot_key, slot_group, key, width, n_groups):
+    """The group of N-dim space id ``key[0]`` in the table, inserted as group
+    ``n_groups`` when new; returns it and the groups now held."""
+    n_slots = len(slot_group)
+    s = np.int64(key_hash(key, 0, width) & np.uint64(n_slots - 1))
+    while slot_group[s] >= 0:
+        same = True
+        for q in range(width):
+            if slot_key[s, q] != key[0, q]:
+                same = False
+                break
+        if same:
+            return slot_group[s], n_groups
+        s = (s + 1) & (n_slots - 1)
+    slot_group[s] = n_groups
+    for q in range(width):
+        slot_key[s, q] = key[0, q]
+    return n_groups, n_groups + 1
+
+
+@njit(nogil=True, cache=True)
+def derive_psthash(old_keys, old_group_off, old_units, unit_map, lo, hi, add_keys, add_owner, width):
+    """§4.4's split and merge for PSTHash's table (§6.2: "the records
+    associated with the old space ID in the hash table are copied to new
+    records using the new space ID as the key").  Old space ``p`` became
+    the new spaces ``lo[p]..hi[p]`` (none when ``lo > hi``): each old key
+    goes to every combination of them, with its surviving units
+    (``unit_map``); the added units' keys are inserted next.  Old keys
+    whose spaces merged land in one group: their surviving units are the
+    same (no surviving access predicate ends between merged spaces), so
+    such a group is deduplicated.  Returns the table (``slot_key``,
+    ``slot_group``) and the groups' CSR of units."""
+    n_g = len(old_group_off) - 1
+    live = np.zeros(n_g, np.int64)
+    n_exp = np.zeros(n_g, np.int64)
+    total = 0
+    for g in range(n_g):
+        for i in range(old_group_off[g], old_group_off[g + 1]):
+            if unit_map[old_units[i]] >= 0:
+                live[g] += 1
+        if live[g] == 0:
+            continue
+        prod = 1
+        for q in range(width):
+            p = old_keys[g, q]
+            if p < 0:
+                break
+            if lo[p] > hi[p]:
+                prod = 0
+                break
+            prod *= hi[p] - lo[p] + 1
+        n_exp[g] = prod
+        total += prod
+    bound = total + len(add_keys)
+    n_slots = 2
+    while n_slots < 2 * bound:
+        n_slots *= 2
+    slot_key = np.full((n_slots, width), -1, np.int64)
+    slot_group = np.full(n_slots, -1, np.int64)
+    key = np.full((1, width), -1, np.int64)
+    size = np.zeros(bound + 1, np.int64)
+    sources = np.zeros(bound, np.int64)
+    exp_group = np.empty(total, np.int64)
+    n_groups = 0
+    k = 0
+    for g in range(n_g):
+        if n_exp[g] == 0:
+            continue
+        for q in range(width):
+            p = old_keys[g, q]
+            key[0, q] = lo[p] if p >= 0 else -1
+        while True:
+            grp, n_groups = _group_of(slot_key, slot_group, key, width, n_groups)
+            size[grp + 1] += live[g]
+            sources[grp] += 1
+            exp_group[k] = grp
+            k += 1
+            # odometer over the new spaces of each component, last fastest
+            q = width - 1
+            while q >= 0:
+                p = old_keys[g, q]
+                if p < 0:
+                    q -= 1
+                    continue
+                if key[0, q] < hi[p]:
+                    key[0, q] += 1
+                    break
+                key[0, q] = lo[p]
+                q -= 1
+            if q < 0:
+                break
+    add_group = np.empty(len(add_keys), np.int64)
+    for i in range(len(add_keys)):
+        for q in range(width):
+            key[0, q] = add_keys[i, q]
+        grp, n_groups = _group_of(slot_key, slot_group, key, width, n_groups)
+        size[grp + 1] += 1
+        add_group[i] = grp
+    group_off = np.cumsum(size[:n_groups + 1])
+    units = np.empty(group_off[-1], np.int32)
+    fill = group_off[:-1].copy()
+    k = 0
+    for g in range(n_g):
+        for _ in range(n_exp[g]):
+            grp = exp_group[k]
+            k += 1
+            for i in range(old_group_off[g], old_group_off[g + 1]):
+                v = unit_map[old_units[i]]
+                if v >= 0:
+                    units[fill[grp]] = v
+                    fill[grp] += 1
+    for i in range(len(add_keys)):
+        units[fill[add_group[i]]] = add_owner[i]
+        fill[add_group[i]] += 1
+    merged_any = False
+    for grp in range(n_groups):
+        if sources[grp] > 1:
+            merged_any = True
+    if not merged_any:
+        return slot_key, slot_group, group_off, units
+    # groups of merged old keys: each unit once
+    out_off = np.zeros(n_groups + 1, np.int64)
+    out = np.empty(len(units), np.int32)
+    n = 0
+    for grp in range(n_groups):
+        part = units[group_off[grp]:group_off[grp + 1]]
+        if sources[grp] > 1:
+            part = np.unique(part)
+        for i in range(len(part)):
+            out[n] = part[i]
+            n += 1
+        out_off[grp + 1] = n
+    return slot_key, slot_group, out_off, out[:n].copy()
+
+
+@njit(nogil=True, cache=True)
+def group_keys(slot_key, slot_group, n_groups):
+    """Each group's N-dim space id, read off the table."""
+    keys = np.full((n_groups, slot_key.shape[1]), -1, np.int64)
+    for s in range(len(slot_group)):
+        g = slot_group[s]
+        if g >= 0:
+            for q in range(slot_key.shape[1]):
+                keys[g, q] = slot_key[s, q]
+    return keys
+
+
+@njit(nogil=True, cache=True)
+def find_groups(slot_key, slot_group, keys, n_groups):
+    """Per row of ``keys``, its group in the table, inserted (groups
+    ``n_groups``, ...) when new -- into the given arrays: the caller hands a
+    copy when the table is another matcher's."""
+    width = slot_key.shape[1]
+    out = np.empty(len(keys), np.int64)
+    key = np.empty((1, width), np.int64)
+    for i in range(len(keys)):
+        for q in range(width):
+            key[0, q] = keys[i, q]
+        out[i], n_groups = _group_of(slot_key, slot_group, key, width, n_groups)
+    return out, n_groups
+
+
+@njit(nogil=True, cache=True)
+def lookup_groups(slot_key, slot_group, keys):
+    """Per row of ``keys``, its group in the table, -1 when absent (read only)."""
+    width = slot_key.shape[1]
+    n_slots = len(slot_group)
+    out = np.full(len(keys), -1, np.int64)
+    for i in range(len(keys)):
+        s = np.int64(key_hash(keys, i, width) & np.uint64(n_slots - 1))
+        while slot_group[s] >= 0:
+            same = True
+            for q in range(width):
+                if slot_key[s, q] != keys[i, q]:
+                    same = False
+                    break
+            if same:
+                out[i] = slot_group[s]
+                break
+            s = (s + 1) & (n_slots - 1)
+    return out
+
+
+@njit(nogil=True, cache=True)
+def regroup(group_off, old_units, unit_map, n_groups, add_group, add_owner):
+    """The groups' units when no space changed: each old group's survivors
+    (``unit_map``), then the added units keyed there (``add_group``)."""
+    n_old = len(group_off) - 1
+    size = np.zeros(n_groups + 1, np.int64)
+    for g in range(n_old):
+        for i in range(group_off[g], group_off[g + 1]):
+            if unit_map[old_units[i]] >= 0:
+                size[g + 1] += 1
+    for i in range(len(add_group)):
+        size[add_group[i] + 1] += 1
+    new_off = np.cumsum(size)
+    units = np.empty(new_off[-1], np.int32)
+    fill = new_off[:-1].copy()
+    for g in range(n_old):
+        for i in range(group_off[g], group_off[g + 1]):
+            v = unit_map[old_units[i]]
+            if v >= 0:
+                units[fill[g]] = v
+                fill[g] += 1
+    for i in range(len(add_group)):
+        units[fill[add_group[i]]] = add_owner[i]
+        fill[add_group[i]] += 1
+    return new_off, units

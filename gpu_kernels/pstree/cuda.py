@@ -198,7 +198,7 @@ def build_pstbloom_kernel():
                         continue
                     # lines 7-13: each other indexable predicate's leaf signature must hold the unit
                     acc = access[u]
-                    h1, h2 = bloom_key(u)
+                    h1, h2 = bloom_key(bloom.key[u])
                     keep = True
                     for j in range(unit_off[u], unit_off[u + 1]):
                         r = pids[j]
@@ -347,7 +347,7 @@ def kernel_types() -> dict:
     rows = types.NamedTuple([array(dtype) for dtype in (np.int32, np.int8, np.float64, np.float64, np.int64,
                                                         np.int64, np.float64)], PredicateRows)
     bloom = types.NamedTuple([array(np.int64), array(np.int32), array(np.int64), array(np.uint64), array(np.int64),
-                              array(np.int32), array(np.uint8)], L.BloomArrays)
+                              array(np.int32), array(np.uint8), array(np.int64)], L.BloomArrays)
     table = types.NamedTuple([array(np.int64, 2), array(np.int64), array(np.int64), array(np.int32),
                               array(np.int64, 2), array(np.uint8), array(np.int32)], L.HashArrays)
     events = (array(np.int64), array(np.int32), array(np.float64), array(np.int32))

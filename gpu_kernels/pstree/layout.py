@@ -66,6 +66,9 @@ class BloomArrays(NamedTuple):
     access: np.ndarray       # int64 [n_units]: position in pids of the access predicate, -1 none
     always: np.ndarray       # int32: units without an indexable predicate, candidates for every event
     indexable: np.ndarray    # uint8 per predicate row: its spaces are in the PS-Trees
+    key: np.ndarray          # int64 [n_units]: the id a unit's Bloom bits are hashed from -- its unit id
+    #                          at a build; a merge renumbers units but keeps their keys, so that the
+    #                          signatures it copies over still hold them (engine.algorithms.pstree)
 
 
 class HashArrays(NamedTuple):
