@@ -22,6 +22,7 @@ from engine.algorithms.atree import ATreeMatcher
 from engine.algorithms.options import ATreeOptions
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import abe_gen, add_subscriptions
+from gpu_kernels.atree.cpu import IN_KEYS, N_CLASSES
 from gpu_kernels.atree.dag import REMOVED, ATreeDag
 from gpu_kernels.opcodes import AND, LEAF, OR
 
@@ -356,6 +357,115 @@ def test_abe_gen_workload_equals_scan_under_every_option():
     # sharing: fewer nodes than without it; reorganisation: no more links than without it
     assert shared["nodes"] < unshared["nodes"] and shared["predicate_sharing"] > unshared["predicate_sharing"] == 1
     assert shared["links"] <= flat["links"]
+
+
+# ------------------------------------------ the predicate index of the l-nodes
+#: numbers on and beside every bound the predicates below use, -0.0 beside 0.0
+KEY_NUMBERS = [-1, -0.0, 0, 0.5, 1, 1.5, 2, 3, 4]
+KEY_STRINGS = ["p" * 30 + "a", "p" * 30 + "b", "p" * 30, "p" * 30 + "é", "é", "日本", "日本語", "", "q\x00"]
+
+
+def keyed_predicate(rng, strings) -> str:
+    """A predicate of every operator the index keys and of those it leaves to
+    evaluation, bounds drawn from the values the events carry."""
+    n = lambda: KEY_NUMBERS[rng.integers(0, len(KEY_NUMBERS))]          # noqa: E731
+    s = lambda: "'" + strings[rng.integers(0, len(strings))].replace("'", "''") + "'"   # noqa: E731
+    a = f"x{rng.integers(0, 2)}"
+    op = rng.choice(["=", "<", "<=", ">", ">=", "!=", "BETWEEN", "NOT BETWEEN", "IN", "NOT IN", "IS NULL"])
+    if rng.random() < 0.35:                          # a string attribute: codes keyed as numbers are
+        if op in ("BETWEEN", "NOT BETWEEN"):
+            return f"s {op} {s()} AND {s()}"         # lo > hi included
+        if op in ("IN", "NOT IN"):
+            return f"s {op} ({', '.join(s() for _ in range(int(rng.integers(1, 4))))})"
+        return "s IS NULL" if op == "IS NULL" else f"s {op} {s()}"
+    if op in ("BETWEEN", "NOT BETWEEN"):
+        return f"{a} {op} {n()} AND {n()}"           # lo > hi included
+    if op in ("IN", "NOT IN"):                       # repeated values and -0.0 beside 0 included
+        return f"{a} {op} ({', '.join(str(n()) for _ in range(int(rng.integers(1, 5))))})"
+    return f"{a} IS NULL" if op == "IS NULL" else f"{a} {op} {n()}"
+
+
+def keyed_expression(rng, depth: int, strings) -> str:
+    if depth == 0 or rng.random() < 0.25:
+        return keyed_predicate(rng, strings)
+    op = rng.choice(["AND", "OR", "NOT", "XOR", "XNOR"], p=[0.35, 0.35, 0.1, 0.1, 0.1])
+    if op == "NOT":
+        return f"NOT ({keyed_expression(rng, depth - 1, strings)})"
+    k = 2 if op in ("XOR", "XNOR") else int(rng.integers(2, 4))
+    return f" {op} ".join(f"({keyed_expression(rng, depth - 1, strings)})" for _ in range(k))
+
+
+def keyed_event(rng, strings) -> dict:
+    event = {}
+    for a in ("x0", "x1"):
+        if rng.random() < 0.8:                       # events lacking an attribute too
+            event[a] = KEY_NUMBERS[rng.integers(0, len(KEY_NUMBERS))] if rng.random() < 0.9 else -0.25
+    if rng.random() < 0.8:
+        event["s"] = strings[rng.integers(0, len(strings))] if rng.random() < 0.85 else "p" * 30 + "ab"
+    return event
+
+
+@pytest.mark.parametrize("options", [{}, {"sharing": False}, {"zero_suppression": False}],
+                         ids=["default", "no-sharing", "no-zero-suppression"])
+def test_the_leaf_index_equals_scan_on_bounds_strings_and_lists(options):
+    """Keyed leaves (found by binary search) and evaluated ones (exact:
+    below XOR/XNOR; or !=, NOT IN, NOT BETWEEN, IS NULL) mixed, on values
+    exactly on every bound, -0.0 against 0, BETWEEN with lo > hi, IN lists
+    with repeated values, strings with shared prefixes and non-ASCII, absent
+    attributes -- and after a merge that grows the string dictionary (the
+    index is keyed by codes, so it is built again)."""
+    rng = np.random.default_rng(1515)
+    first_strings, all_strings = KEY_STRINGS[:5], KEY_STRINGS
+    texts = [keyed_expression(rng, int(rng.integers(0, 4)), first_strings) for _ in range(500)]
+    texts += [keyed_expression(rng, int(rng.integers(0, 4)), all_strings) for _ in range(150)]
+    events = [keyed_event(rng, all_strings) for _ in range(400)]
+    index = Index(algorithm="atree", backend="cpu", options=options or None)
+    scan = Index(algorithm="scan", backend="cpu")
+    for target in (index, scan):
+        target.add_many(range(500), texts[:500])
+        target.merge()
+    matched = check_against_scan(index, scan, events)
+    m = atree_of(index)
+    keyed = m.statistics()["keyed_leaves"]
+    if options.get("zero_suppression") is False:
+        assert keyed == 0                            # every leaf exact: every leaf evaluated, as before
+    else:
+        x = m.leaf_index
+        ops = m.segment.predicates.op[m.arrays.leaf_pred[x.key_leaf]]
+        assert keyed > 100 and len(set(ops.tolist())) == 7      # every keyed operator is there
+        assert len(x.scan_leaf) > 50                             # and leaves left to evaluation
+        # leaves are numbered by (attribute, operator, bound): a run of keys is a run of ids
+        for g in range(len(x.key_off) - 1):
+            if g % N_CLASSES != IN_KEYS:
+                assert (np.diff(x.key_leaf[x.key_off[g]:x.key_off[g + 1]]) > 0).all()
+    for target in (index, scan):
+        for i in range(0, 500, 4):
+            target.remove(i)
+        target.add_many(range(500, 650), texts[500:])
+        target.merge()
+    matched += check_against_scan(index, scan, events)
+    assert matched > 2000
+
+
+def test_the_leaf_index_touches_only_the_true_leaves():
+    """The predicate index at work: an event touches (evaluates, or finds
+    in the index) its TRUE keyed leaves, not every leaf of its attributes;
+    without zero suppression every leaf is exact and evaluated."""
+    texts = {i: f"a = {i}" for i in range(300)}
+    texts.update({300 + i: f"b < {i}" for i in range(300)})
+    texts.update({600 + i: f"c BETWEEN {i} AND {i + 2}" for i in range(300)})
+    events = [{"a": 7, "b": 290, "c": 5}, {"a": 1000}, {"b": 0}, {"c": 0}, {"a": -1, "c": 299}]
+    # the TRUE leaves; of BETWEEN, the lows not above the value from the first whose running maximum
+    # of highs reaches it (lows 3, 4, 5 for c = 5): 1 + 9 + 3 | 0 | 299 | 1 | 0 + 3
+    touched = [1 + 9 + 3, 0, 299, 1, 3]
+    index, full = index_of(texts), index_of(texts, zero_suppression=False)
+    m, m_full = atree_of(index), atree_of(full)
+    for event, want in zip(events, touched):
+        assert index.match(event).tolist() == full.match(event).tolist()
+        assert m.leaf_work == (want, 1), event
+    assert [r.tolist() for r in index.match_batch(events)] == [r.tolist() for r in full.match_batch(events)]
+    assert m.leaf_work == (sum(touched), len(events))
+    assert m_full.leaf_work == (900 + 300 + 300 + 300 + 600, len(events))
 
 
 def test_the_papers_ablations_change_the_structure_they_name():

@@ -13,6 +13,11 @@ How the paper maps onto this module and :mod:`gpu_kernels.atree`:
   set cover, self-adjustment, use counts, insertion and deletion --
   :class:`gpu_kernels.atree.dag.ATreeDag`, built on the host.
 * **Levels and flattening** (§4.1, §5): :func:`gpu_kernels.atree.layout.flatten`.
+* **Predicate matching** (§5: any predicate index will do): the
+  non-exact l-nodes with ``=``, ``IN``, ``<``, ``<=``, ``>``, ``>=``,
+  ``BETWEEN`` sorted by key per attribute
+  (:func:`gpu_kernels.atree.layout.leaf_index`), so only their TRUE ones
+  are touched; the other l-nodes are evaluated one by one.
 * **Matching** (§5, Algorithm 6 with §5.2's zero suppression and
   propagation on demand, exact under SQL's three-valued logic):
   :mod:`gpu_kernels.atree.cpu`, events over all cores.
@@ -37,7 +42,7 @@ from engine.algorithms.host_tasks import match_in_tasks
 from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
 from gpu_kernels.atree.dag import ATreeDag, program_expression
-from gpu_kernels.atree.layout import flatten
+from gpu_kernels.atree.layout import flatten, leaf_index
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
 
 
@@ -97,8 +102,12 @@ class ATreeMatcher(HostMatcher):
         table = self.segment.predicates
         pid_of_key = {key: pid for pid, key in enumerate(keys)}
         self.arrays = flatten(self.dag, self.roots, table.attr, table.op, pid_of_key,
-                              zero_suppression=self.zero_suppression, on_demand=self.on_demand)
+                              zero_suppression=self.zero_suppression, on_demand=self.on_demand, pred_lo=table.lo)
+        # keyed by the coded bounds: a recode (a grown string dictionary) builds both again
+        self.leaf_index = leaf_index(self.arrays, table.op, table.lo, table.hi, table.set_offsets, table.set_values)
         self._matches_per_event = 16.0
+        #: leaves the last match call touched (evaluated, or located in the index), and its events
+        self.leaf_work = (0, 0)
 
     # -------------------------------------------------------------- updates
     def merged(self, segment: Segment, old_to_new, added, schema=None) -> "ATreeMatcher":
@@ -153,15 +162,20 @@ class ATreeMatcher(HostMatcher):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
-        a, preds = self.arrays, self.segment.predicates
+        a, x, preds = self.arrays, self.leaf_index, self.segment.predicates
+        touched = [0]
 
         def launch(first, last, out, cap, ev_count, stop, need, serial):
             kernel = K.atree_match_serial if serial else K.atree_match_kernel
-            kernel(first, last, out, cap, ev_count, stop, need, batch.offsets, batch.attr, batch.value, batch.token,
-                   pattern_truth, alive, a.kind, a.level, a.level_start, a.child_off, a.child_idx, a.par_off,
-                   a.par_idx, a.needs3, a.leaf_pred, a.attr_off, a.attr_leaf, a.absent_leaf, a.sub_off, a.sub_pos,
+            task_leaves = np.zeros(len(first), np.int64)
+            kernel(first, last, out, cap, ev_count, stop, need, task_leaves, batch.offsets, batch.attr, batch.value,
+                   batch.token, pattern_truth, alive, a.kind, a.level, a.level_start, a.child_off, a.child_idx,
+                   a.par_off, a.par_idx, a.needs3, a.leaf_pred, x.scan_off, x.scan_leaf, x.key_off, x.key, x.key_hi,
+                   x.key_reach, x.key_leaf, x.key_quiet, a.absent_leaf, a.sub_off, a.sub_pos,
                    preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux)
+            touched[0] += int(task_leaves.sum())       # finished events only: a resumed task counts the rest
         events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
+        self.leaf_work = (touched[0], n_events)
         return events, positions
 
     # ---------------------------------------------------------- persistence
@@ -237,16 +251,18 @@ class ATreeMatcher(HostMatcher):
 
     @property
     def nbytes(self) -> int:
-        """The segment, the flat arrays, and an estimate of the host DAG."""
+        """The segment, the flat arrays and the leaves' index, and an estimate of the host DAG."""
         dag = len(self.dag) * self.DAG_BYTES_PER_NODE + len(self.arrays.child_idx) * self.DAG_BYTES_PER_LINK
-        return self.segment.nbytes + self.arrays.nbytes + int(self.roots.nbytes) + dag
+        return self.segment.nbytes + self.arrays.nbytes + self.leaf_index.nbytes + int(self.roots.nbytes) + dag
 
     def statistics(self) -> dict:
         """The A-Tree's shape and sharing (§6.1's measure): nodes per kind,
         levels, and how many times, on average, a predicate (l-node) and
         a subexpression (i-node) are used -- parent links plus
-        subscriptions (§4.2.3's use count)."""
-        return sharing_statistics(self.dag, self.arrays, self.roots)
+        subscriptions (§4.2.3's use count) -- and ``keyed_leaves``, the
+        l-nodes in the predicate index (only their TRUE ones are touched)."""
+        return {**sharing_statistics(self.dag, self.arrays, self.roots),
+                "keyed_leaves": int(len(self.arrays.attr_leaf) - len(self.leaf_index.scan_leaf))}
 
     def __repr__(self) -> str:
         s = self.statistics()

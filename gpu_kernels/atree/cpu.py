@@ -6,13 +6,20 @@ numbers nodes by *level* (§4.1: a leaf is level 1, an operator one more
 than its highest child), so the nodes of one level are one id range and
 the per-level queues of Algorithm 6 are slices of one buffer.  Per event:
 
-1. **Predicate matching.**  Every l-node on an attribute the event
-   carries is evaluated (``entry_truth``, the one definition of predicate
-   semantics); so is every l-node of the *absent list* whose attribute the
-   event lacks: ``IS NULL`` ones (TRUE on an absent attribute, which no
-   event entry reaches) and, below XOR/XNOR, ``IS NOT NULL`` ones (FALSE
-   there, and an XOR must tell FALSE from NULL).  Every other predicate on
-   an absent attribute is NULL and is never touched.
+1. **Predicate matching.**  On an attribute the event carries, the
+   TRUE l-nodes among the *keyed* ones (not exact, with ``=``, ``IN``,
+   ``<``, ``<=``, ``>``, ``>=`` or ``BETWEEN``) are located by binary
+   search in the predicate index
+   (:class:`~gpu_kernels.atree.layout.LeafIndex`; §5 leaves predicate
+   matching to any predicate index) -- the others of them are FALSE or
+   NULL, which no reader tells apart from "not TRUE", so they stay
+   untouched -- and every other l-node is evaluated (``entry_truth``, the
+   one definition of predicate semantics; the index's comparisons are
+   the same float comparisons).  So is every l-node of the *absent list*
+   whose attribute the event lacks: ``IS NULL`` ones (TRUE on an absent
+   attribute, which no event entry reaches) and, below XOR/XNOR, ``IS NOT
+   NULL`` ones (FALSE there, and an XOR must tell FALSE from NULL).  Every
+   other predicate on an absent attribute is NULL and is never touched.
 2. **Expression matching**, level by level: a node is queued when a child
    *propagates* to it, evaluated once, and propagates in turn.
 
@@ -25,9 +32,10 @@ FALSE there changes no TRUE result:
 
 * an exact node propagates TRUE and FALSE to its ``needs3`` parents
   (XOR/XNOR, exact AND/OR); a node that is not touched is NULL for them
-  (exactly: every present attribute's leaves and the absent list are
-  evaluated, so an untouched leaf is NULL, and a node none of whose
-  children propagated has only NULL children);
+  (exactly: every exact leaf of a present attribute and the absent list
+  are evaluated, so an untouched exact leaf is NULL, and a node none of
+  whose children propagated has only NULL children); a keyed leaf is
+  never exact, and an exact node's children are all exact;
 * every other propagation carries TRUE only (the zero suppression
   filter): an untouched node is "not TRUE" for a non-exact AND/OR;
 * propagation on demand (§5.2.2): a non-exact AND is linked from one
@@ -48,6 +56,11 @@ from numba import njit, prange
 
 from gpu_kernels.opcodes import AND, FALSE, NULL, OR, TRUE, XOR
 from gpu_kernels.predicates import entry_truth, find_attribute
+
+#: the key classes of the predicate index (:class:`~gpu_kernels.atree.layout.LeafIndex`):
+#: its group ``attr * N_CLASSES + class`` holds one attribute's keyed leaves of one class
+EQ_KEYS, IN_KEYS, LT_KEYS, LE_KEYS, GT_KEYS, GE_KEYS, BETWEEN_KEYS = range(7)
+N_CLASSES = 7
 
 
 @njit(nogil=True, cache=True)
@@ -154,17 +167,110 @@ def _finish(node, value, sub_off, sub_pos, alive, out, write_at, limit, found):
 
 
 @njit(nogil=True)
+def _first_not_below(key, lo, hi, v):
+    """First ``k`` in ``[lo, hi)`` with ``not key[k] < v`` (keys ascending)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if key[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(nogil=True)
+def _first_above(key, lo, hi, v):
+    """First ``k`` in ``[lo, hi)`` with ``v < key[k]`` (keys ascending)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if v < key[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(nogil=True)
+def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3, level,
+               stamp, val, queue, q_len, level_start, cur):
+    """A keyed leaf located TRUE: what evaluating it to TRUE does (a
+    ``quiet`` one, no r-node and linking no parent, only records it).  A
+    leaf is finished once per event (an IN leaf has a key per list value,
+    never two equal ones, but an attribute twice in one event meets it
+    twice)."""
+    if quiet:
+        stamp[leaf] = cur
+        val[leaf] = TRUE
+        return found
+    if stamp[leaf] == cur:
+        return found
+    stamp[leaf] = cur
+    val[leaf] = TRUE
+    found = _finish(leaf, TRUE, sub_off, sub_pos, alive, out, write_at, limit, found)
+    _propagate(leaf, TRUE, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+    return found
+
+
+@njit(nogil=True)
+def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off, sub_pos, alive, out,
+                  write_at, limit, found, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur):
+    """The TRUE leaves of attribute ``g // N_CLASSES`` and key class ``g %
+    N_CLASSES`` on value ``v`` (not NaN): each class's run of keys,
+    compared as ``predicate_truth`` compares (``v == lo``, ``v < lo``, ...:
+    -0.0 equals 0.0, a bound equal to ``v`` is in or out as the operator
+    says); returns (found, leaves located)."""
+    c = g % N_CLASSES
+    k0 = key_off[g]
+    k1 = key_off[g + 1]
+    if k0 == k1:
+        return found, 0
+    if c == EQ_KEYS or c == IN_KEYS:             # v == lo: the run of equal keys
+        a = _first_not_below(key, k0, k1, v)
+        b = a
+        while b < k1 and key[b] == v:
+            b += 1
+    elif c == LT_KEYS:                           # v < lo: the keys above v
+        a = _first_above(key, k0, k1, v)
+        b = k1
+    elif c == LE_KEYS:                           # v <= lo: the keys not below v
+        a = _first_not_below(key, k0, k1, v)
+        b = k1
+    elif c == GT_KEYS:                           # v > lo: the keys below v
+        a = k0
+        b = _first_not_below(key, k0, k1, v)
+    elif c == GE_KEYS:                           # v >= lo: the keys not above v
+        a = k0
+        b = _first_above(key, k0, k1, v)
+    else:                                        # lo <= v <= hi: the lows not above v, then each high
+        b = _first_above(key, k0, k1, v)
+        a = _first_not_below(key_reach, k0, b, v)     # every high before a is below v
+        for k in range(a, b):
+            if v <= key_hi[k]:
+                found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, out, write_at, limit, found,
+                                   par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+        return found, b - a
+    for k in range(a, b):
+        found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, out, write_at, limit, found, par_off,
+                           par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+    return found, b - a
+
+
+@njit(nogil=True)
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
                pattern_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx, needs3,
-               leaf_pred, attr_off, attr_leaf, absent_leaf, sub_off, sub_pos,
-               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+               leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf,
+               sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
                stamp, val, queue, q_len, result):
+    """Events ``[e_first, e_last)``; ``result``: the first event that did
+    not fit (``e_last`` when all did), its count, and the leaves touched
+    by the events that fit (evaluated, or located in the index)."""
     n_levels = len(level_start) - 1
-    n_attr = len(attr_off) - 1
+    n_attr = len(scan_off) - 1
     used = 0
     limit = base + cap
     result[0] = e_last
     result[1] = 0
+    result[2] = 0
     cur = 0
     for e in range(e_first, e_last):
         cur += 1
@@ -176,14 +282,24 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
         for lv in range(n_levels):
             q_len[lv] = 0
         found = 0
+        touched = 0
         write_at = base + used
-        # 1. predicate matching: the leaves of the event's attributes ...
+        # 1. predicate matching: the leaves of the event's attributes, the
+        # keyed ones through the index (only their TRUE ones are touched) ...
         for at in range(s0, s1):
             a = ev_attr[at]
             if a < 0 or a >= n_attr:
                 continue
-            for k in range(attr_off[a], attr_off[a + 1]):
-                leaf = attr_leaf[k]
+            value = ev_value[at]
+            if value == value:                   # NaN: no comparison holds, no keyed leaf is TRUE
+                for g in range(a * N_CLASSES, (a + 1) * N_CLASSES):
+                    found, n = _keyed_leaves(g, value, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off,
+                                             sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3,
+                                             level, stamp, val, queue, q_len, level_start, cur)
+                    touched += n
+            touched += scan_off[a + 1] - scan_off[a]
+            for k in range(scan_off[a], scan_off[a + 1]):
+                leaf = scan_leaf[k]
                 v = entry_truth(leaf_pred[leaf], at, ev_value, ev_token, pred_op, pred_lo, pred_hi,
                                 set_offsets, set_values, pred_aux, pattern_truth)
                 stamp[leaf] = cur
@@ -197,6 +313,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             pid = leaf_pred[leaf]
             if find_attribute(ev_attr, s0, s1, pred_attr[pid]) >= 0:
                 continue                                 # evaluated above
+            touched += 1
             v = entry_truth(pid, -1, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values,
                             pred_aux, pattern_truth)
             stamp[leaf] = cur
@@ -226,15 +343,18 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             out[write_at:write_at + found].sort()        # r-nodes come level by level: positions ascend per event
         used += found
         ev_count[e] = found
+        result[2] += touched
 
 
-def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need,
+def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, task_leaves,
                           ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive,
                           kind, level, level_start, child_off, child_idx, par_off, par_idx, needs3,
-                          leaf_pred, attr_off, attr_leaf, absent_leaf, sub_off, sub_pos,
-                          pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux):
+                          leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet,
+                          absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
+                          pred_aux):
     """Events ``[task_first[t], task_last[t])`` of every task ``t`` in
-    parallel, each with its own scratch (stamps, results, queues)."""
+    parallel, each with its own scratch (stamps, results, queues);
+    ``task_leaves[t]``: the leaves its finished events touched."""
     n_nodes = len(kind)
     n_levels = len(level_start) - 1
     for t in prange(len(task_first)):
@@ -242,14 +362,15 @@ def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, 
         val = np.empty(n_nodes, np.int8)
         queue = np.empty(max(n_nodes, 1), np.int32)
         q_len = np.zeros(max(n_levels, 1), np.int64)
-        result = np.empty(2, np.int64)
+        result = np.empty(3, np.int64)
         match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
                    ev_token, pattern_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx,
-                   needs3, leaf_pred, attr_off, attr_leaf, absent_leaf, sub_off, sub_pos,
-                   pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                   stamp, val, queue, q_len, result)
+                   needs3, leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet,
+                   absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
+                   pred_aux, stamp, val, queue, q_len, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
+        task_leaves[t] = result[2]
 
 
 #: the CPU kernel: tasks over all cores

@@ -5,6 +5,14 @@ the r-node of each subscription position into :class:`ATreeArrays`, what
 :mod:`gpu_kernels.atree.cpu` reads.  Node ids are renumbered by (level,
 creation order), so each level is one id range (``level_start``) and
 parents come after their children.
+
+:func:`leaf_index` adds the predicate index of the l-nodes (§5: "A-Tree is
+compatible with all of these [predicate matching] algorithms"):
+:class:`LeafIndex`, per attribute, the non-exact ``=``, ``IN``, ``<``,
+``<=``, ``>``, ``>=`` and ``BETWEEN`` leaves sorted by key, so that the
+CPU kernel finds the TRUE ones by binary search instead of evaluating
+every leaf of the event's attributes; the other leaves stay in a list
+evaluated one by one.
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ import numpy as np
 from numba import njit
 
 from gpu_kernels import opcodes
-from gpu_kernels.atree.cpu import exact_nodes, node_levels
+from gpu_kernels.atree.cpu import (BETWEEN_KEYS, EQ_KEYS, GE_KEYS, GT_KEYS, IN_KEYS, LE_KEYS, LT_KEYS, N_CLASSES,
+                                   exact_nodes, node_levels)
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
 
 
@@ -100,10 +109,14 @@ def _links(kind, child_off, child_idx, needs3, leaf_estimate, on_demand):
 
 
 def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, pid_of_key: dict, *,
-            zero_suppression: bool = True, on_demand: bool = True) -> ATreeArrays:
+            zero_suppression: bool = True, on_demand: bool = True, pred_lo: np.ndarray | None = None) -> ATreeArrays:
     """The level-ordered arrays of ``dag`` whose subscription at position
     ``p`` is r-node ``roots[p]`` (a host node id); ``pid_of_key`` maps a
-    leaf's predicate key to its predicate id in the segment.
+    leaf's predicate key to its predicate id in the segment.  With
+    ``pred_lo`` (the coded bounds) the leaves are numbered by (attribute,
+    operator, bound): the TRUE leaves :func:`leaf_index` finds in one run
+    of keys then have neighbouring ids, and their results neighbouring
+    slots.
 
     The paper's matching optimisations as ablations (Figure 10):
     ``zero_suppression=False`` makes every node exact (``needs3``), so
@@ -120,7 +133,16 @@ def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, 
     if not settled:
         raise AssertionError("A-Tree: the DAG has a cycle")
     live = np.flatnonzero(kinds >= 0)
-    order = live[np.argsort(level[live], kind="stable")]          # (level, creation order)
+    host_leaves = np.flatnonzero(kinds == LEAF)
+    host_pid = np.full(n_all, -1, np.int64)
+    host_pid[host_leaves] = [pid_of_key[dag.pred[h]] for h in host_leaves.tolist()]
+    by = [level[live]]                                                 # (level, creation order) ...
+    if pred_lo is not None:                                            # ... leaves by attribute, operator, bound
+        attr_of, op_of, lo_of = np.zeros(n_all, np.int64), np.zeros(n_all, np.int64), np.zeros(n_all, np.float64)
+        pids = host_pid[host_leaves]
+        attr_of[host_leaves], op_of[host_leaves], lo_of[host_leaves] = pred_attr[pids], pred_op[pids], pred_lo[pids]
+        by = [lo_of[live], op_of[live], attr_of[live]] + by
+    order = live[np.lexsort(by)]
     new_id = np.full(n_all, -1, np.int64)
     new_id[order] = np.arange(len(order))
     n = len(order)
@@ -138,7 +160,7 @@ def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, 
     needs3 = exact_nodes(kind, c_off, c_idx) if zero_suppression else np.ones(n, np.uint8)
     leaf_pred = np.full(n, -1, np.int64)
     leaves = np.flatnonzero(kind == LEAF)
-    leaf_pred[leaves] = [pid_of_key[dag.pred[h]] for h in order[leaves].tolist()]
+    leaf_pred[leaves] = host_pid[order[leaves]]
     leaf_estimate = np.full(n, 0.5)
     leaf_estimate[leaves] = _LEAF_ESTIMATE[pred_op[leaf_pred[leaves]]]
     link_parent, link_child = _links(kind, c_off, c_idx, needs3, leaf_estimate, bool(on_demand))
@@ -165,4 +187,105 @@ def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, 
                        attr_leaf.astype(np.int32), absent.astype(np.int32), sub_off, sub_pos.astype(np.int32))
 
 
-__all__ = ["ATreeArrays", "flatten", "AND", "OR", "XOR", "XNOR"]
+#: the key class (:class:`LeafIndex`) of each operator, -1 for those evaluated one by one
+_CLASS_OF_OP = np.full(16, -1, np.int64)
+_CLASS_OF_OP[[opcodes.EQ, opcodes.IN, opcodes.LT, opcodes.LE, opcodes.GT, opcodes.GE, opcodes.BETWEEN]] = \
+    [EQ_KEYS, IN_KEYS, LT_KEYS, LE_KEYS, GT_KEYS, GE_KEYS, BETWEEN_KEYS]
+
+
+class LeafIndex(NamedTuple):
+    """The predicate index of the l-nodes (what :func:`leaf_index` makes).
+
+    Only a leaf whose FALSE and NULL nothing tells apart -- not exact
+    (``needs3``), so only its TRUE propagates (zero suppression, §5.2.1)
+    -- can be left untouched when it is not TRUE; those with ``=``,
+    ``IN``, ``<``, ``<=``, ``>``, ``>=`` or ``BETWEEN`` and bounds that are
+    numbers (not NaN) are *keyed*: on event value ``v`` the TRUE ones of a
+    group are one run of its sorted keys (``=``, ``IN``: the keys equal to
+    ``v``; ``<``: those above ``v``, a suffix; ``<=``: a suffix from the
+    first key not below ``v``; ``>``, ``>=``: the matching prefixes;
+    ``BETWEEN``: among the lows not above ``v``, those whose high is not
+    below it -- a stabbing query; its scan starts at the first key whose
+    ``key_reach``, the running maximum of the highs, is not below ``v``:
+    every high before it is below ``v``).  An ``IN`` leaf has one key per
+    distinct list value.  Every other leaf (exact ones, ``!=``, NOT IN, NOT
+    BETWEEN, LIKE, MATCHES and their negations, IS [NOT] NULL) is in
+    ``scan_leaf``, evaluated as before; without zero suppression every
+    leaf is exact, so all are."""
+
+    scan_off: np.ndarray     # int64 [A + 1]: leaves evaluated one by one, by attribute (CSR)
+    scan_leaf: np.ndarray    # int32
+    key_off: np.ndarray      # int64 [A * N_CLASSES + 1]: keyed leaves by (attribute, class) (CSR)
+    key: np.ndarray          # float64: the bound (``BETWEEN``: the low one; ``IN``: a list value), ascending per group
+    key_hi: np.ndarray       # float64: ``BETWEEN``'s high bound (the key again for the other classes)
+    key_reach: np.ndarray    # float64: ``BETWEEN``: the highest high bound up to this key in its group (ascending)
+    key_leaf: np.ndarray     # int32: the leaf of each key
+    key_quiet: np.ndarray    # uint8: the leaf is no r-node and links no parent: TRUE is a stamp and a value to it
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self)
+
+
+def leaf_index(arrays: ATreeArrays, pred_op: np.ndarray, pred_lo: np.ndarray, pred_hi: np.ndarray,
+               set_offsets: np.ndarray, set_values: np.ndarray) -> LeafIndex:
+    """The :class:`LeafIndex` of the flattened tree ``arrays`` over the
+    segment's coded predicate table (bounds and IN lists as the float
+    codes :func:`gpu_kernels.predicates.entry_truth` compares)."""
+    n_attrs = len(arrays.attr_off) - 1
+    leaf = arrays.attr_leaf.astype(np.int64)
+    attr = np.repeat(np.arange(n_attrs, dtype=np.int64), np.diff(arrays.attr_off))
+    pid = arrays.leaf_pred[leaf].astype(np.int64)
+    op = pred_op[pid].astype(np.int64)
+    cls = _CLASS_OF_OP[op]
+    lo = pred_lo[pid].astype(np.float64)
+    hi = pred_hi[pid].astype(np.float64)
+    set_len = (set_offsets[pid + 1] - set_offsets[pid]).astype(np.int64)
+    set_start = set_offsets[pid].astype(np.int64)
+    is_in = cls == IN_KEYS
+    # an IN list with a NaN code is not sorted as set_contains' binary search assumes: left to it
+    in_rows = np.flatnonzero(is_in)
+    members = np.repeat(set_start[in_rows] - np.concatenate(([0], np.cumsum(set_len[in_rows])[:-1])),
+                        set_len[in_rows]) + np.arange(int(set_len[in_rows].sum()))
+    member_row = np.repeat(in_rows, set_len[in_rows])
+    member_value = set_values[members].astype(np.float64)
+    nan_list = np.zeros(len(leaf), bool)
+    nan_list[member_row[np.isnan(member_value)]] = True
+    bounded = ~np.isnan(lo) & (~np.isnan(hi) | (cls != BETWEEN_KEYS)) & ~nan_list
+    keyed = (arrays.needs3[leaf] == 0) & (cls >= 0) & bounded
+    scan = ~keyed
+    scan_off = np.zeros(n_attrs + 1, np.int64)
+    np.cumsum(np.bincount(attr[scan], minlength=n_attrs), out=scan_off[1:])
+    # one key per keyed leaf, an IN leaf one per list value (a value listed twice, or -0.0 beside 0.0, once)
+    single = keyed & ~is_in
+    listed = keyed[member_row]
+    k_leaf = np.concatenate((leaf[single], leaf[member_row[listed]]))
+    k_group = np.concatenate((attr[single] * N_CLASSES + cls[single], attr[member_row[listed]] * N_CLASSES + IN_KEYS))
+    k_key = np.concatenate((lo[single], member_value[listed]))
+    k_hi = np.concatenate((np.where(cls[single] == BETWEEN_KEYS, hi[single], lo[single]), member_value[listed]))
+    order = np.lexsort((k_leaf, k_key, k_group))
+    k_leaf, k_group, k_key, k_hi = k_leaf[order], k_group[order], k_key[order], k_hi[order]
+    repeat = np.zeros(len(order), bool)
+    repeat[1:] = (k_leaf[1:] == k_leaf[:-1]) & (k_key[1:] == k_key[:-1]) & (k_group[1:] == k_group[:-1])
+    keep = ~repeat
+    k_leaf, k_group, k_key, k_hi = k_leaf[keep], k_group[keep], k_key[keep], k_hi[keep]
+    key_off = np.zeros(n_attrs * N_CLASSES + 1, np.int64)
+    np.cumsum(np.bincount(k_group, minlength=n_attrs * N_CLASSES), out=key_off[1:])
+    # most leaves of conjunctions are read by their AND (not its access child) and do nothing else
+    quiet = (np.diff(arrays.sub_off)[k_leaf] == 0) & (np.diff(arrays.par_off)[k_leaf] == 0)
+    return LeafIndex(scan_off, arrays.attr_leaf[scan].astype(np.int32), key_off, k_key, k_hi,
+                     _running_max(key_off, k_hi), k_leaf.astype(np.int32), quiet.astype(np.uint8))
+
+
+@njit(nogil=True, cache=True)
+def _running_max(key_off, key_hi):
+    """``key_hi``'s running maximum within each group of ``key_off``."""
+    reach = key_hi.copy()
+    for g in range(len(key_off) - 1):
+        for k in range(key_off[g] + 1, key_off[g + 1]):
+            if reach[k - 1] > reach[k]:
+                reach[k] = reach[k - 1]
+    return reach
+
+
+__all__ = ["ATreeArrays", "LeafIndex", "flatten", "leaf_index", "AND", "OR", "XOR", "XNOR"]
