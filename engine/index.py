@@ -311,7 +311,8 @@ class Index:
         expression or a present id raises and leaves the index unchanged."""
         self.add_many([sub_id], [expression])
 
-    def add_many(self, ids: Iterable[int] | pa.Table | pa.RecordBatch, expressions: Iterable[str | Node] | None = None, *,
+    def add_many(self, ids: Iterable[int] | pa.Table | pa.RecordBatch,
+                 expressions: Iterable[str | Node] | None = None, *,
                  progress: bool | None = None) -> None:
         """Add many subscriptions: ``add_many(ids, expressions)`` with
         sequences of ids and texts/ASTs, or ``add_many(table)`` with the

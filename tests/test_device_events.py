@@ -106,7 +106,8 @@ def test_the_batch_is_encoded_in_csr_form_attributes_ascending():
 def test_without_valid_every_value_is_present_and_errors_null_drops_refused_ones():
     idx = _index()
     price = _to_device_input(np.array([550.0, np.nan, np.inf, 90.0]))
-    with pytest.raises(BadEventError, match=r"event 1: attribute 'price' is numeric, got nan: not a finite number") as caught:
+    with pytest.raises(BadEventError,
+                       match=r"event 1: attribute 'price' is numeric, got nan: not a finite number") as caught:
         idx.match_batch({"price": price})
     assert caught.value.event == 1 and caught.value.attribute == "price"
     found = idx.match_batch({"price": price}, errors="null")

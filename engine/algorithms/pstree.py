@@ -240,6 +240,21 @@ def selectivity(rows, elem, n_attrs: int, event_log) -> tuple[np.ndarray, np.nda
 
 
 
+def limit_combinations(acc: np.ndarray, arity: np.ndarray, n_cov: np.ndarray, max_combinations: int) -> None:
+    """PSTHash's departure (module docstring), in place: while a unit's
+    access predicates would make more than ``max_combinations`` keys (the
+    product of the spaces each covers, ``n_cov`` per access slot), drop its
+    least selective one -- down to one.  ``acc``: per unit the access
+    predicates' positions, best first, -1 padded; ``arity``: how many."""
+    while True:
+        prod = np.where(acc >= 0, n_cov, 1.0).prod(axis=1) if acc.shape[1] else np.ones(len(arity))
+        over = (prod > max_combinations) & (arity > 1)
+        if not over.any():
+            return
+        acc[over, arity[over] - 1] = -1
+        arity[over] -= 1
+
+
 # ------------------------------------------------------ dynamic adjustment (§4.4)
 def weighted_intervals(rows, weight: np.ndarray, table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The elementary ranges (global, inclusive, on ``table``'s grid) where
@@ -750,16 +765,7 @@ class PSTHashMatcher(_PSTreeMatcher):
         n_cov = np.bincount(np.repeat(np.arange(len(rows.op)), np.diff(cov_off)),
                             weights=(cov_last - cov_first + 1).astype(np.float64), minlength=len(rows.op))
         # the departure: too many keys -> drop the least selective access predicate (module docstring)
-        while True:
-            prod = np.ones(len(arity))
-            for q in range(width):
-                on = acc[:, q] >= 0
-                prod[on] *= n_cov[self._pids[acc[on, q]]]
-            over = (prod > self.max_combinations) & (arity > 1)
-            if not over.any():
-                break
-            acc[over, arity[over] - 1] = -1
-            arity[over] -= 1
+        limit_combinations(acc, arity, n_cov[self._pids[np.maximum(acc, 0)]], self.max_combinations)
         keys, owner = K.space_combinations(units.offsets, self._pids, acc, arity, rows.attr.astype(np.int64),
                                            cov_off, cov_first, cov_last, width)
         order = np.lexsort((owner,) + tuple(keys[:, q] for q in range(width - 1, -1, -1)))
@@ -810,16 +816,7 @@ class PSTHashMatcher(_PSTreeMatcher):
         n_cov = np.bincount(np.repeat(np.arange(n_rows), np.diff(iv_off)),
                             weights=(cov_last - cov_first + 1).astype(np.float64), minlength=n_rows)
         acc, arity = fx["acc"].copy(), fx["arity"].copy()
-        while True:
-            prod = np.ones(len(arity))
-            for q in range(width):
-                on = acc[:, q] >= 0
-                prod[on] *= n_cov[self._pids[acc[on, q]]]
-            over = (prod > self.max_combinations) & (arity > 1)
-            if not over.any():
-                break
-            acc[over, arity[over] - 1] = -1
-            arity[over] -= 1
+        limit_combinations(acc, arity, n_cov[self._pids[np.maximum(acc, 0)]], self.max_combinations)
         keys, owner = K.space_combinations(fx["f_off"], self._pids, acc, arity, rows.attr.astype(np.int64), iv_off,
                                            cov_first, cov_last, width)
         # the old keys: each old space became the new spaces lo..hi (one when kept or merged, several when split)

@@ -48,6 +48,20 @@ def cuda_algorithms() -> tuple[str, ...]:
                  if name in on_cuda or bench_algorithms.VARIANTS.get(name, ("",))[0] in on_cuda)
 
 
+def _timed(repeats: int, run) -> float:
+    """Median seconds of ``run()`` over ``repeats`` runs after a warm-up one,
+    the device synchronised after each."""
+    run()
+    cuda_support.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        cuda_support.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting: bool = True,
                block_sizes=()) -> dict:
     """Median seconds of one batch on cuda from host arrays (events copied
@@ -67,19 +81,8 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
                                               for f in ("offsets", "attr", "value", "token")), batch.strings)
     device_truth, device_alive = cuda_support.to_device(truth), cuda_support.to_device(alive)
 
-    def timed(run) -> float:
-        run()
-        cuda_support.synchronize()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            cuda_support.synchronize()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    with_copies = timed(lambda: matcher.match(batch, truth, alive))
-    on_device = timed(lambda: matcher.match(device_batch, device_truth, device_alive, output="device"))
+    with_copies = _timed(repeats, lambda: matcher.match(batch, truth, alive))
+    on_device = _timed(repeats, lambda: matcher.match(device_batch, device_truth, device_alive, output="device"))
     reference = [cuda_support.to_host(a) for a in matcher.match(device_batch, device_truth, device_alive,
                                                                 output="device")]
 
@@ -100,7 +103,7 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
         sorter = copy.copy(matcher)       # the same device index, counted by sort-and-segment
         sorter.counting = "sort"
         sort_agrees = agrees(sorter)
-        sorted_s = timed(lambda: sorter.match(device_batch, device_truth, device_alive, output="device"))
+        sorted_s = _timed(repeats, lambda: sorter.match(device_batch, device_truth, device_alive, output="device"))
         row.update(sort_counting_s=sorted_s, atomic_over_sort=sorted_s / on_device if on_device else None,
                    sort_agrees=sort_agrees)
     if block_sizes and hasattr(matcher, "thread_range"):
@@ -110,8 +113,8 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
             fixed.thread_range = (threads, threads)
             if not agrees(fixed):
                 raise AssertionError(f"{workload.name}: {threads} threads a block changed the results")
-            row["block_sizes"][threads] = timed(lambda: fixed.match(device_batch, device_truth, device_alive,
-                                                                    output="device"))
+            row["block_sizes"][threads] = _timed(
+                repeats, lambda: fixed.match(device_batch, device_truth, device_alive, output="device"))
     return row
 
 
@@ -141,21 +144,10 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     columns, valid = device_columns(table)
     n_events = table.num_rows
 
-    def timed(run) -> float:
-        run()
-        cuda_support.synchronize()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            cuda_support.synchronize()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    device_in = timed(lambda: index.match_batch(columns, valid=valid, output="device"))
-    host_device = timed(lambda: index.match_batch(table, output="device"))
-    host_arrow = timed(lambda: index.match_batch(table, output="arrow"))
-    encode = timed(lambda: event_batches.encode_events(table, index._state.view))
+    device_in = _timed(repeats, lambda: index.match_batch(columns, valid=valid, output="device"))
+    host_device = _timed(repeats, lambda: index.match_batch(table, output="device"))
+    host_arrow = _timed(repeats, lambda: index.match_batch(table, output="arrow"))
+    encode = _timed(repeats, lambda: event_batches.encode_events(table, index._state.view))
     pairs = index.match_batch(table, output="arrow")
     routes = [tuple(cuda_support.to_host(a).tolist() for a in index.match_batch(columns, valid=valid,
                                                                                output="device")),
@@ -163,7 +155,7 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
               (pairs["event"].to_pylist(), pairs["sub_id"].to_pylist())]
     xp = cuda_support.array_module()
     probe = xp.zeros(8 << 20, dtype=np.int64)                        # 64 MiB device -> host
-    copy_s = timed(lambda: cuda_support.to_host(probe))
+    copy_s = _timed(repeats, lambda: cuda_support.to_host(probe))
     row = {"workload": workload.name, "algorithm": algorithm, "events": n_events, "pairs": pairs.num_rows,
            "device_resident": n_events / device_resident_s if device_resident_s else None,
            "device_in_device_out": n_events / device_in, "host_in_device_out": n_events / host_device,
