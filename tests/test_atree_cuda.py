@@ -152,6 +152,51 @@ def test_ablations_on_cuda(options):
     assert pairs(cuda_matcher(seg, launch=TINY, **options), batch, truth, alive) == want
 
 
+@needs_cuda
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_leaf_index_on_cuda_equals_cpu_on_bounds_strings_and_lists(kernel):
+    """The device twin of the leaf predicate index (tests/test_atree.py's
+    generator, shrunk): every keyed operator (=, IN, <, <=, >, >=,
+    BETWEEN) located by binary search, the other leaves (exact ones below
+    XOR/XNOR; !=, NOT IN, NOT BETWEEN, IS NULL) evaluated -- values
+    exactly on every bound, -0.0 against 0, BETWEEN with lo > hi, IN lists
+    with repeated values, strings with shared prefixes and non-ASCII,
+    absent attributes; and after a merge that grows the string dictionary
+    (the index, keyed by codes, is copied over again, the DAG derived)."""
+    from tests.test_atree import KEY_STRINGS, keyed_event, keyed_expression
+    from gpu_kernels.atree.cpu import N_CLASSES
+    rng = np.random.default_rng(1516)
+    texts = [keyed_expression(rng, int(rng.integers(0, 3)), KEY_STRINGS[:5]) for _ in range(60)]
+    texts += [keyed_expression(rng, int(rng.integers(0, 3)), KEY_STRINGS) for _ in range(20)]
+    events = [keyed_event(rng, KEY_STRINGS) for _ in range(24)]
+    indexes = [abe_index("cuda", kernel=kernel, launch=TINY), abe_index("cpu"),
+               Index(algorithm="scan", backend="cpu")]
+
+    def check(least: int):
+        got, cpu, scan = ([r.tolist() for r in index.match_batch(events)] for index in indexes)
+        assert got == cpu == scan and sum(map(len, got)) >= least
+        m = native(indexes[0]._matcher)
+        x = m.host.leaf_index
+        ops = m.segment.predicates.op[m.host.arrays.leaf_pred[x.key_leaf]]
+        assert len(set(ops.tolist())) == 7 and len(x.scan_leaf) > 10     # every keyed operator, and evaluated ones
+        assert all(np.array_equal(host(d)[:len(h)], h) for d, h in zip(m.index_d, x))   # the device twin
+        assert m.leaf_width >= int(np.diff(x.key_off).max()) and len(x.key_off) - 1 == \
+            N_CLASSES * (len(x.scan_off) - 1)
+        return m
+
+    for index in indexes:
+        index.add_many(range(60), texts[:60])
+        index.merge()
+    first = check(40)
+    for index in indexes:
+        for i in range(0, 60, 4):
+            index.remove(i)
+        index.add_many(range(60, 80), texts[60:])    # new strings: the dictionary grows, codes move
+        index.merge()
+    merged = check(30)
+    assert merged.host.merges == 1 and merged.index_d is not first.index_d
+
+
 # ================================================================= matcher
 def native(matcher):
     """The A-Tree matcher itself (an Index may wrap it with a residual matcher)."""

@@ -5,17 +5,20 @@ The A-Tree is built and updated on the host, exactly as on ``cpu``
 §4, with reorganisation, self-adjustment and use counts, and its
 level-ordered flat form), and its arrays are copied to the device once as
 their device twins: the flattened DAG
-(:class:`~gpu_kernels.atree.layout.ATreeArrays`) and the segment's
+(:class:`~gpu_kernels.atree.layout.ATreeArrays`), its leaves' predicate
+index (:class:`~gpu_kernels.atree.layout.LeafIndex`) and the segment's
 predicate table.  Each is copied again only when the host's arrays change:
 a merge derives a new DAG (Algorithms 4 and 5 on a copy) and flattens it
-again; a grown string dictionary recodes the predicates (the DAG, keyed by
-predicate keys, stays).  A saved index rebuilds the DAG on load, as on
+again; a grown string dictionary recodes the predicates and so the leaf
+index's keys (the DAG, keyed by predicate keys, stays).  A saved index rebuilds the DAG on load, as on
 ``cpu``.  Each match call walks the batch in chunks sized to the free
 device memory (:class:`~engine.algorithms.cuda_base.ChunkedCudaMatcher`);
 per chunk, on the device (:mod:`gpu_kernels.atree.cuda`):
 
-1. predicate matching: the l-nodes of the events' attributes and of the
-   absent list, with the shared device predicate evaluator;
+1. predicate matching, as on ``cpu``: the keyed l-nodes of the events'
+   attributes located TRUE in the leaf index by binary search (the others
+   left untouched), the rest of their l-nodes and those of the absent
+   list evaluated with the shared device predicate evaluator;
 2. expression matching, level by level (Algorithm 6), zero suppression and
    propagation on demand exact under three-valued logic as on ``cpu`` --
    one launch per level (``kernel="levels"``, the default) or one launch
@@ -25,7 +28,9 @@ per chunk, on the device (:mod:`gpu_kernels.atree.cuda`):
    (:mod:`gpu_kernels.compaction`) -- the CPU matcher's exact output.
 
 Device memory held: the flattened DAG (about 30 bytes per node, 8 per link
-and 4 per subscription) and the predicate table.  Per call, per event of a
+and 4 per subscription; not its leaves by attribute, which the kernels
+read through the leaf index), the leaf index (about 29 bytes per key, 4
+per scanned leaf) and the predicate table.  Per call, per event of a
 chunk: its node results (one byte per node, filled with NULL per chunk),
 its queued bits (``nodes / 8`` bytes), its result bit row (``n_subs / 8``
 bytes) and compaction counts and offsets; nothing per attribute entry
@@ -45,7 +50,7 @@ from engine.algorithms.options import ATreeOptions
 from engine.backend import resolve_backend
 from gpu_kernels import cuda_support
 from gpu_kernels.atree import cuda as K
-from gpu_kernels.atree.layout import ATreeArrays
+from gpu_kernels.atree.layout import ATreeArrays, LeafIndex
 from gpu_kernels.compaction import n_tiles_for
 from gpu_kernels.opcodes import NULL
 
@@ -54,6 +59,11 @@ TREE_DTYPES = {"kind": np.int8, "level": np.int32, "level_start": np.int64, "chi
                "child_idx": np.int32, "par_off": np.int64, "par_idx": np.int32, "needs3": np.uint8,
                "leaf_pred": np.int32, "attr_off": np.int64, "attr_leaf": np.int32, "absent_leaf": np.int32,
                "sub_off": np.int64, "sub_pos": np.int32}
+#: the dtypes of the device twin of :class:`~gpu_kernels.atree.layout.LeafIndex` (the leaves' predicate index)
+INDEX_DTYPES = {"scan_off": np.int64, "scan_leaf": np.int32, "key_off": np.int64, "key": np.float64,
+                "key_hi": np.float64, "key_reach": np.float64, "key_leaf": np.int32, "key_quiet": np.uint8}
+#: fields of ATreeArrays the kernels do not read: not copied (an empty twin stands in)
+HOST_ONLY = ("level", "attr_off", "attr_leaf")
 #: the predicate table's columns the kernels read, in their argument order, and their dtypes
 PRED_DTYPES = (("attr", np.int32), ("op", np.int8), ("lo", np.float64), ("hi", np.float64),
                ("set_offsets", np.int64), ("set_values", np.float64), ("aux", np.int64))
@@ -137,7 +147,8 @@ class ATreeCudaMatcher(HostStructureCudaMatcher):
         host = self.host
         made = getattr(self, "_uploaded_from", None)
         preds = host.segment.predicates
-        sources = {"tree": tuple(host.arrays), "preds": tuple(getattr(preds, name) for name, _ in PRED_DTYPES)}
+        sources = {"tree": tuple(host.arrays), "index": tuple(host.leaf_index),
+                   "preds": tuple(getattr(preds, name) for name, _ in PRED_DTYPES)}
 
         def same(part):
             if made is None:
@@ -147,12 +158,21 @@ class ATreeCudaMatcher(HostStructureCudaMatcher):
 
         if not same("tree"):
             a = host.arrays
-            # (``level`` stays on the host: the kernels find a node's level by its id range, ``level_start``)
-            self.tree_d = ATreeArrays(*(cuda_support.to_device(getattr(a, f) if f != "level" else a.level[:0],
-                                                               TREE_DTYPES[f]) for f in ATreeArrays._fields))
+            # (``level`` stays on the host: the kernels find a node's level by its id range, ``level_start``;
+            # the leaves by attribute too: the kernels read them through the leaf index)
+            self.tree_d = ATreeArrays(*(cuda_support.to_device(getattr(a, f) if f not in HOST_ONLY
+                                                               else getattr(a, f)[:0], TREE_DTYPES[f])
+                                        for f in ATreeArrays._fields))
             self.level_start = np.asarray(a.level_start, np.int64)
-            # x of the l-node launch: the most l-nodes one attribute (or the absent list) has
-            self.leaf_width = int(max(int(np.diff(a.attr_off).max(initial=0)), len(a.absent_leaf), 1))
+        if not same("index"):
+            # keyed by the coded bounds: a recode builds it again over the same DAG
+            x = host.leaf_index
+            self.index_d = LeafIndex(*(cuda_support.to_device(getattr(x, f), INDEX_DTYPES[f])
+                                       for f in LeafIndex._fields))
+            # x of the l-node launch: the most leaves one attribute's scan list, one key group (a run of
+            # TRUE keys is at most that) or the absent list has
+            self.leaf_width = int(max(int(np.diff(x.scan_off).max(initial=0)), int(np.diff(x.key_off).max(initial=0)),
+                                      len(host.arrays.absent_leaf), 1))
         if not same("preds"):
             self.preds_d = tuple(cuda_support.to_device(x, dtype) for x, (_, dtype) in zip(sources["preds"],
                                                                                             PRED_DTYPES))
@@ -160,8 +180,8 @@ class ATreeCudaMatcher(HostStructureCudaMatcher):
 
     @property
     def device_nbytes(self) -> int:
-        """Device bytes held: the twins of the flattened DAG and the predicate table."""
-        return sum(int(x.nbytes) for x in self.tree_d) + sum(int(x.nbytes) for x in self.preds_d)
+        """Device bytes held: the twins of the flattened DAG, its leaf index and the predicate table."""
+        return sum(int(x.nbytes) for part in (self.tree_d, self.index_d, self.preds_d) for x in part)
 
     def statistics(self) -> dict:
         """The host DAG's shape and sharing (:meth:`ATreeMatcher.statistics
@@ -195,8 +215,8 @@ class ATreeCudaMatcher(HostStructureCudaMatcher):
             bits = xp.zeros((n_rows, -(-len(self.segment) // 64)), dtype=np.uint64)
             blocks = max(1, min(self.launch.max_grid[0], MAX_BLOCKS, n_rows))
             K.match_chunk_cuda(self.kernel, self.launch, self.threads, blocks, n_rows,
-                               (ev_offsets, ev_attr, ev_value, ev_token, truth_d), self.tree_d, self.level_start,
-                               self.leaf_width, self.preds_d, alive_d, val, queued, bits)
+                               (ev_offsets, ev_attr, ev_value, ev_token, truth_d), self.tree_d, self.index_d,
+                               self.level_start, self.leaf_width, self.preds_d, alive_d, val, queued, bits)
             del val, queued, ev_offsets, ev_attr, ev_value, ev_token
         yield from self._compact(bits, n_rows, start, result_room, col_dtype)
 

@@ -2,7 +2,8 @@
 Jacobsen, SIGMOD 2021, §5, Algorithm 6 with §5.2's zero suppression and
 propagation on demand) over the very arrays the host flattens
 (:class:`~gpu_kernels.atree.layout.ATreeArrays`: nodes numbered by level,
-so each level is one id range), copied to the device once.
+so each level is one id range, and the leaves' predicate index
+:class:`~gpu_kernels.atree.layout.LeafIndex`), copied to the device once.
 
 The CPU kernel keeps, per event, stamped node results and one queue per
 level.  On the device a chunk of events keeps, per (event, node):
@@ -19,13 +20,21 @@ level.  On the device a chunk of events keeps, per (event, node):
 Two kernels walk the levels bottom-up (Algorithm 6), one level per launch:
 
 1. **Predicate matching** (:func:`build_kernels`' ``leaf_kernel``; 2-D grid,
-   y along events, x along an attribute's l-nodes): every l-node on an
-   attribute the event carries, and every l-node of the *absent list*
-   (``IS NULL``; ``IS NOT NULL`` below XOR/XNOR) whose attribute the event
-   lacks, evaluated with the shared device
+   y along events, x along an attribute's l-nodes): the cpu kernel's step
+   1 over the device twin of the predicate index
+   (:class:`~gpu_kernels.atree.layout.LeafIndex`).  Per attribute the
+   event carries, its *keyed* l-nodes (non-exact ``=``, ``IN``, ``<``,
+   ``<=``, ``>``, ``>=``, ``BETWEEN``) are located by binary search --
+   the cpu's own ``_first_not_below``/``_first_above`` compiled as device
+   functions, the same runs of keys and comparisons, the threads then
+   striding over the run -- and only the TRUE ones touched; its other
+   l-nodes (``scan_leaf``), and every l-node of the *absent list* (``IS
+   NULL``; ``IS NOT NULL`` below XOR/XNOR) whose attribute the event
+   lacks, are evaluated with the shared device
    :func:`~gpu_kernels.predicates.entry_truth` -- the one definition of a
-   predicate's semantics; TRUE ones set their subscriptions' result bits,
-   and each propagates (sets its parents' ``queued`` bits).
+   predicate's semantics.  TRUE ones set their subscriptions' result bits,
+   and each propagates (sets its parents' ``queued`` bits); an untouched
+   keyed l-node stays NULL, "not TRUE" to its readers (none is exact).
 2. **Expression matching** (``level_kernel``, one launch per level 2, 3,
    ...; y along events, x along the level's ``queued`` words): each queued
    node is evaluated from its children's ``val`` (all on lower levels, so
@@ -62,6 +71,8 @@ import functools
 import numpy as np
 
 from gpu_kernels import cuda_support
+from gpu_kernels.atree.cpu import (BETWEEN_KEYS, EQ_KEYS, GE_KEYS, GT_KEYS, IN_KEYS, LE_KEYS, LT_KEYS, N_CLASSES,
+                                   _first_above, _first_not_below)
 from gpu_kernels.opcodes import AND, FALSE, NULL, OR, TRUE, XOR
 
 cuda = None   # numba.cuda once a CUDA twin is built (a module global: see cuda_support)
@@ -73,7 +84,9 @@ KERNELS = ("levels", "persistent")
 @functools.cache
 def build_kernels():
     """``(leaf_kernel, level_kernel, persistent_kernel)``, compiled on first
-    use (importing this module never touches CUDA)."""
+    use (importing this module never touches CUDA).  The leaf index's
+    binary searches are the cpu kernel's (their plain-Python bodies,
+    ``py_func``, compiled here as device functions)."""
     global cuda
     cuda = cuda_support.load_cuda()
     from gpu_kernels.predicates import cuda_device_functions
@@ -136,20 +149,73 @@ def build_kernels():
     settle = cuda.jit(device=True)(settle)
     evaluate = cuda.jit(device=True)(evaluate)
 
-    def leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, attr_off, attr_leaf,
-               absent_leaf, leaf_pred, par_off, par_idx, needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo,
-               pred_hi, set_offsets, set_values, pred_aux, val, queued, bits):
-        """Predicate matching of event ``e`` by threads ``x, x + sx, ...``:
-        the l-nodes of its attributes, then the absent list's."""
-        n_attr = attr_off.shape[0] - 1
+    first_not_below = cuda.jit(device=True)(_first_not_below.py_func)
+    first_above = cuda.jit(device=True)(_first_above.py_func)
+
+    def keyed(e, x, sx, g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, val, queued, bits, alive,
+              par_off, par_idx, needs3, sub_off, sub_pos):
+        """The TRUE keyed leaves of group ``g`` (attribute ``g // N_CLASSES``,
+        key class ``g % N_CLASSES``) on value ``v`` (not NaN), by threads
+        ``x, x + sx, ...``: the cpu's ``_keyed_leaves`` -- the same binary
+        searches (the very functions), the same comparisons.  Each thread
+        finds the run, then takes every ``sx``-th key of it."""
+        c = g % N_CLASSES
+        k0 = key_off[g]
+        k1 = key_off[g + 1]
+        if k0 == k1:
+            return
+        if c == EQ_KEYS or c == IN_KEYS:             # v == lo: the run of equal keys
+            a = first_not_below(key, k0, k1, v)
+            # (keys are never NaN: key[k] == v exactly from a to the first key above v)
+            b = first_above(key, a, k1, v)
+        elif c == LT_KEYS:                           # v < lo: the keys above v
+            a = first_above(key, k0, k1, v)
+            b = k1
+        elif c == LE_KEYS:                           # v <= lo: the keys not below v
+            a = first_not_below(key, k0, k1, v)
+            b = k1
+        elif c == GT_KEYS:                           # v > lo: the keys below v
+            a = k0
+            b = first_not_below(key, k0, k1, v)
+        elif c == GE_KEYS:                           # v >= lo: the keys not above v
+            a = k0
+            b = first_above(key, k0, k1, v)
+        else:                                        # lo <= v <= hi: the lows not above v, then each high
+            b = first_above(key, k0, k1, v)
+            a = first_not_below(key_reach, k0, b, v)     # every high before a is below v
+        for k in range(a + x, b, sx):
+            if c == BETWEEN_KEYS and not v <= key_hi[k]:
+                continue
+            leaf = key_leaf[k]
+            if key_quiet[k] != 0:                    # no r-node, no parent: TRUE is a value to it
+                val[e, leaf] = TRUE
+            elif val[e, leaf] != TRUE:               # finished once per event (the cpu's stamp check)
+                settle(e, leaf, TRUE, val, queued, bits, alive, par_off, par_idx, needs3, sub_off, sub_pos)
+
+    keyed = cuda.jit(device=True)(keyed)
+
+    def leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, scan_off, scan_leaf,
+               key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off, par_idx,
+               needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+               val, queued, bits):
+        """Predicate matching of event ``e`` by threads ``x, x + sx, ...``
+        (the cpu's step 1): per attribute of the event, its keyed leaves
+        located in the predicate index (only the TRUE ones touched) and its
+        other leaves evaluated one by one; then the absent list's."""
+        n_attr = scan_off.shape[0] - 1
         s0 = ev_offsets[e]
         s1 = ev_offsets[e + 1]
         for at in range(s0, s1):
             a = ev_attr[at]
             if a < 0 or a >= n_attr:
                 continue                                     # no l-node on this attribute
-            for k in range(attr_off[a] + x, attr_off[a + 1], sx):
-                leaf = attr_leaf[k]
+            value = ev_value[at]
+            if value == value:                   # NaN: no comparison holds, no keyed leaf is TRUE
+                for g in range(a * N_CLASSES, (a + 1) * N_CLASSES):
+                    keyed(e, x, sx, g, value, key_off, key, key_hi, key_reach, key_leaf, key_quiet, val, queued,
+                          bits, alive, par_off, par_idx, needs3, sub_off, sub_pos)
+            for k in range(scan_off[a] + x, scan_off[a + 1], sx):
+                leaf = scan_leaf[k]
                 v = entry_truth(leaf_pred[leaf], at, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets,
                                 set_values, pred_aux, pattern_truth)
                 settle(e, leaf, v, val, queued, bits, alive, par_off, par_idx, needs3, sub_off, sub_pos)
@@ -180,15 +246,17 @@ def build_kernels():
     leaves = cuda.jit(device=True)(leaves)
     level = cuda.jit(device=True)(level)
 
-    def leaf_kernel(n_rows, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, attr_off, attr_leaf,
-                    absent_leaf, leaf_pred, par_off, par_idx, needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo,
-                    pred_hi, set_offsets, set_values, pred_aux, val, queued, bits):
+    def leaf_kernel(n_rows, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, scan_off, scan_leaf,
+                    key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off, par_idx,
+                    needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+                    val, queued, bits):
         x, y = cuda.grid(2)
         sx, sy = cuda.gridsize(2)
         for e in range(y, n_rows, sy):
-            leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, attr_off, attr_leaf,
-                   absent_leaf, leaf_pred, par_off, par_idx, needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo,
-                   pred_hi, set_offsets, set_values, pred_aux, val, queued, bits)
+            leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, scan_off, scan_leaf,
+                   key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off, par_idx,
+                   needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+                   val, queued, bits)
 
     def level_kernel(n_rows, n0, n1, kind, child_off, child_idx, par_off, par_idx, needs3, sub_off, sub_pos, alive,
                      val, queued, bits):
@@ -199,17 +267,18 @@ def build_kernels():
                   val, queued, bits)
 
     def persistent_kernel(n_rows, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, kind, level_start,
-                          child_off, child_idx, par_off, par_idx, needs3, attr_off, attr_leaf, absent_leaf, leaf_pred,
-                          sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                          val, queued, bits):
+                          child_off, child_idx, par_off, par_idx, needs3, scan_off, scan_leaf, key_off, key, key_hi,
+                          key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, sub_off, sub_pos, pred_attr, pred_op,
+                          pred_lo, pred_hi, set_offsets, set_values, pred_aux, val, queued, bits):
         x = cuda.threadIdx.x
         sx = cuda.blockDim.x
         n_levels = level_start.shape[0] - 1
         # e and the level loop are the same for every thread of a block: the barriers are reached by all
         for e in range(cuda.blockIdx.x, n_rows, cuda.gridDim.x):
-            leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, attr_off, attr_leaf,
-                   absent_leaf, leaf_pred, par_off, par_idx, needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo,
-                   pred_hi, set_offsets, set_values, pred_aux, val, queued, bits)
+            leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, scan_off, scan_leaf,
+                   key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off, par_idx,
+                   needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
+                   val, queued, bits)
             cuda.syncthreads()
             for lv in range(2, n_levels):
                 n0 = level_start[lv]
@@ -239,25 +308,29 @@ def kernel_types() -> dict:
     preds = (array(np.int32), array(np.int8), array(np.float64), array(np.float64), array(np.int64),
              array(np.float64), array(np.int64))
     state = (array(np.int8, 2), array(np.uint64, 2), array(np.uint64, 2))
-    i32, u8 = array(np.int32), array(np.uint8)
+    i32, u8, f64 = array(np.int32), array(np.uint8), array(np.float64)
     offs = array(np.int64)
+    # the LeafIndex twin: scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet
+    index = (offs, i32, offs, f64, f64, f64, i32, u8)
     return {
-        "leaf": (i64, *events, offs, i32, i32, i32, offs, i32, u8, offs, i32, *preds, *state),
+        "leaf": (i64, *events, *index, i32, i32, offs, i32, u8, offs, i32, *preds, *state),
         "level": (i64, i64, i64, array(np.int8), offs, i32, offs, i32, u8, offs, i32, u8, *state),
-        "persistent": (i64, *events, array(np.int8), offs, offs, i32, offs, i32, u8, offs, i32, i32, i32, offs, i32,
+        "persistent": (i64, *events, array(np.int8), offs, offs, i32, offs, i32, u8, *index, i32, i32, offs, i32,
                        *preds, *state),
     }
 
 
-def match_chunk_cuda(mode: str, launch, threads: int, blocks: int, n_rows: int, events, tree, level_start,
+def match_chunk_cuda(mode: str, launch, threads: int, blocks: int, n_rows: int, events, tree, index, level_start,
                      leaf_width: int, preds, alive, val, queued, bits) -> None:
     """Match a chunk of ``n_rows`` events (device arrays throughout).
 
     ``events``: ``(ev_offsets, ev_attr, ev_value, ev_token, pattern_truth)``,
     event ``e``'s entries ``ev_offsets[e]:ev_offsets[e + 1]``; ``tree``: the
-    device :class:`~gpu_kernels.atree.layout.ATreeArrays`, its
-    ``level_start`` also given on the host (the launches' bounds), and
-    ``leaf_width`` the most l-nodes one attribute (or the absent list)
+    device :class:`~gpu_kernels.atree.layout.ATreeArrays` (``attr_off``
+    and ``attr_leaf`` unread), its ``level_start`` also given on the host
+    (the launches' bounds); ``index``: the device
+    :class:`~gpu_kernels.atree.layout.LeafIndex`; ``leaf_width`` the most
+    leaves one attribute's scan list, one key group (or the absent list)
     has; ``preds``: the predicate table (``attr, op, lo, hi, set_offsets,
     set_values, aux``); ``val`` (int8, all NULL), ``queued`` and ``bits``
     (uint64, zero) the chunk's state and result rows.  ``mode``
@@ -271,13 +344,12 @@ def match_chunk_cuda(mode: str, launch, threads: int, blocks: int, n_rows: int, 
     if mode == "persistent":
         persistent_kernel[int(blocks), int(threads)](
             n, *common, tree.kind, tree.level_start, tree.child_off, tree.child_idx, tree.par_off, tree.par_idx,
-            tree.needs3, tree.attr_off, tree.attr_leaf, tree.absent_leaf, tree.leaf_pred, tree.sub_off, tree.sub_pos,
-            *preds, val, queued, bits)
+            tree.needs3, *index, tree.absent_leaf, tree.leaf_pred, tree.sub_off, tree.sub_pos, *preds, val, queued,
+            bits)
         return
     grid, block = launch.grid(max(1, int(leaf_width)), n_rows)
-    leaf_kernel[grid, block](n, *common, tree.attr_off, tree.attr_leaf, tree.absent_leaf, tree.leaf_pred,
-                             tree.par_off, tree.par_idx, tree.needs3, tree.sub_off, tree.sub_pos, *preds, val, queued,
-                             bits)
+    leaf_kernel[grid, block](n, *common, *index, tree.absent_leaf, tree.leaf_pred, tree.par_off, tree.par_idx,
+                             tree.needs3, tree.sub_off, tree.sub_pos, *preds, val, queued, bits)
     for lv in range(2, len(level_start) - 1):
         n0, n1 = int(level_start[lv]), int(level_start[lv + 1])
         if n1 <= n0:
