@@ -117,10 +117,27 @@ def device_functions() -> SimpleNamespace:
         x = ev_value[at]
         return j if x == x else np.int64(-1)
 
+    unit_true = device(unit_true)
+
+    def always_candidates(e, always, n_always, tid, n_threads, unit_sub, alive, bits, unit_off, pids, s0, s1,
+                          ev_attr, ev_value, ev_token, rows, pattern_truth):
+        """Event ``e``'s check of the units without an indexable predicate
+        (candidates for every event), a thread each (both kernels' last
+        step)."""
+        for k in range(tid, n_always, n_threads):
+            u = always[k]
+            pos = unit_sub[u]
+            word = pos >> 6
+            mask = np.uint64(1) << np.uint64(pos & 63)
+            if alive[pos] == 0 or (bits[e, word] & mask) != 0:
+                continue
+            if unit_true(u, -1, -1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token, rows, pattern_truth):
+                cuda.atomic.or_(bits, (e, word), mask)
+
     return SimpleNamespace(find=find, elementary=device(L.elementary_py), bloom_key=device(hashes[0]),
                            bloom_probe=device(hashes[1]), key_hash=device(hashes[2]),
-                           binomial=device(binomial_py), unit_true=device(unit_true),
-                           decided_by_space=device(decided_by_space))
+                           binomial=device(binomial_py), unit_true=unit_true,
+                           decided_by_space=device(decided_by_space), always_candidates=device(always_candidates))
 
 
 # ------------------------------------------------------------------ locating
@@ -169,6 +186,7 @@ def build_pstbloom_kernel():
     bloom_key = f.bloom_key
     bloom_probe = f.bloom_probe
     unit_true = f.unit_true
+    always_candidates = f.always_candidates
 
     def pstbloom_kernel(n_events, ev_offsets, ev_attr, ev_value, ev_token, ev_space, space_base, pattern_truth,
                         unit_sub, unit_off, pids, rows, bloom, n_hashes, n_always, alive, bits):
@@ -219,15 +237,8 @@ def build_pstbloom_kernel():
                     if unit_true(u, skip, -1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token, rows,
                                  pattern_truth):
                         cuda.atomic.or_(bits, (e, word), mask)
-            for k in range(tid, n_always, n_threads):
-                u = bloom.always[k]
-                pos = unit_sub[u]
-                word = pos >> 6
-                mask = np.uint64(1) << np.uint64(pos & 63)
-                if alive[pos] == 0 or (bits[e, word] & mask) != 0:
-                    continue
-                if unit_true(u, -1, -1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token, rows, pattern_truth):
-                    cuda.atomic.or_(bits, (e, word), mask)
+            always_candidates(e, bloom.always, n_always, tid, n_threads, unit_sub, alive, bits, unit_off, pids, s0, s1,
+                              ev_attr, ev_value, ev_token, rows, pattern_truth)
 
     return cuda.jit(pstbloom_kernel)
 
@@ -241,6 +252,7 @@ def build_psthash_kernel():
     binomial = f.binomial
     unit_true = f.unit_true
     decided_by_space = f.decided_by_space
+    always_candidates = f.always_candidates
     n_key = L.MAX_ACCESS
 
     def psthash_kernel(n_events, ev_offsets, ev_attr, ev_value, ev_token, loc_off, loc, pattern_truth, unit_sub,
@@ -305,15 +317,8 @@ def build_psthash_kernel():
                                     cuda.atomic.or_(bits, (e, word), mask)
                             break
                         s = (s + 1) & slot_mask
-            for kk in range(tid, n_always, n_threads):
-                u = table.always[kk]
-                pos = unit_sub[u]
-                word = pos >> 6
-                mask = np.uint64(1) << np.uint64(pos & 63)
-                if alive[pos] == 0 or (bits[e, word] & mask) != 0:
-                    continue
-                if unit_true(u, -1, -1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token, rows, pattern_truth):
-                    cuda.atomic.or_(bits, (e, word), mask)
+            always_candidates(e, table.always, n_always, tid, n_threads, unit_sub, alive, bits, unit_off, pids, s0, s1,
+                              ev_attr, ev_value, ev_token, rows, pattern_truth)
 
     return cuda.jit(psthash_kernel)
 
