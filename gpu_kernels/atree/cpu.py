@@ -190,6 +190,35 @@ def _first_above(key, lo, hi, v):
     return lo
 
 
+def make_key_run(first_not_below, first_above):
+    """The one definition of a key class's TRUE run, ``key_run(c, k0, k1,
+    key, key_reach, v) -> (a, b)`` (keys ``[a, b)`` of group ``[k0, k1)``;
+    ``BETWEEN``'s still need their high checked), over the given binary
+    searches: this module compiles it with ``njit``, the CUDA twin as a
+    device function over the same searches' device builds.  Comparisons
+    as ``predicate_truth``'s (``v == lo``, ``v < lo``, ...: -0.0 equals
+    0.0, a bound equal to ``v`` in or out as the operator says); keys are
+    never NaN, so the run of keys equal to ``v`` ends at the first above."""
+    def key_run(c, k0, k1, key, key_reach, v):
+        if c == EQ_KEYS or c == IN_KEYS:             # v == lo: the run of equal keys
+            a = first_not_below(key, k0, k1, v)
+            return a, first_above(key, a, k1, v)
+        if c == LT_KEYS:                             # v < lo: the keys above v
+            return first_above(key, k0, k1, v), k1
+        if c == LE_KEYS:                             # v <= lo: the keys not below v
+            return first_not_below(key, k0, k1, v), k1
+        if c == GT_KEYS:                             # v > lo: the keys below v
+            return k0, first_not_below(key, k0, k1, v)
+        if c == GE_KEYS:                             # v >= lo: the keys not above v
+            return k0, first_above(key, k0, k1, v)
+        b = first_above(key, k0, k1, v)              # lo <= v <= hi: the lows not above v ...
+        return first_not_below(key_reach, k0, b, v), b     # ... every high before a is below v
+    return key_run
+
+
+_key_run = njit(nogil=True)(make_key_run(_first_not_below, _first_above))
+
+
 @njit(nogil=True)
 def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3, level,
                stamp, val, queue, q_len, level_start, cur):
@@ -215,35 +244,15 @@ def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found
 def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off, sub_pos, alive, out,
                   write_at, limit, found, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur):
     """The TRUE leaves of attribute ``g // N_CLASSES`` and key class ``g %
-    N_CLASSES`` on value ``v`` (not NaN): each class's run of keys,
-    compared as ``predicate_truth`` compares (``v == lo``, ``v < lo``, ...:
-    -0.0 equals 0.0, a bound equal to ``v`` is in or out as the operator
-    says); returns (found, leaves located)."""
+    N_CLASSES`` on value ``v`` (not NaN): the class's run of keys
+    (:func:`make_key_run`); returns (found, leaves located)."""
     c = g % N_CLASSES
     k0 = key_off[g]
     k1 = key_off[g + 1]
     if k0 == k1:
         return found, 0
-    if c == EQ_KEYS or c == IN_KEYS:             # v == lo: the run of equal keys
-        a = _first_not_below(key, k0, k1, v)
-        b = a
-        while b < k1 and key[b] == v:
-            b += 1
-    elif c == LT_KEYS:                           # v < lo: the keys above v
-        a = _first_above(key, k0, k1, v)
-        b = k1
-    elif c == LE_KEYS:                           # v <= lo: the keys not below v
-        a = _first_not_below(key, k0, k1, v)
-        b = k1
-    elif c == GT_KEYS:                           # v > lo: the keys below v
-        a = k0
-        b = _first_not_below(key, k0, k1, v)
-    elif c == GE_KEYS:                           # v >= lo: the keys not above v
-        a = k0
-        b = _first_above(key, k0, k1, v)
-    else:                                        # lo <= v <= hi: the lows not above v, then each high
-        b = _first_above(key, k0, k1, v)
-        a = _first_not_below(key_reach, k0, b, v)     # every high before a is below v
+    a, b = _key_run(c, k0, k1, key, key_reach, v)
+    if c == BETWEEN_KEYS:                        # each high checked
         for k in range(a, b):
             if v <= key_hi[k]:
                 found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, out, write_at, limit, found,

@@ -71,8 +71,7 @@ import functools
 import numpy as np
 
 from gpu_kernels import cuda_support
-from gpu_kernels.atree.cpu import (BETWEEN_KEYS, EQ_KEYS, GE_KEYS, GT_KEYS, IN_KEYS, LE_KEYS, LT_KEYS, N_CLASSES,
-                                   _first_above, _first_not_below)
+from gpu_kernels.atree.cpu import BETWEEN_KEYS, N_CLASSES, _first_above, _first_not_below, make_key_run
 from gpu_kernels.opcodes import AND, FALSE, NULL, OR, TRUE, XOR
 
 cuda = None   # numba.cuda once a CUDA twin is built (a module global: see cuda_support)
@@ -151,6 +150,7 @@ def build_kernels():
 
     first_not_below = cuda.jit(device=True)(_first_not_below.py_func)
     first_above = cuda.jit(device=True)(_first_above.py_func)
+    key_run = cuda.jit(device=True)(make_key_run(first_not_below, first_above))
 
     def keyed(e, x, sx, g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, val, queued, bits, alive,
               par_off, par_idx, needs3, sub_off, sub_pos):
@@ -164,25 +164,7 @@ def build_kernels():
         k1 = key_off[g + 1]
         if k0 == k1:
             return
-        if c == EQ_KEYS or c == IN_KEYS:             # v == lo: the run of equal keys
-            a = first_not_below(key, k0, k1, v)
-            # (keys are never NaN: key[k] == v exactly from a to the first key above v)
-            b = first_above(key, a, k1, v)
-        elif c == LT_KEYS:                           # v < lo: the keys above v
-            a = first_above(key, k0, k1, v)
-            b = k1
-        elif c == LE_KEYS:                           # v <= lo: the keys not below v
-            a = first_not_below(key, k0, k1, v)
-            b = k1
-        elif c == GT_KEYS:                           # v > lo: the keys below v
-            a = k0
-            b = first_not_below(key, k0, k1, v)
-        elif c == GE_KEYS:                           # v >= lo: the keys not above v
-            a = k0
-            b = first_above(key, k0, k1, v)
-        else:                                        # lo <= v <= hi: the lows not above v, then each high
-            b = first_above(key, k0, k1, v)
-            a = first_not_below(key_reach, k0, b, v)     # every high before a is below v
+        a, b = key_run(c, k0, k1, key, key_reach, v)     # the cpu kernel's very run (make_key_run)
         for k in range(a + x, b, sx):
             if c == BETWEEN_KEYS and not v <= key_hi[k]:
                 continue
