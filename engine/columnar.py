@@ -47,7 +47,9 @@ OP_NAMES = {"=": Op.EQ, "==": Op.EQ, "!=": Op.NE, "<>": Op.NE, "<": Op.LT, "<=":
             ">=": Op.GE, "in": Op.IN, "not in": Op.NOT_IN, "between": Op.BETWEEN,
             "not between": Op.NOT_BETWEEN, "like": Op.LIKE, "not like": Op.NOT_LIKE,
             "matches": Op.MATCHES, "not matches": Op.NOT_MATCHES, "is null": Op.IS_NULL,
-            "is not null": Op.IS_NOT_NULL}
+            "is not null": Op.IS_NOT_NULL, "one of": Op.ONE_OF, "none of": Op.NONE_OF, "all of": Op.ALL_OF,
+            "not all of": Op.NOT_ALL_OF, "contains": Op.CONTAINS, "not contains": Op.NOT_CONTAINS,
+            "is empty": Op.IS_EMPTY, "is not empty": Op.IS_NOT_EMPTY}
 COLUMNS = ("sub_id", "attr", "op", "value", "value_hi", "values", "str_value", "str_value_hi", "str_values",
            "bool_value", "bool_values")
 
@@ -169,7 +171,15 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     is_range = np.isin(op, (opcodes.BETWEEN, opcodes.NOT_BETWEEN))
     is_pattern = np.isin(op, (opcodes.LIKE, opcodes.NOT_LIKE, opcodes.MATCHES, opcodes.NOT_MATCHES))
     is_null_test = np.isin(op, (opcodes.IS_NULL, opcodes.IS_NOT_NULL))
-    is_scalar = ~(is_set | is_range | is_pattern | is_null_test)
+    # list attributes: ONE/NONE/ALL OF take a list operand as IN does, CONTAINS
+    # (`value IN attr`) one value, IS [NOT] EMPTY none
+    is_list_set = np.isin(op, (opcodes.ONE_OF, opcodes.NONE_OF, opcodes.ALL_OF, opcodes.NOT_ALL_OF))
+    is_contains = np.isin(op, (opcodes.CONTAINS, opcodes.NOT_CONTAINS))
+    is_empty_test = np.isin(op, (opcodes.IS_EMPTY, opcodes.IS_NOT_EMPTY))
+    is_list_row = is_list_set | is_contains
+    is_scalar = ~(is_set | is_list_set | is_range | is_pattern | is_null_test | is_empty_test)
+    in_set = is_set      # IN rows only, for the checks below
+    is_set = is_set | is_list_set
 
     num_family = _scalar_family(rows.column("value")) or _scalar_family(rows.column("values"))
     for name in ("value", "value_hi", "values"):
@@ -202,13 +212,17 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     rows.fail(is_set & ~(has_nums | has_strs | has_bools), "IN needs a values, str_values or bool_values list")
     rows.fail(is_set & (has_nums.astype(int) + has_strs + has_bools > 1),
               "more than one of values, str_values and bool_values is set")
+    rows.fail(is_list_row & ((is_list_set & has_bools) | (is_contains & has_bool)),
+              "list attributes hold numbers or strings, not booleans")
 
     # the family each row fixes for its attribute: 0 value's, 1 string, 2 boolean, -1 none
     string_row = (has_str & ~is_set) | (is_set & has_strs) | is_pattern
     bool_row = ~is_pattern & ((has_bool & ~is_set) | (is_set & has_bools))
-    numeric_row = ~string_row & ~bool_row & ~is_null_test
+    numeric_row = ~string_row & ~bool_row & ~is_null_test & ~is_empty_test
     row_family = np.where(string_row, 1, np.where(bool_row, 2, np.where(numeric_row, 0, -1)))
-    family_of = {0: num_family or Family.NUMERIC, 1: Family.STRING, 2: Family.BOOLEAN}
+    row_family = np.where(is_list_row, row_family + 3, row_family)     # 3, 4: lists of numbers, of strings
+    family_of = {0: num_family or Family.NUMERIC, 1: Family.STRING, 2: Family.BOOLEAN,
+                 3: Family.NUMERIC_LIST, 4: Family.STRING_LIST}
     fixed: dict[str, Family] = {}
     n_attrs = len(rows.attr_names)
     # family code -> per attribute, whether a row uses it with that family
@@ -228,6 +242,10 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
                 fixed[name] = family
         elif name not in schema.attr_ids:
             fixed[name] = None
+        family = fixed.get(name) or known
+        rows.fail((rows.attr_index == a) & is_empty_test & (family not in (Family.NUMERIC_LIST, Family.STRING_LIST)),
+                  f"IS [NOT] EMPTY needs {name!r} to be a list attribute (it is {family.value if family else 'untyped'};"
+                  f" declare it list<numeric> or list<string>, or test it with ONE OF, NONE OF, ALL OF or IN)")
 
     lo = _numbers(rows, "value", has_num & ~is_set)
     hi = _numbers(rows, "value_hi", is_range & has_num_hi)
@@ -235,7 +253,7 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     if scalar_bool.any():   # booleans are keyed 0.0 / 1.0, as the text route keys them
         lo[scalar_bool] = pc.fill_null(rows.column("bool_value"), False).to_numpy(zero_copy_only=False)[scalar_bool]
     in_lists = _list_column(rows, is_set & has_nums, "values")
-    bool_lists = _list_column(rows, is_set & has_bools, "bool_values")
+    bool_lists = _list_column(rows, in_set & has_bools, "bool_values")
     str_in_lists = _list_column(rows, is_set & has_strs, "str_values")
 
     order = np.argsort(rows.sub_id, kind="stable")
@@ -268,9 +286,11 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
                 reason = _bad_regex(text)
                 rows.fail(np.arange(rows.n) == (row if reason else -1), f"invalid RE2 pattern {text!r}: {reason}")
             aux[row] = schema.pattern_id(str(kind), text)
-    for parents, keys in (in_lists, bool_lists, _string_keys(schema, str_in_lists)):
+    contains_rows = np.flatnonzero(is_contains)      # `value IN attr`: the list of its one value
+    for parents, keys in (in_lists, bool_lists, _string_keys(schema, str_in_lists), (contains_rows, lo[contains_rows])):
         set_rows, set_ids = _register_sets(schema, parents, keys)
         aux[set_rows] = set_ids
+    lo[contains_rows] = 0.0
 
     # ---- distinct predicates and one AND program per subscription
     first, inverse = distinct_rows((attr, op, lo, hi, aux))
@@ -349,16 +369,28 @@ def _register_sets(schema: Schema, parents: np.ndarray, keys: np.ndarray):
     return parents[row_starts], ids[inverse]
 
 
+_INSERTION_SORT_MAX = 32
+
+
 @njit(cache=True, nogil=True)
 def _sort_unique_rows(offsets, keys):
-    """Sort each CSR row's keys and drop repeats (rows are short IN lists:
-    insertion sort beats a global sort)."""
+    """Sort each CSR row's keys and drop repeats (most rows are short IN
+    lists: insertion sort beats a global sort; a long one -- quadratic by
+    insertion, 10 s for a few thousand lists of thousands -- is sorted whole)."""
     out = np.empty_like(keys)
     new_offsets = np.empty_like(offsets)
     new_offsets[0] = 0
     at = 0
     for r in range(len(offsets) - 1):
         start = at
+        if offsets[r + 1] - offsets[r] > _INSERTION_SORT_MAX:
+            ordered = np.sort(keys[offsets[r]:offsets[r + 1]])
+            for k in range(len(ordered)):
+                if k == 0 or ordered[k] != ordered[k - 1]:
+                    out[at] = ordered[k]
+                    at += 1
+            new_offsets[r + 1] = at
+            continue
         for k in range(offsets[r], offsets[r + 1]):
             value = keys[k]
             j = at

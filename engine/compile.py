@@ -30,7 +30,7 @@ import numba
 from numba import njit, prange
 
 from engine.errors import SchemaError
-from engine.expr import And, Family, Node, Op, Or, Pred, Xnor, Xor, predicates, to_nnf
+from engine.expr import ELEMENT_OF, And, Family, Node, Op, Or, Pred, Xnor, Xor, predicates, to_nnf
 from engine.schema import Schema
 from gpu_kernels import opcodes
 
@@ -41,10 +41,17 @@ OPCODE = {
     Op.LIKE: opcodes.LIKE, Op.NOT_LIKE: opcodes.NOT_LIKE,
     Op.MATCHES: opcodes.MATCHES, Op.NOT_MATCHES: opcodes.NOT_MATCHES,
     Op.IS_NULL: opcodes.IS_NULL, Op.IS_NOT_NULL: opcodes.IS_NOT_NULL,
+    Op.ONE_OF: opcodes.ONE_OF, Op.NONE_OF: opcodes.NONE_OF, Op.ALL_OF: opcodes.ALL_OF,
+    Op.NOT_ALL_OF: opcodes.NOT_ALL_OF, Op.CONTAINS: opcodes.CONTAINS, Op.NOT_CONTAINS: opcodes.NOT_CONTAINS,
+    Op.IS_EMPTY: opcodes.IS_EMPTY, Op.IS_NOT_EMPTY: opcodes.IS_NOT_EMPTY,
 }
 OP_OF_CODE = {code: op for op, code in OPCODE.items()}
 SET_CODES = (opcodes.IN, opcodes.NOT_IN)
 PATTERN_CODES = (opcodes.LIKE, opcodes.NOT_LIKE, opcodes.MATCHES, opcodes.NOT_MATCHES)
+#: list operators whose truth comes from an operand list (aux = its set id;
+#: CONTAINS: the list of its one value)
+LIST_SET_CODES = (opcodes.ONE_OF, opcodes.NONE_OF, opcodes.ALL_OF, opcodes.NOT_ALL_OF, opcodes.CONTAINS,
+                  opcodes.NOT_CONTAINS)
 
 
 def _empty(dtype):
@@ -89,6 +96,27 @@ class PredicateTable:
             self._pattern_pairs = np.unique(np.stack([self.attr[rows].astype(np.int64), self.aux[rows]], axis=1),
                                             axis=0)
         return self._pattern_pairs
+
+    def list_pairs(self) -> np.ndarray:
+        """Distinct (attribute id, list key) pairs of the list predicates
+        with an operand list: what a batch's list_truth must cover (the key
+        as :func:`gpu_kernels.predicates.list_key_py` makes it)."""
+        if getattr(self, "_list_pairs", None) is None:
+            rows = np.isin(self.op, LIST_SET_CODES)
+            is_all = np.isin(self.op[rows], (opcodes.ALL_OF, opcodes.NOT_ALL_OF))
+            self._list_pairs = np.unique(np.stack([self.attr[rows].astype(np.int64),
+                                                   self.aux[rows] * 2 + is_all], axis=1), axis=0)
+        return self._list_pairs
+
+    def list_index(self, schema):
+        """The inverted index of this table's operand lists
+        (:class:`engine.events.ListIndex`), built on first use: operand
+        lists never change once registered, and ``schema`` (or any later
+        view of it) holds them all."""
+        if getattr(self, "_list_index", None) is None:
+            from engine.events import list_index
+            self._list_index = list_index(schema, self.list_pairs())
+        return self._list_index
 
     @property
     def nbytes(self) -> int:
@@ -379,6 +407,7 @@ def predicate_ast(table: PredicateTable, pred_id: int, schema: Schema) -> Pred:
     """The AST of one distinct predicate (the inverse of :func:`predicate_key`)."""
     attr = schema.attr_names[table.attr[pred_id]]
     family = schema.families[attr]
+    family = ELEMENT_OF.get(family, family)      # a list's operands are of its elements' family
     op = OP_OF_CODE[int(table.op[pred_id])]
 
     def literal(key):
@@ -389,11 +418,11 @@ def predicate_ast(table: PredicateTable, pred_id: int, schema: Schema) -> Pred:
         return int(key) if float(key).is_integer() and abs(key) <= 2 ** 53 else float(key)
 
     code = int(table.op[pred_id])
-    if code in SET_CODES:
+    if code in SET_CODES or code in LIST_SET_CODES:
         values = tuple(literal(k) for k in schema.set_keys(int(table.aux[pred_id])))
     elif code in PATTERN_CODES:
         values = (schema.patterns[int(table.aux[pred_id])][1],)
-    elif code in (opcodes.IS_NULL, opcodes.IS_NOT_NULL):
+    elif code in (opcodes.IS_NULL, opcodes.IS_NOT_NULL, opcodes.IS_EMPTY, opcodes.IS_NOT_EMPTY):
         values = ()
     elif code in (opcodes.BETWEEN, opcodes.NOT_BETWEEN):
         values = (literal(table.lo_key[pred_id]), literal(table.hi_key[pred_id]))
@@ -403,6 +432,7 @@ def predicate_ast(table: PredicateTable, pred_id: int, schema: Schema) -> Pred:
 
 
 _ONE_OPERAND = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})
+_LIST_SET_OPS = frozenset(OP_OF_CODE[code] for code in LIST_SET_CODES)
 
 
 def predicate_key(pred: Pred, schema: Schema) -> tuple:
@@ -414,10 +444,16 @@ def predicate_key(pred: Pred, schema: Schema) -> tuple:
         return (attr, OPCODE[op], float(schema.string_ids[value]) if isinstance(value, str) else float(value),
                 0.0, -1)
     family = schema.families[pred.attr]
+    family = ELEMENT_OF.get(family, family)
 
     def key(value):
         return float(schema.string_id(value)) if family is Family.STRING else float(value)
 
+    if op in _LIST_SET_OPS:
+        keys = tuple(sorted({key(v) for v in pred.values}))
+        return attr, OPCODE[op], 0.0, 0.0, schema.set_id(keys)
+    if op in (Op.IS_EMPTY, Op.IS_NOT_EMPTY):
+        return attr, OPCODE[op], 0.0, 0.0, -1
     if op in (Op.IN, Op.NOT_IN):
         keys = tuple(sorted({key(v) for v in pred.values}))
         return attr, OPCODE[op], 0.0, 0.0, schema.set_id(keys)

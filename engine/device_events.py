@@ -202,6 +202,9 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
             n_strings += len(strings)
         elif family is Family.STRING:
             raise SchemaError(f"column {name!r}: strings arrive on the device as (codes, dictionary)")
+        elif family in (Family.NUMERIC_LIST, Family.STRING_LIST):
+            raise SchemaError(f"column {name!r}: {name!r} is a list attribute ({family.value}), which device "
+                              f"columns cannot carry; pass its events as an Arrow table or dicts")
         elif family is Family.BOOLEAN:
             if kind != "b":
                 raise SchemaError(f"column {name!r}: attribute {name!r} is boolean, the column is {data.dtype}")

@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import numpy as np
@@ -66,7 +66,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.errors import BadEventError
-from engine.expr import Family
+from engine.expr import ELEMENT_OF, Family
 from engine.schema import MAX_EXACT_INT, Schema
 
 
@@ -82,6 +82,17 @@ class EventBatch:
     #: errors="report": one BadEventError per refused event (encoded with no
     #: attributes), ascending by event; () otherwise
     rejected: tuple = ()
+    #: the list predicates' truth per event list (`list_truth`): int64,
+    #: packed CSR -- entries ``[0, n_rows]`` are offsets into this same
+    #: array, then each row's TRUE keys ascending.  A list attribute's entry
+    #: has ``token`` = its row and ``value`` = its distinct non-null elements.
+    list_truth: np.ndarray = field(default_factory=lambda: np.ones(1, np.int64))
+    #: the event lists (rows), CSR: each row's element keys ascending and
+    #: distinct (numbers as themselves, strings as the schema's stable string
+    #: id; a string no predicate mentions has no key), and each row's attribute
+    list_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    list_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    list_attr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
     @property
     def n_events(self) -> int:
@@ -169,6 +180,10 @@ def _shown(value) -> str:
 def _why_refused(value, family: Family) -> str:
     """Why a value of a kind the family takes is refused all the same ('' for
     a value of another kind: its type says it)."""
+    if family in ELEMENT_OF:
+        if isinstance(value, _LIST_TYPES) or isinstance(value, np.ndarray):
+            return f": a list of {ELEMENT_OF[family].value} values (or None) is expected"
+        return ": a list attribute takes a list (or tuple, set, array) of values"
     if family is Family.STRING and isinstance(value, str):
         return ": a lone surrogate is not valid Unicode"
     if family is not Family.NUMERIC or isinstance(value, (bool, np.bool_)):
@@ -208,11 +223,126 @@ def _event_attr_order(event_idx: np.ndarray, attr: np.ndarray) -> np.ndarray:
     return np.argsort(event_idx.astype(np.int64) * width + attr, kind="stable")
 
 
+_LIST_TYPES = (list, tuple, set, frozenset)
+
+
+def list_elements(raw, family: Family) -> list | None:
+    """The elements of one event list under the dict rule (None elements
+    dropped), or None when the value is not a list of the family's
+    elements: a list, tuple, set or 1-D array of numbers (not booleans) or
+    of valid strings."""
+    if isinstance(raw, np.ndarray) and raw.ndim == 1:
+        raw = raw.tolist()
+    if not isinstance(raw, _LIST_TYPES):
+        return None
+    element_family = ELEMENT_OF[family]
+    elements = []
+    for item in raw:
+        if item is None or (isinstance(item, float) and item != item and element_family is Family.STRING):
+            continue
+        code = _code(item, element_family)
+        if code is None:
+            return None
+        elements.append(item if element_family is Family.STRING else code)
+    return elements
+
+
+class _ListCells:
+    """The list values of a batch being encoded: each one's entry position
+    among the batch's entries and its elements, numbers and strings apart
+    (``parent``: the list each element belongs to, in order of addition)."""
+
+    def __init__(self):
+        self.positions: list = []
+        self.numbers: list = []     # (parent, float64 values)
+        self.strings: list = []     # (parent, large_string array)
+        self.n = 0
+
+    def add(self, positions, parents, elements, element_family: Family) -> None:
+        """Lists at entry ``positions``; ``elements`` (float64 array or
+        Arrow string array, no nulls) of list ``parents[k]`` (0-based among
+        these)."""
+        positions = np.asarray(positions, np.int64)
+        parents = np.asarray(parents, np.int64) + self.n
+        if element_family is Family.STRING:
+            self.strings.append((parents, pc.cast(elements, pa.large_string())))
+        else:
+            self.numbers.append((parents, np.asarray(elements, np.float64)))
+        self.positions.append(positions)
+        self.n += len(positions)
+
+    def add_arrow(self, positions, lists, element_family: Family) -> None:
+        """Lists at entry ``positions`` from an Arrow list array (no null
+        lists) whose elements passed the family's checks; null elements are
+        dropped."""
+        parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+        flat = pc.list_flatten(lists)
+        if pa.types.is_dictionary(flat.type):
+            flat = flat.dictionary_decode()
+        if flat.null_count:
+            valid = flat.is_valid()
+            parents, flat = parents[valid.to_numpy(zero_copy_only=False)], flat.filter(valid)
+        if element_family is not Family.STRING:
+            flat = decimal_codes(flat) if pa.types.is_decimal(flat.type) else \
+                pc.cast(flat, pa.float64()).to_numpy(zero_copy_only=False)
+        self.add(positions, parents, flat, element_family)
+
+    def rows(self, schema: Schema, keep: np.ndarray | None):
+        """(entry positions, distinct element counts, list offsets, keys):
+        the lists of the entries ``keep`` keeps (all when None), renumbered
+        in order, positions among the kept entries."""
+        positions = np.concatenate(self.positions) if self.positions else np.zeros(0, np.int64)
+        cell_keep = np.ones(self.n, bool) if keep is None else keep[positions]
+        new_cell = np.cumsum(cell_keep) - 1
+        if keep is not None:
+            positions = (np.cumsum(keep) - 1)[positions[cell_keep]]
+        n_rows = len(positions)
+        counts = np.zeros(n_rows, np.int64)
+        parents, keys = [], []
+        if self.numbers:
+            parent = np.concatenate([p for p, _ in self.numbers])
+            key = np.concatenate([v for _, v in self.numbers])
+            kept = cell_keep[parent]
+            parent, key = _distinct_pairs(new_cell[parent[kept]], key[kept])
+            counts += np.bincount(parent, minlength=n_rows)
+            parents.append(parent)
+            keys.append(key)
+        if self.strings:
+            parent = np.concatenate([p for p, _ in self.strings])
+            strings = pa.chunked_array([a for _, a in self.strings], pa.large_string()).combine_chunks()
+            kept = cell_keep[parent]
+            encoded = pc.dictionary_encode(strings.filter(pa.array(kept)))
+            token = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            parent, token = _distinct_pairs(new_cell[parent[kept]], token)
+            counts += np.bincount(parent, minlength=n_rows)      # every distinct string counts
+            ids = np.array([schema.string_id_of(v) for v in encoded.dictionary.to_pylist()] or [-1], np.int64)
+            known = ids[token] >= 0                 # a string no predicate mentions has no key
+            parents.append(parent[known])
+            keys.append(ids[token[known]].astype(np.float64))
+        parent = np.concatenate(parents) if parents else np.zeros(0, np.int64)
+        key = np.concatenate(keys) if keys else np.zeros(0, np.float64)
+        order = np.lexsort((key, parent))       # (a list is of one family: its keys are all of one part)
+        parent, key = parent[order], key[order]
+        offsets = np.concatenate(([0], np.cumsum(np.bincount(parent, minlength=n_rows)))).astype(np.int64)
+        return positions, counts.astype(np.float64), offsets, key
+
+
+def _distinct_pairs(parent: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (parent, key) pairs, ordered by both."""
+    order = np.lexsort((key, parent))
+    parent, key = parent[order], key[order]
+    first = np.ones(len(key), bool)
+    first[1:] = (parent[1:] != parent[:-1]) | (key[1:] != key[:-1])
+    return parent[first], key[first]
+
+
 def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_positions, strings: pa.Array,
-              check_repeats: bool = False, refusals: _Refusals | None = None) -> EventBatch:
+              check_repeats: bool = False, refusals: _Refusals | None = None,
+              lists: _ListCells | None = None) -> EventBatch:
     """The batch of entries given in any order; ``strings`` (large_string)
-    holds the values of the entries at ``string_positions``.  The entries
-    of the events ``refusals`` rejected are left out."""
+    holds the values of the entries at ``string_positions``, ``lists`` the
+    list values.  The entries of the events ``refusals`` rejected are left
+    out."""
     event_idx = np.asarray(event_idx, dtype=np.int64)
     attr = np.asarray(attr, dtype=np.int32)
     value = np.asarray(value, dtype=np.float64)
@@ -221,6 +351,7 @@ def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_posi
     if check_repeats and len(attr) > 1:
         order = _event_attr_order(event_idx, attr)
         _refuse_repeats(schema, event_idx[order], attr[order], refusals or _Refusals("raise"))
+    keep = None
     if refusals is not None and refusals.found:
         keep = ~np.isin(event_idx, np.array(refusals.events(), np.int64))
         if not keep.all():
@@ -237,12 +368,19 @@ def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_posi
         tokens = encoded.indices.to_numpy()
         value[string_positions] = schema.encode_strings(distinct)[tokens]
         token[string_positions] = tokens
+    list_fields = {}
+    if lists is not None and lists.n:
+        # a list entry: value = its distinct elements, token = its row
+        positions, counts, list_offsets, list_keys = lists.rows(schema, None if keep is None or keep.all() else keep)
+        value[positions] = counts
+        token[positions] = np.arange(len(positions), dtype=np.int32)
+        list_fields = dict(list_offsets=list_offsets, list_keys=list_keys, list_attr=attr[positions].copy())
     if order is None:
         order = _event_attr_order(event_idx, attr)
     counts = np.bincount(event_idx, minlength=n_events) if len(event_idx) else np.zeros(n_events, np.int64)
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     rejected = refusals.rejected() if refusals is not None else ()
-    return EventBatch(offsets, attr[order], value[order], token[order], distinct, rejected)
+    return EventBatch(offsets, attr[order], value[order], token[order], distinct, rejected, **list_fields)
 
 
 def _refuse_repeats(schema: Schema, e: np.ndarray, a: np.ndarray, refusals: _Refusals) -> None:
@@ -283,6 +421,7 @@ def from_dicts(events, schema: Schema, errors: str = "raise") -> EventBatch:
     attr_ids, families = schema.attr_ids, schema.families
     refusals = _Refusals(errors)
     event_idx, attrs, values, string_positions, strings = [], [], [], [], []
+    list_at, list_parents, list_items = {}, {}, {}      # per element family
     for i, event in enumerate(events):
         if not isinstance(event, Mapping):
             error = NotAnEventError(i, None, event, f"not a mapping of attribute to value "
@@ -296,6 +435,22 @@ def from_dicts(events, schema: Schema, errors: str = "raise") -> EventBatch:
             if attr is None or raw is None:
                 continue
             family = families[name]
+            if family in ELEMENT_OF:
+                elements = list_elements(raw, family)
+                if elements is None:
+                    refusals.value(i, name, family, raw)
+                    if errors == "report":
+                        break
+                    continue
+                element_family = ELEMENT_OF[family]
+                at = list_at.setdefault(element_family, [])
+                list_parents.setdefault(element_family, []).extend([len(at)] * len(elements))
+                list_items.setdefault(element_family, []).extend(elements)
+                at.append(len(values))
+                event_idx.append(i)
+                attrs.append(attr)
+                values.append(0.0)
+                continue
             code = _code(raw, family)
             if code is None:
                 refusals.value(i, name, family, raw)
@@ -308,8 +463,14 @@ def from_dicts(events, schema: Schema, errors: str = "raise") -> EventBatch:
             event_idx.append(i)
             attrs.append(attr)
             values.append(code)
+    lists = _ListCells()
+    for element_family, at in list_at.items():
+        items = list_items[element_family]
+        lists.add(at, list_parents[element_family],
+                  pa.array(items, pa.large_string()) if element_family is Family.STRING else np.array(items, np.float64),
+                  element_family)
     return _assemble(schema, len(events), event_idx, attrs, values, np.array(string_positions, np.int64),
-                     pa.array(strings, pa.large_string()), refusals=refusals)
+                     pa.array(strings, pa.large_string()), refusals=refusals, lists=lists)
 
 
 def _code(raw, family: Family | None) -> float | None:
@@ -398,8 +559,17 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
     size = 0
     names = []
     has_map = False
+    lists = _ListCells()
     for rank, (name, column) in enumerate(columns):
         names.append(name)
+        if pa.types.is_map(column.type) and _is_list_type(column.type.item_type):
+            rows, attr = _map_list_cells(column, schema, refusals, rank, lists, size)
+            event_idx.append(rows)
+            attrs.append(attr)
+            values.append(np.zeros(len(rows)))
+            size += len(rows)
+            has_map = True
+            continue
         if pa.types.is_map(column.type):
             rows, attr, codes, string_at, strings = _map_cells(column, schema, refusals, rank)
             event_idx.append(rows)
@@ -416,6 +586,13 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
         if column.null_count == len(column):
             continue                    # absent from every event (wide, sparse tables: most columns)
         family = schema.families[name]
+        if family in ELEMENT_OF or _is_list_type(column.type):
+            rows = _list_column(column, name, family, refusals, rank, lists, size)
+            event_idx.append(rows)
+            attrs.append(np.full(len(rows), attr, np.int32))
+            values.append(np.zeros(len(rows)))
+            size += len(rows)
+            continue
         if family is Family.NUMERIC and _plain_number_type(column.type):
             rows, codes = _numbers_of(column)      # straight from the Arrow buffers
         else:
@@ -453,7 +630,112 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
     positions = np.concatenate(string_positions) if string_positions else np.zeros(0, np.int64)
     return _assemble(schema, n_events, np.concatenate(event_idx), np.concatenate(attrs), np.concatenate(values),
                      positions, _one_string_array(string_parts),
-                     check_repeats=has_map or len(set(names)) < len(names), refusals=refusals)
+                     check_repeats=has_map or len(set(names)) < len(names), refusals=refusals, lists=lists)
+
+
+def _is_list_type(dtype: pa.DataType) -> bool:
+    return pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype) \
+        or pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype)
+
+
+#: the element "family" of ``list<null>``: lists with no element but nulls, which fit any list attribute
+_NULL_ELEMENTS = object()
+
+
+def _list_element_family(dtype: pa.DataType) -> Family | None:
+    """The element family of an Arrow list type (None for another type);
+    a list of nulls only (``list<null>``: empty lists) fits any list family."""
+    if not _is_list_type(dtype):
+        return None
+    value_type = dtype.value_type
+    if pa.types.is_null(value_type):
+        return _NULL_ELEMENTS
+    family = _arrow_family(value_type)
+    return family if family in (Family.NUMERIC, Family.STRING) else None
+
+
+def _list_column(column, name: str, family: Family | None, refusals: _Refusals, rank: int, lists: _ListCells,
+                 size: int) -> np.ndarray:
+    """The valid cells of an Arrow list column of list attribute ``name``
+    added to ``lists`` (entries at ``size`` on); returns their rows.  A
+    column of another type, or a cell with a number float64 cannot hold,
+    is refused cell by cell as any wrong value is."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_list_view(column.type) or pa.types.is_large_list_view(column.type):
+        column = column.cast(pa.large_list(column.type.value_type))
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(valid)
+    element = _list_element_family(column.type)
+    if family is None or family not in ELEMENT_OF:
+        if family is None:           # only IS [NOT] NULL reads it: presence is all
+            return rows
+        _refuse_cells(refusals, rows, name, family, column, rank)
+        return np.zeros(0, np.int64)
+    if element is None or (element is not _NULL_ELEMENTS and element is not ELEMENT_OF[family]):
+        _refuse_cells(refusals, rows, name, family, column, rank)
+        return np.zeros(0, np.int64)
+    cells = column.filter(pa.array(valid))
+    if element is _NULL_ELEMENTS:
+        lists.add(size + np.arange(len(rows)), np.zeros(0, np.int64), np.zeros(0), Family.NUMERIC)
+        return rows
+    if element is Family.NUMERIC:
+        flat = pc.list_flatten(cells)
+        parents = pc.list_parent_indices(cells).to_numpy(zero_copy_only=False)
+        if pa.types.is_dictionary(flat.type):
+            flat = flat.dictionary_decode()
+        numbers = decimal_codes(flat) if pa.types.is_decimal(flat.type) else \
+            pc.cast(flat, pa.float64()).to_numpy(zero_copy_only=False) if not pa.types.is_integer(flat.type) else \
+            pc.fill_null(flat, 0).to_numpy(zero_copy_only=False)
+        bad = _bad_numbers(numbers) & flat.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_decimal(flat.type):
+            bad = np.isnan(numbers) & flat.is_valid().to_numpy(zero_copy_only=False)
+        if bad.any():
+            bad_cells = np.unique(parents[bad])
+            _refuse_cells(refusals, rows[bad_cells], name, family, column, rank)
+            keep = np.ones(len(rows), bool)
+            keep[bad_cells] = False
+            rows, cells = rows[keep], cells.filter(pa.array(keep))
+    lists.add_arrow(size + np.arange(len(rows)), cells, ELEMENT_OF[family])
+    return rows
+
+
+def _map_list_cells(column, schema: Schema, refusals: _Refusals, rank: int, lists: _ListCells, size: int):
+    """The cells of a ``map<string, list<V>>`` column (attribute name ->
+    event list), added to ``lists``: (event rows, attribute ids).  A key
+    naming an attribute that is not a list of V's family is a wrong value."""
+    element = _list_element_family(column.type.item_type)
+    names, families = schema.attribute_arrays()
+    rows, attr, entry, items = map_entries(column, names)
+    cells = items.take(pa.array(entry, pa.int64()))
+    fits = np.array([families[a] is None or (families[a] in ELEMENT_OF and element in (_NULL_ELEMENTS,
+                                                                                       ELEMENT_OF[families[a]]))
+                     for a in attr.tolist()], bool)
+    problem = ~fits
+    if element is Family.NUMERIC and len(cells):
+        flat = pc.list_flatten(cells)
+        parents = pc.list_parent_indices(cells).to_numpy(zero_copy_only=False)
+        numbers = decimal_codes(flat) if pa.types.is_decimal(flat.type) else \
+            pc.cast(flat, pa.float64()).to_numpy(zero_copy_only=False) if not pa.types.is_integer(flat.type) else \
+            pc.fill_null(flat, 0).to_numpy(zero_copy_only=False)
+        bad = (np.isnan(numbers) if pa.types.is_decimal(flat.type) else _bad_numbers(numbers)) \
+            & flat.is_valid().to_numpy(zero_copy_only=False)
+        problem[np.unique(parents[bad])] = True
+    for k in np.flatnonzero(problem).tolist():
+        if int(rows[k]) in set(refusals.wanted(rows[k:k + 1], rank)):
+            name = schema.attr_names[int(attr[k])]
+            refusals.value(int(rows[k]), name, schema.families[name], cells[k].as_py(), rank)
+    ok = ~problem
+    rows, attr, cells = rows[ok], attr[ok], cells.filter(pa.array(ok))
+    listed = np.array([families[a] is not None for a in attr.tolist()], bool)
+    at = np.flatnonzero(listed)
+    if len(at):
+        element_family = ELEMENT_OF[families[attr[at[0]]]] if element is _NULL_ELEMENTS else element
+        if element is _NULL_ELEMENTS:
+            lists.add(size + at, np.zeros(0, np.int64), np.zeros(0), Family.NUMERIC)
+        else:
+            lists.add_arrow(size + at, cells.take(pa.array(at, pa.int64())), element_family)
+    return rows, attr.astype(np.int32)
 
 
 #: what pandas' ``infer_dtype`` calls an object column of one kind of value,
@@ -480,7 +762,9 @@ def from_pandas(frame, schema: Schema, errors: str = "raise") -> EventBatch:
         if name not in schema.attr_ids:
             continue
         array = None
-        if series.dtype != object or infer_dtype(series, skipna=True) in _ONE_KIND:
+        if schema.families[name] in ELEMENT_OF:
+            pass            # lists: read by the dict rule below (pyarrow would guess element types)
+        elif series.dtype != object or infer_dtype(series, skipna=True) in _ONE_KIND:
             try:
                 array = pa.array(series, from_pandas=True)
             except (pa.ArrowException, UnicodeEncodeError, OverflowError, TypeError, ValueError):
@@ -496,6 +780,16 @@ def _by_dict_rule(series, name: str, family: Family | None, refusals: _Refusals,
     Arrow column that :func:`_from_columns` takes as it is: strings, booleans,
     or float64 codes; null where absent or wrong (refused: ``refusals``)."""
     raw = series.to_numpy(dtype=object)
+    if family in ELEMENT_OF:
+        cells = []
+        for row, value in enumerate(raw.tolist()):
+            elements = None if value is None or (isinstance(value, float) and value != value) else \
+                list_elements(value, family)
+            if elements is None and not (value is None or (isinstance(value, float) and value != value)):
+                refusals.value(row, name, family, value, rank)
+            cells.append(elements)
+        element = pa.large_string() if ELEMENT_OF[family] is Family.STRING else pa.float64()
+        return pa.array(cells, pa.large_list(element))
     present = ~series.isna().to_numpy(dtype=bool)
     codes = np.zeros(len(raw))
     for row in np.flatnonzero(present).tolist():
@@ -513,7 +807,8 @@ def _by_dict_rule(series, name: str, family: Family | None, refusals: _Refusals,
 
 
 #: Family -> small int, for vectorised family checks of map entries
-_FAMILY_CODE = {None: 0, Family.NUMERIC: 1, Family.STRING: 2, Family.BOOLEAN: 3}
+_FAMILY_CODE = {None: 0, Family.NUMERIC: 1, Family.STRING: 2, Family.BOOLEAN: 3, Family.NUMERIC_LIST: 4,
+                Family.STRING_LIST: 5}
 
 
 _last_codes: list = [None, None]     # (families array, its codes): the schema caches the array until it changes
@@ -571,7 +866,7 @@ def _map_cells(column, schema: Schema, refusals: _Refusals, rank: int):
     entries, whatever the number of distinct keys."""
     value_family = _arrow_family(column.type.item_type)
     if value_family is None:
-        raise TypeError(f"a map column of events must have numeric, string or boolean values, not "
+        raise TypeError(f"a map column of events must have numeric, string, boolean or list values, not "
                         f"{column.type.item_type}")
     names, families = schema.attribute_arrays()
     rows, attr, entry, items = map_entries(column, names)
@@ -727,3 +1022,94 @@ def pattern_truth(batch: EventBatch, schema: Schema, pattern_pairs) -> np.ndarra
                 hits = np.fromiter(map(schema.pattern_matcher(pattern), texts), dtype=bool, count=len(texts))
             truth[tokens, pattern] = hits
     return truth
+
+
+@dataclass(frozen=True)
+class ListIndex:
+    """The inverted index of the operand lists that list predicates use,
+    per attribute: the lists' element keys sorted, each with its list, and
+    the list keys wanted (``2s``: some element of the event list is in
+    list s; ``2s + 1``: all of list s is).  Built once per predicate table
+    (:meth:`engine.compile.PredicateTable.list_index`): operand lists never
+    change once registered."""
+
+    attrs: tuple          # attribute ids
+    keys: tuple           # per attribute: float64 element keys, ascending
+    owner: tuple          # per attribute: int64 the operand list of each key
+    lengths: tuple        # per attribute: int64 list id -> its length (0 where unused)
+    wanted: tuple         # per attribute: int64 list keys in use, ascending
+
+
+def list_index(schema: Schema, list_pairs) -> ListIndex:
+    """The :class:`ListIndex` of the (attribute id, list key) pairs in use
+    (:meth:`engine.compile.PredicateTable.list_pairs`)."""
+    pairs = np.asarray(list_pairs, dtype=np.int64).reshape(-1, 2)
+    set_offsets, set_keys = schema.set_csr()
+    attrs, keys, owners, lengths, wanted = [], [], [], [], []
+    for attr in np.unique(pairs[:, 0]).tolist():
+        want = np.unique(pairs[pairs[:, 0] == attr, 1])
+        lists = np.unique(want >> 1)
+        size = set_offsets[lists + 1] - set_offsets[lists]
+        owner = np.repeat(lists, size)
+        key = set_keys[_ranges(set_offsets[lists], size)]
+        order = np.argsort(key, kind="stable")
+        length = np.zeros(int(lists.max()) + 1, np.int64)
+        length[lists] = size
+        attrs.append(attr)
+        keys.append(key[order])
+        owners.append(owner[order])
+        lengths.append(length)
+        wanted.append(want)
+    return ListIndex(tuple(attrs), tuple(keys), tuple(owners), tuple(lengths), tuple(wanted))
+
+
+def list_truth(batch: EventBatch, indexes) -> np.ndarray:
+    """The list predicates' truth for the batch's event lists, as
+    ``EventBatch.list_truth`` holds it (packed CSR of TRUE keys per row),
+    over one :class:`ListIndex` or several (a snapshot's segments).
+
+    Each row's distinct element keys are joined with the inverted index of
+    its attribute, one sorted search for all of them: the work is the
+    number of (element, operand list) hits, not rows times lists.  A hit
+    count per (row, list) equal to the list's length is ALL OF."""
+    indexes = [indexes] if isinstance(indexes, ListIndex) else list(indexes)
+    n_rows = len(batch.list_offsets) - 1
+    if n_rows == 0 or len(batch.list_keys) == 0 or not any(index.attrs for index in indexes):
+        return np.full(n_rows + 1, n_rows + 1, np.int64)
+    row_of = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(batch.list_offsets))
+    element_attr = batch.list_attr[row_of]
+    found_rows, found_keys = [], []
+    for index in indexes:
+        for attr, keys, owner, length, wanted in zip(index.attrs, index.keys, index.owner, index.lengths,
+                                                     index.wanted):
+            at = np.flatnonzero(element_attr == attr)
+            lo = np.searchsorted(keys, batch.list_keys[at], side="left")
+            n_hits = np.searchsorted(keys, batch.list_keys[at], side="right") - lo
+            width = len(length)
+            combined, hits = np.unique(np.repeat(row_of[at], n_hits) * width + owner[_ranges(lo, n_hits)],
+                                       return_counts=True)
+            row, hit = np.divmod(combined, width)
+            every = hits == length[hit]
+            row = np.concatenate([row, row[every]])
+            key = np.concatenate([hit * 2, hit[every] * 2 + 1])
+            useful = np.isin(key, wanted)
+            found_rows.append(row[useful])
+            found_keys.append(key[useful])
+    row = np.concatenate(found_rows)
+    key = np.concatenate(found_keys)
+    if len(indexes) > 1:        # segments may share operand lists
+        row, key = _distinct_pairs(row, key)
+    order = np.lexsort((key, row))
+    offsets = np.concatenate(([0], np.cumsum(np.bincount(row, minlength=n_rows)))) + n_rows + 1
+    return np.concatenate((offsets, key[order])).astype(np.int64)
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])``, vectorised."""
+    starts = np.asarray(starts, np.int64)
+    lengths = np.asarray(lengths, np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    bases = np.cumsum(lengths) - lengths
+    return np.repeat(starts - bases, lengths) + np.arange(total, dtype=np.int64)

@@ -43,6 +43,17 @@ class Op(enum.Enum):
     NOT_MATCHES = "NOT MATCHES"
     IS_NULL = "IS NULL"
     IS_NOT_NULL = "IS NOT NULL"
+    # list attributes (docs/language.md#list-attributes): DuckDB's
+    # list_has_any, NOT list_has_any, list_has_all, NOT list_has_all,
+    # list_contains (`value IN attr`), its negation, len(attr) = 0 and > 0
+    ONE_OF = "ONE OF"
+    NONE_OF = "NONE OF"
+    ALL_OF = "ALL OF"
+    NOT_ALL_OF = "NOT ALL OF"
+    CONTAINS = "CONTAINS"
+    NOT_CONTAINS = "NOT CONTAINS"
+    IS_EMPTY = "IS EMPTY"
+    IS_NOT_EMPTY = "IS NOT EMPTY"
 
     # Members are singletons, so identity hashing is exact; Enum's own
     # __hash__ (of the name) is a Python call, about a million of them per
@@ -61,6 +72,10 @@ NEGATED_OP = {
     Op.LIKE: Op.NOT_LIKE, Op.NOT_LIKE: Op.LIKE,
     Op.MATCHES: Op.NOT_MATCHES, Op.NOT_MATCHES: Op.MATCHES,
     Op.IS_NULL: Op.IS_NOT_NULL, Op.IS_NOT_NULL: Op.IS_NULL,
+    Op.ONE_OF: Op.NONE_OF, Op.NONE_OF: Op.ONE_OF,
+    Op.ALL_OF: Op.NOT_ALL_OF, Op.NOT_ALL_OF: Op.ALL_OF,
+    Op.CONTAINS: Op.NOT_CONTAINS, Op.NOT_CONTAINS: Op.CONTAINS,
+    Op.IS_EMPTY: Op.IS_NOT_EMPTY, Op.IS_NOT_EMPTY: Op.IS_EMPTY,
 }
 
 COMPARISON_OPS = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})
@@ -68,6 +83,11 @@ SET_OPS = frozenset({Op.IN, Op.NOT_IN})
 RANGE_OPS = frozenset({Op.BETWEEN, Op.NOT_BETWEEN})
 PATTERN_OPS = frozenset({Op.LIKE, Op.NOT_LIKE, Op.MATCHES, Op.NOT_MATCHES})
 NULL_OPS = frozenset({Op.IS_NULL, Op.IS_NOT_NULL})
+#: operators of list attributes; the ones with an operand list, and every
+#: other operator (IS [NOT] NULL apart) is refused on a list attribute
+LIST_OPS = frozenset({Op.ONE_OF, Op.NONE_OF, Op.ALL_OF, Op.NOT_ALL_OF, Op.CONTAINS, Op.NOT_CONTAINS,
+                      Op.IS_EMPTY, Op.IS_NOT_EMPTY})
+LIST_SET_OPS = frozenset({Op.ONE_OF, Op.NONE_OF, Op.ALL_OF, Op.NOT_ALL_OF})
 
 
 class Family(enum.Enum):
@@ -76,8 +96,16 @@ class Family(enum.Enum):
     NUMERIC = "numeric"
     STRING = "string"
     BOOLEAN = "boolean"
+    NUMERIC_LIST = "list<numeric>"
+    STRING_LIST = "list<string>"
 
     __hash__ = object.__hash__      # as Op's: members are singletons
+
+
+#: the family of a list attribute whose elements are of the key's family
+LIST_OF = {Family.NUMERIC: Family.NUMERIC_LIST, Family.STRING: Family.STRING_LIST}
+#: the family of a list attribute's elements
+ELEMENT_OF = {lst: element for element, lst in LIST_OF.items()}
 
 
 def literal_family(value: Literal) -> Family:
@@ -94,8 +122,10 @@ def literal_family(value: Literal) -> Family:
 class Pred:
     """One predicate on one attribute.
 
-    ``values`` holds the operands: one for a comparison, LIKE or MATCHES, the
-    list for IN, ``(low, high)`` for BETWEEN, nothing for IS [NOT] NULL.
+    ``values`` holds the operands: one for a comparison, LIKE, MATCHES or
+    CONTAINS (``value IN attr``), the list for IN and ONE/NONE/ALL OF,
+    ``(low, high)`` for BETWEEN, nothing for IS [NOT] NULL and IS [NOT]
+    EMPTY.
     """
 
     attr: str
@@ -501,7 +531,7 @@ def _single_term_runs_joined(parts):
         yield [tuple(run)]
 
 
-_ARITY = {Op.IS_NULL: 0, Op.IS_NOT_NULL: 0, Op.BETWEEN: 2, Op.NOT_BETWEEN: 2}
+_ARITY = {Op.IS_NULL: 0, Op.IS_NOT_NULL: 0, Op.BETWEEN: 2, Op.NOT_BETWEEN: 2, Op.IS_EMPTY: 0, Op.IS_NOT_EMPTY: 0}
 
 
 def check_shape(node: Node) -> None:
@@ -537,7 +567,7 @@ def check_shape(node: Node) -> None:
                 raise TypeError(f"operand {value!r} of {current.attr!r} is a {type(value).__name__}, "
                                 f"not a number, string or boolean")
         n = len(current.values)
-        wanted = _ARITY.get(current.op, None if current.op in SET_OPS else 1)
+        wanted = _ARITY.get(current.op, None if current.op in SET_OPS or current.op in LIST_SET_OPS else 1)
         if (wanted is None and n == 0) or (wanted is not None and n != wanted):
             raise ParseError(f"{current.op.value} on {current.attr!r} takes "
                              f"{'one or more' if wanted is None else wanted} operand(s), not {n}")

@@ -26,6 +26,7 @@ nothing and takes back what it added to the schema.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import sys
@@ -722,6 +723,9 @@ class Index:
         pairs = matchers[0][0].predicates.pattern_pairs() if len(matchers) == 1 else \
             np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
         truth = event_batches.pattern_truth(batch if strings is None else strings, state.view, pairs)
+        if len(batch.list_offsets) > 1:      # the batch has event lists: the list predicates' truth
+            indexes = [seg.predicates.list_index(state.view) for seg, _, _ in matchers]
+            batch = dataclasses.replace(batch, list_truth=event_batches.list_truth(batch, indexes))
         xp = array_namespace(self.backend) if device else np
         host_batch = batch if strings is None else None
         events, ids = [], []
@@ -932,8 +936,9 @@ def _checked_ast(node) -> Node:
 def _event_slice(batch, first: int, stop: int):
     """Events ``[first, stop)`` of a batch, sharing its arrays."""
     lo, hi = int(batch.offsets[first]), int(batch.offsets[stop])
-    return type(batch)(batch.offsets[first:stop + 1] - lo, batch.attr[lo:hi], batch.value[lo:hi],
-                       batch.token[lo:hi], batch.strings)
+    # (strings and event lists are shared whole: entries name them by token)
+    return dataclasses.replace(batch, offsets=batch.offsets[first:stop + 1] - lo, attr=batch.attr[lo:hi],
+                               value=batch.value[lo:hi], token=batch.token[lo:hi], rejected=())
 
 
 __all__ = ["Index", "ALGORITHMS"]

@@ -40,7 +40,7 @@ import re2
 
 from engine.algorithms import registry
 from engine.backend import BACKENDS
-from engine.compile import PATTERN_CODES, SET_CODES, PredicateTable, Segment, program_depths
+from engine.compile import LIST_SET_CODES, PATTERN_CODES, SET_CODES, PredicateTable, Segment, program_depths
 from engine.errors import IndexFileError
 from engine.expr import Family
 from engine.schema import Schema, like_to_regex
@@ -68,7 +68,9 @@ INT64_MAX = 2 ** 63 - 1
 COMPARISONS = (opcodes.EQ, opcodes.NE, opcodes.LT, opcodes.LE, opcodes.GT, opcodes.GE)
 RANGES = (opcodes.BETWEEN, opcodes.NOT_BETWEEN)
 NULL_TESTS = (opcodes.IS_NULL, opcodes.IS_NOT_NULL)
-N_OPS = opcodes.IS_NOT_NULL + 1
+N_OPS = opcodes.N_OPS
+#: the list operators (ONE OF ... IS NOT EMPTY): they test list attributes only
+LIST_OPS = tuple(range(opcodes.FIRST_LIST_OP, opcodes.LAST_LIST_OP + 1))
 N_INSTRUCTIONS = opcodes.XNOR + 1
 TEMP_PREFIX, TEMP_SUFFIX = ".bexmatch-", ".tmp"
 # .bexmatch-<host>-<pid>-<random hex>.tmp (a host name may hold '-' itself)
@@ -400,7 +402,10 @@ def _check_predicates(table: PredicateTable, schema: Schema) -> None:
     # (the trailing entry keeps an empty attribute list indexable by an empty attr)
     string = np.array([f is Family.STRING for f in families] + [False])[attr]
     no_family = np.array([f is None for f in families] + [False])[attr]
-    is_pattern, is_set = np.isin(op, PATTERN_CODES), np.isin(op, SET_CODES)
+    listed = np.array([f in (Family.NUMERIC_LIST, Family.STRING_LIST) for f in families] + [False])[attr]
+    # a list operator's operand list is an IN list too (its keys: the elements' codes)
+    string_keys = string | np.array([f is Family.STRING_LIST for f in families] + [False])[attr]
+    is_pattern, is_set = np.isin(op, PATTERN_CODES), np.isin(op, SET_CODES + LIST_SET_CODES)
     is_range, compares = np.isin(op, RANGES), np.isin(op, COMPARISONS + RANGES)
     if ((aux[is_pattern] < 0) | (aux[is_pattern] >= len(schema.patterns))).any() \
             or ((aux[is_set] < 0) | (aux[is_set] >= schema.n_sets)).any() \
@@ -410,7 +415,9 @@ def _check_predicates(table: PredicateTable, schema: Schema) -> None:
     if (like[aux[is_pattern]] != np.isin(op[is_pattern], (opcodes.LIKE, opcodes.NOT_LIKE))).any():
         raise ValueError("a LIKE predicate refers to a MATCHES pattern, or the other way round")
     # only IS [NOT] NULL may test an attribute of no family yet; patterns test strings
-    if (no_family & ~np.isin(op, NULL_TESTS)).any() or (is_pattern & ~string).any():
+    # list operators test list attributes, and list attributes take only them and the NULL tests
+    if (no_family & ~np.isin(op, NULL_TESTS)).any() or (is_pattern & ~string).any() \
+            or (np.isin(op, LIST_OPS) != (listed & ~np.isin(op, NULL_TESTS))).any():
         raise ValueError("a predicate does not fit its attribute's type family")
     operands = np.concatenate((lo[compares], hi[is_range]))
     string_operands = np.concatenate((lo[compares & string], hi[is_range & string]))
@@ -419,7 +426,7 @@ def _check_predicates(table: PredicateTable, schema: Schema) -> None:
     # IN lists of string attributes hold string ids: count the other keys per list
     set_offsets, set_keys = schema.set_csr()
     others = np.concatenate(([0], np.cumsum(~_string_ids(set_keys, schema))))
-    if (others[set_offsets[1:]] - others[set_offsets[:-1]])[aux[is_set & string]].any():
+    if (others[set_offsets[1:]] - others[set_offsets[:-1]])[aux[is_set & string_keys]].any():
         raise ValueError("an IN list of a string attribute holds a key that is not a dictionary string")
 
 

@@ -52,7 +52,7 @@ __all__ = ["KEYWORDS", "conjunction_terms", "parse", "parse_many", "to_text"]
 #: reserved words, matched case-insensitively; an attribute with one of these
 #: names has to be written double-quoted.
 KEYWORDS = ("OR", "XOR", "XNOR", "AND", "NOT", "IN", "BETWEEN", "LIKE", "MATCHES",
-            "IS", "NULL", "TRUE", "FALSE")
+            "IS", "NULL", "ONE", "NONE", "ALL", "OF", "EMPTY", "TRUE", "FALSE")
 
 _MAX_EXACT_INT = 2 ** 53
 
@@ -105,6 +105,13 @@ and_chain: not_expr AND not_expr            -> and_start
     | ATTR NOT MATCHES REGEX                -> not_matches
     | ATTR IS NULL                          -> is_null
     | ATTR IS NOT NULL                      -> is_not_null
+    | ATTR ONE OF LPAR in_list RPAR         -> one_of
+    | ATTR NONE OF LPAR in_list RPAR        -> none_of
+    | ATTR ALL OF LPAR in_list RPAR         -> all_of
+    | LITERAL IN ATTR                       -> contains
+    | LITERAL NOT IN ATTR                   -> not_contains
+    | ATTR IS EMPTY                         -> is_empty
+    | ATTR IS NOT EMPTY                     -> is_not_empty
 
 in_list: LITERAL                            -> list_start
     | in_list COMMA LITERAL                 -> list_more
@@ -329,6 +336,34 @@ class _ASTBuilder:
         return Pred(c[0], Op.IS_NOT_NULL, ())
 
     @staticmethod
+    def one_of(c):
+        return Pred(c[0], Op.ONE_OF, tuple(c[4]))
+
+    @staticmethod
+    def none_of(c):
+        return Pred(c[0], Op.NONE_OF, tuple(c[4]))
+
+    @staticmethod
+    def all_of(c):
+        return Pred(c[0], Op.ALL_OF, tuple(c[4]))
+
+    @staticmethod
+    def contains(c):
+        return Pred(c[2], Op.CONTAINS, (c[0],))
+
+    @staticmethod
+    def not_contains(c):
+        return Pred(c[3], Op.NOT_CONTAINS, (c[0],))
+
+    @staticmethod
+    def is_empty(c):
+        return Pred(c[0], Op.IS_EMPTY, ())
+
+    @staticmethod
+    def is_not_empty(c):
+        return Pred(c[0], Op.IS_NOT_EMPTY, ())
+
+    @staticmethod
     def list_start(c):
         return [c[0]]
 
@@ -360,7 +395,8 @@ _KINDS_OF_TERMINAL = {"LITERAL": ("LITERAL", "STRING"), "PATTERN": ("STRING",), 
 _TERMINAL_DESCRIPTIONS = {
     "ATTR": "attribute", "LITERAL": "literal", "PATTERN": "string", "REGEX": "string",
     "CMP": "comparison operator", "LPAR": "'('", "RPAR": "')'", "COMMA": "','",
-    **{word: word for word in ("NOT", "IN", "BETWEEN", "LIKE", "MATCHES", "IS", "NULL", "AND", "OR", "XOR", "XNOR")},
+    **{word: word for word in ("NOT", "IN", "BETWEEN", "LIKE", "MATCHES", "IS", "NULL", "AND", "OR", "XOR", "XNOR",
+                               "ONE", "NONE", "ALL", "OF", "EMPTY")},
     "$END": "end of input",
 }
 
@@ -831,8 +867,20 @@ def _literal_text(value) -> str:
     raise TypeError(f"not a literal: {value!r} ({type(value).__name__})")
 
 
+_LIST_SET_WORDS = {Op.ONE_OF: "ONE OF", Op.NONE_OF: "NONE OF", Op.ALL_OF: "ALL OF"}
+
+
 def _pred_text(pred: Pred) -> str:
     attr, op, values = _attr_text(pred.attr), pred.op, pred.values
+    if op in _LIST_SET_WORDS or op is Op.NOT_ALL_OF:
+        if not values:
+            raise ValueError(f"{op.value} needs at least one value: {pred!r}")
+        text = f"{attr} {_LIST_SET_WORDS[Op.ALL_OF if op is Op.NOT_ALL_OF else op]} " \
+               f"({', '.join(map(_literal_text, values))})"
+        return "NOT " + text if op is Op.NOT_ALL_OF else text
+    if op in (Op.CONTAINS, Op.NOT_CONTAINS):
+        (value,) = values
+        return f"{_literal_text(value)} {'NOT IN' if op is Op.NOT_CONTAINS else 'IN'} {attr}"
     if op in (Op.IN, Op.NOT_IN):
         if not values:
             raise ValueError(f"{op.value} needs at least one value: {pred!r}")
@@ -840,7 +888,7 @@ def _pred_text(pred: Pred) -> str:
     if op in (Op.BETWEEN, Op.NOT_BETWEEN):
         low, high = values
         return f"{attr} {op.value} {_literal_text(low)} AND {_literal_text(high)}"
-    if op in (Op.IS_NULL, Op.IS_NOT_NULL):
+    if op in (Op.IS_NULL, Op.IS_NOT_NULL, Op.IS_EMPTY, Op.IS_NOT_EMPTY):
         return f"{attr} {op.value}"
     (value,) = values
     return f"{attr} {op.value} {_literal_text(value)}"

@@ -17,7 +17,7 @@ import numbers
 
 import re2
 
-from engine.expr import And, Node, Not, Op, Or, Pred, Xnor, Xor
+from engine.expr import LIST_OPS, And, Node, Not, Op, Or, Pred, Xnor, Xor
 
 __all__ = ["evaluate", "matches", "like"]
 
@@ -75,6 +75,30 @@ def _same_family(attr: str, value, literals) -> None:
                             f"{lit!r} ({_family(lit)})")
 
 
+def _list_predicate(pred: Pred, value):
+    """A list predicate on an event list (any iterable; None elements are
+    ignored, repeated ones count once): DuckDB's list_has_any,
+    list_has_all, list_contains and len, negated where the operator is."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"attribute {pred.attr!r}: {value!r} is not a list")
+    elements = [v for v in value if v is not None]
+    for v in elements:
+        _same_family(pred.attr, v, pred.values)
+    op = pred.op
+    if op in (Op.IS_EMPTY, Op.IS_NOT_EMPTY):
+        return (not elements) == (op is Op.IS_EMPTY)
+    found = [any(v == element for element in elements) for v in pred.values]
+    if op in (Op.ONE_OF, Op.CONTAINS):
+        return any(found)
+    if op in (Op.NONE_OF, Op.NOT_CONTAINS):
+        return not any(found)
+    if op is Op.ALL_OF:
+        return all(found)
+    if op is Op.NOT_ALL_OF:
+        return not all(found)
+    raise ValueError(f"unknown list operator {op!r}")
+
+
 def _predicate(pred: Pred, value):
     op, vs = pred.op, pred.values
     if op is Op.IS_NULL:
@@ -83,6 +107,10 @@ def _predicate(pred: Pred, value):
         return value is not None
     if value is None:
         return None
+    if op in LIST_OPS:
+        return _list_predicate(pred, value)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        raise TypeError(f"attribute {pred.attr!r}: {op.value} does not apply to a list {value!r}")
     _same_family(pred.attr, value, vs)
     if op is Op.EQ:
         return value == vs[0]

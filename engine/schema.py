@@ -39,13 +39,15 @@ import pyarrow.compute as pc
 import re2
 
 from engine.errors import SchemaError
-from engine.expr import Family, Op, PATTERN_OPS, Pred, literal_family
+from engine.expr import ELEMENT_OF, LIST_OF, LIST_OPS, Family, Op, PATTERN_OPS, Pred, literal_family
 
 #: integers beyond this magnitude are not exact in float64, the kernels' type
 MAX_EXACT_INT = 2 ** 53
 
 _FAMILY_NAMES = {"numeric": Family.NUMERIC, "string": Family.STRING, "boolean": Family.BOOLEAN,
-                 "bool": Family.BOOLEAN, "number": Family.NUMERIC, "str": Family.STRING}
+                 "bool": Family.BOOLEAN, "number": Family.NUMERIC, "str": Family.STRING,
+                 "list<numeric>": Family.NUMERIC_LIST, "list<number>": Family.NUMERIC_LIST,
+                 "list<string>": Family.STRING_LIST, "list<str>": Family.STRING_LIST}
 
 
 def parse_family(value) -> Family:
@@ -54,7 +56,8 @@ def parse_family(value) -> Family:
     try:
         return _FAMILY_NAMES[str(value).lower()]
     except KeyError:
-        raise SchemaError(f"unknown type family {value!r}; use 'numeric', 'string' or 'boolean'") from None
+        raise SchemaError(f"unknown type family {value!r}; use 'numeric', 'string', 'boolean', "
+                          f"'list<numeric>' or 'list<string>'") from None
 
 
 def check_number(value, where: str) -> float:
@@ -75,6 +78,17 @@ def like_to_regex(pattern: str) -> str:
     character, no escape character, case-sensitive."""
     parts = [".*" if c == "%" else "." if c == "_" else re2.escape(c) for c in pattern]
     return "(?s)" + "".join(parts)
+
+
+def _family_error(where: str, pred: Pred, known: Family, family: Family) -> SchemaError:
+    if known in ELEMENT_OF and pred.op not in LIST_OPS:
+        return SchemaError(f"{where}: {pred.attr!r} is a list attribute ({known.value}): {pred.op.value} does not "
+                           f"apply to it (use ONE OF, NONE OF, ALL OF, 'value IN {pred.attr}' or IS [NOT] EMPTY)")
+    if family in ELEMENT_OF and known not in ELEMENT_OF:
+        return SchemaError(f"{where}: {pred.attr!r} is {known.value}, not a list: {pred.op.value} applies to list "
+                           f"attributes only")
+    return SchemaError(f"{where}: {pred.attr!r} is {known.value}, but {pred.op.value} "
+                       f"compares it with a {ELEMENT_OF.get(family, family).value} literal {_show(pred.values)}")
 
 
 class StringDictionary:
@@ -210,7 +224,7 @@ class Schema:
         family = parse_family(family)
         known = self.families.get(attr)
         if known is not None and known != family:
-            raise SchemaError(f"attribute {attr!r} is already {known.name.lower()}, cannot declare it {family.name.lower()}")
+            raise SchemaError(f"attribute {attr!r} is already {known.value}, cannot declare it {family.value}")
         self._add_attr(attr, family)
         self.fix_family(attr, family)
 
@@ -263,12 +277,33 @@ class Schema:
             if known is None:
                 fixed[pred.attr] = family
             elif known != family:
-                raise SchemaError(f"{where}: {pred.attr!r} is {known.name.lower()}, but {pred.op.value} "
-                                  f"compares it with a {family.name.lower()} literal {_show(pred.values)}")
+                raise _family_error(where, pred, known, family)
+        for pred in preds:      # IS [NOT] EMPTY fixes no element family: the attribute must be a list already
+            if pred.op is Op.IS_EMPTY or pred.op is Op.IS_NOT_EMPTY:
+                known = self.families.get(pred.attr) or fixed.get(pred.attr)
+                if known is None:
+                    raise SchemaError(f"{where}: {pred.op.value} needs {pred.attr!r} to be a list attribute: declare "
+                                      f"it (schema={{{pred.attr!r}: 'list<string>'}} or 'list<numeric>') or test it "
+                                      f"with ONE OF, NONE OF, ALL OF or IN first")
+                if known not in ELEMENT_OF:
+                    raise SchemaError(f"{where}: {pred.attr!r} is {known.value}, not a list: {pred.op.value} "
+                                      f"applies to list attributes only")
         return fixed
 
     @staticmethod
     def _pred_family(pred: Pred, where: str) -> Family | None:
+        if pred.op in LIST_OPS:
+            if pred.op is Op.IS_EMPTY or pred.op is Op.IS_NOT_EMPTY:
+                return None
+            element = Schema._literals_family(pred, where)
+            if element not in LIST_OF:
+                raise SchemaError(f"{where}: list attributes hold numbers or strings; {pred.attr!r} {pred.op.value} "
+                                  f"has {element.value} literals {_show(pred.values)}")
+            return LIST_OF[element]
+        return Schema._literals_family(pred, where)
+
+    @staticmethod
+    def _literals_family(pred: Pred, where: str) -> Family | None:
         if pred.op in PATTERN_OPS:
             if len(pred.values) != 1 or not isinstance(pred.values[0], str):
                 raise SchemaError(f"{where}: {pred.op.value} on {pred.attr!r} needs one string pattern")
@@ -311,10 +346,14 @@ class Schema:
             if pred.op in PATTERN_OPS:
                 kind = "like" if pred.op in (Op.LIKE, Op.NOT_LIKE) else "regex"
                 self.pattern_id(kind, pred.values[0])
-            elif family is Family.STRING:
+            elif family is Family.STRING or family is Family.STRING_LIST:
                 self.add_strings(pred.values)
 
     # ------------------------------------------------------------------- strings
+    def string_id_of(self, value: str) -> int:
+        """The stable id of a dictionary string, -1 for any other string."""
+        return self.string_ids.get(value, -1)
+
     def add_strings(self, values) -> None:
         grew = False
         for value in values:
@@ -576,6 +615,10 @@ class SchemaView:
 
     def encode_strings(self, values) -> np.ndarray:
         return self.dictionary().encode(values)
+
+    def string_id_of(self, value: str) -> int:
+        found = self._schema.string_ids.get(value, -1)
+        return found if found < self.n_strings else -1
 
     def set_csr(self, n_sets: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self._schema.set_csr(self.n_sets if n_sets is None else min(n_sets, self.n_sets))

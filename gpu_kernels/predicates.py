@@ -16,9 +16,10 @@ from types import SimpleNamespace
 from numba import njit, prange
 
 from gpu_kernels import cuda_support
-from gpu_kernels.opcodes import (BETWEEN, EQ, FALSE, GE, GT, IN, IS_NOT_NULL, IS_NULL, LE, LIKE,
-                                 LT, MATCHES, NE, NOT_BETWEEN, NOT_IN, NOT_LIKE, NOT_MATCHES,
-                                 NULL, TRUE)
+from gpu_kernels.opcodes import (ALL_OF, BETWEEN, CONTAINS, EQ, FALSE, FIRST_LIST_OP, GE, GT, IN, IS_EMPTY,
+                                 IS_NOT_EMPTY, IS_NOT_NULL, IS_NULL, LAST_LIST_OP, LE, LIKE, LT, MATCHES, NE,
+                                 NONE_OF, NOT_ALL_OF, NOT_BETWEEN, NOT_CONTAINS, NOT_IN, NOT_LIKE, NOT_MATCHES,
+                                 NULL, ONE_OF, TRUE)
 
 
 def find_attribute_py(event_attr, start, stop, attr):
@@ -50,14 +51,39 @@ def set_contains_py(set_values, start, stop, value):
     return lo < stop and set_values[lo] == value
 
 
+def list_key_py(op, aux):
+    """The key under which `engine.events.list_truth` stores the truth of a
+    list predicate: its operand list's id (``aux``) twice, plus one for ALL
+    OF (ONE OF, NONE OF, ``v IN attr`` and its negation share "some element
+    is in the list"; ALL OF and its negation "every element is")."""
+    return aux * 2 + (1 if op == ALL_OF or op == NOT_ALL_OF else 0)
+
+
+def make_list_hit(contains):
+    """Build, around a compiled ``set_contains``, whether the event list of
+    batch row ``row`` holds ``key`` among its TRUE keys.  ``list_truth``
+    is packed CSR in one int64 array: entries ``[0, n_rows]`` are the
+    rows' offsets (positions in the same array), then each row's TRUE keys
+    ascending -- a row is searched as an IN list is."""
+
+    def list_hit(list_truth, row, key):
+        return contains(list_truth, list_truth[row], list_truth[row + 1], key)
+    return list_hit
+
+
+list_hit_py = make_list_hit(set_contains_py)
+
+
 def make_predicate_truth(contains):
     """Build the predicate evaluator around a compiled ``set_contains`` (the
     CPU or the CUDA one), so both targets share this one source.
 
     Returns the three-valued truth of one predicate.  ``pattern_hit`` is the
-    precomputed LIKE/MATCHES result for the event's string (ignored for
-    other operators); ``present`` says whether the event carries the
-    attribute at all."""
+    precomputed LIKE/MATCHES result for the event's string, or the
+    precomputed list result for a list operator (ignored for other
+    operators); ``present`` says whether the event carries the attribute at
+    all (an empty list is present).  For a list attribute ``value`` is the
+    number of distinct non-null elements."""
 
     def predicate_truth(op, lo, hi, set_values, set_start, set_stop, pattern_hit, present, value):
         if op == IS_NULL:
@@ -91,25 +117,35 @@ def make_predicate_truth(contains):
             hit = pattern_hit
         elif op == NOT_LIKE or op == NOT_MATCHES:
             hit = not pattern_hit
+        elif op == ONE_OF or op == ALL_OF or op == CONTAINS:
+            hit = pattern_hit
+        elif op == NONE_OF or op == NOT_ALL_OF or op == NOT_CONTAINS:
+            hit = not pattern_hit
+        elif op == IS_EMPTY:
+            hit = value == 0.0
+        elif op == IS_NOT_EMPTY:
+            hit = value != 0.0
         return TRUE if hit else FALSE
     return predicate_truth
 
 
-def make_entry_truth(truth):
+def make_entry_truth(truth, list_hit, list_key):
     """Build the evaluator of distinct predicate ``p`` (a row of the
     compiled predicate table) on the event entry at ``pos`` (-1 when the
     event lacks the attribute) around the target's ``predicate_truth``:
-    the one place that reads a predicate row, its IN list and the batch's
-    LIKE/MATCHES table."""
+    the one place that reads a predicate row, its IN list, the batch's
+    LIKE/MATCHES table and its list table."""
 
     def entry_truth(p, pos, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                    pattern_truth):
+                    pattern_truth, list_truth):
         op = pred_op[p]
         present = pos >= 0
         value = ev_value[pos] if present else 0.0
         pattern_hit = False
         if present and op >= LIKE and op <= NOT_MATCHES:
             pattern_hit = pattern_truth[ev_token[pos], pred_aux[p]] != 0
+        elif present and op >= FIRST_LIST_OP and op <= LAST_LIST_OP:
+            pattern_hit = list_hit(list_truth, ev_token[pos], list_key(op, pred_aux[p]))
         set_start = 0
         set_stop = 0
         if op == IN or op == NOT_IN:
@@ -121,8 +157,10 @@ def make_entry_truth(truth):
 
 find_attribute = njit(inline="always", nogil=True)(find_attribute_py)
 set_contains = njit(inline="always", nogil=True)(set_contains_py)
+list_key = njit(inline="always", nogil=True)(list_key_py)
+list_hit = njit(inline="always", nogil=True)(make_list_hit(set_contains))
 predicate_truth = njit(inline="always", nogil=True)(make_predicate_truth(set_contains))
-entry_truth = njit(inline="always", nogil=True)(make_entry_truth(predicate_truth))
+entry_truth = njit(inline="always", nogil=True)(make_entry_truth(predicate_truth, list_hit, list_key))
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -150,9 +188,12 @@ def cuda_device_functions() -> SimpleNamespace:
     cuda = cuda_support.load_cuda()
     find = cuda.jit(device=True)(find_attribute_py)
     contains = cuda.jit(device=True)(set_contains_py)
+    hit = cuda.jit(device=True)(make_list_hit(contains))
+    key = cuda.jit(device=True)(list_key_py)
     truth = cuda.jit(device=True)(make_predicate_truth(contains))
-    entry = cuda.jit(device=True)(make_entry_truth(truth))
-    return SimpleNamespace(find_attribute=find, set_contains=contains, predicate_truth=truth, entry_truth=entry)
+    entry = cuda.jit(device=True)(make_entry_truth(truth, hit, key))
+    return SimpleNamespace(find_attribute=find, set_contains=contains, predicate_truth=truth, entry_truth=entry,
+                           list_hit=hit, list_key=key)
 
 
 @functools.cache

@@ -28,7 +28,7 @@ def make_run_program(find, entry_truth):
 
     def run_program(start, stop, prog_kind, prog_arg, ev_start, ev_stop, ev_attr, ev_value, ev_token,
                     pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                    pattern_truth, stack):
+                    pattern_truth, list_truth, stack):
         top = 0
         for pc in range(start, stop):
             kind = prog_kind[pc]
@@ -36,7 +36,7 @@ def make_run_program(find, entry_truth):
             if kind == LEAF:
                 pos = find(ev_attr, ev_start, ev_stop, pred_attr[arg])
                 stack[top] = entry_truth(arg, pos, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets,
-                                         set_values, pred_aux, pattern_truth)
+                                         set_values, pred_aux, pattern_truth, list_truth)
                 top += 1
             elif kind == AND or kind == OR:
                 # Kleene: AND is FALSE if any FALSE, else NULL if any NULL;
@@ -74,7 +74,7 @@ run_program = njit(inline="always", nogil=True)(make_run_program(find_attribute,
 def scan_kernel(event_start, n_chunk, ev_offsets, ev_attr, ev_value, ev_token,
                 prog_offsets, prog_kind, prog_arg, alive,
                 pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                pattern_truth, max_depth, out):
+                pattern_truth, list_truth, max_depth, out):
     """``out[e, s] = 1`` iff subscription ``s`` is alive and TRUE on event
     ``event_start + e``, for ``e < n_chunk``."""
     n_subs = len(prog_offsets) - 1
@@ -93,7 +93,7 @@ def scan_kernel(event_start, n_chunk, ev_offsets, ev_attr, ev_value, ev_token,
                 truth = run_program(prog_offsets[s], prog_offsets[s + 1], prog_kind, prog_arg,
                                     ev_start, ev_stop, ev_attr, ev_value, ev_token,
                                     pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
-                                    pred_aux, pattern_truth, stack)
+                                    pred_aux, pattern_truth, list_truth, stack)
                 hit = 1 if truth == TRUE else 0
             out[e, s] = hit
 
@@ -147,7 +147,7 @@ def build_scan_kernel_cuda(stack_depth: int):
     def kernel(event_start, n_chunk, ev_offsets, ev_attr, ev_value, ev_token,
                prog_offsets, prog_kind, prog_arg, alive,
                pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-               pattern_truth, max_depth, out):
+               pattern_truth, list_truth, max_depth, out):
         n_subs = prog_offsets.shape[0] - 1
         x, y = cuda.grid(2)
         sx, sy = cuda.gridsize(2)
@@ -162,7 +162,7 @@ def build_scan_kernel_cuda(stack_depth: int):
                     truth = run(prog_offsets[s], prog_offsets[s + 1], prog_kind, prog_arg,
                                 ev_start, ev_stop, ev_attr, ev_value, ev_token,
                                 pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
-                                pred_aux, pattern_truth, stack)
+                                pred_aux, pattern_truth, list_truth, stack)
                     if truth == TRUE:
                         hit = 1
                 out[e, s] = hit
@@ -173,7 +173,7 @@ def build_scan_kernel_cuda(stack_depth: int):
 def scan_kernel_cuda(event_start, n_chunk, ev_offsets, ev_attr, ev_value, ev_token,
                      prog_offsets, prog_kind, prog_arg, alive,
                      pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                     pattern_truth, max_depth, out, *, launch=None):
+                     pattern_truth, list_truth, max_depth, out, *, launch=None):
     """CUDA twin of :func:`scan_kernel`: same arguments (device arrays),
     ``out[e, s]`` written on the device.  ``launch`` (a
     :class:`~gpu_kernels.cuda_support.LaunchConfig`) sets the grid; the
@@ -186,4 +186,4 @@ def scan_kernel_cuda(event_start, n_chunk, ev_offsets, ev_attr, ev_value, ev_tok
     kernel[grid, block](np.int64(event_start), np.int64(n_chunk), ev_offsets, ev_attr, ev_value, ev_token,
                         prog_offsets, prog_kind, prog_arg, alive,
                         pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                        pattern_truth, np.int64(max_depth), out)
+                        pattern_truth, list_truth, np.int64(max_depth), out)

@@ -64,18 +64,21 @@ import math
 
 import duckdb
 
-from engine.expr import And, Family, Node, Not, Op, Or, Pred, Xnor, Xor, literal_family, predicates
+from engine.expr import LIST_OPS, And, Family, Node, Not, Op, Or, Pred, Xnor, Xor, literal_family, predicates
 
-from tests.strategies import BOOLEAN_ATTRS, NUMERIC_ATTRS, STRING_ATTRS
+from tests.strategies import BOOLEAN_ATTRS, NUMERIC_ATTRS, NUMERIC_LIST_ATTRS, STRING_ATTRS, STRING_LIST_ATTRS
 
 #: the column types of tests/strategies.py's fixed schema.
 STRATEGIES_SCHEMA: dict[str, str] = {
     **{a: "DOUBLE" for a in NUMERIC_ATTRS},
     **{a: "VARCHAR" for a in STRING_ATTRS},
     **{a: "BOOLEAN" for a in BOOLEAN_ATTRS},
+    **{a: "DOUBLE[]" for a in NUMERIC_LIST_ATTRS},
+    **{a: "VARCHAR[]" for a in STRING_LIST_ATTRS},
 }
 
-_FAMILY_TYPE = {Family.NUMERIC: "DOUBLE", Family.STRING: "VARCHAR", Family.BOOLEAN: "BOOLEAN"}
+_FAMILY_TYPE = {Family.NUMERIC: "DOUBLE", Family.STRING: "VARCHAR", Family.BOOLEAN: "BOOLEAN",
+                Family.NUMERIC_LIST: "DOUBLE[]", Family.STRING_LIST: "VARCHAR[]"}
 
 _IDX = "__bexmatch_event_idx"
 
@@ -160,7 +163,28 @@ def _pred_sql(p: Pred) -> str:
         return f"({col} IS NULL)"
     if op is Op.IS_NOT_NULL:
         return f"({col} IS NOT NULL)"
+    if op in _LIST_SQL:
+        function, negated = _LIST_SQL[op]
+        operand = sql_literal(vs[0]) if op in (Op.CONTAINS, Op.NOT_CONTAINS) else _list_literal(vs)
+        return f"({'NOT ' if negated else ''}{function}({col}, {operand}))"
+    if op in (Op.IS_EMPTY, Op.IS_NOT_EMPTY):
+        # NULL elements are ignored (docs/language.md#list-attributes): DuckDB's len counts them
+        return f"(len(list_filter({col}, lambda x: x IS NOT NULL)) {'=' if op is Op.IS_EMPTY else '>'} 0)"
     raise ValueError(f"unknown operator {op!r}")
+
+
+#: list operator -> (DuckDB list function, negated)
+_LIST_SQL = {Op.ONE_OF: ("list_has_any", False), Op.NONE_OF: ("list_has_any", True),
+             Op.ALL_OF: ("list_has_all", False), Op.NOT_ALL_OF: ("list_has_all", True),
+             Op.CONTAINS: ("list_contains", False), Op.NOT_CONTAINS: ("list_contains", True)}
+
+
+def _list_literal(values) -> str:
+    """A list literal of one element type: numbers as DOUBLE (``[1, 2.5]``
+    would be a DECIMAL list)."""
+    if all(isinstance(v, str) for v in values):
+        return "[" + ", ".join(sql_literal(v) for v in values) + "]"
+    return "[" + ", ".join(f"CAST({sql_literal(v)} AS DOUBLE)" for v in values) + "]"
 
 
 def infer_schema(exprs, events) -> dict[str, str]:
@@ -168,13 +192,16 @@ def infer_schema(exprs, events) -> dict[str, str]:
     ``events`` (numeric -> DOUBLE, string -> VARCHAR, boolean -> BOOLEAN;
     an attribute seen only in IS [NOT] NULL is VARCHAR)."""
     families: dict[str, set] = {}
+    lists = {Family.NUMERIC: Family.NUMERIC_LIST, Family.STRING: Family.STRING_LIST}
     for e in exprs:
         for p in predicates(e):
             fams = families.setdefault(p.attr, set())
-            fams.update(literal_family(v) for v in p.values)
+            fams.update(lists[literal_family(v)] if p.op in LIST_OPS else literal_family(v) for v in p.values)
     for ev in events:
         for a, v in ev.items():
-            if v is not None:
+            if isinstance(v, (list, tuple)):
+                families.setdefault(a, set()).update(lists[literal_family(x)] for x in v if x is not None)
+            elif v is not None:
                 families.setdefault(a, set()).add(literal_family(v))
     schema = {}
     for a, fams in families.items():
@@ -198,6 +225,11 @@ def _insert(con, table: str, schema: dict[str, str], events: list[dict]) -> None
         for value in event.values():
             if isinstance(value, str):
                 _check_unicode(value)
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    if isinstance(item, str):
+                        _check_unicode(item)
+    events = [{a: list(v) if isinstance(v, tuple) else v for a, v in event.items()} for event in events]
     attrs = list(schema)
     rows = None
     if len(events) > 200:
@@ -228,7 +260,7 @@ def _check_stored(con, table: str, schema: dict[str, str], events: list[dict]) -
     """Every string and number of the events, read back from DuckDB, is
     the value given (NULs, astral characters and all); else
     `OracleCannotRepresent`."""
-    attrs = [a for a in schema if schema[a].upper() in ("VARCHAR", "DOUBLE")]
+    attrs = [a for a in schema if schema[a].upper() in ("VARCHAR", "DOUBLE", "VARCHAR[]", "DOUBLE[]")]
     if not attrs or not events:
         return
     select = ", ".join(quote_ident(a) for a in attrs)
@@ -236,6 +268,10 @@ def _check_stored(con, table: str, schema: dict[str, str], events: list[dict]) -
     for j, (event, row) in enumerate(zip(events, rows)):
         for a, stored in zip(attrs, row):
             given = event.get(a)
+            if schema[a].endswith("[]"):
+                if isinstance(given, (list, tuple)) and list(stored) != list(given):
+                    raise OracleCannotRepresent(f"event {j}: {a!r} = {given!r} came back from DuckDB as {stored!r}")
+                continue
             same_kind = isinstance(given, str) if schema[a].upper() == "VARCHAR" else \
                 isinstance(given, (int, float)) and not isinstance(given, bool)
             if not same_kind or stored == given:     # (another kind: DuckDB's own cast, as before)

@@ -43,7 +43,15 @@ from engine.expr import And, Not, Op, Or, Pred, Xnor, Xor
 NUMERIC_ATTRS = ("n0", "n1", "n2")
 STRING_ATTRS = ("s0", "s1")
 BOOLEAN_ATTRS = ("b0",)
-ATTRS = NUMERIC_ATTRS + STRING_ATTRS + BOOLEAN_ATTRS
+#: list attributes (docs/language.md#list-attributes): of numbers, of strings
+NUMERIC_LIST_ATTRS = ("l0",)
+STRING_LIST_ATTRS = ("l1",)
+LIST_ATTRS = NUMERIC_LIST_ATTRS + STRING_LIST_ATTRS
+ATTRS = NUMERIC_ATTRS + STRING_ATTRS + BOOLEAN_ATTRS + LIST_ATTRS
+#: the families of the attributes above, as ``Index(schema=...)`` takes them
+SCHEMA = {**{a: "numeric" for a in NUMERIC_ATTRS}, **{a: "string" for a in STRING_ATTRS},
+          **{a: "boolean" for a in BOOLEAN_ATTRS}, **{a: "list<numeric>" for a in NUMERIC_LIST_ATTRS},
+          **{a: "list<string>" for a in STRING_LIST_ATTRS}}
 
 # ------------------------------------------------------------------ string pools
 
@@ -174,12 +182,27 @@ def _string_predicate_on(attr: str, literals, likes, regexes, matches_ops=(Op.MA
     ))
 
 
+def _list_predicate_on(attr: str, literals):
+    """Every list operator on a list attribute: ONE/NONE/ALL OF (the
+    operand list may repeat a value), ``value IN attr`` and its negation,
+    IS [NOT] EMPTY, IS [NOT] NULL."""
+    of = st.builds(lambda op, vs: Pred(attr, op, tuple(vs)), st.sampled_from([Op.ONE_OF, Op.NONE_OF, Op.ALL_OF]),
+                   st.lists(literals, min_size=1, max_size=4))
+    contains = st.builds(lambda op, v: Pred(attr, op, (v,)), st.sampled_from([Op.CONTAINS, Op.NOT_CONTAINS]),
+                         literals)
+    tests = st.builds(lambda op: Pred(attr, op, ()),
+                      st.sampled_from([Op.IS_EMPTY, Op.IS_NOT_EMPTY, Op.IS_NULL, Op.IS_NOT_NULL]))
+    return st.one_of(of, of, contains, tests)
+
+
 # Built once, per attribute (a flatmap over the attribute would build and
 # validate a fresh strategy at every draw: most of a test's time).
 _PREDICATES = st.one_of(
     *(_predicate_on(a, numeric_literals, ()) for a in NUMERIC_ATTRS),
     *(_string_predicate_on(a, string_literals, like_patterns, regex_patterns) for a in STRING_ATTRS),
     *(_predicate_on(a, st.booleans(), ()) for a in BOOLEAN_ATTRS),
+    *(_list_predicate_on(a, numeric_literals) for a in NUMERIC_LIST_ATTRS),
+    *(_list_predicate_on(a, string_literals) for a in STRING_LIST_ATTRS),
 )
 
 
@@ -276,10 +299,22 @@ def _flatten(cls, children):
     return tuple(flat)
 
 
+def event_lists(values):
+    """An event list as users send them: empty, short or long (up to 12),
+    with repeated values and None elements (ignored), mostly of the pools'
+    literals; sometimes a tuple."""
+    items = st.one_of(values, values, values, st.none())
+    return st.one_of(st.lists(items, max_size=4), st.lists(items, max_size=12),
+                     st.lists(values, min_size=1, max_size=3).map(lambda vs: vs + vs[:1]),     # a repeat
+                     st.lists(values, max_size=3).map(tuple))
+
+
 def events():
     """One event: a dict over a random subset of the schema's attributes,
     its values mostly on the literals (see the pools above)."""
     values = {a: numeric_event_values for a in NUMERIC_ATTRS}
     values.update({a: string_event_values for a in STRING_ATTRS})
     values.update({a: st.booleans() for a in BOOLEAN_ATTRS})
+    values.update({a: event_lists(numeric_event_values) for a in NUMERIC_LIST_ATTRS})
+    values.update({a: event_lists(string_event_values) for a in STRING_LIST_ATTRS})
     return st.fixed_dictionaries({}, optional=values)

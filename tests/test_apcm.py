@@ -98,7 +98,8 @@ def cpu_stages(m: APCMMatcher, batch, truth):
     e_main, e_over = np.empty(n, np.int64), np.empty(n, np.int64)
     C.encode_entries(batch.attr, batch.value, batch.token, store_at, lay.main_bits, lay.over_bits, lay.bit_off,
                      lay.bit_pred, lay.obit_off, lay.obit_pred, lay.tab_off, lay.bound_off, lay.bounds, rows.op,
-                     rows.lo, rows.hi, rows.aux, rows.set_offsets, rows.set_values, truth, e_main, e_over, store)
+                     rows.lo, rows.hi, rows.aux, rows.set_offsets, rows.set_values, truth, batch.list_truth, e_main, e_over,
+                     store)
     cl_entries = seg_sum(np.diff(batch.offsets)[clusters.perm], clusters.off)
     ce_start = np.concatenate(([0], np.cumsum(cl_entries)[:-1])).astype(np.int64)
     n_ce = int(cl_entries.sum())
@@ -141,7 +142,7 @@ def check_bits(m: APCMMatcher, batch, truth) -> int:
             continue
         for p in np.flatnonzero((rows.attr == a) & (lay.pred_slot != NULL_SLOT)):
             want = entry_truth.py_func(p, k, batch.value, batch.token, rows.op, rows.lo, rows.hi, rows.set_offsets,
-                                       rows.set_values, rows.aux, truth) == TRUE
+                                       rows.set_values, rows.aux, truth, batch.list_truth) == TRUE
             assert bit_of(int(lay.pred_slot[p]), e_main[k], e_over[k], lay.table, store) == want, \
                 f"entry {k} (attribute {a}, value {batch.value[k]!r}): predicate row {p}"
             checked += 1

@@ -16,20 +16,21 @@ module.
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 
 import pytest
 import re2
-from hypothesis import given, settings
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from engine import Index
 from engine.algorithms import registry
 from engine.algorithms.registry import Algorithm
 from engine.errors import ExpressionTooLarge
-from engine.expr import Op, Pred, Xnor, Xor
-from engine.reference import matches
+from engine.expr import Op, Pred, Xnor, Xor, predicates
+from engine.reference import evaluate, matches
 from tests import conformance, strategies
 from tests.conformance import LIFECYCLES, RESIDUAL_MATCHER, SLOW_OK, cases, lifecycle_cases
 from tests.sql_oracle import OracleCannotRepresent, _check_stored, duckdb_matches, semantics_mismatches
@@ -154,6 +155,36 @@ def test_the_pools_collide():
     assert sum(len(s) >= 16 for s in strategies.STRING_POOL) >= 10
     assert sum("\x00" in s for s in strategies.STRING_POOL) >= 3
     assert any(ord(c) > 0xFFFF for s in strategies.STRING_POOL for c in s)
+
+
+def _list_facts(w) -> set:
+    """What a workload's list attributes show: list predicates TRUE,
+    FALSE or NULL on its events; event lists empty, with None elements,
+    with a repeat."""
+    facts = set()
+    for expr in w.exprs:
+        for pred in predicates(expr):
+            if pred.attr in strategies.LIST_ATTRS:
+                facts.update({True: "true", False: "false", None: "null"}[evaluate(pred, e)] for e in w.events)
+    for event in w.events:
+        for a in strategies.LIST_ATTRS:
+            if event.get(a) is not None:
+                present = [v for v in event[a] if v is not None]
+                facts.update(fact for fact, holds in (("empty", not present), ("with None", None in event[a]),
+                                                      ("repeats", len(present) > len(set(present)))) if holds)
+    return facts
+
+
+@pytest.mark.parametrize("fact", ["true", "false", "null", "empty", "with None", "repeats"])
+def test_the_workloads_carry_list_predicates_that_decide_matches(fact):
+    """List attributes reach every algorithm through the conformance
+    workloads: list predicates that are TRUE, FALSE and NULL on the
+    events, and event lists that are empty, hold None elements, repeat a
+    value."""
+    found = find(conformance.workloads("scan", "cpu"), lambda w: fact in _list_facts(w),
+                 settings=settings(max_examples=200, database=None, suppress_health_check=SLOW_OK,
+                                   phases=[Phase.generate]))     # (no shrinking: any such workload will do)
+    assert fact in _list_facts(found)
 
 
 # ------------------------------------------------------------------ the oracles themselves

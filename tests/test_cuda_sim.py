@@ -44,8 +44,7 @@ needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU with CuP
                                                       "(NUMBA_ENABLE_CUDASIM=1 set before the run)")
 SIMULATED = HAVE_CUDA and cuda_support.simulated()
 
-SCHEMA = {**{a: "numeric" for a in strategies.NUMERIC_ATTRS}, **{a: "string" for a in strategies.STRING_ATTRS},
-          **{a: "boolean" for a in strategies.BOOLEAN_ATTRS}}
+SCHEMA = strategies.SCHEMA
 
 #: expressions over every operator and connective, absent attributes included
 EXPRESSIONS = [
@@ -99,6 +98,7 @@ def compiled(expressions=EXPRESSIONS, events=EVENTS):
     preds = segment.predicates
     pairs = np.stack([preds.attr, preds.aux], axis=1)[np.isin(preds.op, PATTERN_CODES)]
     truth = event_batches.pattern_truth(batch, schema, np.unique(pairs, axis=0) if len(pairs) else pairs)
+    batch.list_truth = event_batches.list_truth(batch, preds.list_index(schema))
     return segment, batch, truth
 
 
@@ -152,7 +152,7 @@ PTX_CHECK = textwrap.dedent("""
     A = lambda dt, nd=1, layout="C": T.Array(dt, nd, layout)
     i64, i32, i16, i8, u8, u16, u64, f64 = T.int64, T.int32, T.int16, T.int8, T.uint8, T.uint16, T.uint64, T.float64
     scan_sig = (i64, i64, A(i64), A(i32), A(f64), A(i32), A(i64), A(i8), A(i32), A(u8), A(i32), A(i8), A(f64),
-                A(f64), A(i64), A(f64), A(i64), A(u8, 2), i64, A(u8, 2))
+                A(f64), A(i64), A(f64), A(i64), A(u8, 2), A(i64), i64, A(u8, 2))
     count, fill, count_bits, fill_bits = compaction._compaction_kernels()
     jobs = [(scan.build_scan_kernel_cuda(d), scan_sig) for d in scan.STACK_DEPTH_TIERS]
     # OpIndex: 16-bit operand ranks and counter pointers, and their wide forms; every counting mode
@@ -259,7 +259,8 @@ def test_scan_kernel_matches_cpu_twin(launch):
     event_start, n_chunk = 1, 4
     want = np.full((n_chunk, len(seg)), 9, np.uint8)
     args = [batch.offsets, batch.attr, batch.value, batch.token, seg.prog_offsets, seg.prog_kind, seg.prog_arg,
-            alive, preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux, truth]
+            alive, preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux, truth,
+            batch.list_truth]
     scan_kernel(event_start, n_chunk, *args, seg.max_depth, want)
     out = dev(np.full((n_chunk, len(seg)), 9, np.uint8))
     scan_kernel_cuda(event_start, n_chunk, *(dev(a) for a in args), seg.max_depth, out, launch=launch)

@@ -155,6 +155,10 @@ def test_refusals_are_clear_and_change_nothing():
         idx.match_batch({"price": n}, errors="skip")
     with pytest.raises(SchemaError, match="its dictionary is not a list of strings"):
         idx.match_batch({"color": (_to_device_input(np.array([0, 1, 0], np.int32)), ["red", "a\ud800"])})
+    idx.add(99, "7 IN deals")
+    with pytest.raises(SchemaError, match="'deals' is a list attribute .list<numeric>., which device columns cannot"):
+        idx.match_batch({"deals": n})
+    idx.remove(99)
     assert [m.tolist() for m in idx.match_batch({"price": n})] == [[], [], []]   # still usable
     cpu = Index(algorithm="opindex", backend="cpu")
     cpu.add(1, "price > 1")

@@ -24,7 +24,7 @@ from tests import strategies
 
 
 def _index(algorithm, texts, merged):
-    idx = Index(algorithm=algorithm, backend="cpu")
+    idx = Index(algorithm=algorithm, backend="cpu", schema=strategies.SCHEMA)     # (IS EMPTY needs list families)
     idx.add_many(list(range(len(texts))), texts)
     if merged:
         idx.merge()

@@ -193,10 +193,10 @@ def malformed(node) -> str | None:
             values = tuple(n.values) if isinstance(n.values, (tuple, list)) else None
             if values is None:
                 return f"operands {n.values!r} are not a tuple"
-            if n.op in (Op.IS_NULL, Op.IS_NOT_NULL):
+            if n.op in (Op.IS_NULL, Op.IS_NOT_NULL, Op.IS_EMPTY, Op.IS_NOT_EMPTY):
                 if values:
                     return f"{n.op.value} with operands {values!r}"
-            elif n.op in (Op.IN, Op.NOT_IN):
+            elif n.op in (Op.IN, Op.NOT_IN, Op.ONE_OF, Op.NONE_OF, Op.ALL_OF, Op.NOT_ALL_OF):
                 if not values:
                     return f"{n.op.value} without operands"
             elif len(values) != (2 if n.op in (Op.BETWEEN, Op.NOT_BETWEEN) else 1):

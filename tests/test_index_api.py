@@ -9,7 +9,7 @@ import pytest
 
 import engine
 from engine import ALGORITHMS, Index, IndexFileError, ParseError, SchemaError, available_backends
-from engine.errors import BackendUnavailable
+from engine.errors import BackendUnavailable, BadEventError
 
 EVENTS = [
     {"price": 550, "color": "silver", "brand": "a"},
@@ -362,8 +362,11 @@ def test_map_columns_hold_sparse_events_by_attribute_name():
     twice = pa.table({"a": pa.array([1.0]), "m": pa.array([[("a", 2.0)]], pa.map_(pa.string(), pa.float64()))})
     with pytest.raises(ValueError, match="attribute 'a' is given twice"):
         idx.match_batch(twice)
-    nested = pa.table({"m": pa.array([[("a", [1])]], pa.map_(pa.string(), pa.list_(pa.int64())))})
-    with pytest.raises(TypeError, match="map column of events must have numeric, string or boolean values"):
+    listed = pa.table({"m": pa.array([[("a", [1])]], pa.map_(pa.string(), pa.list_(pa.int64())))})
+    with pytest.raises(BadEventError, match="event 0: attribute 'a' is numeric, got \\[1\\]"):
+        idx.match_batch(listed)          # (a list in a map is a list attribute's value: not a's)
+    nested = pa.table({"m": pa.array([[("a", {"x": 1})]], pa.map_(pa.string(), pa.struct([("x", pa.int64())])))})
+    with pytest.raises(TypeError, match="map column of events must have numeric, string, boolean or list values"):
         idx.match_batch(nested)
 
 

@@ -116,7 +116,7 @@ def _in_lists_sorted(node):
     order of its values' codes, and the two routes register strings in
     different orders."""
     if isinstance(node, Pred):
-        if node.op in (Op.IN, Op.NOT_IN):
+        if node.op in (Op.IN, Op.NOT_IN, Op.ONE_OF, Op.NONE_OF, Op.ALL_OF, Op.NOT_ALL_OF):
             return Pred(node.attr, node.op, tuple(sorted(node.values, key=repr)))
         return node
     if isinstance(node, (And, Or)):
@@ -124,6 +124,9 @@ def _in_lists_sorted(node):
     if isinstance(node, Not):
         return Not(_in_lists_sorted(node.child))
     return type(node)(_in_lists_sorted(node.left), _in_lists_sorted(node.right))
+
+
+LIST_SCHEMA = {a: strategies.SCHEMA[a] for a in strategies.LIST_ATTRS}
 
 
 def _text_route(monkeypatch):
@@ -134,7 +137,8 @@ def _built(algorithm, expressions, monkeypatch=None, text_route=False):
     if text_route:
         _text_route(monkeypatch)
     try:
-        idx = Index(algorithm=algorithm, backend="cpu")
+        # (the list attributes declared: IS [NOT] EMPTY fixes no element type; the rest inferred)
+        idx = Index(algorithm=algorithm, backend="cpu", schema=LIST_SCHEMA)
         idx.add_many(range(len(expressions)), expressions, progress=False)
     finally:
         if text_route:

@@ -27,10 +27,11 @@ from engine.workloads import opindex_gen, standard
 from tests import strategies
 from tests.sql_oracle import duckdb_matches
 
-SCHEMA = {**{a: "numeric" for a in strategies.NUMERIC_ATTRS}, **{a: "string" for a in strategies.STRING_ATTRS},
-          **{a: "boolean" for a in strategies.BOOLEAN_ATTRS}}
-DUCK_TYPES = {"numeric": "DOUBLE", "string": "VARCHAR", "boolean": "BOOLEAN"}
-ARROW_TYPES = {"numeric": pa.float64(), "string": pa.string(), "boolean": pa.bool_()}
+SCHEMA = strategies.SCHEMA
+DUCK_TYPES = {"numeric": "DOUBLE", "string": "VARCHAR", "boolean": "BOOLEAN", "list<numeric>": "DOUBLE[]",
+              "list<string>": "VARCHAR[]"}
+ARROW_TYPES = {"numeric": pa.float64(), "string": pa.string(), "boolean": pa.bool_(),
+               "list<numeric>": pa.list_(pa.float64()), "list<string>": pa.list_(pa.string())}
 HYPOTHESIS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -58,6 +59,7 @@ def run_matcher(matcher, index, events, alive=None):
     preds = seg.predicates
     pairs = np.unique(np.stack([preds.attr, preds.aux], axis=1)[np.isin(preds.op, PATTERN_CODES)], axis=0)
     truth = event_batches.pattern_truth(batch, index.schema, pairs)
+    batch.list_truth = event_batches.list_truth(batch, preds.list_index(index.schema))
     alive = np.ones(len(seg), np.uint8) if alive is None else alive
     e, pos = matcher.match(batch, truth, alive)
     assert np.all(np.diff(e) >= 0)

@@ -34,8 +34,7 @@ from gpu_kernels.opindex import cpu as K
 from gpu_kernels.opindex.layout import L_VERIFY
 from tests import strategies
 
-SCHEMA = {**{a: "numeric" for a in strategies.NUMERIC_ATTRS}, **{a: "string" for a in strategies.STRING_ATTRS},
-          **{a: "boolean" for a in strategies.BOOLEAN_ATTRS}}
+SCHEMA = strategies.SCHEMA
 HYPOTHESIS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -92,6 +91,7 @@ def run_matcher(matcher, schema, events):
     preds = seg.predicates
     pairs = np.unique(np.stack([preds.attr, preds.aux], axis=1)[np.isin(preds.op, PATTERN_CODES)], axis=0)
     truth = event_batches.pattern_truth(batch, schema, pairs)
+    batch.list_truth = event_batches.list_truth(batch, preds.list_index(schema))
     e, pos = matcher.match(batch, truth, np.ones(len(seg), np.uint8))
     ids = seg.sub_ids[pos]
     return [ids[e == j].tolist() for j in range(batch.n_events)]

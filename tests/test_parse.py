@@ -336,7 +336,9 @@ def test_first_error_in_the_text_wins():
 
 
 def test_expected_lists_every_alternative_once():
-    assert error_of("a").expected == ("comparison operator", "NOT", "IN", "BETWEEN", "LIKE", "MATCHES", "IS")
+    assert error_of("a").expected == ("comparison operator", "NOT", "IN", "BETWEEN", "LIKE", "MATCHES", "IS", "ONE",
+                                      "NONE", "ALL")
+    assert error_of("5").expected == ("NOT", "IN")
     assert error_of("a = 1 (").expected == ("')'", "AND", "OR", "XOR", "XNOR", "end of input")
 
 
@@ -410,8 +412,17 @@ def test_the_text_takes_the_columnar_forms_operator_spellings():
     from engine.columnar import OP_NAMES
     operand = {"in": " (1, 2)", "not in": " (1, 2)", "between": " 1 AND 2", "not between": " 1 AND 2",
                "like": " 'x%'", "not like": " 'x%'", "matches": " 'x'", "not matches": " 'x'", "is null": "",
-               "is not null": ""}
+               "is not null": "", "one of": " (1, 2)", "none of": " (1, 2)", "all of": " (1, 2)", "is empty": "",
+               "is not empty": ""}
+    # the list forms the text writes otherwise: `NOT a ALL OF (...)`, `1 IN a`, `1 NOT IN a`
+    written = {"not all of": ("NOT a all of (1, 2)", Op.NOT_ALL_OF), "contains": ("1 in a", Op.CONTAINS),
+               "not contains": ("1 not in a", Op.NOT_CONTAINS)}
+    for name, (text, op) in written.items():
+        assert OP_NAMES[name] is op
+        assert to_nnf(parse(text)).op is op
     for name, op in OP_NAMES.items():
+        if name in written:
+            continue
         assert parse(f"a {name}{operand.get(name, ' 1')}").op is op, name
         assert parse(f"a {name.upper()}{operand.get(name, ' 1')}").op is op, name
 

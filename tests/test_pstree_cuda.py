@@ -319,4 +319,4 @@ def test_kernel_types_are_the_built_structures():
     units = tuple(typeof(np.ascontiguousarray(a, np.int64)) for a in (bloom.units.sub, bloom.units.offsets,
                                                                       bloom._pids))
     for matcher, kernel in ((bloom, "pstbloom"), (hashed, "psthash")):
-        assert units + (typeof(matcher.units.rows), typeof(matcher.structure)) == types_of[kernel][8:13]
+        assert units + (typeof(matcher.units.rows), typeof(matcher.structure)) == types_of[kernel][9:14]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from engine.algorithms.base import BuildSettings, HostMatcher
+from engine.algorithms.base import BuildSettings, HostMatcher, list_truth_of
 from engine.algorithms.betree import DEFAULT_LIMIT, BETreeMatcher
 from engine.algorithms.betree import check_expression as _betree_check
 from engine.algorithms.host_tasks import SERIAL_EVENTS, match_in_tasks
@@ -170,6 +170,7 @@ class APCMMatcher(HostMatcher):
         n_subs = len(self.segment)
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
+        list_truth = list_truth_of(batch)
         t = self.tree
         ev_key = event_keys(batch.value, batch.attr, t.string_attr, t.str_map)
         clusters = self.clusters(batch, ev_key)
@@ -198,8 +199,8 @@ class APCMMatcher(HostMatcher):
         e_over = np.empty(len(ev_attr), np.int64)
         K.encode_entries(ev_attr, batch.value, batch.token, store_at, lay.main_bits, lay.over_bits, lay.bit_off,
                          lay.bit_pred, lay.obit_off, lay.obit_pred, lay.tab_off, lay.bound_off, lay.bounds, rows.op,
-                         rows.lo, rows.hi, rows.aux, rows.set_offsets, rows.set_values, pattern_truth, e_main, e_over,
-                         store)
+                         rows.lo, rows.hi, rows.aux, rows.set_offsets, rows.set_values, pattern_truth, list_truth,
+                         e_main, e_over, store)
         # stage 2: compressed events
         cluster_entries = _segment_sums(np.diff(batch.offsets)[perm], cl_off)
         ce_start = np.concatenate(([0], np.cumsum(cluster_entries)[:-1])).astype(np.int64)

@@ -48,7 +48,7 @@ import numpy as np
 
 from engine.algorithms.apcm import APCMMatcher
 from engine.algorithms.betree import DEFAULT_LIMIT
-from engine.algorithms.cuda_base import HostStructureCudaMatcher, pattern_columns
+from engine.algorithms.cuda_base import HostStructureCudaMatcher, pattern_columns, token_attributes
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE, APCMOptions
 from engine.backend import device_memory_budget, resolve_backend
 from gpu_kernels import cuda_support
@@ -145,6 +145,7 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
         self.segment = host.segment
         self.options = host.options
         self._n_patterns = pattern_columns(host.segment)
+        self._token_attrs = token_attributes(host.segment)
         self._refresh()
 
     # ------------------------------------------------------------ device copy
@@ -218,8 +219,8 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
         return ENTRY_BYTES + self._slice_bytes
 
     # -------------------------------------------------------------- matching
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
-                     col_dtype=np.int64):
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, list_d, alive_d,
+                     result_room: int, col_dtype=np.int64):
         xp = cuda_support.array_module()
         host = self.host
         n_rows = stop - start
@@ -272,7 +273,7 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
                 n_entry_words = 0
             store = xp.zeros(max(1, n_entry_words + n_or_words), dtype=np.uint64)
             K.encode_entries_cuda(threads, blocks, ev_attr_d, ev_value_d, ev_token_d, store_at, bm, self.rows_d,
-                                  truth_d, e_main, e_over, store)
+                                  truth_d, list_d, e_main, e_over, store)
         with self.phases("compression"):
             K.or_slices_cuda(threads, blocks, n_or_words, n_entry_words, ce_d["job_word_off"], ce_d["job_ce"],
                              ce_d["job_kind"], ce_d["mem_off"], ce_d["mem_k"], e_main, e_over, bm.table, store)

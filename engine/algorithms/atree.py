@@ -37,7 +37,7 @@ import sys
 
 import numpy as np
 
-from engine.algorithms.base import HostMatcher
+from engine.algorithms.base import HostMatcher, list_truth_of
 from engine.algorithms.host_tasks import match_in_tasks
 from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
@@ -162,6 +162,7 @@ class ATreeMatcher(HostMatcher):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
+        list_truth = list_truth_of(batch)
         a, x, preds = self.arrays, self.leaf_index, self.segment.predicates
         touched = [0]
 
@@ -169,9 +170,9 @@ class ATreeMatcher(HostMatcher):
             kernel = K.atree_match_serial if serial else K.atree_match_kernel
             task_leaves = np.zeros(len(first), np.int64)
             kernel(first, last, out, cap, ev_count, stop, need, task_leaves, batch.offsets, batch.attr, batch.value,
-                   batch.token, pattern_truth, alive, a.kind, a.level, a.level_start, a.child_off, a.child_idx,
-                   a.par_off, a.par_idx, a.needs3, a.leaf_pred, x.scan_off, x.scan_leaf, x.key_off, x.key, x.key_hi,
-                   x.key_reach, x.key_leaf, x.key_quiet, a.absent_leaf, a.sub_off, a.sub_pos,
+                   batch.token, pattern_truth, list_truth, alive, a.kind, a.level, a.level_start, a.child_off,
+                   a.child_idx, a.par_off, a.par_idx, a.needs3, a.leaf_pred, x.scan_off, x.scan_leaf, x.key_off, x.key,
+                   x.key_hi, x.key_reach, x.key_leaf, x.key_quiet, a.absent_leaf, a.sub_off, a.sub_pos,
                    preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux)
             touched[0] += int(task_leaves.sum())       # finished events only: a resumed task counts the rest
         events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)

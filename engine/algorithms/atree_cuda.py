@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.algorithms.atree import ATreeMatcher
-from engine.algorithms.cuda_base import HostStructureCudaMatcher, pattern_columns
+from engine.algorithms.cuda_base import HostStructureCudaMatcher, pattern_columns, token_attributes
 from engine.algorithms.options import ATreeOptions
 from engine.backend import resolve_backend
 from gpu_kernels import cuda_support
@@ -136,6 +136,7 @@ class ATreeCudaMatcher(HostStructureCudaMatcher):
         self.host = host
         self.segment = host.segment
         self._n_patterns = pattern_columns(host.segment)
+        self._token_attrs = token_attributes(host.segment)
         self._refresh()
 
     # ------------------------------------------------------------ device copy
@@ -199,8 +200,8 @@ class ATreeCudaMatcher(HostStructureCudaMatcher):
             f"{16 * n_tiles} for compaction"
 
     # -------------------------------------------------------------- matching
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
-                     col_dtype=np.int64):
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, list_d, alive_d,
+                     result_room: int, col_dtype=np.int64):
         xp = cuda_support.array_module()
         n_rows = stop - start
         ev_offsets, ev_attr, ev_value, ev_token, event_start = self._chunk_events(batch, events_d, offsets,
@@ -215,7 +216,7 @@ class ATreeCudaMatcher(HostStructureCudaMatcher):
             bits = xp.zeros((n_rows, -(-len(self.segment) // 64)), dtype=np.uint64)
             blocks = max(1, min(self.launch.max_grid[0], MAX_BLOCKS, n_rows))
             K.match_chunk_cuda(self.kernel, self.launch, self.threads, blocks, n_rows,
-                               (ev_offsets, ev_attr, ev_value, ev_token, truth_d), self.tree_d, self.index_d,
+                               (ev_offsets, ev_attr, ev_value, ev_token, truth_d, list_d), self.tree_d, self.index_d,
                                self.level_start, self.leaf_width, self.preds_d, alive_d, val, queued, bits)
             del val, queued, ev_offsets, ev_attr, ev_value, ev_token
         yield from self._compact(bits, n_rows, start, result_room, col_dtype)

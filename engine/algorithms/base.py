@@ -50,6 +50,29 @@ from engine.compile import Segment
 
 OUTPUTS = ("numpy", "device")
 
+#: the list table of a batch with no list attribute: zero rows (one offset)
+NO_LISTS = np.ones(1, np.int64)
+
+
+def list_truth_of(batch):
+    """The batch's list-predicate table (``EventBatch.list_truth``, packed
+    CSR: row offsets, then each row's TRUE keys) as the CPU kernels read it:
+    contiguous int64.  A batch without the field (built before list
+    attributes) has no event lists: zero rows.  A table of another number
+    of rows than the batch has event lists -- one `Index` did not fill in,
+    `encode_events` leaves it empty -- is refused: the kernels would read
+    past it."""
+    table = getattr(batch, "list_truth", None)
+    if table is None:
+        return NO_LISTS
+    table = np.ascontiguousarray(table, dtype=np.int64)
+    rows = len(getattr(batch, "list_offsets", NO_LISTS[:1] * 0)) - 1
+    if table.ndim != 1 or len(table) == 0 or int(table[0]) - 1 != max(rows, 0) or int(table[0]) > len(table) \
+            or (rows > 0 and (np.diff(table[:rows + 1]) < 0).any()) or (rows > 0 and int(table[rows]) > len(table)):
+        raise ValueError(f"the batch's list_truth does not cover its {max(rows, 0)} event lists: fill it in with "
+                         f"engine.events.list_truth(batch, segment.predicates.list_index(schema))")
+    return table
+
 
 @dataclass(frozen=True)
 class BuildSettings:

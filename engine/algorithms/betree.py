@@ -10,8 +10,10 @@ How the paper maps onto this module and :mod:`gpu_kernels.betree`:
   subscription matches when one of its units does, reported once.
 * **Table 1** (§4.3): each predicate becomes an interval of 64-bit keys
   (:func:`interval_keys`; the keys: :mod:`gpu_kernels.betree.layout`);
-  ``!=``, ``NOT IN``, ``NOT BETWEEN``, ``LIKE``, ``MATCHES`` and ``IS NOT
-  NULL`` span the whole domain (they need the attribute present), ``IN``
+  ``!=``, ``NOT IN``, ``NOT BETWEEN``, ``LIKE``, ``MATCHES``, ``IS NOT
+  NULL`` and the list operators (``ONE OF`` ... ``IS NOT EMPTY``: decided
+  by the event list's row of the batch's list table, not by a value) span
+  the whole domain (they need the attribute present), ``IN``
   spans its smallest to its largest value, ``IS NULL`` gives none (it
   needs the attribute absent).  Predicates of one unit on one attribute
   intersect; a unit whose intersection is empty is never TRUE and is not
@@ -43,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from engine.algorithms.base import HostMatcher
+from engine.algorithms.base import HostMatcher, list_truth_of
 from engine.algorithms.host_tasks import match_in_tasks
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE
 from engine.algorithms.units import Units, check_dnf, dnf_units
@@ -338,20 +340,20 @@ class BETreeMatcher(HostMatcher):
     #: events kept from the last match call to measure §5's loss at the next merge
     FEEDBACK_EVENTS = 256
 
-    def _keep_feedback(self, batch, ev_key, pattern_truth) -> None:
+    def _keep_feedback(self, batch, ev_key, pattern_truth, list_truth) -> None:
         """Keep (a copy of) the first events of a match call: the window of
         matching operations §5's loss is measured on at the next merge."""
         n = min(batch.n_events, self.FEEDBACK_EVENTS)
         stop = int(batch.offsets[n])
         self._feedback = (n, batch.offsets[:n + 1].copy(), batch.attr[:stop].copy(), batch.value[:stop].copy(),
-                          batch.token[:stop].copy(), ev_key[:stop].copy(), pattern_truth)
+                          batch.token[:stop].copy(), ev_key[:stop].copy(), pattern_truth, list_truth)
 
     def _loss(self) -> np.ndarray | None:
         """§5's Loss per c-node of this tree: the predicate evaluations its
         l-node discarded (units that failed), averaged over the kept events."""
         if self._feedback is None:
             return None
-        n, offsets, attr, value, token, ev_key, truth = self._feedback
+        n, offsets, attr, value, token, ev_key, truth, list_truth = self._feedback
         loss = np.zeros(len(self.tree.c_depth), np.int64)
         out = np.empty(1, np.int32)
         ev_count = np.zeros(n, np.int64)
@@ -359,8 +361,8 @@ class BETreeMatcher(HostMatcher):
         # (cap 0: nothing is written, each event stops the task; resumed one event at a time)
         for e in range(n):
             K.betree_match_serial(np.array([e]), np.array([e + 1]), out, 0, ev_count, stop, need, len(self.segment),
-                                  offsets, attr, value, token, ev_key, truth, self.table, self.tree.p_attr, self.leaf,
-                                  self.units.rows, np.ones(len(self.segment), np.uint8), loss)
+                                  offsets, attr, value, token, ev_key, truth, list_truth, self.table, self.tree.p_attr,
+                                  self.leaf, self.units.rows, np.ones(len(self.segment), np.uint8), loss)
         return loss / max(n, 1)
 
     def _recycle(self, dyn: DynamicTree, unit_map: np.ndarray) -> tuple[int, int]:
@@ -409,17 +411,18 @@ class BETreeMatcher(HostMatcher):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
+        list_truth = list_truth_of(batch)
         ev_key = event_keys(batch.value, batch.attr, self.string_attr, self.str_map)
         table, p_attr, leaf, rows = self.table, self.tree.p_attr, self.leaf, self.units.rows
 
         def launch(first, last, out, cap, ev_count, stop, need, serial):
             kernel = K.betree_match_serial if serial else K.betree_match_kernel
             kernel(first, last, out, cap, ev_count, stop, need, n_subs, batch.offsets, batch.attr, batch.value,
-                   batch.token, ev_key, pattern_truth, table, p_attr, leaf, rows, alive, no_loss)
+                   batch.token, ev_key, pattern_truth, list_truth, table, p_attr, leaf, rows, alive, no_loss)
         no_loss = np.zeros(0, np.int64)
         events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
         if self.theta is not None:
-            self._keep_feedback(batch, ev_key, pattern_truth)
+            self._keep_feedback(batch, ev_key, pattern_truth, list_truth)
         return events, positions
 
     # --------------------------------------------------------------- memory

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.algorithms.betree import DEFAULT_LIMIT, BETreeMatcher
-from engine.algorithms.cuda_base import HostStructureCudaMatcher, pattern_columns
+from engine.algorithms.cuda_base import HostStructureCudaMatcher, pattern_columns, token_attributes
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE, BETreeOptions
 from engine.backend import device_memory_budget, resolve_backend
 from gpu_kernels import cuda_support
@@ -133,6 +133,7 @@ class BETreeCudaMatcher(HostStructureCudaMatcher):
         self.host = host
         self.segment = host.segment
         self._n_patterns = pattern_columns(host.segment)
+        self._token_attrs = token_attributes(host.segment)
         self._refresh()
 
     # ------------------------------------------------------------ device copy
@@ -202,8 +203,8 @@ class BETreeCudaMatcher(HostStructureCudaMatcher):
         return KEY_BYTES
 
     # -------------------------------------------------------------- matching
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
-                     col_dtype=np.int64):
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, list_d, alive_d,
+                     result_room: int, col_dtype=np.int64):
         xp = cuda_support.array_module()
         n_rows = stop - start
         ev_offsets, ev_attr, ev_value, ev_token, event_start = self._chunk_events(batch, events_d, offsets,
@@ -222,7 +223,7 @@ class BETreeCudaMatcher(HostStructureCudaMatcher):
         with self.phases("matching"):
             bits = xp.zeros((n_rows, -(-len(self.segment) // 64)), dtype=np.uint64)
             overflow = xp.zeros(n_rows, dtype=np.uint8)
-            events = (ev_offsets, ev_attr, ev_value, ev_token, ev_key, np.int64(key_base), truth_d)
+            events = (ev_offsets, ev_attr, ev_value, ev_token, ev_key, np.int64(key_base), truth_d, list_d)
             self._launch(xp.arange(n_rows, dtype=np.int64), events, alive_d, self._dummy_i32, 0, overflow, bits,
                          min(self._blocks(), n_rows))
             if bool(overflow.any()):
@@ -242,9 +243,9 @@ class BETreeCudaMatcher(HostStructureCudaMatcher):
 
     def _launch(self, item_event, events, alive_d, spill, spill_cap: int, overflow, bits, n_blocks: int) -> None:
         """One launch of the BE-Tree kernel over the events ``item_event``."""
-        ev_offsets, ev_attr, ev_value, ev_token, ev_key, key_base, truth_d = events
+        ev_offsets, ev_attr, ev_value, ev_token, ev_key, key_base, truth_d, list_d = events
         betree_kernel_cuda(n_blocks, self.threads, self.queue_capacity, np.int64(item_event.shape[0]), item_event,
-                           ev_offsets, ev_attr, ev_value, ev_token, ev_key, key_base, truth_d, self.tree_d,
+                           ev_offsets, ev_attr, ev_value, ev_token, ev_key, key_base, truth_d, list_d, self.tree_d,
                            self.leaf_d, self.rows_d, alive_d, spill, np.int64(spill_cap), overflow, bits)
 
     def __repr__(self) -> str:

@@ -3,8 +3,8 @@
 :class:`ChunkedCudaMatcher` is the cuda half of the matcher contract
 (:mod:`engine.algorithms.base`): it checks a match call's inputs before any
 reaches a kernel (:func:`check_batch` -- a kernel reading out of bounds does
-not raise), copies the batch's pattern table and ``alive`` flags over (or
-takes them in place), and walks the batch in *chunks* sized to the device
+not raise), copies the batch's pattern and list tables and ``alive`` flags
+over (or takes them in place), and walks the batch in *chunks* sized to the device
 memory budget (:func:`plan_chunk`): a subclass says what one event of a
 chunk costs and matches one chunk into a hit matrix (bytes or bit words),
 which :meth:`ChunkedCudaMatcher._compact` turns into (event, position)
@@ -31,13 +31,14 @@ import logging
 
 import numpy as np
 
-from engine.algorithms.base import OUTPUTS, Matcher
+from engine.algorithms.base import NO_LISTS, OUTPUTS, Matcher
 from engine.backend import DeviceMemoryError, cuda_simulated, device_memory_budget
 from engine.compile import PATTERN_CODES, Segment, program_depths
 from engine.errors import ExpressionTooLarge
 from gpu_kernels import cuda_support, transfer
 from gpu_kernels import scan as scan_kernels
 from gpu_kernels.compaction import fill_rows_cuda, hit_offsets_cuda
+from gpu_kernels.opcodes import FIRST_LIST_OP, LAST_LIST_OP
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +89,73 @@ def _check_array(where: str, x, dtype, ndim: int):
         raise ValueError(f"{where} must be {ndim}-dimensional, got shape {tuple(shape)}")
 
 
-def check_batch(batch, pattern_truth, alive, n_subs: int, n_patterns: int) -> np.ndarray:
+def _searchable(x):
+    """``(x, xp)``: a device array in place with CuPy on a GPU, else on the
+    host with NumPy -- for a check that reduces a batch field to one number."""
+    if cuda_support.is_device_array(x) and not cuda_support.simulated():
+        import cupy
+        return cupy.asarray(x), cupy
+    return cuda_support.to_host(x), np
+
+
+def check_list_truth(batch, list_attrs) -> None:
+    """Validate the batch's list table (``EventBatch.list_truth``): 1-D
+    int64 whose row offsets -- entries ``[0, n_rows]``, the first one
+    ``n_rows + 1`` -- never decrease and stay within the array, and a row
+    for the token of every entry of a list attribute (``list_attrs``: the
+    attributes the segment's list predicates read).  The kernels read a
+    row's keys by binary search between its offsets, so this is all that
+    keeps them in bounds; keys out of order only give wrong answers.  A
+    segment without list predicates never reads the table: only its type
+    is checked then."""
+    table = getattr(batch, "list_truth", None)
+    if table is None:
+        return
+    _check_array("event batch field 'list_truth'", table, np.int64, 1)
+    if not len(list_attrs):
+        return
+    size = int(table.shape[0])
+    head = cuda_support.to_host(table[:1]) if size else np.zeros(0, np.int64)
+    n_rows = int(head[0]) - 1 if size else -1
+    if n_rows < 0 or n_rows >= size:
+        raise ValueError(f"event batch list_truth ({size} entries) does not start with its rows' offsets "
+                         f"(the first offset, n_rows + 1, must lie in [1, {size}])")
+    offsets = cuda_support.to_host(table[:n_rows + 1])
+    if (np.diff(offsets) < 0).any() or offsets[-1] > size:
+        raise ValueError(f"event batch list_truth offsets must never decrease and end within its {size} entries")
+    if batch.attr.shape[0]:
+        attr, xp = _searchable(batch.attr)
+        token, _ = _searchable(batch.token)
+        mine = xp.isin(attr, xp.asarray(np.asarray(list_attrs, np.int32)))
+        if bool(mine.any()):
+            top = int(token[mine].max())
+            low = int(token[mine].min())
+            if low < 0 or top >= n_rows:
+                raise ValueError(f"event batch list token {top if top >= n_rows else low} has no row in "
+                                 f"list_truth ({n_rows} rows)")
+
+
+def _max_token(batch, attrs) -> int | None:
+    """The largest token of the batch's entries of ``attrs`` (every entry
+    when None); None when there is no such entry."""
+    if attrs is None:
+        return int(cuda_support.to_host(batch.token.max()))
+    if not len(attrs):
+        return None
+    attr, xp = _searchable(batch.attr)
+    token, _ = _searchable(batch.token)
+    mine = xp.isin(attr, xp.asarray(np.asarray(attrs, np.int32)))
+    return int(token[mine].max()) if bool(mine.any()) else None
+
+
+def check_batch(batch, pattern_truth, alive, n_subs: int, n_patterns: int, list_attrs=(),
+                pattern_attrs=None) -> np.ndarray:
     """Validate a match call's inputs (host or device arrays) before any of
     them reaches a kernel -- a kernel reading out of bounds does not raise.
-    Returns the batch's event offsets on the host."""
+    ``pattern_attrs``, ``list_attrs``: the attributes of the segment's
+    pattern and list predicates (:func:`token_attributes`), whose entries'
+    tokens index the pattern table (every entry's when None) and the
+    batch's list table.  Returns the batch's event offsets on the host."""
     for field, dtype in BATCH_DTYPES.items():
         if not hasattr(batch, field):
             raise TypeError(f"the event batch must be an engine.events.EventBatch (no {field!r} field), "
@@ -112,11 +176,13 @@ def check_batch(batch, pattern_truth, alive, n_subs: int, n_patterns: int) -> np
     if pattern_truth.shape[1] < n_patterns:
         raise ValueError(f"pattern_truth has {pattern_truth.shape[1]} pattern columns; the segment uses "
                          f"{n_patterns}")
-    if nnz:
-        top = int(cuda_support.to_host(batch.token.max()))
+    # (a list attribute's token is its list's row, not a string: only the pattern attributes' are checked here)
+    top = _max_token(batch, pattern_attrs) if nnz else None
+    if top is not None:
         if top >= pattern_truth.shape[0]:
             raise ValueError(f"event batch token {top} has no row in pattern_truth "
                              f"({pattern_truth.shape[0]} rows)")
+    check_list_truth(batch, list_attrs)
     return offsets
 
 
@@ -184,6 +250,18 @@ def pattern_columns(segment: Segment) -> int:
     return int(patterns.max()) + 1 if len(patterns) else 0
 
 
+def token_attributes(segment: Segment) -> tuple[np.ndarray, np.ndarray]:
+    """``(pattern_attrs, list_attrs)``: the attributes a segment's pattern
+    predicates (LIKE, MATCHES and negations) and list predicates (ONE OF
+    ... IS NOT EMPTY) read -- the entries whose tokens the kernels use, as
+    rows of the pattern table (distinct strings) and of the batch's list
+    table (event lists) respectively."""
+    preds = segment.predicates
+    lists = (preds.op >= FIRST_LIST_OP) & (preds.op <= LAST_LIST_OP)
+    patterns = np.isin(preds.op, PATTERN_CODES)
+    return np.unique(preds.attr[patterns]).astype(np.int32), np.unique(preds.attr[lists]).astype(np.int32)
+
+
 def _empty_result(output: str):
     if output == "device":
         xp = cuda_support.array_module()
@@ -208,6 +286,9 @@ class ChunkedCudaMatcher(Matcher):
     launch: cuda_support.LaunchConfig
     device_memory: int | None
     _n_patterns: int
+    #: the attributes of the segment's pattern and list predicates (:func:`token_attributes`; None: every
+    #: entry's token is checked against the pattern table)
+    _token_attrs: tuple | None = None
 
     def _refresh(self) -> None:
         """Bring the device copy of the index up to date (recoded strings)."""
@@ -221,9 +302,11 @@ class ChunkedCudaMatcher(Matcher):
         """Device scratch bytes a match call holds whatever the chunk size."""
         return 0
 
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
-                     col_dtype=np.int64):
-        """Match events ``[start, stop)``; yields :meth:`_compact`'s pieces."""
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, list_d, alive_d,
+                     result_room: int, col_dtype=np.int64):
+        """Match events ``[start, stop)`` (``truth_d``, ``list_d``: the
+        batch's pattern and list tables on the device); yields
+        :meth:`_compact`'s pieces."""
         raise NotImplementedError
 
     def match(self, batch, pattern_truth, alive, *, output: str = "numpy", ids=None):
@@ -239,7 +322,8 @@ class ChunkedCudaMatcher(Matcher):
         n_subs = len(seg)
         if ids is not None and (getattr(ids, "shape", None) != (n_subs,) or np.dtype(ids.dtype) != np.int64):
             raise ValueError(f"ids must be an int64 array of the segment's {n_subs} subscription ids")
-        offsets = check_batch(batch, pattern_truth, alive, n_subs, self._n_patterns)
+        pattern_attrs, list_attrs = self._token_attrs or (None, ())
+        offsets = check_batch(batch, pattern_truth, alive, n_subs, self._n_patterns, list_attrs, pattern_attrs)
         n_events = len(offsets) - 1
         if n_subs == 0 or n_events == 0:
             return _empty_result(output)
@@ -254,6 +338,16 @@ class ChunkedCudaMatcher(Matcher):
         else:
             truth_d = cuda_support.to_device(pattern_truth)
             fixed += truth_d.nbytes
+        # the list table, copied once per call like the pattern table (a batch without event lists ships
+        # the 8-byte empty one, left out of the budget)
+        list_truth = getattr(batch, "list_truth", None)
+        list_truth = NO_LISTS if list_truth is None else list_truth
+        if cuda_support.is_device_array(list_truth):
+            list_d = cuda_support.as_device(list_truth)
+        else:
+            list_d = cuda_support.to_device(np.ascontiguousarray(list_truth, np.int64))
+            if list_d.shape[0] > 1:
+                fixed += list_d.nbytes
         if cuda_support.is_device_array(alive):
             alive_d = cuda_support.as_device(alive)
         else:
@@ -283,9 +377,9 @@ class ChunkedCudaMatcher(Matcher):
                 f"event {worst} of the batch cannot fit the device memory budget: matching it against "
                 f"{n_subs} subscriptions needs {int(single[worst]) + reserve} bytes on the device ({what}, "
                 f"{int(single[worst]) - event_bytes} for its attributes, up to {reserve} for its results), but the "
-                f"budget of {budget} bytes leaves {free + reserve} after {fixed} for the batch's pattern table, "
-                f"alive flags and the matcher's scratch. Free device memory, raise device_memory, or shard the "
-                f"subscriptions over several indexes")
+                f"budget of {budget} bytes leaves {free + reserve} after {fixed} for the batch's pattern and list "
+                f"tables, alive flags and the matcher's scratch. Free device memory, raise device_memory, or shard "
+                f"the subscriptions over several indexes")
 
         # positions travel to the host as int32 when they fit (see gpu_kernels.transfer)
         col_dtype = np.int64 if output == "device" or n_subs > np.iinfo(np.int32).max else np.int32
@@ -304,7 +398,7 @@ class ChunkedCudaMatcher(Matcher):
             n_chunks += 1
             logger.debug("%s/cuda: chunk %d, events %d-%d of %d (%d bytes free of the %d-byte budget)",
                          self.name, n_chunks, start, stop - 1, n_events, free, budget)
-            pieces = self._match_chunk(batch, events_d, offsets, start, stop, truth_d, alive_d,
+            pieces = self._match_chunk(batch, events_d, offsets, start, stop, truth_d, list_d, alive_d,
                                        free + reserve - int(cost[stop] - cost[start]), col_dtype)
             for first_row, row_ends, rows, cols in pieces:
                 if output == "device":

@@ -40,9 +40,11 @@ kernels, CPU and CUDA, and the structure's layout):
   dictionary, so ``schema=`` is needed) and confirmed with the batch's exact
   pattern results, since strings outside the dictionary share codes with
   their neighbours.  Other patterns (suffix ``'%abc'`` included: codes carry
-  no reversed order), NOT IN, NOT BETWEEN, NOT LIKE, MATCHES, NOT MATCHES
-  and IS NOT NULL go to a VERIFY list found by attribute and decided by
-  ``predicate_truth`` (exact three-valued semantics).
+  no reversed order), NOT IN, NOT BETWEEN, NOT LIKE, MATCHES, NOT MATCHES,
+  IS NOT NULL and the list operators (ONE OF ... IS NOT EMPTY: their truth
+  is the event list's row of the batch's list table, not an operand) go to
+  a VERIFY list found by attribute and decided by ``predicate_truth``
+  (exact three-valued semantics).
 * **IS NULL** cannot be found through the event's attributes: it is checked
   when its conjunction's counter reaches 0.  A subscription with a
   conjunction of IS NULL tests only (``a IS NULL``, ``a != 5 OR b IS
@@ -88,7 +90,7 @@ import hashlib
 
 import numpy as np
 
-from engine.algorithms.base import HostMatcher
+from engine.algorithms.base import HostMatcher, list_truth_of
 from engine.algorithms.host_tasks import match_in_tasks
 from engine.algorithms.options import OpIndexOptions
 from engine.algorithms.units import program_tree
@@ -106,8 +108,10 @@ DEFAULT_LIMIT = 256
 DEFAULT_SEGMENTS = 32
 DEFAULT_SIGNATURE_BITS = 64
 
-_N_OPS = 16
-#: list of each operator inside a conjunction (IN and BETWEEN are expanded)
+_N_OPS = opcodes.N_OPS
+#: list of each operator inside a conjunction (IN and BETWEEN are expanded); every operator not searched by
+#: operand -- NOT IN, NOT BETWEEN, the patterns, IS NOT NULL and the list operators (ONE OF ... IS NOT EMPTY,
+#: whose truth is the event list's row of the batch's list table) -- is VERIFY, decided by predicate_truth
 _LIST_CONJ = np.full(_N_OPS, L_VERIFY, dtype=np.int64)
 _LIST_CONJ[[opcodes.EQ, opcodes.NE, opcodes.LT, opcodes.LE, opcodes.GT, opcodes.GE, opcodes.IN, opcodes.BETWEEN]] = \
     [L_EQ, L_NE, L_LT, L_LE, L_GT, L_GE, L_EQ, L_GE]
@@ -1102,13 +1106,14 @@ class OpIndexMatcher(HostMatcher):
             return empty
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
+        list_truth = list_truth_of(batch)
         index, programs = self.arrays, Programs.of(self.segment)
         counter_live = self._counter_live(alive, n_events)
 
         def launch(first, last, out, cap, ev_count, stop, need, serial):
             kernel = K.opindex_match_serial if serial else K.opindex_match_kernel
             kernel(first, last, out, cap, ev_count, stop, need, n_subs, batch.offsets, batch.attr, batch.value,
-                   batch.token, pattern_truth, index, programs, counter_live, alive)
+                   batch.token, pattern_truth, list_truth, index, programs, counter_live, alive)
         events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
         return events, positions
 

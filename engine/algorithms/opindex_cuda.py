@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.algorithms.cuda_base import HostStructureCudaMatcher, check_program_depths, pattern_columns
+from engine.algorithms.cuda_base import (HostStructureCudaMatcher, check_program_depths, pattern_columns,
+                                        token_attributes)
 from engine.algorithms.opindex import DEFAULT_SEGMENTS, DEFAULT_SIGNATURE_BITS, OpIndexMatcher
 from engine.algorithms.options import SHARED_MEMORY, OpIndexOptions
 from engine.backend import resolve_backend
@@ -159,6 +160,7 @@ class OpIndexCudaMatcher(HostStructureCudaMatcher):
         self.segment = host.segment
         self.variant = host.variant
         self._n_patterns = pattern_columns(host.segment)
+        self._token_attrs = token_attributes(host.segment)
         self._uploaded_from = None
         self._refresh()
 
@@ -235,15 +237,15 @@ class OpIndexCudaMatcher(HostStructureCudaMatcher):
             item_part = xp.concatenate((item_part, xp.full(n_rows, -1, dtype=np.int32)))
         return item_event, item_part
 
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
-                     col_dtype=np.int64):
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, list_d, alive_d,
+                     result_room: int, col_dtype=np.int64):
         xp = cuda_support.array_module()
         n_rows = stop - start
         ev_offsets, ev_attr, ev_value, ev_token, event_start = self._chunk_events(batch, events_d, offsets,
                                                                                   start, stop)
         if event_start:      # a device batch in place: this chunk's offsets, events renumbered from 0
             ev_offsets = ev_offsets[event_start:stop + 1]
-        events = (ev_offsets, ev_attr, ev_value, ev_token, truth_d, alive_d)
+        events = (ev_offsets, ev_attr, ev_value, ev_token, truth_d, alive_d, list_d)
         threads = block_threads(np.diff(offsets[start:stop + 1]), *self.thread_range)
         with self.phases("work items"):
             item_event, item_part = self._work_items(ev_offsets, ev_attr, n_rows)
@@ -262,11 +264,11 @@ class OpIndexCudaMatcher(HostStructureCudaMatcher):
     def _launch(self, mode: str, in_shared: bool, events, parts, chunk_events, bits, n_blocks: int, threads: int,
                 scratch, counter_width: int, block_width: int, sorting=None):
         """One launch of the OpIndex kernel over items (``events``, ``parts``)."""
-        ev_offsets, ev_attr, ev_value, ev_token, truth_d, alive_d = chunk_events
+        ev_offsets, ev_attr, ev_value, ev_token, truth_d, alive_d, list_d = chunk_events
         item_hits, item_first, keys, key_stride = sorting or (self._dummy, self._dummy, self._dummy, 0)
         opindex_kernel_cuda(
             n_blocks, threads, self.stack_depth, 4 * block_width if in_shared and mode == "atomic" else 0,
-            np.int64(events.shape[0]), events, parts, ev_offsets, ev_attr, ev_value, ev_token, truth_d,
+            np.int64(events.shape[0]), events, parts, ev_offsets, ev_attr, ev_value, ev_token, truth_d, list_d,
             self.index_d, self.programs_d, alive_d, scratch, np.int64(counter_width), np.int64(block_width),
             in_shared, bits, item_hits, item_first, keys, np.int64(key_stride), mode=mode)
 

@@ -20,8 +20,10 @@ How the paper maps onto this module and :mod:`gpu_kernels.pstree.cpu`:
   example (``[1, 20)``, ``[20, 60]``, ``(60, 100]``) -- and MatchPair
   (Algorithm 3) is a binary search over the endpoints that are still
   boundaries.  ``!=``, NOT IN and NOT BETWEEN cover two or more ranges;
-  LIKE, MATCHES, their negations and IS [NOT] NULL cover none (what they
-  decide is not a code range) and are never access predicates.  Codes are
+  LIKE, MATCHES, their negations, IS [NOT] NULL and the list operators
+  (ONE OF ... IS NOT EMPTY: the event list decides them, through the
+  batch's list table) cover none (what they decide is not a code range)
+  and are never access predicates.  Codes are
   exact for every covered operator (docs/adding-an-algorithm.md §1).
 * **Predicate selectivity** (§3.3): each unit's access predicate(s) are its
   most selective ones: with an ``event_log`` (an EventBatch), the fewest
@@ -56,9 +58,9 @@ How the paper maps onto this module and :mod:`gpu_kernels.pstree.cpu`:
   until it makes at most that many or has one left -- the paper bounds
   nothing, and a few wide ranges could otherwise fill memory.
 * **Units with no indexable predicate** (only LIKE, MATCHES, their
-  negations and IS [NOT] NULL; or no predicate at all: constant TRUE) are
-  candidates for every event (an *always* list): no subscription is
-  dropped.
+  negations, IS [NOT] NULL and list operators; or no predicate at all:
+  constant TRUE) are candidates for every event (an *always* list): no
+  subscription is dropped.
 * **Exactness**: a space decides its access predicate (its value lies in a
   covered space), so the exact check skips it -- but for a NaN value,
   placed in the leftmost space; every other predicate is evaluated by
@@ -110,7 +112,7 @@ import copy
 
 import numpy as np
 
-from engine.algorithms.base import HostMatcher
+from engine.algorithms.base import HostMatcher, list_truth_of
 from engine.algorithms.host_tasks import SERIAL_EVENTS, match_in_tasks
 from engine.algorithms.units import check_dnf, dnf_units
 from engine.compile import Segment
@@ -715,9 +717,11 @@ class PSTBloomMatcher(_PSTreeMatcher):
         return np.where(acc >= 0, self._pids[np.maximum(acc, 0)], -1)
 
     def _launcher(self, batch, pattern_truth, alive, stats):
+        list_truth = list_truth_of(batch)
+
         def extra(ev_space):
-            return (batch.offsets, batch.attr, batch.value, batch.token, ev_space, pattern_truth, *self._unit_args(),
-                    self.structure, self.bloom_hashes, alive, stats)
+            return (batch.offsets, batch.attr, batch.value, batch.token, ev_space, pattern_truth, list_truth,
+                    *self._unit_args(), self.structure, self.bloom_hashes, alive, stats)
         return self._launch(batch, K.pstbloom_kernel, K.pstbloom_serial, extra)
 
     def statistics(self) -> dict:
@@ -874,10 +878,11 @@ class PSTHashMatcher(_PSTreeMatcher):
 
     def _launcher(self, batch, pattern_truth, alive, stats):
         max_event = int(np.diff(batch.offsets).max(initial=0))
+        list_truth = list_truth_of(batch)
 
         def extra(ev_space):
             return (max_event, batch.offsets, batch.attr, batch.value, batch.token, ev_space, pattern_truth,
-                    *self._unit_args(), self.structure, alive, stats)
+                    list_truth, *self._unit_args(), self.structure, alive, stats)
         return self._launch(batch, K.psthash_kernel, K.psthash_serial, extra)
 
     def statistics(self) -> dict:

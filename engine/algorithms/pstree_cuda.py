@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.algorithms.cuda_base import HostStructureCudaMatcher, pattern_columns
+from engine.algorithms.cuda_base import HostStructureCudaMatcher, pattern_columns, token_attributes
 from engine.algorithms.options import PSTBloomOptions, PSTHashOptions
 from engine.algorithms.pstree import DEFAULT_LIMIT, PSTBloomMatcher, PSTHashMatcher
 from engine.backend import resolve_backend
@@ -102,6 +102,7 @@ class _PSTreeCudaMatcher(HostStructureCudaMatcher):
         self.host = host
         self.segment = host.segment
         self._n_patterns = pattern_columns(host.segment)
+        self._token_attrs = token_attributes(host.segment)
         self._refresh()
 
     # ------------------------------------------------------------ device copy
@@ -154,8 +155,8 @@ class _PSTreeCudaMatcher(HostStructureCudaMatcher):
         return self.item_bytes
 
     # -------------------------------------------------------------- matching
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
-                     col_dtype=np.int64):
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, list_d, alive_d,
+                     result_room: int, col_dtype=np.int64):
         xp = cuda_support.array_module()
         n_rows = stop - start
         ev_offsets, ev_attr, ev_value, ev_token, event_start = self._chunk_events(batch, events_d, offsets,
@@ -171,11 +172,12 @@ class _PSTreeCudaMatcher(HostStructureCudaMatcher):
         with self.phases("matching"):
             bits = xp.zeros((n_rows, -(-len(self.segment) // 64)), dtype=np.uint64)
             self._run((ev_offsets, ev_attr, ev_value, ev_token), ev_space, base, n_entries, n_rows, truth_d,
-                      alive_d, bits)
+                      list_d, alive_d, bits)
             del ev_space
         yield from self._compact(bits, n_rows, start, result_room, col_dtype)
 
-    def _run(self, events, ev_space, base: int, n_entries: int, n_rows: int, truth_d, alive_d, bits) -> None:
+    def _run(self, events, ev_space, base: int, n_entries: int, n_rows: int, truth_d, list_d, alive_d,
+             bits) -> None:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -207,10 +209,10 @@ class PSTBloomCudaMatcher(_PSTreeCudaMatcher):
         self._attach(PSTBloomMatcher(segment, "cpu", schema=schema, dnf_limit=dnf_limit, bloom_bits=bloom_bits,
                                      bloom_hashes=bloom_hashes, event_log=event_log))
 
-    def _run(self, events, ev_space, base, n_entries, n_rows, truth_d, alive_d, bits) -> None:
+    def _run(self, events, ev_space, base, n_entries, n_rows, truth_d, list_d, alive_d, bits) -> None:
         unit_sub, unit_off, pids = self.units_d
         pstbloom_kernel_cuda(self._blocks(n_rows), self.threads, np.int64(n_rows), *events, ev_space,
-                             np.int64(base), truth_d, unit_sub, unit_off, pids, self.rows_d, self.structure_d,
+                             np.int64(base), truth_d, list_d, unit_sub, unit_off, pids, self.rows_d, self.structure_d,
                              np.int64(self.host.bloom_hashes), np.int64(self.n_always), alive_d, bits)
 
 
@@ -237,7 +239,7 @@ class PSTHashCudaMatcher(_PSTreeCudaMatcher):
         self._attach(PSTHashMatcher(segment, "cpu", schema=schema, dnf_limit=dnf_limit, n_access=n_access,
                                     max_combinations=max_combinations, event_log=event_log))
 
-    def _run(self, events, ev_space, base, n_entries, n_rows, truth_d, alive_d, bits) -> None:
+    def _run(self, events, ev_space, base, n_entries, n_rows, truth_d, list_d, alive_d, bits) -> None:
         xp = cuda_support.array_module()
         ev_offsets = events[0]
         # each event's located spaces, ascending (entries ascend by attribute, global space ids with it):
@@ -253,7 +255,7 @@ class PSTHashCudaMatcher(_PSTreeCudaMatcher):
         del located, before
         unit_sub, unit_off, pids = self.units_d
         psthash_kernel_cuda(self._blocks(n_rows), self.threads, np.int64(n_rows), *events, loc_off, loc, truth_d,
-                            unit_sub, unit_off, pids, self.rows_d, self.structure_d, np.int64(self.n_always),
+                            list_d, unit_sub, unit_off, pids, self.rows_d, self.structure_d, np.int64(self.n_always),
                             alive_d, bits)
 
 

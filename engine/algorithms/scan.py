@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.algorithms.base import HostMatcher
+from engine.algorithms.base import HostMatcher, list_truth_of
 from engine.compile import Segment
 from engine.events import EventBatch
 from gpu_kernels.compaction import compact_hits
@@ -36,13 +36,14 @@ class ScanMatcher(HostMatcher):
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         chunk = int(max(1, min(batch.n_events, HIT_MATRIX_BYTES // n_subs)))
         hits = np.empty((chunk, n_subs), dtype=np.uint8)
+        list_truth = list_truth_of(batch)
         events, positions = [], []
         for start in range(0, batch.n_events, chunk):
             n = min(chunk, batch.n_events - start)
             scan_kernel(start, n, batch.offsets, batch.attr, batch.value, batch.token,
                         seg.prog_offsets, seg.prog_kind, seg.prog_arg, alive,
                         preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values,
-                        preds.aux, pattern_truth, seg.max_depth, hits)
+                        preds.aux, pattern_truth, list_truth, seg.max_depth, hits)
             e, p = compact_hits(hits, n, start)
             events.append(e)
             positions.append(p)

@@ -2,7 +2,7 @@
 
 The compiled segment is copied to the device once (:class:`DeviceSegment`;
 the predicate codes again only when a grown string dictionary recodes them).
-Each match call copies the batch's pattern table and ``alive`` flags over,
+Each match call copies the batch's pattern and list tables and ``alive`` flags over,
 then walks the events in *chunks* sized to the free device memory: per
 chunk the CUDA scan kernel fills a dense hit matrix (chunk × subscriptions,
 one byte a cell), the count kernel and an exclusive scan give every
@@ -33,7 +33,8 @@ import copy
 
 import numpy as np
 
-from engine.algorithms.cuda_base import ChunkedCudaMatcher, DeviceSegment, check_program_depths, pattern_columns
+from engine.algorithms.cuda_base import (ChunkedCudaMatcher, DeviceSegment, check_program_depths, pattern_columns,
+                                        token_attributes)
 from engine.algorithms.options import ScanOptions
 from engine.backend import resolve_backend
 from engine.compile import Segment
@@ -70,6 +71,7 @@ class ScanCudaMatcher(ChunkedCudaMatcher):
         self.device_memory = device_memory
         self.stack_depth = check_program_depths(segment)
         self._n_patterns = pattern_columns(segment)
+        self._token_attrs = token_attributes(segment)
         self.device = DeviceSegment(segment)
 
     @property
@@ -99,8 +101,8 @@ class ScanCudaMatcher(ChunkedCudaMatcher):
         n_tiles = n_tiles_for(n_subs, self.launch)
         return n_subs + 16 * n_tiles, f"a hit row of {n_subs} bytes, {16 * n_tiles} for compaction"
 
-    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, alive_d, result_room: int,
-                     col_dtype=np.int64):
+    def _match_chunk(self, batch, events_d, offsets, start: int, stop: int, truth_d, list_d, alive_d,
+                     result_room: int, col_dtype=np.int64):
         """Scan, count, scan-offsets and fill one chunk of events; yields
         :meth:`_compact`'s pieces, each one's results fitting ``result_room`` bytes."""
         xp = cuda_support.array_module()
@@ -113,7 +115,7 @@ class ScanCudaMatcher(ChunkedCudaMatcher):
             scan_kernels.scan_kernel_cuda(event_start, n_rows, ev_offsets, ev_attr, ev_value, ev_token,
                                           dev.prog_offsets, dev.prog_kind, dev.prog_arg, alive_d,
                                           dev.pred_attr, dev.pred_op, dev.pred_lo, dev.pred_hi, dev.set_offsets,
-                                          dev.set_values, dev.pred_aux, truth_d, self.stack_depth, hits,
+                                          dev.set_values, dev.pred_aux, truth_d, list_d, self.stack_depth, hits,
                                           launch=self.launch)
         del ev_offsets, ev_attr, ev_value, ev_token
         yield from self._compact(hits, n_rows, start, result_room, col_dtype)

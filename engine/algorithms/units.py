@@ -36,7 +36,7 @@ class PredicateRows(NamedTuple):
     op: np.ndarray           # int8
     lo: np.ndarray           # float64
     hi: np.ndarray           # float64
-    aux: np.ndarray          # int64 (pattern id for LIKE/MATCHES)
+    aux: np.ndarray          # int64 (pattern id for LIKE/MATCHES, set id for IN and the list operators)
     set_offsets: np.ndarray  # int64 CSR into set_values (IN / NOT IN lists, sorted)
     set_values: np.ndarray   # float64
     # (no __len__: a NamedTuple handed to a CUDA kernel must have len() ==

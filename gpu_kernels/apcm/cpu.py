@@ -79,7 +79,7 @@ def slot_true(slot, present, p_main, p_over, table, store):
 @njit(parallel=True, nogil=True, cache=True)
 def encode_entries(ev_attr, ev_value, ev_token, store_at, main_bits, over_bits, bit_off, bit_pred, obit_off,
                    obit_pred, tab_off, bound_off, bounds, op, lo, hi, aux, set_offsets, set_values, pattern_truth,
-                   e_main, e_over, store):
+                   list_truth, e_main, e_over, store):
     """``e_main[k]``, ``e_over[k]``: the slices of entry ``k``; evaluated
     slices written to ``store[store_at[k]:]`` (zeroed by the caller)."""
     n_attrs = len(main_bits)
@@ -102,7 +102,7 @@ def encode_entries(ev_attr, ev_value, ev_token, store_at, main_bits, over_bits, 
                 for j in range(main_bits[a]):
                     p = bit_pred[bit_off[a] + j]
                     if p >= 0 and entry_truth(p, k, ev_value, ev_token, op, lo, hi, set_offsets, set_values, aux,
-                                              pattern_truth) == TRUE:
+                                              pattern_truth, list_truth) == TRUE:
                         store[at + (j >> 6)] |= np.uint64(1) << np.uint64(j & 63)
                 e_main[k] = -2 - at
                 at += (main_bits[a] + 63) >> 6
@@ -110,7 +110,7 @@ def encode_entries(ev_attr, ev_value, ev_token, store_at, main_bits, over_bits, 
             for j in range(over_bits[a]):
                 p = obit_pred[obit_off[a] + j]
                 if p >= 0 and entry_truth(p, k, ev_value, ev_token, op, lo, hi, set_offsets, set_values, aux,
-                                          pattern_truth) == TRUE:
+                                          pattern_truth, list_truth) == TRUE:
                     store[at + (j >> 6)] |= np.uint64(1) << np.uint64(j & 63)
             e_over[k] = -2 - at
 

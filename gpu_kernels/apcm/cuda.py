@@ -262,7 +262,8 @@ def build_encode_kernel():
     from gpu_kernels.predicates import cuda_device_functions
     entry_truth = cuda_device_functions().entry_truth
 
-    def encode_kernel(ev_attr, ev_value, ev_token, store_at, bitmap, rows, pattern_truth, e_main, e_over, store):
+    def encode_kernel(ev_attr, ev_value, ev_token, store_at, bitmap, rows, pattern_truth, list_truth, e_main, e_over,
+                      store):
         main_bits = bitmap.main_bits
         over_bits = bitmap.over_bits
         bit_off = bitmap.bit_off
@@ -306,7 +307,7 @@ def build_encode_kernel():
                         p = bit_pred[bit_off[a] + j]
                         if p >= 0 and entry_truth(p, k, ev_value, ev_token, rows.op, rows.lo, rows.hi,
                                                   rows.set_offsets, rows.set_values, rows.aux,
-                                                  pattern_truth) == TRUE:
+                                                  pattern_truth, list_truth) == TRUE:
                             store[at + (j >> 6)] |= np.uint64(1) << np.uint64(j & 63)
                     e_main[k] = -2 - at
                     at += (main_bits[a] + 63) >> 6
@@ -314,7 +315,8 @@ def build_encode_kernel():
                 for j in range(over_bits[a]):
                     p = obit_pred[obit_off[a] + j]
                     if p >= 0 and entry_truth(p, k, ev_value, ev_token, rows.op, rows.lo, rows.hi,
-                                              rows.set_offsets, rows.set_values, rows.aux, pattern_truth) == TRUE:
+                                              rows.set_offsets, rows.set_values, rows.aux, pattern_truth,
+                                              list_truth) == TRUE:
                         store[at + (j >> 6)] |= np.uint64(1) << np.uint64(j & 63)
                 e_over[k] = -2 - at
 
@@ -606,7 +608,7 @@ def encode_kernel_types() -> tuple:
     bitmap = types.NamedTuple([_array(np.uint64 if f == "table" else np.float64 if f == "bounds" else np.int64)
                                for f in DeviceBitmap._fields], DeviceBitmap)
     return (_array(np.int32), _array(np.float64), _array(np.int32), _array(np.int64), bitmap, _rows_type(),
-            _array(np.uint8, 2), _array(np.int64), _array(np.int64), _array(np.uint64))
+            _array(np.uint8, 2), _array(np.int64), _array(np.int64), _array(np.int64), _array(np.uint64))
 
 
 def or_kernel_types() -> tuple:
@@ -641,13 +643,13 @@ def _grid(n: int, threads: int, max_blocks: int) -> int:
 
 
 def encode_entries_cuda(threads: int, max_blocks: int, ev_attr, ev_value, ev_token, store_at, bitmap, rows,
-                        pattern_truth, e_main, e_over, store) -> None:
+                        pattern_truth, list_truth, e_main, e_over, store) -> None:
     """Launch stage 1 over the chunk's entries (see :func:`build_encode_kernel`)."""
     n = int(ev_attr.shape[0])
     if n == 0:
         return
     build_encode_kernel()[_grid(n, threads, max_blocks), int(threads)](
-        ev_attr, ev_value, ev_token, store_at, bitmap, rows, pattern_truth, e_main, e_over, store)
+        ev_attr, ev_value, ev_token, store_at, bitmap, rows, pattern_truth, list_truth, e_main, e_over, store)
 
 
 def or_slices_cuda(threads: int, max_blocks: int, n_words: int, or_base: int, job_word_off, job_ce, job_kind,

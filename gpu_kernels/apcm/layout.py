@@ -20,7 +20,8 @@ each point ``B[i]`` -- on each of which every comparison, ``BETWEEN`` and
 the attribute's *table*; encoding an event's value is a binary search for
 its interval, and the event's slice *is* that row (nothing is copied).
 Pattern predicates (``LIKE``, ``MATCHES``) depend on the string, not its
-interval, and an attribute whose table would exceed :data:`TABLE_WORDS`
+interval, list predicates (``ONE OF`` ... ``IS NOT EMPTY``) on the event
+list (the batch's list table, read by the entry's token), and an attribute whose table would exceed :data:`TABLE_WORDS`
 words is not worth one: the slices of such *evaluated* attributes are
 computed per event entry by the shared
 :func:`gpu_kernels.predicates.entry_truth`, each bit once.
@@ -45,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from gpu_kernels.opcodes import IS_NULL, LIKE, MATCHES, NOT_LIKE, NOT_MATCHES, TRUE
+from gpu_kernels.opcodes import FIRST_LIST_OP, IS_NULL, LAST_LIST_OP, LIKE, MATCHES, NOT_LIKE, NOT_MATCHES, TRUE
 from gpu_kernels.predicates import predicate_truth
 
 #: the slot of an IS NULL predicate: TRUE where the attribute is absent
@@ -55,6 +56,10 @@ TABLE_WORDS = 1 << 20
 #: dead + overflow bits beyond this share of all bits: the next merge rebuilds the layout
 RECLAIM_SHARE = 0.25
 PATTERN_OPS = (LIKE, MATCHES, NOT_LIKE, NOT_MATCHES)
+#: operators decided by an entry's token, not by its value -- the patterns (the string's result) and the list
+#: operators (the event list's row of the batch's list table): no elementary interval decides them, so an
+#: attribute with one is evaluated
+TOKEN_OPS = PATTERN_OPS + tuple(range(FIRST_LIST_OP, LAST_LIST_OP + 1))
 
 
 class BitmapLayout(NamedTuple):
@@ -139,15 +144,15 @@ def _operands(rows, preds: np.ndarray) -> np.ndarray:
 
 
 def _tables(rows, bit_off, bit_pred, main_bits):
-    """Per attribute, its table when it has no pattern predicate and its
-    table fits :data:`TABLE_WORDS` (else ``tab_off`` -1: evaluated)."""
+    """Per attribute, its table when it has no pattern or list predicate
+    (:data:`TOKEN_OPS`) and its table fits :data:`TABLE_WORDS` (else ``tab_off`` -1: evaluated)."""
     n_attrs = len(main_bits)
     tab_off = np.full(n_attrs, -1, np.int64)
     bound_parts, counts, sizes = [], np.zeros(n_attrs, np.int64), np.zeros(n_attrs, np.int64)
     op = np.asarray(rows.op)
     for a in np.flatnonzero(main_bits):
         preds = bit_pred[bit_off[a]:bit_off[a + 1]]
-        if np.isin(op[preds], PATTERN_OPS).any():
+        if np.isin(op[preds], TOKEN_OPS).any():
             continue
         b = _operands(rows, preds)
         size = (2 * len(b) + 1) * int(words(main_bits[a]))

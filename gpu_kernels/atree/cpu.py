@@ -265,11 +265,11 @@ def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, su
 
 
 @njit(nogil=True)
-def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
-               pattern_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx, needs3,
-               leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf,
-               sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-               stamp, val, queue, q_len, result):
+def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
+               list_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx, needs3, leaf_pred,
+               scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, sub_off, sub_pos,
+               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, stamp, val, queue, q_len,
+               result):
     """Events ``[e_first, e_last)``; ``result``: the first event that did
     not fit (``e_last`` when all did), its count, and the leaves touched
     by the events that fit (evaluated, or located in the index)."""
@@ -310,7 +310,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             for k in range(scan_off[a], scan_off[a + 1]):
                 leaf = scan_leaf[k]
                 v = entry_truth(leaf_pred[leaf], at, ev_value, ev_token, pred_op, pred_lo, pred_hi,
-                                set_offsets, set_values, pred_aux, pattern_truth)
+                                set_offsets, set_values, pred_aux, pattern_truth, list_truth)
                 stamp[leaf] = cur
                 val[leaf] = v
                 if v == TRUE:
@@ -324,7 +324,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 continue                                 # evaluated above
             touched += 1
             v = entry_truth(pid, -1, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values,
-                            pred_aux, pattern_truth)
+                            pred_aux, pattern_truth, list_truth)
             stamp[leaf] = cur
             val[leaf] = v
             if v == TRUE:
@@ -356,7 +356,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
 
 
 def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, task_leaves,
-                          ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive,
+                          ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, alive,
                           kind, level, level_start, child_off, child_idx, par_off, par_idx, needs3,
                           leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet,
                           absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
@@ -372,8 +372,8 @@ def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, 
         queue = np.empty(max(n_nodes, 1), np.int32)
         q_len = np.zeros(max(n_levels, 1), np.int64)
         result = np.empty(3, np.int64)
-        match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
-                   ev_token, pattern_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx,
+        match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
+                   pattern_truth, list_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx,
                    needs3, leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet,
                    absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
                    pred_aux, stamp, val, queue, q_len, result)

@@ -176,10 +176,10 @@ def build_kernels():
 
     keyed = cuda.jit(device=True)(keyed)
 
-    def leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, scan_off, scan_leaf,
-               key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off, par_idx,
-               needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-               val, queued, bits):
+    def leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, alive, scan_off,
+               scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off,
+               par_idx, needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
+               pred_aux, val, queued, bits):
         """Predicate matching of event ``e`` by threads ``x, x + sx, ...``
         (the cpu's step 1): per attribute of the event, its keyed leaves
         located in the predicate index (only the TRUE ones touched) and its
@@ -199,7 +199,7 @@ def build_kernels():
             for k in range(scan_off[a] + x, scan_off[a + 1], sx):
                 leaf = scan_leaf[k]
                 v = entry_truth(leaf_pred[leaf], at, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets,
-                                set_values, pred_aux, pattern_truth)
+                                set_values, pred_aux, pattern_truth, list_truth)
                 settle(e, leaf, v, val, queued, bits, alive, par_off, par_idx, needs3, sub_off, sub_pos)
         for k in range(x, absent_leaf.shape[0], sx):
             leaf = absent_leaf[k]
@@ -207,7 +207,7 @@ def build_kernels():
             if find_attribute(ev_attr, s0, s1, pred_attr[pid]) >= 0:
                 continue                                     # present: evaluated above
             v = entry_truth(pid, -1, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values,
-                            pred_aux, pattern_truth)
+                            pred_aux, pattern_truth, list_truth)
             settle(e, leaf, v, val, queued, bits, alive, par_off, par_idx, needs3, sub_off, sub_pos)
 
     def level(e, x, sx, n0, n1, kind, child_off, child_idx, par_off, par_idx, needs3, sub_off, sub_pos, alive,
@@ -228,17 +228,17 @@ def build_kernels():
     leaves = cuda.jit(device=True)(leaves)
     level = cuda.jit(device=True)(level)
 
-    def leaf_kernel(n_rows, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, scan_off, scan_leaf,
-                    key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off, par_idx,
-                    needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                    val, queued, bits):
+    def leaf_kernel(n_rows, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, alive, scan_off,
+                    scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off,
+                    par_idx, needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
+                    pred_aux, val, queued, bits):
         x, y = cuda.grid(2)
         sx, sy = cuda.gridsize(2)
         for e in range(y, n_rows, sy):
-            leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, scan_off, scan_leaf,
-                   key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off, par_idx,
-                   needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                   val, queued, bits)
+            leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, alive, scan_off,
+                   scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off,
+                   par_idx, needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
+                   pred_aux, val, queued, bits)
 
     def level_kernel(n_rows, n0, n1, kind, child_off, child_idx, par_off, par_idx, needs3, sub_off, sub_pos, alive,
                      val, queued, bits):
@@ -248,19 +248,19 @@ def build_kernels():
             level(e, x, sx, n0, n1, kind, child_off, child_idx, par_off, par_idx, needs3, sub_off, sub_pos, alive,
                   val, queued, bits)
 
-    def persistent_kernel(n_rows, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, kind, level_start,
-                          child_off, child_idx, par_off, par_idx, needs3, scan_off, scan_leaf, key_off, key, key_hi,
-                          key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, sub_off, sub_pos, pred_attr, pred_op,
-                          pred_lo, pred_hi, set_offsets, set_values, pred_aux, val, queued, bits):
+    def persistent_kernel(n_rows, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, alive, kind,
+                          level_start, child_off, child_idx, par_off, par_idx, needs3, scan_off, scan_leaf, key_off,
+                          key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, sub_off, sub_pos,
+                          pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, val, queued, bits):
         x = cuda.threadIdx.x
         sx = cuda.blockDim.x
         n_levels = level_start.shape[0] - 1
         # e and the level loop are the same for every thread of a block: the barriers are reached by all
         for e in range(cuda.blockIdx.x, n_rows, cuda.gridDim.x):
-            leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, alive, scan_off, scan_leaf,
-                   key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off, par_idx,
-                   needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux,
-                   val, queued, bits)
+            leaves(e, x, sx, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, alive, scan_off,
+                   scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, leaf_pred, par_off,
+                   par_idx, needs3, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
+                   pred_aux, val, queued, bits)
             cuda.syncthreads()
             for lv in range(2, n_levels):
                 n0 = level_start[lv]
@@ -286,7 +286,7 @@ def kernel_types() -> dict:
 
     i64 = types.int64
     events = (array(np.int64), array(np.int32), array(np.float64), array(np.int32), array(np.uint8, 2),
-              array(np.uint8))
+              array(np.int64), array(np.uint8))
     preds = (array(np.int32), array(np.int8), array(np.float64), array(np.float64), array(np.int64),
              array(np.float64), array(np.int64))
     state = (array(np.int8, 2), array(np.uint64, 2), array(np.uint64, 2))
@@ -306,7 +306,7 @@ def match_chunk_cuda(mode: str, launch, threads: int, blocks: int, n_rows: int, 
                      leaf_width: int, preds, alive, val, queued, bits) -> None:
     """Match a chunk of ``n_rows`` events (device arrays throughout).
 
-    ``events``: ``(ev_offsets, ev_attr, ev_value, ev_token, pattern_truth)``,
+    ``events``: ``(ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth)``,
     event ``e``'s entries ``ev_offsets[e]:ev_offsets[e + 1]``; ``tree``: the
     device :class:`~gpu_kernels.atree.layout.ATreeArrays` (``attr_off``
     and ``attr_leaf`` unread), its ``level_start`` also given on the host
@@ -320,8 +320,8 @@ def match_chunk_cuda(mode: str, launch, threads: int, blocks: int, n_rows: int, 
     ``launch``'s 2-D grid; ``"persistent"``: one launch of ``blocks``
     blocks of ``threads``."""
     leaf_kernel, level_kernel, persistent_kernel = build_kernels()
-    ev_offsets, ev_attr, ev_value, ev_token, truth = events
-    common = (ev_offsets, ev_attr, ev_value, ev_token, truth, alive)
+    ev_offsets, ev_attr, ev_value, ev_token, truth, list_truth = events
+    common = (ev_offsets, ev_attr, ev_value, ev_token, truth, list_truth, alive)
     n = np.int64(n_rows)
     if mode == "persistent":
         persistent_kernel[int(blocks), int(threads)](

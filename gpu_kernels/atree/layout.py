@@ -52,14 +52,19 @@ class ATreeArrays(NamedTuple):
 
 #: a leaf's rough chance of being TRUE, by operator: picks the access
 #: child of an AND (§5.2.2: the child least often TRUE is linked, so the
-#: AND is visited least often); the paper picks one at random
-_LEAF_ESTIMATE = np.full(16, 0.5)
+#: AND is visited least often); the paper picks one at random.  The list
+#: operators are rated as the patterns: a list holding one of some values
+#: (or being empty) is rare like a string matching a pattern, the negations
+#: common like NOT LIKE
+_LEAF_ESTIMATE = np.full(opcodes.N_OPS, 0.5)
 _LEAF_ESTIMATE[[opcodes.EQ]] = 0.02
-_LEAF_ESTIMATE[[opcodes.IN, opcodes.LIKE, opcodes.MATCHES]] = 0.05
+_LEAF_ESTIMATE[[opcodes.IN, opcodes.LIKE, opcodes.MATCHES, opcodes.ONE_OF, opcodes.ALL_OF, opcodes.CONTAINS,
+                opcodes.IS_EMPTY]] = 0.05
 _LEAF_ESTIMATE[[opcodes.BETWEEN]] = 0.2
 _LEAF_ESTIMATE[[opcodes.LT, opcodes.LE, opcodes.GT, opcodes.GE]] = 0.4
 _LEAF_ESTIMATE[[opcodes.NE, opcodes.NOT_IN, opcodes.NOT_BETWEEN, opcodes.NOT_LIKE, opcodes.NOT_MATCHES,
-                opcodes.IS_NOT_NULL]] = 0.6
+                opcodes.IS_NOT_NULL, opcodes.NONE_OF, opcodes.NOT_ALL_OF, opcodes.NOT_CONTAINS,
+                opcodes.IS_NOT_EMPTY]] = 0.6
 _LEAF_ESTIMATE[[opcodes.IS_NULL]] = 0.9
 
 
@@ -187,8 +192,10 @@ def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, 
                        attr_leaf.astype(np.int32), absent.astype(np.int32), sub_off, sub_pos.astype(np.int32))
 
 
-#: the key class (:class:`LeafIndex`) of each operator, -1 for those evaluated one by one
-_CLASS_OF_OP = np.full(16, -1, np.int64)
+#: the key class (:class:`LeafIndex`) of each operator, -1 for those evaluated one by one -- the list
+#: operators among them: the event list decides them (the batch's list table, read by the entry's token),
+#: not a value that keys could be searched by
+_CLASS_OF_OP = np.full(opcodes.N_OPS, -1, np.int64)
 _CLASS_OF_OP[[opcodes.EQ, opcodes.IN, opcodes.LT, opcodes.LE, opcodes.GT, opcodes.GE, opcodes.BETWEEN]] = \
     [EQ_KEYS, IN_KEYS, LT_KEYS, LE_KEYS, GT_KEYS, GE_KEYS, BETWEEN_KEYS]
 
@@ -209,7 +216,8 @@ class LeafIndex(NamedTuple):
     ``key_reach``, the running maximum of the highs, is not below ``v``:
     every high before it is below ``v``).  An ``IN`` leaf has one key per
     distinct list value.  Every other leaf (exact ones, ``!=``, NOT IN, NOT
-    BETWEEN, LIKE, MATCHES and their negations, IS [NOT] NULL) is in
+    BETWEEN, LIKE, MATCHES and their negations, IS [NOT] NULL, the list
+    operators ONE OF ... IS NOT EMPTY) is in
     ``scan_leaf``, evaluated as before; without zero suppression every
     leaf is exact, so all are."""
 

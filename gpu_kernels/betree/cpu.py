@@ -31,8 +31,8 @@ from numba import njit, prange
 from gpu_kernels.betree.layout import (ATOMIC, N_CHILD, N_DEPTH, N_LEAF, N_LEAF_END, N_PDIR, N_PDIR_END, N_PREFIX,
                                        NODE_FIELDS)
 from gpu_kernels.compaction import emit_marked
-from gpu_kernels.opcodes import BETWEEN, GE, IN, LIKE, NE, NOT_MATCHES, TRUE
-from gpu_kernels.predicates import find_attribute, predicate_truth
+from gpu_kernels.opcodes import BETWEEN, FIRST_LIST_OP, GE, IN, LAST_LIST_OP, LIKE, NE, NOT_MATCHES, TRUE
+from gpu_kernels.predicates import find_attribute, list_hit, list_key, predicate_truth
 
 
 @njit(nogil=True, cache=True)
@@ -76,7 +76,7 @@ def node_table(c_depth, c_child, c_leaf, c_pdir, p_top):
 
 @njit(nogil=True)
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_key,
-               pattern_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result, loss):
+               pattern_truth, list_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result, loss):
     """Match events ``[e_first, e_last)``: each event's alive TRUE
     positions, ascending, to ``out[base + used:]`` and their number to
     ``ev_count[e]``; stop at an event whose positions do not fit ``cap``:
@@ -142,6 +142,8 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     hit = False
                     if present and op >= LIKE and op <= NOT_MATCHES:
                         hit = pattern_truth[ev_token[at], x_aux[v_pid[v]]] != 0
+                    elif present and op >= FIRST_LIST_OP and op <= LAST_LIST_OP:    # the event list's row
+                        hit = list_hit(list_truth, ev_token[at], list_key(op, x_aux[v_pid[v]]))
                     if op == IN:            # short sorted lists: a scan, after the first-to-last test
                         if not present or value < v_pred[v, 1] or value > v_pred[v, 2]:
                             ok = False
@@ -213,8 +215,8 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
 
 
 def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions,
-                           ev_offsets, ev_attr, ev_value, ev_token, ev_key, pattern_truth, table, p_attr, leaf, rows,
-                           alive, loss):
+                           ev_offsets, ev_attr, ev_value, ev_token, ev_key, pattern_truth, list_truth, table, p_attr,
+                           leaf, rows, alive, loss):
     """Match events ``[task_first[t], task_last[t])`` for every task ``t``
     in parallel (the protocol of
     :func:`engine.algorithms.host_tasks.match_in_tasks`), against the
@@ -229,8 +231,8 @@ def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop,
         bm0 = np.zeros(max(n_words, 1), dtype=np.uint64)
         bm1 = np.zeros(max((n_words + 63) >> 6, 1), dtype=np.uint64)
         result = np.empty(2, dtype=np.int64)
-        match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
-                   ev_token, ev_key, pattern_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result,
+        match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
+                   ev_key, pattern_truth, list_truth, table, p_attr, leaf, rows, alive, stack, ev_pos, bm0, bm1, result,
                    loss)
         task_stop[t] = result[0]
         task_need[t] = result[1]

@@ -62,7 +62,7 @@ from numba import njit
 
 from gpu_kernels import cuda_support
 from gpu_kernels.betree.layout import ATOMIC, BETreeArrays
-from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
+from gpu_kernels.opcodes import FIRST_LIST_OP, IN, LAST_LIST_OP, LIKE, NOT_IN, NOT_MATCHES, TRUE
 
 cuda = None   # numba.cuda once the CUDA twin is built (a module global: see cuda_support)
 
@@ -162,6 +162,8 @@ def build_betree_kernel_cuda(threads: int, queue_capacity: int):
     device = cuda_device_functions()
     find_attribute = device.find_attribute
     predicate_truth = device.predicate_truth
+    list_hit = device.list_hit
+    list_key = device.list_key
     n_threads = int(threads)
     n_queue = int(queue_capacity)
 
@@ -204,7 +206,7 @@ def build_betree_kernel_cuda(threads: int, queue_capacity: int):
     slot_of = cuda.jit(device=True)(slot_of)
 
     def betree_kernel(n_items, item_event, ev_offsets, ev_attr, ev_value, ev_token, ev_key, key_base, pattern_truth,
-                      tree, leaf, rows, alive, spill, spill_cap, overflow, bits):
+                      list_truth, tree, leaf, rows, alive, spill, spill_cap, overflow, bits):
         # the structure's arrays, named as in the CPU twin
         c_depth = tree.c_depth
         c_child = tree.c_child
@@ -282,6 +284,8 @@ def build_betree_kernel_cuda(threads: int, queue_capacity: int):
                         hit = False
                         if present and op >= LIKE and op <= NOT_MATCHES:
                             hit = pattern_truth[ev_token[at], x_aux[v_pid[v]]] != 0
+                        elif present and op >= FIRST_LIST_OP and op <= LAST_LIST_OP:    # the event list's row
+                            hit = list_hit(list_truth, ev_token[at], list_key(op, x_aux[v_pid[v]]))
                         set_start = np.int64(0)
                         set_stop = np.int64(0)
                         if op == IN or op == NOT_IN:
@@ -364,8 +368,8 @@ def kernel_types() -> tuple:
                                                         np.int64, np.float64)], PredicateRows)
     i64 = types.int64
     return (i64, array(np.int64), array(np.int64), array(np.int32), array(np.float64), array(np.int32),
-            array(np.uint64), i64, array(np.uint8, 2), tree, leaf, rows, array(np.uint8), array(np.int32), i64,
-            array(np.uint8), array(np.uint64, 2))
+            array(np.uint64), i64, array(np.uint8, 2), array(np.int64), tree, leaf, rows, array(np.uint8),
+            array(np.int32), i64, array(np.uint8), array(np.uint64, 2))
 
 
 def betree_kernel_cuda(n_blocks: int, threads: int, queue_capacity: int, *args):

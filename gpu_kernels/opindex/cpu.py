@@ -27,9 +27,9 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.compaction import emit_marked
-from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
+from gpu_kernels.opcodes import FIRST_LIST_OP, IN, LAST_LIST_OP, LIKE, NOT_IN, NOT_MATCHES, TRUE
 from gpu_kernels.opindex.layout import L_EQ, L_LE, L_PREFIX, L_VERIFY, N_LISTS, attr_bit_py, eq_bit_py
-from gpu_kernels.predicates import find_attribute, predicate_truth
+from gpu_kernels.predicates import find_attribute, list_hit, list_key, predicate_truth
 from gpu_kernels.scan import run_program
 
 attr_bit = njit(inline="always", nogil=True)(attr_bit_py)
@@ -45,7 +45,7 @@ eq_bit = njit(inline="always", nogil=True)(eq_bit_py)
 # --------------------------------------------------------------------------
 @njit(nogil=True)
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
-               index, programs, counter_live, alive, counters, slots, hits, bm0, bm1, stack, result):
+               list_truth, index, programs, counter_live, alive, counters, slots, hits, bm0, bm1, stack, result):
     """Match events ``[e_first, e_last)``: write each event's alive TRUE
     subscription positions, ascending, to ``out[base + used:]`` and
     their number to ``ev_count[e]``.  When an event's positions do not
@@ -108,7 +108,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             if alive[pos] != 0:
                 if run_program(prog_offsets[pos], prog_offsets[pos + 1], prog_kind, prog_arg, ev_start, ev_stop,
                                ev_attr, ev_value, ev_token, p_attr, p_op, p_lo, p_hi, p_set_offsets,
-                               p_set_values, p_aux, pattern_truth, stack) == TRUE:
+                               p_set_values, p_aux, pattern_truth, list_truth, stack) == TRUE:
                     word = pos >> 6
                     mask = np.uint64(1) << np.uint64(pos & 63)
                     if (bm0[word] & mask) == 0:
@@ -229,6 +229,8 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                             hit = False
                             if pop >= LIKE and pop <= NOT_MATCHES:
                                 hit = pattern_truth[token, x_aux[pid]] != 0
+                            elif pop >= FIRST_LIST_OP and pop <= LAST_LIST_OP:    # the event list's row
+                                hit = list_hit(list_truth, token, list_key(pop, x_aux[pid]))
                             s0 = 0
                             s1 = 0
                             if pop == IN or pop == NOT_IN:
@@ -283,8 +285,8 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
 
 
 def opindex_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions,
-                            ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, index, programs, counter_live,
-                            alive):
+                            ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, index, programs,
+                            counter_live, alive):
     """Match events ``[task_first[t], task_last[t])`` for every task ``t``
     in parallel, with per-task counters, clause bits and output bitmap,
     against ``index`` (an :class:`~gpu_kernels.opindex.layout.OpIndexArrays`)
@@ -318,8 +320,8 @@ def opindex_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop
         hits = np.empty(max_hits + 1, dtype=np.int64)
         result = np.empty(2, dtype=np.int64)
         match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
-                   ev_token, pattern_truth, index, programs, counter_live, alive, counters, slots, hits, bm0, bm1,
-                   stack, result)
+                   ev_token, pattern_truth, list_truth, index, programs, counter_live, alive, counters, slots, hits,
+                   bm0, bm1, stack, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
 

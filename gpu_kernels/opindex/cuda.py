@@ -68,7 +68,7 @@ import numba
 import numpy as np
 
 from gpu_kernels import cuda_support
-from gpu_kernels.opcodes import IN, LIKE, NOT_IN, NOT_MATCHES, TRUE
+from gpu_kernels.opcodes import FIRST_LIST_OP, IN, LAST_LIST_OP, LIKE, NOT_IN, NOT_MATCHES, TRUE
 from gpu_kernels.opindex.layout import DTYPES, PROGRAM_DTYPES, OpIndexArrays, Programs, attr_bit_py, eq_bit_py
 from gpu_kernels.predicates import cuda_device_functions
 from gpu_kernels.scan import cuda_run_program
@@ -196,6 +196,8 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomi
     device = cuda_device_functions()
     find = device.find_attribute
     truth = device.predicate_truth
+    list_hit = device.list_hit
+    list_key = device.list_key
     run = cuda_run_program()
     hashes = (attr_bit_py, eq_bit_py)
     if cuda_support.simulated():     # plain Python there: NumPy warns where uint64 hashing wraps around on purpose
@@ -209,9 +211,9 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomi
     emit = mode == "emit"
     scans_only = mode == "count"
 
-    def kernel(n_items, item_event, item_part, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, index,
-               programs, alive, scratch, counter_width, block_width, in_shared, bits, item_hits, item_first, keys,
-               key_stride):
+    def kernel(n_items, item_event, item_part, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth,
+               index, programs, alive, scratch, counter_width, block_width, in_shared, bits, item_hits, item_first,
+               keys, key_stride):
         # the structure's arrays (``index``: OpIndexArrays; ``programs``: the segment's Programs)
         n_attrs = index.pivot_of_attr.shape[0]
         part_counter_start = index.part_counter_start
@@ -281,7 +283,7 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomi
                     if alive[pos] != 0:
                         if run(prog_offsets[pos], prog_offsets[pos + 1], prog_kind, prog_arg, ev_start, ev_stop,
                                ev_attr, ev_value, ev_token, p_attr, p_op, p_lo, p_hi, p_set_offsets,
-                               p_set_values, p_aux, pattern_truth, stack) == TRUE:
+                               p_set_values, p_aux, pattern_truth, list_truth, stack) == TRUE:
                             cuda.atomic.or_(bits, (e, pos >> 6), np.uint64(1) << np.uint64(pos & 63))
                 continue
             c_base = part_counter_start[p]
@@ -371,6 +373,8 @@ def build_opindex_kernel_cuda(threads: int, stack_depth: int, mode: str = "atomi
                             hit = False
                             if pop >= LIKE and pop <= NOT_MATCHES:
                                 hit = pattern_truth[ev_token[i], x_aux[pid]] != 0
+                            elif pop >= FIRST_LIST_OP and pop <= LAST_LIST_OP:    # the event list's row
+                                hit = list_hit(list_truth, ev_token[i], list_key(pop, x_aux[pid]))
                             s0 = np.int64(0)
                             s1 = np.int64(0)
                             if pop == IN or pop == NOT_IN:
@@ -422,8 +426,8 @@ def kernel_types(ent_val=np.uint16, ent_target=np.int16, counter_init=np.int8) -
                               if name in DTYPES] + [types.int64, types.boolean, types.boolean], OpIndexArrays)
     programs = types.NamedTuple([array(dtype) for dtype in PROGRAM_DTYPES] + [types.int64], Programs)
     i64 = types.int64
-    return (i64, array(np.int64), array(np.int32), array(np.int64), array(np.int32), array(np.float64),
-            array(np.int32), array(np.uint8, 2), index, programs, array(np.uint8), array(np.int32), i64, i64,
+    return (i64, array(np.int64), array(np.int32), array(np.int64), array(np.int32), array(np.float64), array(np.int32),
+            array(np.uint8, 2), array(np.int64), index, programs, array(np.uint8), array(np.int32), i64, i64,
             types.boolean, array(np.uint64, 2), array(np.int64), array(np.int64), array(np.int64), i64)
 
 

@@ -37,9 +37,11 @@ Layout (every structure is a flat array):
   ``part_slot_start[p] - t - 1``), 16 bits when partitions are small.
   ``list_shift[l] < 0`` marks an empty list.
 * VERIFY lists hold the predicates no range scan decides (NOT IN, NOT
-  BETWEEN, LIKE, NOT LIKE, MATCHES, NOT MATCHES, IS NOT NULL, and BETWEEN
-  inside a CNF clause): found by attribute only, decided exactly by
-  :func:`gpu_kernels.predicates.predicate_truth` on the event's value and
+  BETWEEN, LIKE, NOT LIKE, MATCHES, NOT MATCHES, IS NOT NULL, the list
+  operators ONE OF ... IS NOT EMPTY, and BETWEEN inside a CNF clause):
+  found by attribute only, decided exactly by
+  :func:`gpu_kernels.predicates.predicate_truth` on the event's value (its
+  pattern or list result read by the entry's token) and
   the *extended predicate table* (``x_*``: the segment's predicates, then
   the negations the normal forms need).  PREFIX lists hold ``LIKE 'abc%'``
   as the code range of the strings with that prefix (§6.2), checked exactly

@@ -384,7 +384,7 @@ def build_hash_table(group_keys, n_slots):
 
 # ------------------------------------------------------------------ matching
 @njit(inline="always", nogil=True)
-def unit_true(u, skip0, skip1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth):
+def unit_true(u, skip0, skip1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth, list_truth):
     """Whether every predicate of unit ``u`` is TRUE on the event (``ev_pos``:
     attribute -> entry, -1 absent), the positions ``skip0``/``skip1`` of
     ``pids`` excepted (access predicates already decided by their space)."""
@@ -396,7 +396,7 @@ def unit_true(u, skip0, skip1, unit_off, pids, ev_pos, ev_value, ev_token, rows,
         a = rows.attr[r]
         at = ev_pos[a] if a < n_pos else -1
         if entry_truth(r, at, ev_value, ev_token, rows.op, rows.lo, rows.hi, rows.set_offsets, rows.set_values,
-                       rows.aux, pattern_truth) != TRUE:
+                       rows.aux, pattern_truth, list_truth) != TRUE:
             return False
     return True
 
@@ -415,8 +415,8 @@ def decided_by_space(j, pids, rows, ev_pos, ev_value):
 
 @njit(nogil=True)
 def pstbloom_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
-                  pattern_truth, unit_sub, unit_off, pids, rows, bloom, n_hashes, alive, ev_pos, bm0, bm1, result,
-                  stats):
+                  pattern_truth, list_truth, unit_sub, unit_off, pids, rows, bloom, n_hashes, alive, ev_pos, bm0, bm1,
+                  result, stats):
     """Algorithm 5 for events ``[e_first, e_last)`` (the
     :func:`engine.algorithms.host_tasks.match_in_tasks` protocol); ``stats``
     (empty, or 3 slots) counts list candidates, those the signatures keep,
@@ -473,7 +473,7 @@ def pstbloom_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr
                     stats[1] += 1
                 # line 15: the exact check, the access predicate decided by its space
                 skip = decided_by_space(acc, pids, rows, ev_pos, ev_value)
-                if unit_true(u, skip, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth):
+                if unit_true(u, skip, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth, list_truth):
                     bm0[word] |= mask
                     bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
                     found += 1
@@ -484,7 +484,7 @@ def pstbloom_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr
             mask = np.uint64(1) << np.uint64(pos & 63)
             if alive[pos] == 0 or (bm0[word] & mask) != 0:
                 continue
-            if unit_true(u, -1, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth):
+            if unit_true(u, -1, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth, list_truth):
                 bm0[word] |= mask
                 bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
                 found += 1
@@ -504,8 +504,8 @@ def pstbloom_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr
 
 
 def pstbloom_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
-                       ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, unit_sub, unit_off, pids,
-                       rows, bloom, n_hashes, alive, stats):
+                       ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, list_truth, unit_sub,
+                       unit_off, pids, rows, bloom, n_hashes, alive, stats):
     """Tasks of events over all cores (``stats``: see :func:`pstbloom_task`;
     only on the serial twin)."""
     n_words = (n_positions + 63) >> 6
@@ -515,8 +515,8 @@ def pstbloom_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, tas
         bm1 = np.zeros(max((n_words + 63) >> 6, 1), np.uint64)
         result = np.empty(2, np.int64)
         pstbloom_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
-                      ev_token, ev_space, pattern_truth, unit_sub, unit_off, pids, rows, bloom, n_hashes, alive,
-                      ev_pos, bm0, bm1, result, stats)
+                      ev_token, ev_space, pattern_truth, list_truth, unit_sub, unit_off, pids, rows, bloom, n_hashes,
+                      alive, ev_pos, bm0, bm1, result, stats)
         task_stop[t] = result[0]
         task_need[t] = result[1]
 
@@ -527,8 +527,8 @@ pstbloom_serial = njit(nogil=True, cache=True)(pstbloom_kernel_py)
 
 @njit(nogil=True)
 def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
-                 pattern_truth, unit_sub, unit_off, pids, rows, table, alive, ev_pos, loc, idx, key, bm0, bm1, result,
-                 stats):
+                 pattern_truth, list_truth, unit_sub, unit_off, pids, rows, table, alive, ev_pos, loc, idx, key, bm0,
+                 bm1, result, stats):
     """Algorithm 7 for events ``[e_first, e_last)``: the event's located
     spaces ``loc`` (ascending), every combination of ``r`` of them for each
     arity ``r`` some unit has (C(|E|, r) keys), its units from the hash table
@@ -584,7 +584,7 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
                             skip1 = decided_by_space(table.access[u, 1], pids, rows, ev_pos, ev_value) \
                                 if width > 1 else -1
                             if unit_true(u, skip0, skip1, unit_off, pids, ev_pos, ev_value, ev_token, rows,
-                                         pattern_truth):
+                                         pattern_truth, list_truth):
                                 bm0[word] |= mask
                                 bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
                                 found += 1
@@ -606,7 +606,7 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
             mask = np.uint64(1) << np.uint64(pos & 63)
             if alive[pos] == 0 or (bm0[word] & mask) != 0:
                 continue
-            if unit_true(u, -1, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth):
+            if unit_true(u, -1, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth, list_truth):
                 bm0[word] |= mask
                 bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
                 found += 1
@@ -626,8 +626,8 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
 
 
 def psthash_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
-                      max_event, ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, unit_sub, unit_off,
-                      pids, rows, table, alive, stats):
+                      max_event, ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, list_truth,
+                      unit_sub, unit_off, pids, rows, table, alive, stats):
     n_words = (n_positions + 63) >> 6
     width = table.slot_key.shape[1]
     for t in prange(len(task_first)):
@@ -639,8 +639,8 @@ def psthash_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task
         bm1 = np.zeros(max((n_words + 63) >> 6, 1), np.uint64)
         result = np.empty(2, np.int64)
         psthash_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
-                     ev_token, ev_space, pattern_truth, unit_sub, unit_off, pids, rows, table, alive, ev_pos, loc,
-                     idx, key, bm0, bm1, result, stats)
+                     ev_token, ev_space, pattern_truth, list_truth, unit_sub, unit_off, pids, rows, table, alive,
+                     ev_pos, loc, idx, key, bm0, bm1, result, stats)
         task_stop[t] = result[0]
         task_need[t] = result[1]
 

@@ -90,7 +90,8 @@ def device_functions() -> SimpleNamespace:
         hashes = tuple(_wrapping(fn) for fn in hashes)
     device = functools.partial(cuda.jit, device=True)
 
-    def unit_true(u, skip0, skip1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token, rows, pattern_truth):
+    def unit_true(u, skip0, skip1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token, rows, pattern_truth,
+                  list_truth):
         """Whether every predicate of unit ``u`` is TRUE on the event of
         entries ``[s0, s1)``, the positions ``skip0``/``skip1`` of ``pids``
         excepted (access predicates decided by their space)."""
@@ -100,7 +101,7 @@ def device_functions() -> SimpleNamespace:
             r = pids[j]
             at = find(ev_attr, s0, s1, rows.attr[r])
             if entry_truth(r, at, ev_value, ev_token, rows.op, rows.lo, rows.hi, rows.set_offsets, rows.set_values,
-                           rows.aux, pattern_truth) != TRUE:
+                           rows.aux, pattern_truth, list_truth) != TRUE:
                 return False
         return True
 
@@ -120,7 +121,7 @@ def device_functions() -> SimpleNamespace:
     unit_true = device(unit_true)
 
     def always_candidates(e, always, n_always, tid, n_threads, unit_sub, alive, bits, unit_off, pids, s0, s1,
-                          ev_attr, ev_value, ev_token, rows, pattern_truth):
+                          ev_attr, ev_value, ev_token, rows, pattern_truth, list_truth):
         """Event ``e``'s check of the units without an indexable predicate
         (candidates for every event), a thread each (both kernels' last
         step)."""
@@ -131,7 +132,8 @@ def device_functions() -> SimpleNamespace:
             mask = np.uint64(1) << np.uint64(pos & 63)
             if alive[pos] == 0 or (bits[e, word] & mask) != 0:
                 continue
-            if unit_true(u, -1, -1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token, rows, pattern_truth):
+            if unit_true(u, -1, -1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token, rows, pattern_truth,
+                         list_truth):
                 cuda.atomic.or_(bits, (e, word), mask)
 
     return SimpleNamespace(find=find, elementary=device(L.elementary_py), bloom_key=device(hashes[0]),
@@ -189,7 +191,7 @@ def build_pstbloom_kernel():
     always_candidates = f.always_candidates
 
     def pstbloom_kernel(n_events, ev_offsets, ev_attr, ev_value, ev_token, ev_space, space_base, pattern_truth,
-                        unit_sub, unit_off, pids, rows, bloom, n_hashes, n_always, alive, bits):
+                        list_truth, unit_sub, unit_off, pids, rows, bloom, n_hashes, n_always, alive, bits):
         list_off = bloom.list_off
         list_units = bloom.units
         sig_off = bloom.sig_off
@@ -235,10 +237,10 @@ def build_pstbloom_kernel():
                     # line 15: the exact check, the access predicate decided by its space (this pair's)
                     skip = acc if x == x else np.int64(-1)
                     if unit_true(u, skip, -1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token, rows,
-                                 pattern_truth):
+                                 pattern_truth, list_truth):
                         cuda.atomic.or_(bits, (e, word), mask)
             always_candidates(e, bloom.always, n_always, tid, n_threads, unit_sub, alive, bits, unit_off, pids, s0, s1,
-                              ev_attr, ev_value, ev_token, rows, pattern_truth)
+                              ev_attr, ev_value, ev_token, rows, pattern_truth, list_truth)
 
     return cuda.jit(pstbloom_kernel)
 
@@ -255,8 +257,8 @@ def build_psthash_kernel():
     always_candidates = f.always_candidates
     n_key = L.MAX_ACCESS
 
-    def psthash_kernel(n_events, ev_offsets, ev_attr, ev_value, ev_token, loc_off, loc, pattern_truth, unit_sub,
-                       unit_off, pids, rows, table, n_always, alive, bits):
+    def psthash_kernel(n_events, ev_offsets, ev_attr, ev_value, ev_token, loc_off, loc, pattern_truth, list_truth,
+                       unit_sub, unit_off, pids, rows, table, n_always, alive, bits):
         slot_key = table.slot_key
         slot_group = table.slot_group
         group_off = table.group_off
@@ -313,12 +315,12 @@ def build_psthash_kernel():
                                 if width > 1:
                                     skip1 = decided_by_space(access[u, 1], pids, rows, s0, s1, ev_attr, ev_value)
                                 if unit_true(u, skip0, skip1, unit_off, pids, s0, s1, ev_attr, ev_value, ev_token,
-                                             rows, pattern_truth):
+                                             rows, pattern_truth, list_truth):
                                     cuda.atomic.or_(bits, (e, word), mask)
                             break
                         s = (s + 1) & slot_mask
             always_candidates(e, table.always, n_always, tid, n_threads, unit_sub, alive, bits, unit_off, pids, s0, s1,
-                              ev_attr, ev_value, ev_token, rows, pattern_truth)
+                              ev_attr, ev_value, ev_token, rows, pattern_truth, list_truth)
 
     return cuda.jit(psthash_kernel)
 
@@ -358,10 +360,10 @@ def kernel_types() -> dict:
     events = (array(np.int64), array(np.int32), array(np.float64), array(np.int32))
     units = (array(np.int64), array(np.int64), array(np.int64), rows)
     return {"locate": (i64, i64, array(np.int32), array(np.float64), spaces, array(np.int64)),
-            "pstbloom": (i64, *events, array(np.int64), i64, array(np.uint8, 2), *units, bloom, i64, i64,
-                         array(np.uint8), array(np.uint64, 2)),
-            "psthash": (i64, *events, array(np.int64), array(np.int64), array(np.uint8, 2), *units, table, i64,
-                        array(np.uint8), array(np.uint64, 2))}
+            "pstbloom": (i64, *events, array(np.int64), i64, array(np.uint8, 2), array(np.int64), *units, bloom, i64,
+                         i64, array(np.uint8), array(np.uint64, 2)),
+            "psthash": (i64, *events, array(np.int64), array(np.int64), array(np.uint8, 2), array(np.int64), *units,
+                        table, i64, array(np.uint8), array(np.uint64, 2))}
 
 
 __all__ = ["binomial_py", "build_locate_kernel", "build_pstbloom_kernel", "build_psthash_kernel", "device_functions",

@@ -26,15 +26,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, IN, LE, LT, NE, NOT_BETWEEN, NOT_IN
+from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, IN, LE, LT, N_OPS, NE, NOT_BETWEEN, NOT_IN
 
 #: the paper's selectivity ranking of operators (§3.3): = > ∈ > BETWEEN > ranges > ∉ > ≠
 #: (NOT BETWEEN, which the paper does not list, goes between ∉ and ≠: it excludes a range, ≠ one value).
 #: Index by opcode; NOT_INDEXABLE for the operators whose TRUE set is not a union of code ranges
 #: decided by the value alone (LIKE, MATCHES and their negations need the string; IS [NOT] NULL
-#: is about presence) -- those never serve as access predicates.
+#: is about presence; the list operators ONE OF ... IS NOT EMPTY need the event list, read by the
+#: entry's token from the batch's list table) -- those never serve as access predicates.
 NOT_INDEXABLE = 99
-OPERATOR_CLASS = np.full(16, NOT_INDEXABLE, np.int64)
+OPERATOR_CLASS = np.full(N_OPS, NOT_INDEXABLE, np.int64)
 OPERATOR_CLASS[EQ] = 0
 OPERATOR_CLASS[IN] = 1
 OPERATOR_CLASS[BETWEEN] = 2

@@ -1,0 +1,304 @@
+"""List-valued attributes (docs/language.md#list-attributes): the
+language, the families, every event container, the columnar form,
+read-back, explain and Spark.  Matching by every algorithm on every
+backend against the reference evaluator and DuckDB is the conformance
+suite's (tests/conformance.py: random lists in every workload, and the
+pinned ad-serving example `check_list_attributes`)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from engine import Index, ParseError
+from engine.errors import BadEventError, SchemaError
+from engine.events import EventBatch, encode_events, list_index, list_truth
+from engine.expr import Op, Pred
+from engine.parse import parse, to_text
+from engine.reference import evaluate, matches
+from engine.schema import Schema
+from tests.sql_oracle import duckdb_evaluate
+
+SCHEMA = {"segs": "list<string>", "deals": "list<numeric>", "price": "numeric", "color": "string"}
+
+TEXTS = ["segs ONE OF ('a', 'b')", "segs NONE OF ('a')", "segs ALL OF ('a', 'b')", "'c' IN segs",
+         "'c' NOT IN segs", "segs IS EMPTY", "segs IS NOT EMPTY", "deals ONE OF (1, 2.5)", "3 IN deals",
+         "NOT deals ALL OF (1, 2)", "deals IS EMPTY AND price > 1", "segs IS NULL OR color = 'red'"]
+
+
+def _ids(index, events, **kwargs):
+    return [m.tolist() for m in index.match_batch(events, **kwargs)]
+
+
+def _want(texts, events):
+    return [[i for i, t in enumerate(texts) if matches(parse(t), e)] for e in events]
+
+
+# ------------------------------------------------------------------ the language
+@pytest.mark.parametrize("text,pred", [
+    ("segs ONE OF ('a', 'b')", Pred("segs", Op.ONE_OF, ("a", "b"))),
+    ("segs none of (1)", Pred("segs", Op.NONE_OF, (1,))),
+    ("segs All Of (1, 2.5)", Pred("segs", Op.ALL_OF, (1, 2.5))),
+    ("'x' IN segs", Pred("segs", Op.CONTAINS, ("x",))),
+    ("-3 NOT IN segs", Pred("segs", Op.NOT_CONTAINS, (-3,))),
+    ("segs IS EMPTY", Pred("segs", Op.IS_EMPTY, ())),
+    ("segs is not empty", Pred("segs", Op.IS_NOT_EMPTY, ())),
+])
+def test_list_predicates_parse_and_print_back(text, pred):
+    assert parse(text) == pred
+    assert parse(to_text(pred)) == pred
+
+
+def test_negated_all_of_prints_as_not():
+    node = Pred("segs", Op.NOT_ALL_OF, ("a",))
+    assert to_text(node) == "NOT segs ALL OF ('a')"
+    assert evaluate(parse(to_text(node)), {"segs": ["b"]}) is evaluate(node, {"segs": ["b"]}) is True
+
+
+@pytest.mark.parametrize("word", ["one", "none", "all", "of", "empty"])
+def test_the_new_keywords_are_reserved_and_quoted_names_still_work(word):
+    with pytest.raises(ParseError):
+        parse(f"{word} = 1")
+    assert parse(f'"{word}" = 1') == Pred(word, Op.EQ, (1,))
+    assert to_text(Pred(word, Op.EQ, (1,))) == f'"{word}" = 1'
+
+
+@pytest.mark.parametrize("text", ["segs ONE OF ()", "segs ONE OF 'a'", "segs ALL ('a')", "IN segs",
+                                  "'a' IN", "segs IS EMPTY NULL", "segs ONE OF ('a',)"])
+def test_malformed_list_predicates_are_parse_errors(text):
+    with pytest.raises(ParseError):
+        parse(text)
+
+
+# ------------------------------------------------------------------ families
+@pytest.mark.parametrize("text,message", [
+    ("segs = 'a'", "list attribute"),
+    ("segs IN ('a')", "list attribute"),
+    ("segs LIKE 'a%'", "list attribute"),
+    ("price ONE OF (1)", "not a list"),
+    ("1 IN price", "not a list"),
+    ("price IS EMPTY", "not a list"),
+    ("segs ONE OF (1)", "compares it with a numeric literal"),
+    ("deals ALL OF ('a')", "compares it with a string literal"),
+    ("fresh IS EMPTY", "declare it"),
+    ("flags ONE OF (TRUE)", "numbers or strings"),
+])
+def test_a_scalar_operator_on_a_list_and_vice_versa_is_refused_and_changes_nothing(text, message):
+    index = Index(algorithm="scan", schema=SCHEMA)
+    index.add(1, "segs ONE OF ('a')")
+    before = dict(index.schema)
+    with pytest.raises((SchemaError, ParseError), match=message):
+        index.add(2, text)
+    assert dict(index.schema) == before and index.ids().tolist() == [1]
+    assert _ids(index, [{"segs": ["a"]}]) == [[1]]
+
+
+def test_list_families_are_fixed_by_first_use_and_can_be_declared():
+    index = Index(algorithm="scan")
+    index.add(1, "segs ONE OF ('a') AND segs IS NOT EMPTY")     # the same expression types it first
+    index.add(2, "3 IN deals")
+    assert index.schema["segs"] == "list<string>" and index.schema["deals"] == "list<numeric>"
+    with pytest.raises(SchemaError, match="already list<string>"):
+        Index(schema={"segs": "list<string>"}).schema.declare("segs", "string")
+    with pytest.raises(SchemaError, match="list<numeric>"):
+        Index(schema={"segs": "list<bool>"})
+
+
+# ------------------------------------------------------------------ events
+EVENTS = [{"segs": ["a", "b", "a", None], "deals": [1, 1, None], "price": 2, "color": "red"},
+          {"segs": [], "deals": [], "price": 0},
+          {"segs": [None], "deals": (3, 2.5)},
+          {"segs": {"c"}, "deals": np.array([2.0, 3.0])},
+          {"color": "blue"},
+          {"segs": ["zz-not-in-any-predicate", "b"], "deals": [9007199254740992]}]
+
+
+@pytest.mark.parametrize("algorithm", ["scan", "opindex", "atree"])
+def test_every_event_container_gives_the_same_answer(algorithm):
+    index = Index(algorithm=algorithm, schema=SCHEMA)
+    index.add_many(range(len(TEXTS)), TEXTS)
+    plain = [{k: (sorted(v) if isinstance(v, set) else list(v) if isinstance(v, (tuple, np.ndarray)) else v)
+              for k, v in e.items()} for e in EVENTS]
+    want = _want(TEXTS, plain)
+    assert sum(map(len, want)) >= 12
+    assert _ids(index, EVENTS) == want
+    assert [index.match(e).tolist() for e in EVENTS] == want
+    cells = {a: [e.get(a) for e in plain] for a in SCHEMA}
+    for list_type in (pa.list_, pa.large_list):
+        table = pa.table({"segs": pa.array(cells["segs"], list_type(pa.string())),
+                          "deals": pa.array(cells["deals"], list_type(pa.float64())),
+                          "price": pa.array(cells["price"], pa.float64()), "color": pa.array(cells["color"])})
+        assert _ids(index, table) == want
+    ints = pa.table({"deals": pa.array([[1, 2], [3], None], pa.list_(pa.int64())),
+                     "segs": pa.array([["a", "b"], [], None], pa.list_(pa.string()).value_type and
+                                      pa.list_(pa.string()))})
+    assert _ids(index, ints) == _want(TEXTS, [{"deals": [1, 2], "segs": ["a", "b"]}, {"deals": [3], "segs": []}, {}])
+    frame = pd.DataFrame({a: pd.Series(cells[a], dtype=object) for a in SCHEMA})
+    assert _ids(index, frame) == want
+    # a map column whose values are lists: one attribute per key
+    maps = pa.array([[("segs", e["segs"])] if e.get("segs") is not None else [] for e in plain],
+                    pa.map_(pa.string(), pa.list_(pa.string())))
+    assert _ids(index, pa.table({"m": maps})) == _want(TEXTS, [{"segs": e["segs"]} if "segs" in e else {}
+                                                              for e in plain])
+
+
+def test_empty_lists_of_null_type_fit_any_list_attribute():
+    index = Index(algorithm="scan", schema=SCHEMA)
+    index.add_many([1, 2], ["segs IS EMPTY", "deals IS NOT EMPTY"])
+    table = pa.table({"segs": pa.array([[], None]), "deals": pa.array([[], [None]])})
+    assert table["segs"].type == pa.list_(pa.null())
+    assert _ids(index, table) == [[1], []]
+
+
+@pytest.mark.parametrize("event,reason", [
+    ({"deals": [1, "x"]}, "list<numeric>"),
+    ({"deals": [1, float("nan")]}, "list<numeric>"),
+    ({"deals": [True]}, "list<numeric>"),
+    ({"deals": [2 ** 60]}, "list<numeric>"),
+    ({"deals": 1}, "takes a list"),
+    ({"segs": "a"}, "takes a list"),
+    ({"segs": ["a", 1]}, "list<string>"),
+    ({"price": [1]}, "numeric"),
+])
+def test_a_bad_list_is_refused_clearly_or_treated_as_absent(event, reason):
+    index = Index(algorithm="scan", schema=SCHEMA)
+    index.add_many([1, 2], ["deals IS NULL", "segs IS NULL"])
+    with pytest.raises(BadEventError, match=reason):
+        index.match_batch([{}, event])
+    (name,) = event
+    absent = _ids(index, [{}])[0]
+    assert _ids(index, [event], errors="null") == [absent]
+    results, rejected = index.match_batch([{}, event, {}], errors="report")
+    assert [r.event for r in rejected] == [1] and rejected[0].attribute == name
+    assert [m.tolist() for m in results] == [absent, [], absent]
+
+
+def test_bad_arrow_list_columns_are_refused_by_cell():
+    index = Index(algorithm="scan", schema=SCHEMA)
+    index.add(1, "deals IS NOT NULL")
+    table = pa.table({"deals": pa.array([[1.0], [float("inf")], None])})
+    with pytest.raises(BadEventError, match="event 1"):
+        index.match_batch(table)
+    assert _ids(index, table, errors="null") == [[1], [], []]
+    wrong = pa.table({"deals": pa.array([["a"], ["b"]])})
+    with pytest.raises(BadEventError, match="list<numeric>"):
+        index.match_batch(wrong)
+
+
+# ------------------------------------------------------------------ the list truth
+def test_list_truth_equals_brute_force_on_random_lists():
+    """The inverted-index join of engine.events.list_truth against
+    evaluating every (list, operand list) pair directly."""
+    rng = random.Random(5)
+    schema = Schema()
+    schema.declare("l", "list<numeric>")
+    schema.declare("m", "list<string>")
+    words = [f"https://example.com/{i}" for i in range(30)]
+    schema.add_strings(words)
+    sets = {}
+    for _ in range(60):
+        attr = rng.choice("lm")
+        values = tuple(sorted({rng.randrange(20) for _ in range(rng.randint(1, 5))}))
+        keys = tuple(float(v) if attr == "l" else float(schema.string_id(words[v])) for v in values)
+        sets[(attr, schema.set_id(tuple(sorted(keys))))] = values
+    events = [{"l": [rng.randrange(25) if rng.random() < 0.9 else None for _ in range(rng.randint(0, 30))],
+               "m": [words[rng.randrange(25)] for _ in range(rng.randint(0, 30))] + ["not a word"]}
+              for _ in range(40)]
+    batch = encode_events(events, schema)
+    pairs = [(schema.attr_ids[a], s * 2 + k) for a, s in sets for k in (0, 1)]
+    truth = list_truth(batch, list_index(schema, pairs))
+    for row in range(len(batch.list_offsets) - 1):
+        true = set(truth[truth[row]:truth[row + 1]].tolist())
+        event = int(np.searchsorted(batch.offsets, np.flatnonzero(batch.token == row)[0], side="right") - 1)
+        attr = schema.attr_names[batch.list_attr[row]]
+        elements = {v for v in events[event][attr] if v is not None}
+        for (a, s), values in sets.items():
+            if a != attr:
+                continue
+            members = {v if a == "l" else words[v] for v in values}
+            assert ((2 * s) in true) == bool(members & elements)
+            assert ((2 * s + 1) in true) == (members <= elements)
+
+
+def test_a_list_entry_carries_its_distinct_elements_as_its_value():
+    schema = Schema()
+    schema.declare("m", "list<string>")
+    batch = encode_events([{"m": ["a", "a", None, "b", "never mentioned"]}, {"m": []}], schema)
+    assert isinstance(batch, EventBatch)
+    assert batch.value.tolist() == [3.0, 0.0] and batch.token.tolist() == [0, 1]
+    assert batch.list_offsets.tolist() == [0, 0, 0]      # no string a predicate mentions: no key
+
+
+# ------------------------------------------------------------------ the columnar form, read-back, explain
+def test_the_columnar_form_equals_the_text_route():
+    rows = {"sub_id": [1, 2, 3, 4, 4, 5, 6], "attr": ["segs", "segs", "deals", "segs", "deals", "segs", "deals"],
+            "op": ["one of", "none of", "all of", "contains", "not contains", "is not empty", "is empty"],
+            "str_values": [["a", "b"], ["a"], None, None, None, None, None],
+            "values": [None, None, [1.0, 2.5], None, None, None, None],
+            "str_value": [None, None, None, "c", None, None, None],
+            "value": [None, None, None, None, 3.0, None, None]}
+    texts = ["segs ONE OF ('a', 'b')", "segs NONE OF ('a')", "deals ALL OF (1, 2.5)",
+             "'c' IN segs AND 3 NOT IN deals", "segs IS NOT EMPTY", "deals IS EMPTY"]
+    by_table = Index(algorithm="opindex", schema=SCHEMA)
+    by_table.add_many(pa.table(rows))
+    by_text = Index(algorithm="opindex", schema=SCHEMA)
+    by_text.add_many([1, 2, 3, 4, 5, 6], texts)
+    for index in (by_table, by_text):
+        assert [index.expression(i) for i in range(1, 7)] == [to_text(parse(t)) for t in texts]
+        want = _want(texts, [{k: list(v) if isinstance(v, (tuple, set, np.ndarray)) else v for k, v in e.items()}
+                             for e in EVENTS])
+        assert _ids(index, EVENTS) == [[i + 1 for i in ids] for ids in want]
+    with pytest.raises(SchemaError, match="booleans"):
+        Index(schema=SCHEMA).add_many(pa.table({"sub_id": [1], "attr": ["segs"], "op": ["one of"],
+                                                "bool_values": [[True]]}))
+    with pytest.raises(SchemaError, match="list attribute"):
+        Index().add_many(pa.table({"sub_id": [1], "attr": ["fresh"], "op": ["is empty"]}))
+
+
+def test_explain_shows_list_predicates_and_the_absent_list():
+    index = Index(algorithm="atree", schema=SCHEMA)
+    index.add(1, "segs ONE OF ('a') AND NOT 3 IN deals")
+    explained = index.explain(1, {"segs": ["a"], "deals": [3]})
+    assert explained.value is False and "ONE OF" in str(explained) and "IN deals" in str(explained)
+    explained = index.explain(1, {"segs": ["a"]})
+    assert explained.value is None and "deals" in str(explained)
+
+
+def test_the_oracles_agree_on_list_semantics():
+    """DuckDB's list_has_any / list_has_all / list_contains (NULL elements
+    ignored, repeats counted once, an empty list not NULL) against the
+    reference evaluator."""
+    exprs = [parse(t) for t in TEXTS]
+    events = [{k: list(v) if isinstance(v, (tuple, set, np.ndarray)) else v for k, v in e.items()} for e in EVENTS]
+    events = [{k: sorted(v, key=str) if isinstance(v, list) and k == "segs" and None not in v else v
+               for k, v in e.items()} for e in events]
+    schema = {"segs": "VARCHAR[]", "deals": "DOUBLE[]", "price": "DOUBLE", "color": "VARCHAR"}
+    assert duckdb_evaluate(exprs, events, schema) == [[evaluate(e, ev) for ev in events] for e in exprs]
+
+
+# ------------------------------------------------------------------ Spark
+@pytest.mark.spark
+def test_spark_array_columns_are_list_attributes(spark):
+    from spark_integration import match_events
+
+    rng = random.Random(3)
+    index = Index(schema=SCHEMA)
+    texts = [f"segs ONE OF ('s{rng.randrange(20)}', 's{rng.randrange(20)}')" if k % 3 else
+             f"{rng.randrange(10)} IN deals AND segs IS NOT EMPTY" for k in range(60)]
+    index.add_many(range(60), texts)
+    events = [{"segs": [f"s{rng.randrange(30)}" for _ in range(rng.randrange(6))] if rng.random() < 0.8 else None,
+               "deals": [rng.randrange(12) for _ in range(rng.randrange(4))] if rng.random() < 0.8 else None}
+              for _ in range(200)]
+    table = pa.table({"event_id": pa.array(range(200), pa.int64()),
+                      "segs": pa.array([e["segs"] for e in events], pa.list_(pa.string())),
+                      "deals": pa.array([e["deals"] for e in events], pa.list_(pa.int64()))})
+    df = spark.createDataFrame(table).repartition(2)
+    assert "array" in df.schema["segs"].dataType.simpleString()
+    got = sorted((row["event_id"], row["sub_id"]) for row in match_events(df, index).collect())
+    want = sorted((j, i) for j, e in enumerate(events) for i, t in enumerate(texts)
+                  if matches(parse(t), {k: v for k, v in e.items() if v is not None}))
+    assert got == want and len(want) > 50
