@@ -107,8 +107,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-__all__ = ["Workload", "begen", "opindex_gen", "abe_gen", "add_subscriptions", "standard", "STANDARD_WORKLOADS",
-           "write_parquet", "read_parquet", "OP_CLASSES"]
+__all__ = ["Workload", "begen", "opindex_gen", "abe_gen", "ads_lists", "add_subscriptions", "standard",
+           "STANDARD_WORKLOADS", "write_parquet", "read_parquet", "OP_CLASSES"]
 
 ATTR_PREFIX = "a"
 PARAMS_FILE = "params.json"
@@ -944,6 +944,108 @@ def abe_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 1000
     return Workload(name, subscriptions, events, _jsonable(params))
 
 
+# ------------------------------------------------------- ads with list attributes
+SEGMENTS_ATTR = "segments"      # the event list of audience segments
+BUCKET_ATTR = "bucket"          # the scalar twin's attribute: uniform on [0, buckets)
+#: list operators of the segment predicates, their shares and operand-list sizes
+_LIST_OPS = ("one of", "none of", "all of", "contains")
+_LIST_OP_SHARES = (0.6, 0.15, 0.1, 0.15)
+_LIST_SET_SIZES = ((1, 4), (1, 2), (2, 2), (1, 1))
+
+
+def ads_lists(n_subs: int = 1000, n_events: int | None = None, *, segments: int = 10_000, zipf: float = 1.0,
+              per_event: tuple = (1, 200), list_share: float = 0.2, scalar: bool = False, buckets: int = 1000,
+              seed: int = 0, name: str = "ads-lists", **begen_kwargs) -> Workload:
+    """The ads-like workload with audience segments (docs/architecture.md#workloads-and-benchmarks).
+
+    A BE-Gen workload (``begen_kwargs``; the standard W7 takes W4's) whose
+    events also carry ``segments``, a list of ``per_event`` (uniform
+    between its ends) distinct segment ids drawn Zipf(``zipf``) over
+    ``segments`` ids, and ``bucket``, a number uniform on ``[0, buckets)``.
+    ``list_share`` of the subscriptions get one more predicate on the list:
+    ``segments ONE OF (1-4 ids)`` (60 %), ``NONE OF (1-2)`` (15 %),
+    ``ALL OF (2)`` (10 %), ``id IN segments`` (15 %), the ids uniform over
+    all segments (advertisers target niche audiences).
+
+    ``scalar=True`` is the twin for measuring what lists cost: the same
+    subscriptions and events, each list predicate replaced by a scalar
+    ``bucket IN (...)`` (``NOT IN`` for NONE OF) of the same selectivity
+    on these events, its list of ``round(rate * buckets)`` values (at
+    least one)."""
+    base = begen(n_subs, n_events, seed=seed, name=name, **begen_kwargs)
+    rng = np.random.default_rng([seed, 0x5E6])
+    n_events = base.n_events
+    low, high = per_event
+    sizes = rng.integers(low, high + 1, n_events)
+    mat = _distinct_rows(rng, sizes, high, segments, _weights(segments, zipf))
+    flat = mat[mat >= 0]                                      # row by row: each event's segments
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    events = base.events.append_column(SEGMENTS_ATTR, pa.LargeListArray.from_arrays(
+        pa.array(offsets), pa.array(flat, pa.int64())))
+    events = events.append_column(BUCKET_ATTR, pa.array(rng.integers(0, buckets, n_events), pa.int64()))
+
+    subs = base.subscriptions
+    sub_ids = np.unique(subs["sub_id"].to_numpy())
+    chosen = np.sort(rng.choice(sub_ids, int(round(list_share * len(sub_ids))), replace=False))
+    kind = rng.choice(len(_LIST_OPS), len(chosen), p=_LIST_OP_SHARES)
+    bounds = np.array(_LIST_SET_SIZES)[kind]
+    set_sizes = rng.integers(bounds[:, 0], bounds[:, 1] + 1)
+    sets = _distinct_rows(rng, set_sizes, 4, segments)
+    if scalar:
+        rate = _list_rates(kind, sets, mat, segments)
+        negative = np.array(_LIST_OPS)[kind] == "none of"
+        # (NONE OF is TRUE where its ONE OF is not: NOT IN over as many buckets as ONE OF's IN)
+        lengths = np.clip(np.round(rate * buckets), 1, buckets).astype(np.int64)
+        # a run of consecutive buckets from a random start (modulo): distinct,
+        # and of rate length / buckets on the uniform bucket
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        starts = rng.integers(0, buckets, len(lengths))
+        flat_values = (np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])) % buckets
+        values = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat_values, pa.int64()))
+        rows = pa.table({"sub_id": pa.array(chosen, pa.int64()), "attr": pa.array([BUCKET_ATTR] * len(chosen)),
+                         "op": pa.array(np.where(negative, "not in", "in").tolist()),
+                         "values": values})
+    else:
+        contains = np.array(_LIST_OPS)[kind] == "contains"
+        rows = pa.table({"sub_id": pa.array(chosen, pa.int64()), "attr": pa.array([SEGMENTS_ATTR] * len(chosen)),
+                         "op": pa.array(np.array(_LIST_OPS)[kind].tolist()),
+                         "value": pa.array(sets[:, 0], pa.int64(), mask=~contains),
+                         "values": _list_of_rows(sets, np.where(contains, 0, set_sizes), mask=contains)})
+    subscriptions = pa.concat_tables([subs, rows], promote_options="permissive")
+    params = dict(base.params, generator="ads_lists", segments=segments, zipf_segments=zipf,
+                  per_event=list(per_event), list_share=list_share, scalar=scalar, buckets=buckets)
+    return Workload(name, subscriptions, events, _jsonable(params))
+
+
+def _list_of_rows(mat: np.ndarray, lengths: np.ndarray, mask=None) -> pa.Array:
+    """The first ``lengths[i]`` values of each row of ``mat`` as a list<int64> column."""
+    keep = np.arange(mat.shape[1])[None, :] < np.asarray(lengths)[:, None]
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(mat[keep], pa.int64()),
+                                    mask=None if mask is None else pa.array(mask))
+
+
+def _list_rates(kind: np.ndarray, sets: np.ndarray, event_segments: np.ndarray, segments: int,
+                chunk: int = 4096) -> np.ndarray:
+    """The share of events on which each list predicate is TRUE (NONE OF:
+    the share on which its ONE OF is), from packed per-segment event bits."""
+    n_events = event_segments.shape[0]
+    rows, cols = np.nonzero(event_segments >= 0)
+    member = np.zeros((segments + 1, n_events), bool)       # the last row: padding, never a member
+    member[event_segments[rows, cols], rows] = True
+    bits = np.packbits(member, axis=1)
+    padded = np.where(sets >= 0, sets, segments)
+    rate = np.empty(len(kind))
+    every = np.array(_LIST_OPS)[kind] == "all of"
+    for start in range(0, len(kind), chunk):
+        part = padded[start:start + chunk]
+        any_of = np.bitwise_or.reduce(bits[part], axis=1)
+        all_of = np.bitwise_and.reduce(np.where((part == segments)[:, :, None], 255, bits[part]), axis=1)
+        hit = np.where(every[start:start + chunk, None], all_of, any_of)
+        rate[start:start + chunk] = np.unpackbits(hit, axis=1, count=n_events).sum(axis=1) / max(1, n_events)
+    return rate
+
+
 def add_subscriptions(index, subscriptions: pa.Table) -> None:
     """Add a workload's subscriptions to ``index``: the columnar form as it
     is, ABE-Gen's texts (``sub_id``, ``expression``) through the parser."""
@@ -974,6 +1076,14 @@ STANDARD_WORKLOADS = {
     "W6": (("stream",), begen,
            dict(n_subs=1_000_000, dims=400, cardinality=48, sub_size=7, event_size=15, eq_share=0.3,
                 op_class="med", match_prob=0.01, zipf=None, similarity=0.7, sorted_stream=False)),
+    "W7": (("ads-lists",), ads_lists,
+           dict(n_subs=1_000_000, dims=122, cardinality=100, sub_size=8, sub_size_max=56, event_size=20,
+                eq_share=0.3, op_class="med", match_prob=0.03, zipf=1.0, segments=10_000, per_event=(1, 200),
+                list_share=0.2)),
+    "W7S": (("ads-lists-scalar",), ads_lists,
+            dict(n_subs=1_000_000, dims=122, cardinality=100, sub_size=8, sub_size_max=56, event_size=20,
+                 eq_share=0.3, op_class="med", match_prob=0.03, zipf=1.0, segments=10_000, per_event=(1, 200),
+                 list_share=0.2, scalar=True)),
 }
 DEFAULT_EVENTS = 10_000
 # W3's events span 20K attributes: one int64 column each makes 160 KB per
@@ -1014,6 +1124,11 @@ def standard(name: str, scale: float = 1.0, n_events: int | None = None, seed: i
                                 attributes, event 20)
     W6        stream            W1 + similarity 0.7, shuffled (match probability falls to
                                 ~0.06 %, as A-PCM notes)
+    W7        ads-lists         ads_lists(1M, W4's BE-Gen parameters): events carry 1-200
+                                Zipf-popular audience segments, a fifth of the
+                                subscriptions test them (ONE/NONE/ALL OF, IN)
+    W7S       ads-lists-scalar  W7 with each list predicate replaced by a scalar
+                                IN of the same selectivity (what lists cost)
     ========  ================  =========================================================
     """
     canonical = _canonical(name)

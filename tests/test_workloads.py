@@ -368,3 +368,25 @@ def test_begen_zipf_over_a_wide_domain_is_quick_and_distinct():
     events = w.events.column(W.EVENTS_MAP_COLUMN)
     rows = events.to_pylist()
     assert len(rows) == 30 and all(len(row) == 30 and len({k for k, _ in row}) == 30 for row in rows)
+
+
+# ------------------------------------------------------------ ads with list attributes (W7, W7S)
+def test_ads_lists_carries_segments_and_its_scalar_twin_matches_alike():
+    lists = W.standard("W7", 0.005, n_events=400)
+    twin = W.standard("W7S", 0.005, n_events=400)
+    segments = lists.events[W.SEGMENTS_ATTR]
+    sizes = pc.list_value_length(segments).to_numpy()
+    assert sizes.min() >= 1 and sizes.max() <= 200 and 80 < sizes.mean() < 120
+    counts = np.bincount(pc.list_flatten(segments).to_numpy(), minlength=10_000)
+    assert counts[0] == counts.max() and counts[0] > 0.5 * lists.n_events          # Zipf: segment 0 in most events
+    assert all(len(set(s)) == len(s) for s in segments.to_pylist()[:50])
+    on_list = lists.subscriptions.filter(pc.equal(lists.subscriptions["attr"], W.SEGMENTS_ATTR))
+    assert abs(len(on_list) / lists.n_subscriptions - 0.2) < 0.02
+    assert set(on_list["op"].to_pylist()) == {"one of", "none of", "all of", "contains"}
+    on_bucket = twin.subscriptions.filter(pc.equal(twin.subscriptions["attr"], W.BUCKET_ATTR))
+    assert on_bucket["sub_id"].to_pylist() == on_list["sub_id"].to_pylist()
+    assert set(on_bucket["op"].to_pylist()) == {"in", "not in"}
+    # the same events, the same other predicates: the twin's matches per event are the lists' within chance
+    rate, _ = match_rate(lists)
+    twin_rate, _ = match_rate(twin)
+    assert rate > 0 and abs(twin_rate - rate) < 0.15 * rate

@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
     what.add_argument("--workload", action="append", metavar="W",
-                      help="standard workload W1..W6 or an alias such as begen-uniform (repeatable; "
-                           "default W1 unless --parquet or --sweep is given)")
+                      help="standard workload W1..W7 (W7S: W7 with scalar IN for its lists) or an alias such as "
+                           "begen-uniform (repeatable; default W1 unless --parquet or --sweep is given)")
     what.add_argument("--parquet", action="append", metavar="DIR",
                       help="a workload directory written by engine.workloads.write_parquet (repeatable)")
     what.add_argument("--scale", type=_positive(float), default=DEFAULT_SCALE,
