@@ -88,7 +88,7 @@ def _check_stages(m: APCMMatcher, batch, truth):
     n_or = int(ent.job_word_off[-1])
     d_store = dev(np.zeros(n_entry + n_or + 1, np.uint64))
     K.encode_entries_cuda(2, 3, dev(batch.attr), dev(batch.value), dev(batch.token), dev(store_at),
-                          matcher.bitmap_d, matcher.rows_d, dev(truth), d_main, d_over, d_store)
+                          matcher.bitmap_d, matcher.rows_d, dev(truth), dev(batch.list_truth), d_main, d_over, d_store)
     d_main, d_over = host(d_main), host(d_over)
     assert d_main.tolist() == e_main.tolist() and d_over.tolist() == e_over.tolist()
     assert host(d_store)[:n_entry].tolist() == store[:n_entry].tolist()
