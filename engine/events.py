@@ -680,24 +680,31 @@ def _list_column(column, name: str, family: Family | None, refusals: _Refusals, 
         lists.add(size + np.arange(len(rows)), np.zeros(0, np.int64), np.zeros(0), Family.NUMERIC)
         return rows
     if element is Family.NUMERIC:
-        flat = pc.list_flatten(cells)
-        parents = pc.list_parent_indices(cells).to_numpy(zero_copy_only=False)
-        if pa.types.is_dictionary(flat.type):
-            flat = flat.dictionary_decode()
-        numbers = decimal_codes(flat) if pa.types.is_decimal(flat.type) else \
-            pc.cast(flat, pa.float64()).to_numpy(zero_copy_only=False) if not pa.types.is_integer(flat.type) else \
-            pc.fill_null(flat, 0).to_numpy(zero_copy_only=False)
-        bad = _bad_numbers(numbers) & flat.is_valid().to_numpy(zero_copy_only=False)
-        if pa.types.is_decimal(flat.type):
-            bad = np.isnan(numbers) & flat.is_valid().to_numpy(zero_copy_only=False)
-        if bad.any():
-            bad_cells = np.unique(parents[bad])
+        bad_cells = _lists_with_bad_numbers(cells)
+        if len(bad_cells):
             _refuse_cells(refusals, rows[bad_cells], name, family, column, rank)
             keep = np.ones(len(rows), bool)
             keep[bad_cells] = False
             rows, cells = rows[keep], cells.filter(pa.array(keep))
     lists.add_arrow(size + np.arange(len(rows)), cells, ELEMENT_OF[family])
     return rows
+
+
+def _lists_with_bad_numbers(lists) -> np.ndarray:
+    """The lists (positions in an Arrow list array of numbers) holding a
+    number float64 cannot hold as it is: the event value rule, per element
+    (integers compared as integers, decimals by :func:`decimal_codes`)."""
+    flat = pc.list_flatten(lists)
+    parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+    if pa.types.is_dictionary(flat.type):
+        flat = flat.dictionary_decode()
+    if pa.types.is_decimal(flat.type):
+        bad = np.isnan(decimal_codes(flat))
+    elif pa.types.is_integer(flat.type):
+        bad = _bad_numbers(pc.fill_null(flat, 0).to_numpy(zero_copy_only=False))
+    else:
+        bad = _bad_numbers(pc.cast(flat, pa.float64()).to_numpy(zero_copy_only=False))
+    return np.unique(parents[bad & flat.is_valid().to_numpy(zero_copy_only=False)])
 
 
 def _map_list_cells(column, schema: Schema, refusals: _Refusals, rank: int, lists: _ListCells, size: int):
@@ -713,14 +720,7 @@ def _map_list_cells(column, schema: Schema, refusals: _Refusals, rank: int, list
                      for a in attr.tolist()], bool)
     problem = ~fits
     if element is Family.NUMERIC and len(cells):
-        flat = pc.list_flatten(cells)
-        parents = pc.list_parent_indices(cells).to_numpy(zero_copy_only=False)
-        numbers = decimal_codes(flat) if pa.types.is_decimal(flat.type) else \
-            pc.cast(flat, pa.float64()).to_numpy(zero_copy_only=False) if not pa.types.is_integer(flat.type) else \
-            pc.fill_null(flat, 0).to_numpy(zero_copy_only=False)
-        bad = (np.isnan(numbers) if pa.types.is_decimal(flat.type) else _bad_numbers(numbers)) \
-            & flat.is_valid().to_numpy(zero_copy_only=False)
-        problem[np.unique(parents[bad])] = True
+        problem[_lists_with_bad_numbers(cells)] = True
     for k in np.flatnonzero(problem).tolist():
         if int(rows[k]) in set(refusals.wanted(rows[k:k + 1], rank)):
             name = schema.attr_names[int(attr[k])]

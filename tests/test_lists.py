@@ -134,8 +134,7 @@ def test_every_event_container_gives_the_same_answer(algorithm):
                           "price": pa.array(cells["price"], pa.float64()), "color": pa.array(cells["color"])})
         assert _ids(index, table) == want
     ints = pa.table({"deals": pa.array([[1, 2], [3], None], pa.list_(pa.int64())),
-                     "segs": pa.array([["a", "b"], [], None], pa.list_(pa.string()).value_type and
-                                      pa.list_(pa.string()))})
+                     "segs": pa.array([["a", "b"], [], None], pa.list_(pa.string()))})
     assert _ids(index, ints) == _want(TEXTS, [{"deals": [1, 2], "segs": ["a", "b"]}, {"deals": [3], "segs": []}, {}])
     frame = pd.DataFrame({a: pd.Series(cells[a], dtype=object) for a in SCHEMA})
     assert _ids(index, frame) == want
