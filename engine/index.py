@@ -695,6 +695,7 @@ class Index:
             max_pairs = MATCH_MEMORY_BUDGET // _BYTES_PER_PAIR_WORKING
         max_pairs = max(1, int(max_pairs))
         n_events = batch.n_events
+        batch = self._with_list_truth(state, batch)
         first = 0
         per_event = None
         while first < n_events:
@@ -715,6 +716,17 @@ class Index:
             yield first, stop, event_idx, sub_ids
             first = stop
 
+    def _with_list_truth(self, state: Snapshot, batch):
+        """``batch`` with the list predicates' truth of its event lists
+        filled in (itself when it has no list, or has it already: the event
+        slices of one batch share its lists, so `_match_slices` fills it in
+        once for them all)."""
+        rows = len(batch.list_offsets) - 1
+        if rows == 0 or int(batch.list_truth[0]) == rows + 1:
+            return batch
+        indexes = [seg.predicates.list_index(state.view) for seg, _, _ in state.matchers(self)]
+        return dataclasses.replace(batch, list_truth=event_batches.list_truth(batch, indexes))
+
     def _match_encoded(self, state: Snapshot, batch, device: bool = False, strings=None):
         """Matches of an encoded batch; ``strings``: the batch whose string
         entries the LIKE/MATCHES results are computed over, when ``batch``
@@ -723,9 +735,7 @@ class Index:
         pairs = matchers[0][0].predicates.pattern_pairs() if len(matchers) == 1 else \
             np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
         truth = event_batches.pattern_truth(batch if strings is None else strings, state.view, pairs)
-        if len(batch.list_offsets) > 1:      # the batch has event lists: the list predicates' truth
-            indexes = [seg.predicates.list_index(state.view) for seg, _, _ in matchers]
-            batch = dataclasses.replace(batch, list_truth=event_batches.list_truth(batch, indexes))
+        batch = self._with_list_truth(state, batch)
         xp = array_namespace(self.backend) if device else np
         host_batch = batch if strings is None else None
         events, ids = [], []

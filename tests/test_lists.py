@@ -301,3 +301,16 @@ def test_spark_array_columns_are_list_attributes(spark):
     want = sorted((j, i) for j, e in enumerate(events) for i, t in enumerate(texts)
                   if matches(parse(t), {k: v for k, v in e.items() if v is not None}))
     assert got == want and len(want) > 50
+
+
+def test_event_lists_in_slices_match_as_one_batch():
+    """match_stream cuts a batch into event slices sharing its lists (their
+    truth computed once for them all)."""
+    index = Index(algorithm="opindex", schema=SCHEMA)
+    index.add_many(range(len(TEXTS)), TEXTS)
+    events = EVENTS * 30
+    whole = _ids(index, events)
+    pairs = [(e, s) for part in index.match_stream(events, max_pairs=5)
+             for e, s in zip(part.column("event").to_pylist(), part.column("sub_id").to_pylist())]
+    assert sum(map(len, whole)) > 100
+    assert pairs == [(e, s) for e, ids in enumerate(whole) for s in ids]
