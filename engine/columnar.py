@@ -227,6 +227,7 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     n_attrs = len(rows.attr_names)
     # family code -> per attribute, whether a row uses it with that family
     used = {f: np.bincount(rows.attr_index[row_family == f], minlength=n_attrs) > 0 for f in family_of}
+    tests_empty = np.bincount(rows.attr_index[is_empty_test], minlength=n_attrs) > 0
     for a, name in enumerate(rows.attr_names):
         codes = [f for f in family_of if used[f][a]]
         if len({family_of[f] for f in codes}) > 1:
@@ -243,9 +244,13 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
         elif name not in schema.attr_ids:
             fixed[name] = None
         family = fixed.get(name) or known
-        rows.fail((rows.attr_index == a) & is_empty_test & (family not in (Family.NUMERIC_LIST, Family.STRING_LIST)),
-                  f"IS [NOT] EMPTY needs {name!r} to be a list attribute (it is {family.value if family else 'untyped'};"
-                  f" declare it list<numeric> or list<string>, or test it with ONE OF, NONE OF, ALL OF or IN)")
+        # (the row masks are built only for an attribute that fails: a
+        # table's attributes are many, each mask costs a pass over its rows)
+        if tests_empty[a] and family not in (Family.NUMERIC_LIST, Family.STRING_LIST):
+            rows.fail((rows.attr_index == a) & is_empty_test,
+                      f"IS [NOT] EMPTY needs {name!r} to be a list attribute (it is "
+                      f"{family.value if family else 'untyped'}; declare it list<numeric> or list<string>, "
+                      f"or test it with ONE OF, NONE OF, ALL OF or IN)")
 
     lo = _numbers(rows, "value", has_num & ~is_set)
     hi = _numbers(rows, "value_hi", is_range & has_num_hi)
