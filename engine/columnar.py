@@ -156,6 +156,20 @@ def _numbers(rows: _Rows, name: str, mask: np.ndarray) -> np.ndarray:
     return keys
 
 
+#: each opcode's class of operand, for compile_columnar's row masks
+(_SCALAR_OPERAND, _SET_OPERAND, _RANGE_OPERAND, _PATTERN_OPERAND, _NULL_TEST, _LIST_SET_OPERAND,
+ _CONTAINS_OPERAND, _EMPTY_TEST) = range(8)
+_OPERAND_OF = np.full(opcodes.N_OPS, _SCALAR_OPERAND, dtype=np.int8)
+for _class, _codes in ((_SET_OPERAND, (opcodes.IN, opcodes.NOT_IN)),
+                       (_RANGE_OPERAND, (opcodes.BETWEEN, opcodes.NOT_BETWEEN)),
+                       (_PATTERN_OPERAND, (opcodes.LIKE, opcodes.NOT_LIKE, opcodes.MATCHES, opcodes.NOT_MATCHES)),
+                       (_NULL_TEST, (opcodes.IS_NULL, opcodes.IS_NOT_NULL)),
+                       (_LIST_SET_OPERAND, (opcodes.ONE_OF, opcodes.NONE_OF, opcodes.ALL_OF, opcodes.NOT_ALL_OF)),
+                       (_CONTAINS_OPERAND, (opcodes.CONTAINS, opcodes.NOT_CONTAINS)),
+                       (_EMPTY_TEST, (opcodes.IS_EMPTY, opcodes.IS_NOT_EMPTY))):
+    _OPERAND_OF[list(_codes)] = _class
+
+
 def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, dict[str, Family]]:
     """Validate a columnar table against ``schema`` and compile it.
 
@@ -167,15 +181,16 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
         table = pa.table(table)
     rows = _Rows(table)
     n, op = rows.n, rows.op
-    is_set = np.isin(op, (opcodes.IN, opcodes.NOT_IN))
-    is_range = np.isin(op, (opcodes.BETWEEN, opcodes.NOT_BETWEEN))
-    is_pattern = np.isin(op, (opcodes.LIKE, opcodes.NOT_LIKE, opcodes.MATCHES, opcodes.NOT_MATCHES))
-    is_null_test = np.isin(op, (opcodes.IS_NULL, opcodes.IS_NOT_NULL))
+    operand = _OPERAND_OF[op]       # (one gather, not a pass over the rows per class)
+    is_set = operand == _SET_OPERAND
+    is_range = operand == _RANGE_OPERAND
+    is_pattern = operand == _PATTERN_OPERAND
+    is_null_test = operand == _NULL_TEST
     # list attributes: ONE/NONE/ALL OF take a list operand as IN does, CONTAINS
     # (`value IN attr`) one value, IS [NOT] EMPTY none
-    is_list_set = np.isin(op, (opcodes.ONE_OF, opcodes.NONE_OF, opcodes.ALL_OF, opcodes.NOT_ALL_OF))
-    is_contains = np.isin(op, (opcodes.CONTAINS, opcodes.NOT_CONTAINS))
-    is_empty_test = np.isin(op, (opcodes.IS_EMPTY, opcodes.IS_NOT_EMPTY))
+    is_list_set = operand == _LIST_SET_OPERAND
+    is_contains = operand == _CONTAINS_OPERAND
+    is_empty_test = operand == _EMPTY_TEST
     is_list_row = is_list_set | is_contains
     is_scalar = ~(is_set | is_list_set | is_range | is_pattern | is_null_test | is_empty_test)
     in_set = is_set      # IN rows only, for the checks below
@@ -455,10 +470,12 @@ _SET_OPS = (Op.IN, Op.NOT_IN)
 _RANGE_OPS = (Op.BETWEEN, Op.NOT_BETWEEN)
 #: the family code of an operand's class: 0 numeric, 1 string, 2 boolean
 _CLASS_CODE = {int: 0, float: 0, str: 1, bool: 2}
-#: (operator kind, operand family) -> the column of a one-operand row; a
-#: pattern's operand is always a string (the parser says so)
-_SCALAR_COLUMN = {0: "value", 1: "str_value", 2: "bool_value"}
-_SET_COLUMN = {0: "values", 1: "str_values", 2: "bool_values"}
+#: an operand's class -> the column of a one-operand row (a pattern's
+#: operand is always a string: the parser says so), of an IN list of that
+#: class, of a BETWEEN's high end (booleans have none)
+_SCALAR_COLUMN = {int: "value", float: "value", str: "str_value", bool: "bool_value"}
+_SET_COLUMN = {int: "values", float: "values", str: "str_values", bool: "bool_values"}
+_HIGH_COLUMN = {int: "value_hi", float: "value_hi", str: "str_value_hi"}
 _OP_INDEX = {op: i for i, op in enumerate(Op)}
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
 _chain = itertools.chain.from_iterable
@@ -470,6 +487,25 @@ _OP_TEXTS = pa.array([op.value for op in Op], pa.string())
 _COLUMN_TYPE = {"value": pa.float64(), "value_hi": pa.float64(), "str_value": pa.string(),
                 "str_value_hi": pa.string(), "bool_value": pa.bool_(), "values": pa.list_(pa.float64()),
                 "str_values": pa.list_(pa.string()), "bool_values": pa.list_(pa.bool_())}
+
+
+class _ColumnsByClass(dict):
+    """An operand's class -> the list of its column (``column_of`` names
+    it), made in ``columns`` on first use: the row loop of
+    `texts_as_columns` files a literal with one lookup, and a workload
+    makes only the two or three columns it uses."""
+
+    def __init__(self, column_of: dict, columns: dict, n: int):
+        super().__init__()
+        self.column_of, self.columns, self.n = column_of, columns, n
+
+    def __missing__(self, cls):
+        name = self.column_of[cls]          # KeyError: a class without that column
+        made = self.columns.get(name)
+        if made is None:
+            made = self.columns[name] = [None] * self.n
+        self[cls] = made
+        return made
 
 
 def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
@@ -495,48 +531,35 @@ def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
     terms = list(_chain(read))
 
     n = len(terms)
-    columns: dict[str, list] = {}       # made on first use: most workloads need two or three
-
-    def column(name: str) -> list:
-        made = columns.get(name)
-        if made is None:
-            made = columns[name] = [None] * n
-        return made
-
-    op_index = list(map(_OP_INDEX.__getitem__, map(_second, terms)))
-    usable = np.ones(n, dtype=bool)
-    scalar_columns: list = [None, None, None]    # per family code
-    set_columns: list = [None, None, None]
-    range_columns: list = [None, None]           # numeric, string: (low, high)
+    columns: dict[str, list] = {}
+    scalar_of = _ColumnsByClass(_SCALAR_COLUMN, columns, n)
+    set_of = _ColumnsByClass(_SET_COLUMN, columns, n)
+    high_of = _ColumnsByClass(_HIGH_COLUMN, columns, n)
+    class_code, kind_of = _CLASS_CODE, _KIND_OF
+    unusable = []
     for row, (_, op, values) in enumerate(terms):
-        kind = _KIND_OF[op]
+        kind = kind_of[op]
         if kind == _ONE:
-            code = _CLASS_CODE[values[0].__class__]
-            target = scalar_columns[code]
-            if target is None:
-                target = scalar_columns[code] = column(_SCALAR_COLUMN[code])
-            target[row] = values[0]
-            continue
-        if kind == _NONE:                # IS [NOT] NULL: no operand
-            continue
-        code = _CLASS_CODE[values[0].__class__]
-        if kind == _SET:
-            if len(values) > 1 and len(set(map(_CLASS_CODE.__getitem__, map(type, values)))) > 1:
-                usable[row] = False      # a mixed list: the text route refuses it
-                continue
-            target = set_columns[code]
-            if target is None:
-                target = set_columns[code] = column(_SET_COLUMN[code])
-            target[row] = values
-        else:
-            if code == 2 or _CLASS_CODE[values[1].__class__] != code:
-                usable[row] = False      # boolean or mixed ends
-                continue
-            ends = range_columns[code]
-            if ends is None:
-                ends = range_columns[code] = (column(_SCALAR_COLUMN[code]), column(_SCALAR_COLUMN[code] + "_hi"))
-            ends[0][row] = values[0]
-            ends[1][row] = values[1]
+            value = values[0]
+            scalar_of[value.__class__][row] = value
+        elif kind == _SET:
+            classes = set(map(type, values))
+            if len(classes) > 1 and len(set(map(class_code.__getitem__, classes))) > 1:
+                unusable.append(row)     # a mixed list: the text route refuses it
+            else:
+                set_of[values[0].__class__][row] = values
+        elif kind == _RANGE:
+            low, high = values
+            cls = low.__class__
+            if cls is bool or class_code[cls] != class_code[high.__class__]:
+                unusable.append(row)     # boolean or mixed ends
+            else:
+                scalar_of[cls][row] = low
+                high_of[cls][row] = high
+        # _NONE, IS [NOT] NULL: no operand
+    op_index = np.fromiter(map(_OP_INDEX.__getitem__, map(_second, terms)), np.int8, n)
+    usable = np.ones(n, dtype=bool)
+    usable[unusable] = False
 
     counts_ = np.array(counts, dtype=np.int64)
     text_of_row = np.repeat(np.arange(len(kept)), counts_)
@@ -550,7 +573,7 @@ def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
     table = pa.table({
         "sub_id": pa.array(np.asarray(ids, dtype=np.int64)[np.array(kept, dtype=np.int64)][text_of_row]),
         "attr": pa.array(list(map(_first, terms)), pa.string()),
-        "op": pa.DictionaryArray.from_arrays(pa.array(op_index, pa.int8()), _OP_TEXTS),
+        "op": pa.DictionaryArray.from_arrays(pa.array(op_index), _OP_TEXTS),
         **{name: pa.array(values, _COLUMN_TYPE[name]) for name, values in columns.items()},
     })
     if keep_rows is not None:

@@ -358,7 +358,9 @@ class Index:
             # ASTs; then array operations), the rest one by one.  Should the
             # columnar way refuse anything, the whole batch goes one by one,
             # so that errors read as the text route words them.
-            table, others = texts_as_columns(ids, tqdm(expressions, **bar))
+            progress_bar = tqdm(expressions, **bar)
+            # (a disabled bar still passes every text through a generator)
+            table, others = texts_as_columns(ids, expressions if progress_bar.disable else progress_bar)
             mark = self._schema.mark()
             try:
                 parts = [compile_columnar(table, self._schema)[0]] if table.num_rows else []

@@ -517,6 +517,7 @@ def _classify(token: str) -> tuple[int, object]:
 # stored, and its text is tokenized whole instead.
 _PIECES_LIMIT = 1 << 16
 _chain = itertools.chain.from_iterable
+_starmap = itertools.starmap
 _pieces: dict[str, tuple[tuple[int, object], ...]] = {}
 
 
@@ -548,6 +549,7 @@ def _text_tokens(text: str) -> list[tuple[int, object]]:
 
 _object_new = object.__new__
 _set_attr, _set_op, _set_values = Pred.attr.__set__, Pred.op.__set__, Pred.values.__set__
+_set_children = And.children.__set__
 
 
 def _new_pred(attr: str, op: Op, values: tuple) -> Pred:
@@ -602,7 +604,9 @@ def parse(text: str) -> Node:
     if terms is not None:
         if len(terms) == 1:
             return _new_pred(*terms[0])
-        return And(tuple([_new_pred(*term) for term in terms]))
+        node = _object_new(And)         # (as _new_pred does: And(children), without its __init__)
+        _set_children(node, tuple(_starmap(_new_pred, terms)))
+        return node
     actions, gotos, rules, error = _ACTIONS, _GOTOS, _RULES, _ERROR
     state = _START
     states = [state]

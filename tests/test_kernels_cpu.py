@@ -41,7 +41,7 @@ def test_parallel_predicate_dedup_equals_the_serial_one():
     keys = np.stack([attr, op, lo + 0.0, hi, aux], axis=1)
     assert np.array_equal(keys[first_p[inverse_p]], keys)           # each row maps to an equal row
     assert len(np.unique(keys[first_p], axis=0)) == len(first_p)    # and distinct rows differ
-    first_d, inverse_d = distinct_rows((attr, op, lo, hi, aux))     # the public entry point takes this path
+    first_d, inverse_d = distinct_rows((attr, op, lo, hi, aux))     # the public entry point, whichever it takes
     assert np.array_equal(first_d, first_s) and np.array_equal(inverse_d, inverse_s)
 
 
