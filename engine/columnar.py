@@ -524,9 +524,11 @@ def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
     from engine.parse import conjunction_terms
 
     read = conjunction_terms(texts)
-    kept = [position for position, found in enumerate(read) if found is not None]
     others = [position for position, found in enumerate(read) if found is None]
-    read = [found for found in read if found is not None]
+    kept = np.arange(len(read))         # the texts read, by position
+    if others:
+        kept = np.array([position for position, found in enumerate(read) if found is not None], dtype=np.int64)
+        read = [found for found in read if found is not None]
     counts = list(map(len, read))
     terms = list(_chain(read))
 
@@ -566,12 +568,12 @@ def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
     if not usable.all():
         usable_text = np.ones(len(kept), dtype=bool)
         usable_text[text_of_row[~usable]] = False
-        others = sorted(others + [kept[t] for t in np.flatnonzero(~usable_text)])
+        others = sorted(others + kept[~usable_text].tolist())
         keep_rows = usable_text[text_of_row]
     else:
         keep_rows = None
     table = pa.table({
-        "sub_id": pa.array(np.asarray(ids, dtype=np.int64)[np.array(kept, dtype=np.int64)][text_of_row]),
+        "sub_id": pa.array(np.asarray(ids, dtype=np.int64)[kept][text_of_row]),
         "attr": pa.array(list(map(_first, terms)), pa.string()),
         "op": pa.DictionaryArray.from_arrays(pa.array(op_index), _OP_TEXTS),
         **{name: pa.array(values, _COLUMN_TYPE[name]) for name, values in columns.items()},
