@@ -1069,39 +1069,41 @@ def list_truth(batch: EventBatch, indexes) -> np.ndarray:
     over one :class:`ListIndex` or several (a snapshot's segments).
 
     Each row's distinct element keys are joined with the inverted index of
-    its attribute, one sorted search for all of them: the work is the
-    number of (element, operand list) hits, not rows times lists.  A hit
-    count per (row, list) equal to the list's length is ALL OF."""
+    its attribute (`gpu_kernels.list_truth.list_hits`, rows in parallel):
+    the work is the number of (element, operand list) hits, not rows times
+    lists.  A hit count per (row, list) equal to the list's length is ALL
+    OF."""
+    import numba
+
+    from gpu_kernels.list_truth import list_hits
+
     indexes = [indexes] if isinstance(indexes, ListIndex) else list(indexes)
     n_rows = len(batch.list_offsets) - 1
     if n_rows == 0 or len(batch.list_keys) == 0 or not any(index.attrs for index in indexes):
         return np.full(n_rows + 1, n_rows + 1, np.int64)
-    row_of = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(batch.list_offsets))
-    element_attr = batch.list_attr[row_of]
+    list_offsets = np.ascontiguousarray(batch.list_offsets, np.int64)
+    list_keys = np.ascontiguousarray(batch.list_keys, np.float64)
     found_rows, found_keys = [], []
     for index in indexes:
         for attr, keys, owner, length, wanted in zip(index.attrs, index.keys, index.owner, index.lengths,
                                                      index.wanted):
-            at = np.flatnonzero(element_attr == attr)
-            lo = np.searchsorted(keys, batch.list_keys[at], side="left")
-            n_hits = np.searchsorted(keys, batch.list_keys[at], side="right") - lo
-            width = len(length)
-            combined, hits = np.unique(np.repeat(row_of[at], n_hits) * width + owner[_ranges(lo, n_hits)],
-                                       return_counts=True)
-            row, hit = np.divmod(combined, width)
-            every = hits == length[hit]
-            row = np.concatenate([row, row[every]])
-            key = np.concatenate([hit * 2, hit[every] * 2 + 1])
-            useful = np.isin(key, wanted)
-            found_rows.append(row[useful])
-            found_keys.append(key[useful])
+            rows = np.flatnonzero(batch.list_attr == attr)
+            if len(rows) == 0:
+                continue
+            wanted_key = np.zeros(2 * len(length), np.bool_)
+            wanted_key[wanted] = True
+            per_row, key = list_hits(list_offsets, list_keys, rows.astype(np.int64), keys, owner, length, wanted_key,
+                                     4 * numba.get_num_threads())
+            found_rows.append(np.repeat(rows, per_row))
+            found_keys.append(key)
+    if not found_rows:
+        return np.full(n_rows + 1, n_rows + 1, np.int64)
     row = np.concatenate(found_rows)
     key = np.concatenate(found_keys)
-    if len(indexes) > 1:        # segments may share operand lists
-        row, key = _distinct_pairs(row, key)
-    order = np.lexsort((key, row))
+    if len(found_rows) > 1:     # rows of several attributes, or segments that may share operand lists
+        row, key = _distinct_pairs(row, key)        # (ordered by row, then key)
     offsets = np.concatenate(([0], np.cumsum(np.bincount(row, minlength=n_rows)))) + n_rows + 1
-    return np.concatenate((offsets, key[order])).astype(np.int64)
+    return np.concatenate((offsets, key)).astype(np.int64)
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpu_kernels import compaction
+from gpu_kernels.list_truth import list_bits_words
 
 
 def test_parallel_and_serial_compaction_agree_with_nonzero():
@@ -82,8 +83,8 @@ def test_opindex_kernels_take_the_struct_whole():
         ev_count = np.zeros(batch.n_events, np.int64)
         stop, need = np.empty(n_tasks, np.int64), np.empty(n_tasks, np.int64)
         kernel(bounds[:-1].copy(), bounds[1:].copy(), out, cap, ev_count, stop, need, len(seg), batch.offsets,
-               batch.attr, batch.value, batch.token, truth, batch.list_truth, a, Programs.of(seg), np.zeros(0, np.uint8),
-               alive)
+               batch.attr, batch.value, batch.token, truth, batch.list_truth, list_bits_words(batch.list_truth), a,
+               Programs.of(seg), np.zeros(0, np.uint8), alive)
         assert stop.tolist() == bounds[1:].tolist()
         got = np.concatenate([out[t * cap:t * cap + ev_count[bounds[t]:bounds[t + 1]].sum()] for t in range(n_tasks)])
         assert got.tolist() == want_p.tolist()

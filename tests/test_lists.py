@@ -21,6 +21,7 @@ from engine.expr import Op, Pred
 from engine.parse import parse, to_text
 from engine.reference import evaluate, matches
 from engine.schema import Schema
+from gpu_kernels.list_truth import list_bits_words
 from tests.sql_oracle import duckdb_evaluate
 
 SCHEMA = {"segs": "list<string>", "deals": "list<numeric>", "price": "numeric", "color": "string"}
@@ -189,10 +190,14 @@ def test_bad_arrow_list_columns_are_refused_by_cell():
 
 
 # ------------------------------------------------------------------ the list truth
-def test_list_truth_equals_brute_force_on_random_lists():
+@pytest.mark.parametrize("seed, wanted_share, n_indexes", [(5, 1.0, 1), (6, 0.5, 1), (7, 0.7, 2), (8, 1.0, 3)])
+def test_list_truth_equals_brute_force_on_random_lists(seed, wanted_share, n_indexes):
     """The inverted-index join of engine.events.list_truth against
-    evaluating every (list, operand list) pair directly."""
-    rng = random.Random(5)
+    evaluating every (list, operand list) pair directly: with every key
+    wanted or some (a key no predicate uses is never reported), over one
+    list index or several (a snapshot's segments, sharing operand lists);
+    each row's keys ascending (the kernels search them)."""
+    rng = random.Random(seed)
     schema = Schema()
     schema.declare("l", "list<numeric>")
     schema.declare("m", "list<string>")
@@ -208,19 +213,144 @@ def test_list_truth_equals_brute_force_on_random_lists():
                "m": [words[rng.randrange(25)] for _ in range(rng.randint(0, 30))] + ["not a word"]}
               for _ in range(40)]
     batch = encode_events(events, schema)
-    pairs = [(schema.attr_ids[a], s * 2 + k) for a, s in sets for k in (0, 1)]
-    truth = list_truth(batch, list_index(schema, pairs))
+    pairs = [(schema.attr_ids[a], s * 2 + k) for a, s in sets for k in (0, 1) if rng.random() < wanted_share]
+    parts = [[pair for pair in pairs if rng.randrange(n_indexes) == i or rng.random() < 0.3]
+             for i in range(n_indexes)]
+    wanted = {pair for part in parts for pair in part}      # (attribute id, key)
+    truth = list_truth(batch, [list_index(schema, part) for part in parts] if n_indexes > 1
+                       else list_index(schema, parts[0]))
     for row in range(len(batch.list_offsets) - 1):
-        true = set(truth[truth[row]:truth[row + 1]].tolist())
+        row_keys = truth[truth[row]:truth[row + 1]].tolist()
+        assert row_keys == sorted(set(row_keys))
+        true = set(row_keys)
+        attr_id = int(batch.list_attr[row])
+        assert {(attr_id, key) for key in true} <= wanted
         event = int(np.searchsorted(batch.offsets, np.flatnonzero(batch.token == row)[0], side="right") - 1)
-        attr = schema.attr_names[batch.list_attr[row]]
+        attr = schema.attr_names[attr_id]
         elements = {v for v in events[event][attr] if v is not None}
         for (a, s), values in sets.items():
             if a != attr:
                 continue
             members = {v if a == "l" else words[v] for v in values}
-            assert ((2 * s) in true) == bool(members & elements)
-            assert ((2 * s + 1) in true) == (members <= elements)
+            if (attr_id, 2 * s) in wanted:
+                assert ((2 * s) in true) == bool(members & elements)
+            if (attr_id, 2 * s + 1) in wanted:
+                assert ((2 * s + 1) in true) == (members <= elements)
+
+
+# ------------------------------------------------------------------ OpIndex: list operators' side codes
+def test_list_side_codes_hold_the_list_key_and_operator():
+    """A VERIFY entry's side code (gpu_kernels.opindex.layout) decodes to
+    the key engine.events.list_truth reports the operator under and to the
+    operator itself; any other operator has none."""
+    from gpu_kernels import opcodes
+    from gpu_kernels.opindex.layout import LIST_CODE_SHIFT, list_side_codes
+    from gpu_kernels.predicates import list_key_py
+
+    ops = np.arange(opcodes.N_OPS)
+    aux = np.arange(opcodes.N_OPS) * 7919 + 3
+    codes = list_side_codes(ops, aux).astype(np.int64)
+    for op, a, code in zip(ops.tolist(), aux.tolist(), codes.tolist()):
+        if opcodes.FIRST_LIST_OP <= op <= opcodes.LAST_LIST_OP:
+            assert code > 0 and code & ((1 << LIST_CODE_SHIFT) - 1) == op
+            assert code >> LIST_CODE_SHIFT == list_key_py(op, a)
+        else:
+            assert code == 0
+
+
+def _many_lists_workload(seed, n_attrs=6, n_subs=300, n_events=60):
+    """Subscriptions on ``n_attrs`` list attributes (string and numeric)
+    and one scalar, and events carrying most of the lists: more lists an
+    event than the OpIndex kernel keeps bitmaps for (LIST_BITS_ROWS)."""
+    rng = random.Random(seed)
+    attrs = [f"l{k}" for k in range(n_attrs)]
+    schema = {a: ("list<string>" if k % 2 else "list<numeric>") for k, a in enumerate(attrs)}
+    schema["x"] = "numeric"
+
+    def literal(attr):
+        v = rng.randrange(12)
+        return f"'u{v}'" if schema[attr] == "list<string>" else str(v)
+
+    texts = []
+    for _ in range(n_subs):
+        preds = []
+        for _ in range(rng.randint(1, 3)):
+            a = rng.choice(attrs)
+            form = rng.randrange(8)
+            values = ", ".join(literal(a) for _ in range(rng.randint(1, 3)))
+            preds.append([f"{a} ONE OF ({values})", f"{a} NONE OF ({values})", f"{a} ALL OF ({values})",
+                          f"{literal(a)} IN {a}", f"{literal(a)} NOT IN {a}", f"NOT {a} ALL OF ({values})",
+                          f"{a} IS EMPTY", f"{a} IS NOT EMPTY"][form])
+        if rng.random() < 0.5:
+            preds.append(f"x {rng.choice(['<', '>=', '='])} {rng.randrange(5)}")
+        texts.append(" AND ".join(preds) if rng.random() < 0.8 else " OR ".join(preds))
+    events = []
+    for _ in range(n_events):
+        event = {"x": rng.randrange(5)}
+        for a in attrs:
+            if rng.random() < 0.85:
+                event[a] = [(f"u{rng.randrange(12)}" if schema[a] == "list<string>" else rng.randrange(12))
+                            for _ in range(rng.randint(0, 8))]
+        events.append(event)
+    return schema, texts, events
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_opindex_on_many_lists_an_event_and_after_merges(seed):
+    """OpIndex decides a list operator's VERIFY entry from its side code and
+    the event list's bitmap (a row beyond the kernel's bitmaps searched):
+    its answers equal the reference evaluator's on events with more lists
+    than bitmaps, after merges of added and removed subscriptions, and with
+    the side codes zeroed (an index saved before them reads the predicate
+    rows instead)."""
+    from gpu_kernels.list_truth import LIST_BITS_ROWS
+    from gpu_kernels.opindex import cpu
+    from gpu_kernels.opindex.layout import L_VERIFY, Programs, check_arrays, list_side_codes
+
+    schema, texts, events = _many_lists_workload(seed)
+    assert sum(len([a for a in e if a.startswith("l")]) > LIST_BITS_ROWS for e in events) > 10
+    index = Index(algorithm="opindex", backend="cpu", schema=schema)
+    index.add_many(range(len(texts)), texts, progress=False)
+    index.merge()
+    assert _ids(index, events) == _want(texts, events)
+    for k in range(0, len(texts), 29):
+        index.remove(k)
+    extra = _many_lists_workload(seed + 100, n_subs=8)[1]
+    index.add_many(range(1000, 1000 + len(extra)), extra, progress=False)
+    index.merge()
+    live = {k: t for k, t in enumerate(texts) if k % 29} | {1000 + k: t for k, t in enumerate(extra)}
+    ids = sorted(live)
+    want = [[ids[i] for i, t in enumerate(live[k] for k in ids) if matches(parse(t), e)] for e in events]
+    assert _ids(index, events) == want
+    matcher = index._matcher
+    matcher = getattr(matcher, "native", matcher)
+    assert matcher.merges > 0          # derived from the last index, not rebuilt
+    a = matcher.arrays
+    check_arrays(a, len(matcher.segment))
+    verify = np.concatenate([np.arange(a.list_offsets[l], a.list_offsets[l + 1]) + a.list_side_base[l]
+                             for l in range(len(a.list_offsets) - 1) if l % 8 == L_VERIFY])
+    codes = list_side_codes(a.x_op[a.side_pid[verify]], a.x_aux[a.side_pid[verify]])
+    assert (codes > 0).sum() > 50 and np.array_equal(a.side_hi[verify], codes)
+    # the same kernel, the side codes zeroed: the same answers
+    batch = encode_events(events, index.schema)
+    seg = matcher.segment
+    truth = list_truth(batch, seg.predicates.list_index(index.schema))
+    uncoded = a.side_hi.copy()
+    uncoded[verify] = 0.0
+    results = []
+    for arrays in (a, a._replace(side_hi=uncoded)):
+        cap = len(seg) * batch.n_events
+        out = np.empty(cap, np.int32)
+        ev_count = np.zeros(batch.n_events, np.int64)
+        stop, need = np.empty(1, np.int64), np.empty(1, np.int64)
+        alive = np.ones(len(seg), np.uint8)
+        cpu.opindex_match_serial(np.zeros(1, np.int64), np.array([batch.n_events]), out, cap, ev_count, stop, need,
+                                 len(seg), batch.offsets, batch.attr, batch.value, batch.token,
+                                 np.zeros((1, 1), np.uint8), truth, list_bits_words(truth), arrays, Programs.of(seg),
+                                 np.zeros(0, np.uint8), alive)
+        assert stop[0] == batch.n_events
+        results.append(out[:ev_count.sum()].tolist())
+    assert results[0] == results[1] and len(results[0]) > 50
 
 
 def test_a_list_entry_carries_its_distinct_elements_as_its_value():

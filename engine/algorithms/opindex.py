@@ -98,9 +98,10 @@ from engine.compile import OPCODE, Segment
 from engine.errors import BackendUnavailable, ExpressionTooLarge
 from engine.expr import NEGATED_OP, Family, Node, Pred, to_cnf, to_dnf
 from gpu_kernels import opcodes
+from gpu_kernels.list_truth import list_bits_words
 from gpu_kernels.opindex import cpu as K
 from gpu_kernels.opindex.layout import (L_EQ, L_GE, L_GT, L_LE, L_LT, L_NE, L_PREFIX, L_VERIFY, N_LISTS, OpIndexArrays,
-                                        Programs, check_arrays)
+                                        Programs, check_arrays, list_side_codes)
 
 #: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
 DEFAULT_LIMIT = 256
@@ -348,6 +349,7 @@ class OpIndexMatcher(HostMatcher):
 
         # ---- operand ranks (the lists' sort key)
         prefix_ok, prefix_lo, prefix_hi = self._prefix_bounds(None)
+        side_values = prefix_hi + list_side_codes(self._x["op"], self._x["aux"])     # (each 0 where the other is not)
         self._vals_plain, self._vals_string = self._operands(None)
         vals = self._set_vals(prefix_lo[prefix_ok])
         info, set_rank, prefix_rank = self._pack(rows, vals, prefix_ok, prefix_lo)
@@ -363,7 +365,7 @@ class OpIndexMatcher(HostMatcher):
         order, list_offsets = K.counting_order(e_list, n_lists)
         K.sort_within_lists(list_offsets, order, e_attr, e_rank, max(len(vals), len(rows["op"])) + 1, prefix_rank)
         s_attr, s_val, s_target, side_pid, self.side_hi, self.list_side_base = K.gather_sorted(
-            order, list_offsets, e_list, e_attr, e_rank, e_target, vals, prefix_rank, prefix_hi, self.use_rank)
+            order, list_offsets, e_list, e_attr, e_rank, e_target, vals, prefix_rank, side_values, self.use_rank)
         del e_list, e_attr, e_rank, e_target, order
         self._set_lists(list_offsets, s_attr, s_val, s_target, side_pid)
         self._has_prefix = bool(prefix_ok.any())
@@ -732,12 +734,13 @@ class OpIndexMatcher(HostMatcher):
         add_ok, add_lo, add_hi = new._prefix_bounds(pids)
         vals = new._set_vals(np.concatenate((old_lo[old_ok], add_lo[add_ok])))
         info, set_rank, _ = new._pack(rows, vals, add_ok, add_lo)
-        # per row of the new table: PREFIX operands and interval ends (side_hi)
+        # per row of the new table: PREFIX operands, and side values (side_hi):
+        # PREFIX interval ends, list operators' side codes
         n_x = len(new._x["op"])
-        prefix_val, prefix_hi = np.zeros(n_x), np.zeros(n_x)
+        prefix_val, side_values = np.zeros(n_x), list_side_codes(new._x["op"], new._x["aux"])
         for where, ok, lo, hi in ((old_prefix, old_ok, old_lo, old_hi), (pids, add_ok, add_lo, add_hi)):
             prefix_val[where[ok]] = new._stored(lo[ok])
-            prefix_hi[where[ok]] = hi[ok]
+            side_values[where[ok]] = hi[ok]
         new._has_prefix = bool(old_ok.any() or add_ok.any())
 
         # ---- the added entries, in the merged partitions
@@ -793,7 +796,7 @@ class OpIndexMatcher(HostMatcher):
             self.list_side_base, self.part_counter_start, self.part_slot_start,
             part_map, counter_map, slot_map, new.part_counter_start, new.part_slot_start,
             self.use_rank, enc_plain, enc_string, new._string_attr, code_map, vals, new.use_rank,
-            x_map, prefix_val, prefix_hi,
+            x_map, prefix_val, side_values,
             e_list[first].astype(np.int64), e_attr[first], stored[first], add_key[first],
             e_target[first].astype(np.int64), add_pid[first], n_lists)
         sizes = np.diff(list_offsets)
@@ -1107,13 +1110,14 @@ class OpIndexMatcher(HostMatcher):
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         list_truth = list_truth_of(batch)
+        list_words = list_bits_words(list_truth)
         index, programs = self.arrays, Programs.of(self.segment)
         counter_live = self._counter_live(alive, n_events)
 
         def launch(first, last, out, cap, ev_count, stop, need, serial):
             kernel = K.opindex_match_serial if serial else K.opindex_match_kernel
             kernel(first, last, out, cap, ev_count, stop, need, n_subs, batch.offsets, batch.attr, batch.value,
-                   batch.token, pattern_truth, list_truth, index, programs, counter_live, alive)
+                   batch.token, pattern_truth, list_truth, list_words, index, programs, counter_live, alive)
         events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
         return events, positions
 

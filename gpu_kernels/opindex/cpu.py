@@ -27,12 +27,15 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.compaction import emit_marked
+from gpu_kernels.list_truth import LIST_BITS_ROWS, clear_list_bits
 from gpu_kernels.opcodes import FIRST_LIST_OP, IN, LAST_LIST_OP, LIKE, NOT_IN, NOT_MATCHES, TRUE
-from gpu_kernels.opindex.layout import L_EQ, L_LE, L_PREFIX, L_VERIFY, N_LISTS, attr_bit_py, eq_bit_py
+from gpu_kernels.opindex.layout import (LIST_CODE_SHIFT, L_EQ, L_LE, L_PREFIX, L_VERIFY, N_LISTS, attr_bit_py,
+                                        eq_bit_py)
 from gpu_kernels.predicates import find_attribute, list_hit, list_key, predicate_truth
 from gpu_kernels.scan import run_program
 
 attr_bit = njit(inline="always", nogil=True)(attr_bit_py)
+LIST_CODE_MASK = (1 << LIST_CODE_SHIFT) - 1
 eq_bit = njit(inline="always", nogil=True)(eq_bit_py)
 
 
@@ -45,7 +48,8 @@ eq_bit = njit(inline="always", nogil=True)(eq_bit_py)
 # --------------------------------------------------------------------------
 @njit(nogil=True)
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
-               list_truth, index, programs, counter_live, alive, counters, slots, hits, bm0, bm1, stack, result):
+               list_truth, index, programs, counter_live, alive, counters, slots, hits, bm0, bm1, stack, list_bits,
+               list_rows, result):
     """Match events ``[e_first, e_last)``: write each event's alive TRUE
     subscription positions, ascending, to ``out[base + used:]`` and
     their number to ``ev_count[e]``.  When an event's positions do not
@@ -94,6 +98,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
     p_set_values = programs.p_set_values
     p_aux = programs.p_aux
     n_attrs = len(pivot_of_attr)
+    list_words = list_bits.shape[1]
     has_post = len(counter_post_start) > 1     # (length 1: no IS NULL tests at all)
     used = 0
     result[0] = e_last
@@ -102,6 +107,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
         ev_start = ev_offsets[e]
         ev_stop = ev_offsets[e + 1]
         found = 0
+        n_cached = 0         # the event's list rows with a bitmap in list_bits
         # subscriptions no event attribute can find: evaluated on every event
         for k in range(len(always_pos)):
             pos = always_pos[k]
@@ -225,18 +231,48 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     for k in range(lo0, hi0):
                         pid = side_pid[k + side]
                         if op == 6:      # VERIFY: exact three-valued test on the present value
-                            pop = x_op[pid]
+                            # a list operator's key and operator are beside the entry (its side code): its
+                            # row of the predicate table, a cache miss per array, is not read (layout)
+                            code = np.int64(side_hi[k + side])
+                            pop = np.int64(x_op[pid]) if code == 0 else code & LIST_CODE_MASK
                             hit = False
-                            if pop >= LIKE and pop <= NOT_MATCHES:
-                                hit = pattern_truth[token, x_aux[pid]] != 0
-                            elif pop >= FIRST_LIST_OP and pop <= LAST_LIST_OP:    # the event list's row
-                                hit = list_hit(list_truth, token, list_key(pop, x_aux[pid]))
+                            x_low = 0.0
+                            x_high = 0.0
                             s0 = 0
                             s1 = 0
-                            if pop == IN or pop == NOT_IN:
-                                s0 = x_set_start[pid]
-                                s1 = x_set_stop[pid]
-                            if predicate_truth(pop, x_lo[pid], x_hi[pid], set_values, s0, s1, hit, True, v) != TRUE:
+                            if pop >= FIRST_LIST_OP and pop <= LAST_LIST_OP:    # the event list's row
+                                # (code 0: an index saved before the side codes)
+                                key = list_key(pop, x_aux[pid]) if code == 0 else code >> LIST_CODE_SHIFT
+                                # the row's bitmap (gpu_kernels.list_truth), set on the row's first test;
+                                # written out here: a helper passed the shared list_truth would update its
+                                # reference count, an atomic both threads contend for, on every entry
+                                r = -1
+                                for q in range(n_cached):
+                                    if list_rows[q] == token:
+                                        r = q
+                                        break
+                                if r < 0 and n_cached < LIST_BITS_ROWS and list_words > 0:
+                                    r = n_cached
+                                    list_rows[r] = token
+                                    n_cached += 1
+                                    for q in range(list_truth[token], list_truth[token + 1]):
+                                        w = list_truth[q]
+                                        list_bits[r, w >> 6] |= np.uint64(1) << np.uint64(w & 63)
+                                if r >= 0:
+                                    w = key >> 6
+                                    hit = w < list_words and \
+                                        ((list_bits[r, w] >> np.uint64(key & 63)) & np.uint64(1)) != 0
+                                else:    # a row beyond the bitmaps: searched
+                                    hit = list_hit(list_truth, token, key)
+                            else:
+                                x_low = x_lo[pid]
+                                x_high = x_hi[pid]
+                                if pop >= LIKE and pop <= NOT_MATCHES:
+                                    hit = pattern_truth[token, x_aux[pid]] != 0
+                                elif pop == IN or pop == NOT_IN:
+                                    s0 = x_set_start[pid]
+                                    s1 = x_set_stop[pid]
+                            if predicate_truth(pop, x_low, x_high, set_values, s0, s1, hit, True, v) != TRUE:
                                 continue
                         else:            # PREFIX: interval end, then the exact pattern result
                             if side_hi[k + side] < v or pattern_truth[token, x_aux[pid]] == 0:
@@ -273,6 +309,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                         bm0[word] |= mask
                         bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
                         found += 1
+        clear_list_bits(list_truth, list_bits, list_rows, n_cached)
         # the marked positions, ascending (and the bitmap cleared)
         write = used + found <= cap
         emit_marked(bm0, bm1, out, base + used, write)
@@ -285,8 +322,8 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
 
 
 def opindex_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions,
-                            ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, index, programs,
-                            counter_live, alive):
+                            ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, list_words, index,
+                            programs, counter_live, alive):
     """Match events ``[task_first[t], task_last[t])`` for every task ``t``
     in parallel, with per-task counters, clause bits and output bitmap,
     against ``index`` (an :class:`~gpu_kernels.opindex.layout.OpIndexArrays`)
@@ -295,7 +332,8 @@ def opindex_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop
     Task ``t`` writes its events' positions, ascending per event, to
     ``out[t * cap:]`` and ``ev_count[e]``; when the next event does not fit
     it stops there (``task_stop[t]``, ``task_need[t]`` = that event's match
-    count) so the caller can resume with more room."""
+    count) so the caller can resume with more room.  ``list_words``: the
+    size of a list row's bitmap (:func:`gpu_kernels.list_truth.list_bits_words`)."""
     n_words = (n_positions + 63) >> 6
     # room for the counters that reach 0 in one visit of a partition: each of
     # its counters once -- and, were a counter decremented past its dtype's
@@ -318,10 +356,12 @@ def opindex_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop
         bm1 = np.zeros(max((n_words + 63) >> 6, 1), dtype=np.uint64)
         stack = np.empty(max(programs.max_depth, 1), dtype=np.int8)
         hits = np.empty(max_hits + 1, dtype=np.int64)
+        list_bits = np.zeros((LIST_BITS_ROWS, list_words), dtype=np.uint64)
+        list_rows = np.empty(LIST_BITS_ROWS, dtype=np.int64)
         result = np.empty(2, dtype=np.int64)
         match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
                    ev_token, pattern_truth, list_truth, index, programs, counter_live, alive, counters, slots, hits,
-                   bm0, bm1, stack, result)
+                   bm0, bm1, stack, list_bits, list_rows, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
 
@@ -596,8 +636,9 @@ def sort_within_lists(list_offsets, order, e_attr, e_rank, n_rank, prefix_rank):
 def gather_sorted(order, list_offsets, e_list, e_attr, e_rank, e_target, vals, prefix_rank, prefix_hi, use_rank):
     """The sorted entry arrays: attribute, operand (``2 * rank + 1`` with
     ``use_rank``, else ``vals[rank]``; 0 in VERIFY), counter pointer; and
-    the side arrays (predicate id, interval end) of the VERIFY and PREFIX
-    entries, in entry order."""
+    the side arrays (predicate id; ``prefix_hi`` of its row: a PREFIX
+    entry's interval end, a list operator's side code) of the VERIFY and
+    PREFIX entries, in entry order."""
     n = len(order)
     s_attr = np.empty(n, dtype=np.int32)
     s_val = np.empty(n, dtype=np.float64)
@@ -737,7 +778,8 @@ def merge_entries(old_list_offsets, old_run_attr, old_run_start, old_val, old_ta
     the dictionary grows), else from the raw value (string codes through
     ``code_map``: old dictionary rank -> new code, empty when codes did not
     move); VERIFY and PREFIX entries by their predicate ``x_map[pid]``
-    (PREFIX operand ``prefix_val``, interval end ``prefix_hi``).  The sort
+    (PREFIX operand ``prefix_val``, side value ``prefix_hi``: interval
+    end, list side code).  The sort
     key is the stored operand, the predicate id in VERIFY.
 
     Returns the sorted attribute, operand and counter pointer arrays, the

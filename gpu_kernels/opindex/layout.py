@@ -43,7 +43,10 @@ Layout (every structure is a flat array):
   :func:`gpu_kernels.predicates.predicate_truth` on the event's value (its
   pattern or list result read by the entry's token) and
   the *extended predicate table* (``x_*``: the segment's predicates, then
-  the negations the normal forms need).  PREFIX lists hold ``LIKE 'abc%'``
+  the negations the normal forms need).  A list operator's VERIFY entry
+  carries its list key and operator in ``side_hi`` (:func:`list_side_codes`;
+  0 in the other VERIFY entries), so that the thousands an event list meets
+  are decided without reading their rows of that table.  PREFIX lists hold ``LIKE 'abc%'``
   as the code range of the strings with that prefix (§6.2), checked exactly
   with the batch's pattern results.  Their side arrays (``side_pid``: the
   row of the extended table, ``side_hi``: the interval end) are indexed by
@@ -65,7 +68,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpu_kernels.opcodes import LIKE
+from gpu_kernels.opcodes import ALL_OF, FIRST_LIST_OP, LAST_LIST_OP, LIKE, NOT_ALL_OF
 
 #: list operators (second-level partitions)
 L_EQ, L_NE, L_LT, L_LE, L_GT, L_GE, L_VERIFY, L_PREFIX = range(8)
@@ -191,6 +194,23 @@ def eq_bit_py(attr, value, w):
     h = (h ^ (k * _K2)) * _K3
     h = h ^ (h >> np.uint64(31))
     return np.int64((h >> np.uint64(32)) & np.uint64(w - 1))
+
+
+#: a list operator's VERIFY side code: list key << LIST_CODE_SHIFT | operator
+LIST_CODE_SHIFT = 5
+
+
+def list_side_codes(op: np.ndarray, aux: np.ndarray) -> np.ndarray:
+    """Per predicate row: ``side_hi`` of its VERIFY entries -- for a list
+    operator its list key (:func:`gpu_kernels.predicates.list_key_py`: the
+    operand list's id twice, plus one for ALL OF) shifted left by
+    LIST_CODE_SHIFT, or'ed with the operator, as float64 (exact below
+    2**53); 0 for any other operator."""
+    op = np.asarray(op).astype(np.int64)
+    aux = np.asarray(aux).astype(np.int64)
+    is_list = (op >= FIRST_LIST_OP) & (op <= LAST_LIST_OP)
+    key = 2 * aux + ((op == ALL_OF) | (op == NOT_ALL_OF))
+    return np.where(is_list, (key << LIST_CODE_SHIFT) | op, 0).astype(np.float64)
 
 
 def to_device(arrays: NamedTuple) -> NamedTuple:
@@ -350,6 +370,11 @@ def check_arrays(arrays: OpIndexArrays, n_subs: int) -> None:
     prefix = ops[special] == L_PREFIX
     if prefix.any() and (a.x_op[a.side_pid[_ranges(lo[prefix], hi[prefix])]] != LIKE).any():
         _fail("a PREFIX entry names a predicate that is not a LIKE")
+    verify = _ranges(lo[~prefix], hi[~prefix])
+    code = a.side_hi[verify]
+    # (0: read through the predicate row, as an index saved before the codes is)
+    if ((code != 0) & (code != list_side_codes(a.x_op[a.side_pid[verify]], a.x_aux[a.side_pid[verify]]))).any():
+        _fail("a VERIFY entry's side code is not its list operator's")
 
     # ---- operands: ranks among vals (what merges re-encode through)
     if (len(a.vals) > 1 and not (np.diff(a.vals) > 0).all()) or np.isnan(a.vals).any():

@@ -1,0 +1,143 @@
+"""The list predicates' truth of a batch's event lists, on every core.
+
+`engine.events.list_truth` joins each event list (a row: one event's
+distinct element keys of one list attribute) with the inverted index of
+the operand lists in use for that attribute (`engine.events.ListIndex`:
+element keys ascending, each with its operand list).  Per row, the
+operand lists some element falls in are *hit*; a list hit by as many
+elements as it has is hit by all.  Each hit list ``s`` makes key ``2s``
+TRUE ("some element is in s": ONE OF, NONE OF, ``v IN attr``), and
+``2s + 1`` when hit by all (ALL OF) -- where a predicate in use wants the
+key.
+
+The work is the number of (element, operand list) hits, as the NumPy
+version this replaced, but without its global sort of every (row, list)
+pair: each thread counts hits in a dense counter over the operand lists,
+row after row, and resets only what it touched.  Rows are independent,
+so chunks of rows run in parallel; a first pass counts each row's TRUE
+keys, a second writes them, ascending, at the row's offset.  Host code
+only: the batch's list table is built on the host for both backends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(inline="always", nogil=True)
+def _row_hits(start, stop, list_keys, keys, owner, length, wanted, count, touched):
+    """Count row ``[start, stop)``'s hits per operand list into ``count``;
+    the lists touched, in ``touched[:n]``, sorted; returns n."""
+    n = 0
+    for j in range(start, stop):
+        key = list_keys[j]
+        # the run of index keys equal to the element (first >= key)
+        lo = 0
+        size = len(keys)
+        while size > 0:
+            half = size >> 1
+            if keys[lo + half] < key:
+                lo = lo + half + 1
+                size = size - half - 1
+            else:
+                size = half
+        k = lo
+        while k < len(keys) and keys[k] == key:
+            s = owner[k]
+            if count[s] == 0:
+                touched[n] = s
+                n += 1
+            count[s] += 1
+            k += 1
+    touched[:n].sort()
+    return n
+
+
+@njit(inline="always", nogil=True)
+def _emit(n, touched, count, length, wanted, out, at, write):
+    """The TRUE keys of the touched lists, ascending (2s before 2s + 1),
+    written at ``out[at:]`` when ``write``; ``count`` reset.  Returns the
+    number of keys."""
+    m = 0
+    for t in range(n):
+        s = touched[t]
+        if wanted[2 * s]:
+            if write:
+                out[at + m] = 2 * s
+            m += 1
+        if count[s] == length[s] and wanted[2 * s + 1]:
+            if write:
+                out[at + m] = 2 * s + 1
+            m += 1
+        count[s] = 0
+    return m
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def list_hits(row_offsets, list_keys, rows, keys, owner, length, wanted, n_chunks):
+    """TRUE keys of the event lists ``rows`` (batch rows, ascending) against
+    one attribute's inverted index (``keys`` ascending, ``owner`` the list of
+    each, ``length`` per list, ``wanted`` per key: a predicate uses it).
+    Returns (TRUE keys per row of ``rows``, the keys row after row, each
+    row's ascending)."""
+    n_rows = len(rows)
+    n_lists = len(length)
+    per_row = np.zeros(n_rows, dtype=np.int64)
+    n_chunks = max(1, min(n_chunks, n_rows))
+    for c in prange(n_chunks):
+        count = np.zeros(n_lists, dtype=np.int64)
+        touched = np.empty(n_lists, dtype=np.int64)
+        for i in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            r = rows[i]
+            n = _row_hits(row_offsets[r], row_offsets[r + 1], list_keys, keys, owner, length, wanted, count, touched)
+            per_row[i] = _emit(n, touched, count, length, wanted, touched, 0, False)
+    starts = np.zeros(n_rows + 1, dtype=np.int64)
+    for i in range(n_rows):
+        starts[i + 1] = starts[i] + per_row[i]
+    out = np.empty(starts[n_rows], dtype=np.int64)
+    for c in prange(n_chunks):
+        count = np.zeros(n_lists, dtype=np.int64)
+        touched = np.empty(n_lists, dtype=np.int64)
+        for i in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
+            r = rows[i]
+            n = _row_hits(row_offsets[r], row_offsets[r + 1], list_keys, keys, owner, length, wanted, count, touched)
+            _emit(n, touched, count, length, wanted, out, starts[i], True)
+    return per_row, out
+
+
+# --------------------------------------------------------------------------
+# matching: a thread's bitmaps of its event's list rows
+#
+# A kernel that verifies many list predicates against one event list (the
+# OpIndex VERIFY runs of a list attribute: thousands an event on W7) would
+# binary-search the row's TRUE keys for each -- a dozen dependent, branchy
+# loads.  Instead the first test of a row sets its TRUE keys' bits in a
+# thread-local bitmap (``bits[r]``, row ``rows[r]``, up to LIST_BITS_ROWS
+# rows an event; rows beyond are searched), every test is then one bit,
+# and the event's end clears the bits it set.  The test itself is written
+# out in the kernel's hot loop (gpu_kernels.opindex.cpu.match_task): a
+# helper passed the batch's shared list table would update its reference
+# count, an atomic all threads contend for, on every test.
+# --------------------------------------------------------------------------
+
+#: event lists (rows) of one event given a bitmap; further rows are searched
+LIST_BITS_ROWS = 4
+
+
+def list_bits_words(list_truth: np.ndarray) -> int:
+    """64-bit words of a bitmap over every TRUE key of ``list_truth``
+    (packed CSR: ``n_rows + 1`` offsets, then the keys); 0 when none."""
+    n_rows = int(list_truth[0]) - 1 if len(list_truth) else 0
+    keys = list_truth[n_rows + 1:]
+    return int(keys.max()) // 64 + 1 if len(keys) else 0
+
+
+@njit(inline="always", nogil=True)
+def clear_list_bits(list_truth, bits, rows, n_cached):
+    """Clear the bits the event's cached rows set (the bitmaps stay zero
+    between events: clearing costs what setting did, not the bitmap's size)."""
+    for r in range(n_cached):
+        row = rows[r]
+        for k in range(list_truth[row], list_truth[row + 1]):
+            bits[r, list_truth[k] >> 6] = np.uint64(0)
