@@ -24,6 +24,29 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from gpu_kernels.opcodes import ALL_OF, FIRST_LIST_OP, LAST_LIST_OP, NOT_ALL_OF
+
+#: a list operator's *list code*: its list key << LIST_CODE_SHIFT | the operator
+LIST_CODE_SHIFT = 5
+LIST_CODE_MASK = (1 << LIST_CODE_SHIFT) - 1
+
+
+def list_codes(op: np.ndarray, aux: np.ndarray) -> np.ndarray:
+    """Per predicate: its list code, as float64 (exact below 2**53) -- for
+    a list operator its list key (:func:`gpu_kernels.predicates.list_key_py`:
+    the operand list's id twice, plus one for ALL OF; 0 for IS [NOT]
+    EMPTY) shifted left by LIST_CODE_SHIFT, or'ed with the operator: > 0;
+    0 for any other operator.
+    Kept beside what a kernel scans (OpIndex's VERIFY entries, A-PCM's
+    bits), it decides a list predicate without reading its predicate row,
+    a cache miss per array."""
+    op = np.asarray(op).astype(np.int64)
+    aux = np.asarray(aux).astype(np.int64)
+    is_list = (op >= FIRST_LIST_OP) & (op <= LAST_LIST_OP)
+    # (IS [NOT] EMPTY has no operand list, aux -1: key 0, which its truth ignores)
+    key = np.where(aux >= 0, 2 * aux + ((op == ALL_OF) | (op == NOT_ALL_OF)), 0)
+    return np.where(is_list, (key << LIST_CODE_SHIFT) | op, 0).astype(np.float64)
+
 
 @njit(inline="always", nogil=True)
 def _row_hits(start, stop, list_keys, keys, owner, length, wanted, count, touched):

@@ -21,6 +21,7 @@ from engine.workloads import begen
 from gpu_kernels.apcm import cpu as C
 from gpu_kernels.apcm.layout import NULL_SLOT, RECLAIM_SHARE, _row_keys, recoded_rows, string_code_map, words
 from gpu_kernels.betree.layout import event_keys
+from gpu_kernels.list_truth import list_bits_words
 from gpu_kernels.opcodes import IS_NULL, TRUE
 from gpu_kernels.predicates import entry_truth
 from tests.test_betree_cuda import LEAF_CHECKS
@@ -97,9 +98,9 @@ def cpu_stages(m: APCMMatcher, batch, truth):
     n = len(batch.attr)
     e_main, e_over = np.empty(n, np.int64), np.empty(n, np.int64)
     C.encode_entries(batch.attr, batch.value, batch.token, store_at, lay.main_bits, lay.over_bits, lay.bit_off,
-                     lay.bit_pred, lay.obit_off, lay.obit_pred, lay.tab_off, lay.bound_off, lay.bounds, rows.op,
-                     rows.lo, rows.hi, rows.aux, rows.set_offsets, rows.set_values, truth, batch.list_truth, e_main, e_over,
-                     store)
+                     lay.bit_pred, *m._bit_codes(), lay.obit_off, lay.obit_pred, lay.tab_off, lay.bound_off, lay.bounds,
+                     rows.op, rows.lo, rows.hi, rows.aux, rows.set_offsets, rows.set_values, truth, batch.list_truth,
+                     list_bits_words(batch.list_truth), e_main, e_over, store)
     cl_entries = seg_sum(np.diff(batch.offsets)[clusters.perm], clusters.off)
     ce_start = np.concatenate(([0], np.cumsum(cl_entries)[:-1])).astype(np.int64)
     n_ce = int(cl_entries.sum())
@@ -167,6 +168,32 @@ def test_every_bit_is_its_predicates_truth():
     # IS NULL has no bit: absence decides it
     null_rows = np.flatnonzero(m.tree.units.rows.op == IS_NULL)
     assert len(null_rows) and (m.layout.pred_slot[null_rows] == NULL_SLOT).all()
+
+
+def test_every_bit_of_a_list_attribute_is_its_predicates_truth():
+    """A list attribute's bits come from its list codes and the event list's
+    bitmap (not one evaluation per bit): every operator, on lists that
+    hold, miss, fully hold or are empty -- each bit equals the scan
+    kernels' evaluation, one predicate at a time."""
+    rng = np.random.default_rng(11)
+    expressions = []
+    for k in range(120):
+        values = ", ".join(str(v) for v in rng.choice(8, int(rng.integers(1, 4)), replace=False))
+        words = ", ".join(f"'w{v}'" for v in rng.choice(8, int(rng.integers(1, 4)), replace=False))
+        expressions += [f"l0 ONE OF ({values})", f"l0 NONE OF ({values})", f"l0 ALL OF ({values})",
+                        f"NOT l0 ALL OF ({values})", f"{int(rng.integers(8))} IN l0",
+                        f"{int(rng.integers(8))} NOT IN l0", f"l1 ONE OF ({words})", f"l1 ALL OF ({words})",
+                        f"'w{int(rng.integers(8))}' NOT IN l1"][k % 9:k % 9 + 1]
+    expressions += ["l0 IS EMPTY", "l0 IS NOT EMPTY", "l1 IS EMPTY", "l1 IS NOT EMPTY"]
+    events = [{"l0": [int(v) for v in rng.choice(8, int(rng.integers(0, 7)), replace=False)],
+               "l1": [f"w{v}" for v in rng.choice(8, int(rng.integers(0, 7)), replace=False)]}
+              for _ in range(30)] + [{"l0": list(range(8))}, {"l1": []}]
+    seg, batch, truth = compiled(expressions, events)
+    m = APCMMatcher(seg, "cpu")
+    codes, list_attr = m._bit_codes()
+    assert list_attr.sum() == 2          # l0 and l1
+    assert (codes > 0).sum() > 80 and (codes >= 0).all()
+    assert check_bits(m, batch, truth) > 2000
 
 
 def test_a_compressed_event_is_the_or_of_its_members():

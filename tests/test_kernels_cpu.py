@@ -94,3 +94,38 @@ def test_opindex_kernels_take_the_struct_whole():
     index.merge()
     index.match({})
     check_arrays(index._matcher.arrays, len(index._matcher.segment))
+
+
+def test_every_cached_kernel_has_its_own_cache_entry():
+    """numba keys its on-disk cache by module, name and line, not by the
+    compile options (numba issue 6845): a kernel compiled both over every
+    core and on the calling thread from one function would load whichever
+    twin was cached first for both -- a "parallel" kernel on one thread.
+    Every cached CPU dispatcher of the kernel modules has a cache file base
+    of its own, and each parallel/serial pair is what it says."""
+    import importlib
+
+    from numba.core.registry import CPUDispatcher
+
+    from gpu_kernels import twins
+
+    bases: dict = {}
+    pairs = 0
+    for name in ("gpu_kernels.opindex.cpu", "gpu_kernels.betree.cpu", "gpu_kernels.apcm.cpu",
+                 "gpu_kernels.pstree.cpu", "gpu_kernels.atree.cpu", "gpu_kernels.list_truth", "gpu_kernels.scan",
+                 "gpu_kernels.predicates", "gpu_kernels.compaction", "engine.compile", "engine.columnar"):
+        module = importlib.import_module(name)
+        for attr, value in vars(module).items():
+            if isinstance(value, CPUDispatcher) and type(value._cache).__name__ == "FunctionCache":
+                base = value._cache._impl.filename_base
+                assert bases.setdefault(base, value) is value, f"{name}.{attr} shares the cache of another kernel"
+                if attr.endswith("_serial"):
+                    parallel = getattr(module, attr[:-len("_serial")], None) or \
+                        getattr(module, attr[:-len("_serial")] + "_kernel", None)
+                    assert value.py_func.__name__.endswith(twins.SERIAL_SUFFIX)
+                    assert not value.targetoptions.get("parallel")
+                    if parallel is not None:
+                        assert parallel.targetoptions.get("parallel") and parallel.py_func.__code__.co_code == \
+                            value.py_func.__code__.co_code
+                        pairs += 1
+    assert pairs >= 6

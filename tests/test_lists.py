@@ -238,22 +238,24 @@ def test_list_truth_equals_brute_force_on_random_lists(seed, wanted_share, n_ind
                 assert ((2 * s + 1) in true) == (members <= elements)
 
 
-# ------------------------------------------------------------------ OpIndex: list operators' side codes
-def test_list_side_codes_hold_the_list_key_and_operator():
-    """A VERIFY entry's side code (gpu_kernels.opindex.layout) decodes to
+# ------------------------------------------------------------------ list codes (OpIndex, A-PCM)
+def test_list_codes_hold_the_list_key_and_operator():
+    """A list code (gpu_kernels.list_truth: beside OpIndex's VERIFY entries and A-PCM's bits) decodes to
     the key engine.events.list_truth reports the operator under and to the
     operator itself; any other operator has none."""
     from gpu_kernels import opcodes
-    from gpu_kernels.opindex.layout import LIST_CODE_SHIFT, list_side_codes
+    from gpu_kernels.list_truth import LIST_CODE_SHIFT, list_codes
     from gpu_kernels.predicates import list_key_py
 
     ops = np.arange(opcodes.N_OPS)
     aux = np.arange(opcodes.N_OPS) * 7919 + 3
-    codes = list_side_codes(ops, aux).astype(np.int64)
+    codes = list_codes(ops, aux).astype(np.int64)
     for op, a, code in zip(ops.tolist(), aux.tolist(), codes.tolist()):
         if opcodes.FIRST_LIST_OP <= op <= opcodes.LAST_LIST_OP:
             assert code > 0 and code & ((1 << LIST_CODE_SHIFT) - 1) == op
             assert code >> LIST_CODE_SHIFT == list_key_py(op, a)
+            # IS [NOT] EMPTY: no operand list (aux -1), still a positive code
+            assert list_codes(np.array([op]), np.array([-1]))[0] == op
         else:
             assert code == 0
 
@@ -297,15 +299,16 @@ def _many_lists_workload(seed, n_attrs=6, n_subs=300, n_events=60):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_opindex_on_many_lists_an_event_and_after_merges(seed):
-    """OpIndex decides a list operator's VERIFY entry from its side code and
+    """OpIndex decides a list operator's VERIFY entry from its list code and
     the event list's bitmap (a row beyond the kernel's bitmaps searched):
     its answers equal the reference evaluator's on events with more lists
     than bitmaps, after merges of added and removed subscriptions, and with
-    the side codes zeroed (an index saved before them reads the predicate
+    the list codes zeroed (an index saved before them reads the predicate
     rows instead)."""
     from gpu_kernels.list_truth import LIST_BITS_ROWS
     from gpu_kernels.opindex import cpu
-    from gpu_kernels.opindex.layout import L_VERIFY, Programs, check_arrays, list_side_codes
+    from gpu_kernels.list_truth import list_codes
+    from gpu_kernels.opindex.layout import L_VERIFY, Programs, check_arrays
 
     schema, texts, events = _many_lists_workload(seed)
     assert sum(len([a for a in e if a.startswith("l")]) > LIST_BITS_ROWS for e in events) > 10
@@ -329,9 +332,9 @@ def test_opindex_on_many_lists_an_event_and_after_merges(seed):
     check_arrays(a, len(matcher.segment))
     verify = np.concatenate([np.arange(a.list_offsets[l], a.list_offsets[l + 1]) + a.list_side_base[l]
                              for l in range(len(a.list_offsets) - 1) if l % 8 == L_VERIFY])
-    codes = list_side_codes(a.x_op[a.side_pid[verify]], a.x_aux[a.side_pid[verify]])
+    codes = list_codes(a.x_op[a.side_pid[verify]], a.x_aux[a.side_pid[verify]])
     assert (codes > 0).sum() > 50 and np.array_equal(a.side_hi[verify], codes)
-    # the same kernel, the side codes zeroed: the same answers
+    # the same kernel, the list codes zeroed: the same answers
     batch = encode_events(events, index.schema)
     seg = matcher.segment
     truth = list_truth(batch, seg.predicates.list_index(index.schema))

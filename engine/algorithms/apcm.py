@@ -43,6 +43,7 @@ from gpu_kernels.apcm.layout import (BitmapLayout, build_layout, carried_layout,
                                      string_code_map, words)
 from gpu_kernels.betree.layout import event_keys
 from gpu_kernels.betree.tree import leaf_arrays
+from gpu_kernels.list_truth import list_bits_words, list_codes
 
 PAPER = "A-PCM, Sadoghi and Jacobsen, ICDE 2014 (over BE-Tree, SIGMOD 2011, §3)"
 
@@ -166,6 +167,23 @@ class APCMMatcher(HostMatcher):
                 numba.set_num_threads(previous)
         return self._positions(batch, pattern_truth, alive)
 
+    def _bit_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The list code of each main bit's predicate (gpu_kernels.list_truth;
+        0 for other operators and pseudo-deleted bits) and, per attribute,
+        whether it has such bits: made once per layout (main bits only lose
+        predicates, to pseudo-deletion, which the kernel reads first)."""
+        lay = self.layout
+        cached = getattr(self, "_bit_codes_of", None)
+        if cached is None or cached[0] is not lay:
+            rows = self.tree.units.rows
+            pred = np.maximum(lay.bit_pred, 0)
+            codes = np.where(lay.bit_pred >= 0, list_codes(rows.op[pred], rows.aux[pred]), 0.0)
+            bit_attr = np.repeat(np.arange(len(lay.main_bits)), lay.main_bits)
+            list_attr = np.zeros(len(lay.main_bits), np.uint8)
+            list_attr[bit_attr[codes > 0]] = 1
+            cached = self._bit_codes_of = (lay, codes, list_attr)
+        return cached[1], cached[2]
+
     def _positions(self, batch, pattern_truth, alive):
         n_subs = len(self.segment)
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
@@ -198,9 +216,9 @@ class APCMMatcher(HostMatcher):
         e_main = np.empty(len(ev_attr), np.int64)
         e_over = np.empty(len(ev_attr), np.int64)
         K.encode_entries(ev_attr, batch.value, batch.token, store_at, lay.main_bits, lay.over_bits, lay.bit_off,
-                         lay.bit_pred, lay.obit_off, lay.obit_pred, lay.tab_off, lay.bound_off, lay.bounds, rows.op,
-                         rows.lo, rows.hi, rows.aux, rows.set_offsets, rows.set_values, pattern_truth, list_truth,
-                         e_main, e_over, store)
+                         lay.bit_pred, *self._bit_codes(), lay.obit_off, lay.obit_pred, lay.tab_off, lay.bound_off,
+                         lay.bounds, rows.op, rows.lo, rows.hi, rows.aux, rows.set_offsets, rows.set_values,
+                         pattern_truth, list_truth, list_bits_words(list_truth), e_main, e_over, store)
         # stage 2: compressed events
         cluster_entries = _segment_sums(np.diff(batch.offsets)[perm], cl_off)
         ce_start = np.concatenate(([0], np.cumsum(cluster_entries)[:-1])).astype(np.int64)

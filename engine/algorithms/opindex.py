@@ -98,10 +98,10 @@ from engine.compile import OPCODE, Segment
 from engine.errors import BackendUnavailable, ExpressionTooLarge
 from engine.expr import NEGATED_OP, Family, Node, Pred, to_cnf, to_dnf
 from gpu_kernels import opcodes
-from gpu_kernels.list_truth import list_bits_words
+from gpu_kernels.list_truth import list_bits_words, list_codes
 from gpu_kernels.opindex import cpu as K
 from gpu_kernels.opindex.layout import (L_EQ, L_GE, L_GT, L_LE, L_LT, L_NE, L_PREFIX, L_VERIFY, N_LISTS, OpIndexArrays,
-                                        Programs, check_arrays, list_side_codes)
+                                        Programs, check_arrays)
 
 #: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
 DEFAULT_LIMIT = 256
@@ -349,7 +349,7 @@ class OpIndexMatcher(HostMatcher):
 
         # ---- operand ranks (the lists' sort key)
         prefix_ok, prefix_lo, prefix_hi = self._prefix_bounds(None)
-        side_values = prefix_hi + list_side_codes(self._x["op"], self._x["aux"])     # (each 0 where the other is not)
+        side_values = prefix_hi + list_codes(self._x["op"], self._x["aux"])     # (each 0 where the other is not)
         self._vals_plain, self._vals_string = self._operands(None)
         vals = self._set_vals(prefix_lo[prefix_ok])
         info, set_rank, prefix_rank = self._pack(rows, vals, prefix_ok, prefix_lo)
@@ -735,9 +735,9 @@ class OpIndexMatcher(HostMatcher):
         vals = new._set_vals(np.concatenate((old_lo[old_ok], add_lo[add_ok])))
         info, set_rank, _ = new._pack(rows, vals, add_ok, add_lo)
         # per row of the new table: PREFIX operands, and side values (side_hi):
-        # PREFIX interval ends, list operators' side codes
+        # PREFIX interval ends, list operators' list codes
         n_x = len(new._x["op"])
-        prefix_val, side_values = np.zeros(n_x), list_side_codes(new._x["op"], new._x["aux"])
+        prefix_val, side_values = np.zeros(n_x), list_codes(new._x["op"], new._x["aux"])
         for where, ok, lo, hi in ((old_prefix, old_ok, old_lo, old_hi), (pids, add_ok, add_lo, add_hi)):
             prefix_val[where[ok]] = new._stored(lo[ok])
             side_values[where[ok]] = hi[ok]

@@ -44,8 +44,10 @@ from numba import njit, prange
 from gpu_kernels.apcm.layout import NULL_SLOT
 from gpu_kernels.betree.layout import ATOMIC, N_CHILD, N_DEPTH, N_LEAF, N_LEAF_END, N_PDIR, N_PDIR_END, N_PREFIX
 from gpu_kernels.compaction import emit_marked
+from gpu_kernels.list_truth import LIST_CODE_MASK, LIST_CODE_SHIFT
 from gpu_kernels.opcodes import TRUE
-from gpu_kernels.predicates import entry_truth, find_attribute
+from gpu_kernels.predicates import entry_truth, find_attribute, predicate_truth
+from gpu_kernels.twins import parallel_and_serial
 
 #: a pointer to no slice (an attribute without bits of that kind)
 NO_SLICE = -1
@@ -77,11 +79,18 @@ def slot_true(slot, present, p_main, p_over, table, store):
 
 # ------------------------------------------------------------ stage 1: encode
 @njit(parallel=True, nogil=True, cache=True)
-def encode_entries(ev_attr, ev_value, ev_token, store_at, main_bits, over_bits, bit_off, bit_pred, obit_off,
-                   obit_pred, tab_off, bound_off, bounds, op, lo, hi, aux, set_offsets, set_values, pattern_truth,
-                   list_truth, e_main, e_over, store):
+def encode_entries(ev_attr, ev_value, ev_token, store_at, main_bits, over_bits, bit_off, bit_pred, bit_code,
+                   list_attr, obit_off, obit_pred, tab_off, bound_off, bounds, op, lo, hi, aux, set_offsets,
+                   set_values, pattern_truth, list_truth, list_words, e_main, e_over, store):
     """``e_main[k]``, ``e_over[k]``: the slices of entry ``k``; evaluated
-    slices written to ``store[store_at[k]:]`` (zeroed by the caller)."""
+    slices written to ``store[store_at[k]:]`` (zeroed by the caller).
+
+    A main bit of a list operator (``bit_code``: its list code,
+    gpu_kernels.list_truth) is decided by its key's bit in a bitmap of the
+    event list's TRUE keys (``list_words`` words), made once for an entry
+    of a list attribute (``list_attr``: per attribute, has it such bits):
+    a list attribute has a bit per list predicate -- hundreds of thousands
+    on W7 -- and each evaluated alone would search the row's keys."""
     n_attrs = len(main_bits)
     for k in prange(len(ev_attr)):
         a = ev_attr[k]
@@ -99,10 +108,28 @@ def encode_entries(ev_attr, ev_value, ev_token, store_at, main_bits, over_bits, 
                 row = 2 * i + 1 if i < b1 - b0 and bounds[b0 + i] == x else 2 * i
                 e_main[k] = tab_off[a] + row * ((main_bits[a] + 63) >> 6)
             else:
+                # a list attribute's bits: the event list's TRUE keys as a bitmap, made once
+                keys = np.zeros(max(list_words, 1) if list_attr[a] else 0, dtype=np.uint64)
+                if list_attr[a]:
+                    row = ev_token[k]
+                    for q in range(list_truth[row], list_truth[row + 1]):
+                        w = list_truth[q]
+                        keys[w >> 6] |= np.uint64(1) << np.uint64(w & 63)
                 for j in range(main_bits[a]):
                     p = bit_pred[bit_off[a] + j]
-                    if p >= 0 and entry_truth(p, k, ev_value, ev_token, op, lo, hi, set_offsets, set_values, aux,
-                                              pattern_truth, list_truth) == TRUE:
+                    if p < 0:
+                        continue
+                    code = np.int64(bit_code[bit_off[a] + j])
+                    if code > 0:
+                        key = code >> LIST_CODE_SHIFT
+                        hit = (key >> 6) < list_words and \
+                            ((keys[key >> 6] >> np.uint64(key & 63)) & np.uint64(1)) != 0
+                        true = predicate_truth(code & LIST_CODE_MASK, 0.0, 0.0, set_values, 0, 0, hit, True,
+                                               ev_value[k]) == TRUE
+                    else:
+                        true = entry_truth(p, k, ev_value, ev_token, op, lo, hi, set_offsets, set_values, aux,
+                                           pattern_truth, list_truth) == TRUE
+                    if true:
                         store[at + (j >> 6)] |= np.uint64(1) << np.uint64(j & 63)
                 e_main[k] = -2 - at
                 at += (main_bits[a] + 63) >> 6
@@ -299,10 +326,8 @@ def traverse_items_py(task_first, task_last, item_cluster, item_pnode, ce_start,
                     ce_keys, node, p_top, p_attr, cand, cap, found, seen, stack, cpos)
 
 
-#: stage 3 with parallel path traversal (tasks over the cores) ...
-traverse_items = njit(parallel=True, nogil=True, cache=True)(traverse_items_py)
-#: ... and without (one core walks every item)
-traverse_items_serial = njit(nogil=True, cache=True)(traverse_items_py)
+#: stage 3 with parallel path traversal (tasks over the cores), and without (one core walks every item)
+traverse_items, traverse_items_serial = parallel_and_serial(traverse_items_py, nogil=True)
 
 
 @njit(nogil=True, cache=True)
@@ -482,10 +507,8 @@ def scan_kernel_py(task_first, task_last, out, cap, cl_count, task_stop, task_ne
         task_need[t] = result[1]
 
 
-#: stage 4: clusters over all cores ...
-scan_kernel = njit(parallel=True, nogil=True, cache=True)(scan_kernel_py)
-#: ... and on the calling thread (a few clusters, the Bitmap baseline)
-scan_kernel_serial = njit(nogil=True, cache=True)(scan_kernel_py)
+#: stage 4: clusters over all cores, and on the calling thread (a few clusters, the Bitmap baseline)
+scan_kernel, scan_kernel_serial = parallel_and_serial(scan_kernel_py, nogil=True)
 
 
 # ----------------------------------------------- the base algorithm "C"

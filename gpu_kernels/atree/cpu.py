@@ -56,6 +56,7 @@ from numba import njit, prange
 
 from gpu_kernels.opcodes import AND, FALSE, NULL, OR, TRUE, XOR
 from gpu_kernels.predicates import entry_truth, find_attribute
+from gpu_kernels.twins import parallel_and_serial
 
 #: the key classes of the predicate index (:class:`~gpu_kernels.atree.layout.LeafIndex`):
 #: its group ``attr * N_CLASSES + class`` holds one attribute's keyed leaves of one class
@@ -382,7 +383,5 @@ def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, 
         task_leaves[t] = result[2]
 
 
-#: the CPU kernel: tasks over all cores
-atree_match_kernel = njit(parallel=True, nogil=True, cache=True)(atree_match_kernel_py)
-#: the same on the calling thread, for a few events
-atree_match_serial = njit(nogil=True, cache=True)(atree_match_kernel_py)
+#: the CPU kernel: tasks over all cores, and on the calling thread for a few events
+atree_match_kernel, atree_match_serial = parallel_and_serial(atree_match_kernel_py, nogil=True)

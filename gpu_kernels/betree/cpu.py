@@ -33,6 +33,7 @@ from gpu_kernels.betree.layout import (ATOMIC, N_CHILD, N_DEPTH, N_LEAF, N_LEAF_
 from gpu_kernels.compaction import emit_marked
 from gpu_kernels.opcodes import BETWEEN, FIRST_LIST_OP, GE, IN, LAST_LIST_OP, LIKE, NE, NOT_MATCHES, TRUE
 from gpu_kernels.predicates import find_attribute, list_hit, list_key, predicate_truth
+from gpu_kernels.twins import parallel_and_serial
 
 
 @njit(nogil=True, cache=True)
@@ -238,7 +239,5 @@ def betree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop,
         task_need[t] = result[1]
 
 
-#: the CPU kernel: tasks over all cores
-betree_match_kernel = njit(parallel=True, nogil=True, cache=True)(betree_match_kernel_py)
-#: the same on the calling thread, for a few events
-betree_match_serial = njit(nogil=True, cache=True)(betree_match_kernel_py)
+#: the CPU kernel: tasks over all cores, and on the calling thread for a few events
+betree_match_kernel, betree_match_serial = parallel_and_serial(betree_match_kernel_py, nogil=True)

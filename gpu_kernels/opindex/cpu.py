@@ -27,15 +27,14 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.compaction import emit_marked
-from gpu_kernels.list_truth import LIST_BITS_ROWS, clear_list_bits
+from gpu_kernels.list_truth import LIST_BITS_ROWS, LIST_CODE_MASK, LIST_CODE_SHIFT, clear_list_bits
 from gpu_kernels.opcodes import FIRST_LIST_OP, IN, LAST_LIST_OP, LIKE, NOT_IN, NOT_MATCHES, TRUE
-from gpu_kernels.opindex.layout import (LIST_CODE_SHIFT, L_EQ, L_LE, L_PREFIX, L_VERIFY, N_LISTS, attr_bit_py,
-                                        eq_bit_py)
+from gpu_kernels.opindex.layout import L_EQ, L_LE, L_PREFIX, L_VERIFY, N_LISTS, attr_bit_py, eq_bit_py
 from gpu_kernels.predicates import find_attribute, list_hit, list_key, predicate_truth
 from gpu_kernels.scan import run_program
+from gpu_kernels.twins import parallel_and_serial
 
 attr_bit = njit(inline="always", nogil=True)(attr_bit_py)
-LIST_CODE_MASK = (1 << LIST_CODE_SHIFT) - 1
 eq_bit = njit(inline="always", nogil=True)(eq_bit_py)
 
 
@@ -231,7 +230,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     for k in range(lo0, hi0):
                         pid = side_pid[k + side]
                         if op == 6:      # VERIFY: exact three-valued test on the present value
-                            # a list operator's key and operator are beside the entry (its side code): its
+                            # a list operator's key and operator are beside the entry (its list code): its
                             # row of the predicate table, a cache miss per array, is not read (layout)
                             code = np.int64(side_hi[k + side])
                             pop = np.int64(x_op[pid]) if code == 0 else code & LIST_CODE_MASK
@@ -241,7 +240,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                             s0 = 0
                             s1 = 0
                             if pop >= FIRST_LIST_OP and pop <= LAST_LIST_OP:    # the event list's row
-                                # (code 0: an index saved before the side codes)
+                                # (code 0: an index saved before the list codes)
                                 key = list_key(pop, x_aux[pid]) if code == 0 else code >> LIST_CODE_SHIFT
                                 # the row's bitmap (gpu_kernels.list_truth), set on the row's first test;
                                 # written out here: a helper passed the shared list_truth would update its
@@ -366,11 +365,9 @@ def opindex_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop
         task_need[t] = result[1]
 
 
-#: the CPU kernel: tasks over all cores
-opindex_match_kernel = njit(parallel=True, nogil=True, cache=True)(opindex_match_kernel_py)
-#: the same on the calling thread, for single events: waking the other
-#: threads for one task costs more than the task on a busy machine
-opindex_match_serial = njit(nogil=True, cache=True)(opindex_match_kernel_py)
+#: the CPU kernel: tasks over all cores, and on the calling thread for single events (waking
+#: the other threads for one task costs more than the task on a busy machine)
+opindex_match_kernel, opindex_match_serial = parallel_and_serial(opindex_match_kernel_py, nogil=True)
 
 
 # --------------------------------------------------------------------------
@@ -637,7 +634,7 @@ def gather_sorted(order, list_offsets, e_list, e_attr, e_rank, e_target, vals, p
     """The sorted entry arrays: attribute, operand (``2 * rank + 1`` with
     ``use_rank``, else ``vals[rank]``; 0 in VERIFY), counter pointer; and
     the side arrays (predicate id; ``prefix_hi`` of its row: a PREFIX
-    entry's interval end, a list operator's side code) of the VERIFY and
+    entry's interval end, a list operator's list code) of the VERIFY and
     PREFIX entries, in entry order."""
     n = len(order)
     s_attr = np.empty(n, dtype=np.int32)
@@ -779,7 +776,7 @@ def merge_entries(old_list_offsets, old_run_attr, old_run_start, old_val, old_ta
     ``code_map``: old dictionary rank -> new code, empty when codes did not
     move); VERIFY and PREFIX entries by their predicate ``x_map[pid]``
     (PREFIX operand ``prefix_val``, side value ``prefix_hi``: interval
-    end, list side code).  The sort
+    end, list code).  The sort
     key is the stored operand, the predicate id in VERIFY.
 
     Returns the sorted attribute, operand and counter pointer arrays, the

@@ -44,7 +44,8 @@ Layout (every structure is a flat array):
   pattern or list result read by the entry's token) and
   the *extended predicate table* (``x_*``: the segment's predicates, then
   the negations the normal forms need).  A list operator's VERIFY entry
-  carries its list key and operator in ``side_hi`` (:func:`list_side_codes`;
+  carries its list key and operator in ``side_hi`` (its list code,
+  :func:`gpu_kernels.list_truth.list_codes`;
   0 in the other VERIFY entries), so that the thousands an event list meets
   are decided without reading their rows of that table.  PREFIX lists hold ``LIKE 'abc%'``
   as the code range of the strings with that prefix (§6.2), checked exactly
@@ -68,7 +69,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpu_kernels.opcodes import ALL_OF, FIRST_LIST_OP, LAST_LIST_OP, LIKE, NOT_ALL_OF
+from gpu_kernels.list_truth import list_codes
+from gpu_kernels.opcodes import LIKE
 
 #: list operators (second-level partitions)
 L_EQ, L_NE, L_LT, L_LE, L_GT, L_GE, L_VERIFY, L_PREFIX = range(8)
@@ -194,23 +196,6 @@ def eq_bit_py(attr, value, w):
     h = (h ^ (k * _K2)) * _K3
     h = h ^ (h >> np.uint64(31))
     return np.int64((h >> np.uint64(32)) & np.uint64(w - 1))
-
-
-#: a list operator's VERIFY side code: list key << LIST_CODE_SHIFT | operator
-LIST_CODE_SHIFT = 5
-
-
-def list_side_codes(op: np.ndarray, aux: np.ndarray) -> np.ndarray:
-    """Per predicate row: ``side_hi`` of its VERIFY entries -- for a list
-    operator its list key (:func:`gpu_kernels.predicates.list_key_py`: the
-    operand list's id twice, plus one for ALL OF) shifted left by
-    LIST_CODE_SHIFT, or'ed with the operator, as float64 (exact below
-    2**53); 0 for any other operator."""
-    op = np.asarray(op).astype(np.int64)
-    aux = np.asarray(aux).astype(np.int64)
-    is_list = (op >= FIRST_LIST_OP) & (op <= LAST_LIST_OP)
-    key = 2 * aux + ((op == ALL_OF) | (op == NOT_ALL_OF))
-    return np.where(is_list, (key << LIST_CODE_SHIFT) | op, 0).astype(np.float64)
 
 
 def to_device(arrays: NamedTuple) -> NamedTuple:
@@ -373,8 +358,8 @@ def check_arrays(arrays: OpIndexArrays, n_subs: int) -> None:
     verify = _ranges(lo[~prefix], hi[~prefix])
     code = a.side_hi[verify]
     # (0: read through the predicate row, as an index saved before the codes is)
-    if ((code != 0) & (code != list_side_codes(a.x_op[a.side_pid[verify]], a.x_aux[a.side_pid[verify]]))).any():
-        _fail("a VERIFY entry's side code is not its list operator's")
+    if ((code != 0) & (code != list_codes(a.x_op[a.side_pid[verify]], a.x_aux[a.side_pid[verify]]))).any():
+        _fail("a VERIFY entry's side_hi is neither 0 nor its list operator's list code")
 
     # ---- operands: ranks among vals (what merges re-encode through)
     if (len(a.vals) > 1 and not (np.diff(a.vals) > 0).all()) or np.isnan(a.vals).any():

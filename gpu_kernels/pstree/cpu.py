@@ -38,6 +38,7 @@ from gpu_kernels.predicates import entry_truth
 # the structures and the functions the CUDA twin compiles too (one source, so both see the same spaces and bits)
 from gpu_kernels.pstree.layout import (NOT_INDEXABLE, OPERATOR_CLASS, BloomArrays, HashArrays,  # noqa: F401
                                        SpaceTable, bloom_key_py, bloom_probe_py, elementary_py, key_hash_py)
+from gpu_kernels.twins import parallel_and_serial
 
 
 # ------------------------------------------------------------------ locating
@@ -62,9 +63,8 @@ def locate_spaces_py(ev_offsets, ev_attr, ev_value, val_off, vals, elem_space):
     return out
 
 
-locate_spaces = njit(parallel=True, nogil=True, cache=True)(locate_spaces_py)
-#: the same on the calling thread, for a few events (waking every core costs more than they do)
-locate_spaces_serial = njit(nogil=True, cache=True)(locate_spaces_py)
+#: over every core, and on the calling thread for a few events (waking every core costs more than they do)
+locate_spaces, locate_spaces_serial = parallel_and_serial(locate_spaces_py, nogil=True)
 
 
 # ------------------------------------------------------------- construction
@@ -521,8 +521,7 @@ def pstbloom_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, tas
         task_need[t] = result[1]
 
 
-pstbloom_kernel = njit(parallel=True, nogil=True, cache=True)(pstbloom_kernel_py)
-pstbloom_serial = njit(nogil=True, cache=True)(pstbloom_kernel_py)
+pstbloom_kernel, pstbloom_serial = parallel_and_serial(pstbloom_kernel_py, nogil=True)
 
 
 @njit(nogil=True)
@@ -645,8 +644,7 @@ def psthash_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task
         task_need[t] = result[1]
 
 
-psthash_kernel = njit(parallel=True, nogil=True, cache=True)(psthash_kernel_py)
-psthash_serial = njit(nogil=True, cache=True)(psthash_kernel_py)
+psthash_kernel, psthash_serial = parallel_and_serial(psthash_kernel_py, nogil=True)
 
 
 # ------------------------------------------------- dynamic adjustment (§4.4)
