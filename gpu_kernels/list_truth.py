@@ -49,52 +49,39 @@ def list_codes(op: np.ndarray, aux: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always", nogil=True)
-def _row_hits(start, stop, list_keys, keys, owner, length, wanted, count, touched):
-    """Count row ``[start, stop)``'s hits per operand list into ``count``;
-    the lists touched, in ``touched[:n]``, sorted; returns n."""
-    n = 0
-    for j in range(start, stop):
-        key = list_keys[j]
-        # the run of index keys equal to the element (first >= key)
-        lo = 0
-        size = len(keys)
-        while size > 0:
-            half = size >> 1
-            if keys[lo + half] < key:
-                lo = lo + half + 1
-                size = size - half - 1
-            else:
-                size = half
-        k = lo
-        while k < len(keys) and keys[k] == key:
-            s = owner[k]
-            if count[s] == 0:
-                touched[n] = s
-                n += 1
-            count[s] += 1
-            k += 1
-    touched[:n].sort()
-    return n
-
-
-@njit(inline="always", nogil=True)
-def _emit(n, touched, count, length, wanted, out, at, write):
-    """The TRUE keys of the touched lists, ascending (2s before 2s + 1),
-    written at ``out[at:]`` when ``write``; ``count`` reset.  Returns the
-    number of keys."""
-    m = 0
-    for t in range(n):
-        s = touched[t]
-        if wanted[2 * s]:
-            if write:
-                out[at + m] = 2 * s
-            m += 1
-        if count[s] == length[s] and wanted[2 * s + 1]:
-            if write:
-                out[at + m] = 2 * s + 1
-            m += 1
-        count[s] = 0
-    return m
+def _chunk_keys(first, last, row_offsets, list_keys, rows, keys, owner, length, wanted, per_row, starts, out,
+                write):
+    """Rows ``rows[first:last]``, one after the other: each element's run of
+    equal index keys counted per operand list in a dense counter, then the
+    touched lists' TRUE keys, ascending (2s before 2s + 1) -- counted into
+    ``per_row`` or, with ``write``, written at ``out[starts[i]:]`` -- and
+    the counter reset where it was touched."""
+    count = np.zeros(len(length), dtype=np.int64)
+    touched = np.empty(len(length), dtype=np.int64)
+    for i in range(first, last):
+        r = rows[i]
+        n = 0
+        for j in range(row_offsets[r], row_offsets[r + 1]):
+            k = np.searchsorted(keys, list_keys[j])
+            while k < len(keys) and keys[k] == list_keys[j]:
+                s = owner[k]
+                if count[s] == 0:
+                    touched[n] = s
+                    n += 1
+                count[s] += 1
+                k += 1
+        touched[:n].sort()
+        m = 0
+        for t in range(n):
+            s = touched[t]
+            for key in (2 * s, 2 * s + 1):
+                if wanted[key] and (key == 2 * s or count[s] == length[s]):
+                    if write:
+                        out[starts[i] + m] = key
+                    m += 1
+            count[s] = 0
+        if not write:
+            per_row[i] = m
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -103,29 +90,22 @@ def list_hits(row_offsets, list_keys, rows, keys, owner, length, wanted, n_chunk
     one attribute's inverted index (``keys`` ascending, ``owner`` the list of
     each, ``length`` per list, ``wanted`` per key: a predicate uses it).
     Returns (TRUE keys per row of ``rows``, the keys row after row, each
-    row's ascending)."""
+    row's ascending).  Two passes over chunks of rows: count, then write at
+    the prefix sums."""
     n_rows = len(rows)
-    n_lists = len(length)
     per_row = np.zeros(n_rows, dtype=np.int64)
-    n_chunks = max(1, min(n_chunks, n_rows))
-    for c in prange(n_chunks):
-        count = np.zeros(n_lists, dtype=np.int64)
-        touched = np.empty(n_lists, dtype=np.int64)
-        for i in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            r = rows[i]
-            n = _row_hits(row_offsets[r], row_offsets[r + 1], list_keys, keys, owner, length, wanted, count, touched)
-            per_row[i] = _emit(n, touched, count, length, wanted, touched, 0, False)
     starts = np.zeros(n_rows + 1, dtype=np.int64)
+    n_chunks = max(1, min(n_chunks, n_rows))
+    out = np.empty(0, dtype=np.int64)
+    for c in prange(n_chunks):
+        _chunk_keys(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, row_offsets, list_keys, rows, keys, owner,
+                    length, wanted, per_row, starts, out, False)
     for i in range(n_rows):
         starts[i + 1] = starts[i] + per_row[i]
     out = np.empty(starts[n_rows], dtype=np.int64)
     for c in prange(n_chunks):
-        count = np.zeros(n_lists, dtype=np.int64)
-        touched = np.empty(n_lists, dtype=np.int64)
-        for i in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            r = rows[i]
-            n = _row_hits(row_offsets[r], row_offsets[r + 1], list_keys, keys, owner, length, wanted, count, touched)
-            _emit(n, touched, count, length, wanted, out, starts[i], True)
+        _chunk_keys(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks, row_offsets, list_keys, rows, keys, owner,
+                    length, wanted, per_row, starts, out, True)
     return per_row, out
 
 
