@@ -15,8 +15,14 @@ version this replaced, but without its global sort of every (row, list)
 pair: each thread counts hits in a dense counter over the operand lists,
 row after row, and resets only what it touched.  Rows are independent,
 so chunks of rows run in parallel; a first pass counts each row's TRUE
-keys, a second writes them, ascending, at the row's offset.  Host code
-only: the batch's list table is built on the host for both backends.
+keys, a second writes them, ascending, at the row's offset.  The table is
+built on the host for both backends.
+
+The module also holds what CPU kernels use to read that table fast: the
+*list code* of a list predicate (its key and operator in one number, kept
+beside what a kernel scans) and the bitmap of an event list's TRUE keys
+(OpIndex: per thread, up to LIST_BITS_ROWS rows an event; A-PCM: one per
+entry of a list attribute).
 """
 
 from __future__ import annotations
@@ -119,9 +125,11 @@ def list_hits(row_offsets, list_keys, rows, keys, owner, length, wanted, n_chunk
 # thread-local bitmap (``bits[r]``, row ``rows[r]``, up to LIST_BITS_ROWS
 # rows an event; rows beyond are searched), every test is then one bit,
 # and the event's end clears the bits it set.  The test itself is written
-# out in the kernel's hot loop (gpu_kernels.opindex.cpu.match_task): a
-# helper passed the batch's shared list table would update its reference
-# count, an atomic all threads contend for, on every test.
+# out in the kernel's hot loop (gpu_kernels.opindex.cpu.match_task), as
+# the rest of that loop is: the same test in a helper taking the arrays
+# made the W7 kernel 1.7x slower (2.48 s against 1.44 s, BENCHMARKS.md),
+# the reference counting numba keeps around such calls being the likely
+# cost.
 # --------------------------------------------------------------------------
 
 #: event lists (rows) of one event given a bitmap; further rows are searched

@@ -12,8 +12,9 @@ A-PCM's stage 4: 3.9x slower on two cores, answers unchanged).
 
 :func:`parallel_and_serial` compiles the serial twin from a copy of the
 function under its own name, so that each has its own cache entry
-(tests/test_kernels_cpu.py checks that the two are cached apart and that
-the parallel one runs a ``prange``).
+(tests/test_kernels_cpu.py checks that every cached kernel has an entry
+of its own, and that each pair shares its code and differs only in
+``parallel=``).
 """
 
 from __future__ import annotations
