@@ -449,7 +449,11 @@ def _to_device_input(x):
     simulator's cuda.to_device under it."""
     if SIMULATED:
         return cuda_support.load_cuda().to_device(x)
-    return cuda_support.to_device(x)
+    # CuPy's own copy, as a caller makes it: cuda_support.to_device pads a
+    # zero-length array to one element (for kernel arguments), which made a
+    # zero-row column a one-row one on an H100
+    import cupy
+    return cupy.asarray(x)
 
 
 def _on_device(batch):
