@@ -9,7 +9,10 @@ device column comes here when the index runs on ``cuda``:
 
 * a column is anything exposing the CUDA Array Interface
   (``__cuda_array_interface__``: CuPy, numba device arrays, cuDF numeric
-  columns) or DLPack (``__dlpack__``: PyTorch, JAX), one value per event;
+  columns) or DLPack from CUDA memory (``__dlpack__`` with a
+  ``__dlpack_device__`` of kDLCUDA: PyTorch, JAX), one value per event --
+  a host producer (a NumPy or PyArrow array, a CPU tensor) is not a
+  device column (host events come as a table);
 * a string attribute arrives as its dictionary codes plus the dictionary
   (a pair ``(codes, dictionary)``; a cuDF categorical column's ``codes``
   and ``categories``): the dictionary is small and goes through the host
@@ -57,12 +60,33 @@ from gpu_kernels import cuda_support
 __all__ = ["arrow_columns", "encode_device_columns", "is_device_column", "is_device_columns"]
 
 
+#: DLPack device types a CUDA kernel reads in place: kDLCUDA and
+#: kDLCUDAManaged (kDLCUDAHost, 3, is pinned *host* memory)
+DLPACK_CUDA_DEVICES = (2, 13)
+
+
+def _dlpack_on_device(x) -> bool:
+    """A DLPack producer whose memory is on a CUDA device.  Host producers
+    export DLPack too -- NumPy, PyArrow arrays (since pyarrow 15), CPU
+    tensors -- so ``__dlpack__`` alone says nothing about where the data is;
+    ``__dlpack_device__`` does."""
+    device = getattr(x, "__dlpack_device__", None)
+    if device is None or not hasattr(x, "__dlpack__"):
+        return False
+    try:
+        kind = int(device()[0])
+    except (TypeError, ValueError, IndexError, RuntimeError):
+        return False
+    return kind in DLPACK_CUDA_DEVICES
+
+
 def is_device_column(x) -> bool:
-    """A device array as a caller hands it over (CUDA Array Interface or
-    DLPack; under the simulator, what its ``cuda.to_device`` returns)."""
+    """A device array as a caller hands it over (CUDA Array Interface, or
+    DLPack from CUDA memory; under the simulator, what its
+    ``cuda.to_device`` returns)."""
     if cuda_support.is_device_array(x):
         return True
-    return not cuda_support.simulated() and hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray)
+    return not cuda_support.simulated() and _dlpack_on_device(x)
 
 
 def is_device_columns(events) -> bool:

@@ -963,7 +963,8 @@ def encode_events(events, schema: Schema, errors: str = "raise") -> EventBatch:
     if type(events).__name__ == "DataFrame" and hasattr(events, "to_dict"):
         return from_pandas(events, schema, errors)
     if isinstance(events, Mapping):
-        raise TypeError("match_batch takes a sequence of events; use match() for a single event")
+        raise TypeError("match_batch takes a sequence of events; use match() for a single event (host columns "
+                        "by attribute go in as a table: pyarrow.table(columns))")
     if isinstance(events, (str, bytes, bytearray)):
         raise TypeError(f"match_batch takes a sequence of events, not a {type(events).__name__}")
     return from_dicts(list(events), schema, errors)

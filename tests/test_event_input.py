@@ -319,3 +319,32 @@ def test_like_through_arrow_is_the_reference_like(patterns, values):
         for value, token in zip(batch_values, batch.token.tolist()):
             for p in patterns:
                 assert truth[token, idx.schema.pattern_id("like", p)] == like(value, p), (value, p)
+
+
+class _HostDLPack:
+    """A host DLPack producer that is nothing else (a CPU tensor's shape)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+@pytest.mark.parametrize("column", [pa.array([1.0, 700.0]), _HostDLPack(np.array([1.0, 700.0]))],
+                         ids=["pyarrow", "host-dlpack"])
+def test_host_dlpack_producers_are_not_device_columns(column):
+    """PyArrow arrays (since pyarrow 15) and CPU tensors export DLPack too:
+    a mapping of them is host data, named as such -- not taken for device
+    columns (which only a cuda index matches) -- and nothing changes."""
+    from engine.device_events import is_device_column, is_device_columns
+    assert column.__dlpack_device__()[0] == 1           # kDLCPU
+    assert not is_device_column(column) and not is_device_columns({"price": column})
+    idx = Index()
+    idx.add(1, "price > 600")
+    with pytest.raises(TypeError, match=r"pyarrow\.table\(columns\)"):
+        idx.match_batch({"price": column})
+    assert [m.tolist() for m in idx.match_batch(pa.table({"price": [1.0, 700.0]}))] == [[], [1]]
