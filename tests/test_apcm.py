@@ -15,7 +15,7 @@ import pytest
 
 from engine import Index
 from engine.algorithms.apcm import APCMMatcher
-from engine.algorithms.osr import MAX_MEMBERS, Reorderer, arrival_runs
+from engine.algorithms.osr import ADAPTIVE_CEILING, MAX_MEMBERS, Reorderer, arrival_runs
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import begen
 from gpu_kernels.apcm import cpu as C
@@ -371,8 +371,8 @@ def test_osr_clusters_similar_events_within_the_capacity():
 def test_the_cluster_size_adapts_to_the_clusters_found():
     """§VII-B: clusters filling the capacity double it for the next buffered
     batch, until the clusters found stop filling it (here: groups of about
-    eight identical events), never past MAX_MEMBERS; clusters well under it
-    halve it back, never below the option's value."""
+    eight identical events), never past ADAPTIVE_CEILING; clusters well under
+    it halve it back, never below the option's value."""
     r = Reorderer(batch_size=256, cluster_size=2, threshold=1, adaptive=True)
     same = begen(200, 256, dims=20, similarity=1.0, seed=1)
     _reorder(same, r)
@@ -380,9 +380,9 @@ def test_the_cluster_size_adapts_to_the_clusters_found():
     seen = []
     for _ in range(8):
         cl = _reorder(same, r)[1]
-        assert np.diff(cl.off).max() <= min(seen[-1] if seen else 4, MAX_MEMBERS)
+        assert np.diff(cl.off).max() <= min(seen[-1] if seen else 4, ADAPTIVE_CEILING)
         seen.append(r.capacity)
-    assert 8 <= seen[-1] <= MAX_MEMBERS and seen[-1] == seen[-2] == seen[-3]     # settled
+    assert 8 <= seen[-1] <= ADAPTIVE_CEILING and seen[-1] == seen[-2] == seen[-3]     # settled
     fixed = Reorderer(batch_size=256, cluster_size=2, threshold=1, adaptive=False)
     _reorder(same, fixed)
     assert fixed.capacity == 2
@@ -392,6 +392,40 @@ def test_the_cluster_size_adapts_to_the_clusters_found():
     for _ in range(4):
         _reorder(_stream(0.0, n_events=256), r2)
     assert 4 <= r2.capacity < 32
+
+
+def test_clusters_beyond_64_members_up_to_the_option():
+    """Fig. 9(b) goes to clusters of 128: a stream of two groups of 150
+    identical events clustered at ``cluster_size=128`` gives clusters of
+    128 members (an l-node of 150 cut at the option), matched exactly; the
+    adaptive size grows on its own only to ADAPTIVE_CEILING, but from an
+    option above it, up to the option; past MAX_MEMBERS the option is
+    refused."""
+    w = begen(300, 300, dims=6, cardinality=6, sub_size=2, event_size=4, similarity=1.0, group_size=150,
+              sorted_stream=True, match_prob=0.3, seed=3)
+    scan = Index(algorithm="scan")
+    scan.add_many(w.subscriptions)
+    want = answers(scan, w.events)
+    assert sum(map(len, want)) > 1000
+    for options in ({"variant": "pcm", "cluster_size": MAX_MEMBERS, "threshold": 0, "adaptive": False,
+                     "batch_size": 300},
+                    {"variant": "apcm", "cluster_size": 100, "threshold": 1},
+                    {"variant": "pcm", "cluster_size": MAX_MEMBERS, "unroll": False, "batch_size": 300}):
+        index = Index(algorithm="apcm", options=options)
+        index.add_many(w.subscriptions)
+        matcher = apcm_of(index)
+        assert answers(index, w.events) == want, options
+        sizes = np.diff(matcher.last_clusters.off)
+        assert 64 < sizes.max() <= options["cluster_size"], options
+    grown = Reorderer(batch_size=300, cluster_size=100, threshold=1, adaptive=True)
+    batch, _ = _reorder(w, grown)
+    assert grown.capacity == 100           # full clusters, but already at the option (> ADAPTIVE_CEILING)
+    small = Reorderer(batch_size=300, cluster_size=32, threshold=1, adaptive=True)
+    for _ in range(3):
+        _reorder(w, small)
+    assert small.capacity == ADAPTIVE_CEILING
+    with pytest.raises(ValueError, match=rf"cluster_size must be an integer in \[1, {MAX_MEMBERS}\]"):
+        Index(algorithm="apcm", options={"cluster_size": MAX_MEMBERS + 1})
 
 
 # ================================================================ variants

@@ -214,6 +214,22 @@ def test_similar_streams_match_cpu_and_scan(options):
         assert cuda_index._matcher.last_clusters.compressed_events() > 0
 
 
+def test_clusters_beyond_64_members_match_cpu_and_scan():
+    """A cluster of more than 64 members (Fig. 9(b) goes to 128): one block
+    ORs and checks them all, the answers the cpu A-PCM's and scan's."""
+    w = begen(30, 90, dims=6, cardinality=6, sub_size=2, event_size=4, similarity=1.0, group_size=90,
+              sorted_stream=True, match_prob=0.3, seed=5)
+    options = {"variant": "pcm", "cluster_size": 80, "threshold": 0, "adaptive": False, "batch_size": 90}
+    cuda_index = _begen_index(options, "cuda", w)
+    got = [m.tolist() for m in cuda_index.match_batch(w.events)]
+    assert np.diff(cuda_index._matcher.last_clusters.off).max() == 80
+    assert got == [m.tolist() for m in _begen_index(options, "cpu", w).match_batch(w.events)]
+    scan = Index(algorithm="scan")
+    scan.add_many(w.subscriptions)
+    assert got == [m.tolist() for m in scan.match_batch(w.events)]
+    assert sum(map(len, got)) > 100
+
+
 def test_frontier_overflow_spills_to_global_memory(monkeypatch):
     """A shared queue of one c-node under the deepest tree: every cluster
     that reaches more than one c-node overflows it, is abandoned and runs
@@ -303,7 +319,7 @@ def test_cuda_path_errors():
         cuda_matcher(seg, queue_capacity=2.5)
     with pytest.raises(ValueError, match="variant must be one of"):
         cuda_matcher(seg, variant="fast")
-    with pytest.raises(ValueError, match=r"cluster_size must be an integer in \[1, 64\]"):
+    with pytest.raises(ValueError, match=r"cluster_size must be an integer in \[1, 128\]"):
         cuda_matcher(seg, cluster_size=0)
     with pytest.raises(ValueError, match="device_memory"):
         cuda_matcher(seg, device_memory=-1)

@@ -254,12 +254,14 @@ class APCMMatcher(HostMatcher):
         # stage 4: leaf scans, clusters over the cores
         ev_count = np.zeros(len(perm), np.int64)
         l_head, v_attr, v_slot = self.l_head, self.v_attr, self.v_slot
+        max_entries, cache_len = K.member_scratch(cl_off, ce_start, ce_end, ce_attr, lay.main_bits, lay.over_bits)
 
         def launch(first, last, out, cap, cl_count, stop, need, serial):
             kernel = K.scan_kernel_serial if serial else K.scan_kernel
-            kernel(first, last, out, cap, cl_count, stop, need, n_subs, max_members, n_attrs_walk, ev_count,
-                   cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off, perm, batch.offsets, ev_attr, e_main,
-                   e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent, lay.table, store)
+            kernel(first, last, out, cap, cl_count, stop, need, n_subs, max_members, n_attrs_walk, max_entries,
+                   cache_len, ev_count, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off, perm,
+                   batch.offsets, ev_attr, e_main, e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent,
+                   lay.main_bits, lay.over_bits, lay.table, store)
         estimate = getattr(self, "_matches_per_cluster", 16.0)
         _, positions, self._matches_per_cluster = match_in_tasks(n_cl, launch, estimate)
         return _to_batch_order(perm, ev_count, positions)

@@ -237,6 +237,14 @@ class BETreeOptions(Options):
 APCM_VARIANTS = ("apcm", "pcm", "parallel", "bitmap")
 
 
+#: the most events one compressed cluster holds (larger l-nodes are cut):
+#: the largest cluster size of the paper's Fig. 9(b).  The leaf scans keep
+#: a bit per subscription per member (``gpu_kernels.apcm.cpu.scan_kernel``),
+#: so a task's scratch is members x subscriptions / 8 bytes -- 16 MiB a task
+#: at 128 members and 1 M subscriptions -- which is what bounds it.
+MAX_MEMBERS = 128
+
+
 @dataclass(frozen=True)
 class APCMOptions(Options):
     """``apcm`` (A-PCM §IV-§VI over BE-Tree): the paper's parameters, its
@@ -257,7 +265,7 @@ class APCMOptions(Options):
                                       "the root's p-nodes over the cores")
     batch_size: int = option(1024, structural=False, doc="events buffered and re-ordered together (§VI)")
     cluster_size: int = option(8, structural=False, doc="initial event cluster size: the re-ordering tree's leaf "
-                                                        "capacity (§VII-B)")
+                                                        "capacity (§VII-B), 1 to 128")
     threshold: int = option(2, structural=False, doc="similarity threshold: a cluster's p-nodes on its path needed "
                                                      "to match it compressed (§VI)")
     adaptive: bool = option(True, structural=False, doc="adapt the cluster size to the clusters found (§VII-B)")
@@ -272,7 +280,7 @@ class APCMOptions(Options):
         for name in ("reorder", "unroll", "parallel_paths", "adaptive"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, not {getattr(self, name)!r}")
-        for name, low, high in (("batch_size", 1, 1 << 24), ("cluster_size", 1, 64), ("threshold", 0, 64),
+        for name, low, high in (("batch_size", 1, 1 << 24), ("cluster_size", 1, MAX_MEMBERS), ("threshold", 0, 64),
                                 ("max_cap", 1, 1 << 30), ("min_size", 1, 1 << 30)):
             value = getattr(self, name)
             if not _is_int(value) or not low <= value <= high:

@@ -19,8 +19,10 @@ based on the size of the discovered clusters"): when most compressed
 clusters fill the capacity, the next buffered batch's tree gets twice the
 capacity; when none is similar enough or even the largest stays within a
 quarter of it, half (never below the option's value, never above
-:data:`MAX_MEMBERS`; the gap between the two rules keeps a stream of
-steady clusters from see-sawing).
+:data:`ADAPTIVE_CEILING` or the option's value if larger; the gap between
+the two rules keeps a stream of steady clusters from see-sawing).  The
+option itself goes up to :data:`MAX_MEMBERS` (128, the largest of the
+paper's Fig. 9(b)).
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from engine.algorithms.options import MAX_MEMBERS
 from gpu_kernels.betree.tree import DynamicTree
 
-#: the most events one compressed cluster holds (larger l-nodes are cut)
-MAX_MEMBERS = 64
+#: the adaptive cluster size grows no further than this on its own (the
+#: ceiling measured with: BENCHMARKS.md, "A-PCM (issue 14)"), unless the
+#: option starts it higher
+ADAPTIVE_CEILING = 64
 
 
 class Clusters(NamedTuple):
@@ -154,7 +159,10 @@ class Reorderer:
                 sims += [int(depth[c])] * m
         if self.adaptive:
             if compressed and full * 2 > compressed:
-                self.capacity = min(MAX_MEMBERS, 2 * cap)
+                self.capacity = min(max(ADAPTIVE_CEILING, self.cluster_size), 2 * cap)
             elif (not compressed or largest * 4 <= cap) and cap > self.cluster_size:
                 self.capacity = max(self.cluster_size, cap // 2)
         return perm, np.asarray(sizes, np.int64), np.asarray(sims, np.int64)
+
+
+__all__ = ["ADAPTIVE_CEILING", "MAX_MEMBERS", "Clusters", "Reorderer", "arrival_runs", "per_event"]

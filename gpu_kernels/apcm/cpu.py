@@ -25,8 +25,11 @@ a larger one as one *compressed event*.
    one core.
 4. **Leaf scanning** (:func:`scan_task`, parallel over clusters): each
    candidate unit checked once against the compressed event, then -- when
-   the cluster has several members -- against each member's own slices.
-   Every predicate is a bit lookup; nothing is evaluated again.
+   the cluster has several members -- against each member's own slices,
+   all members at once: per predicate a mask of the members it is TRUE
+   on, read once per cluster and cached, the unit's members the AND of
+   its predicates' masks (:func:`scan_cluster`).  Every predicate is a bit
+   lookup; nothing is evaluated again.
 
 Bits are read through *pointers*: ``>= 0`` a word of the layout's table,
 ``<= -2`` word ``-2 - p`` of the batch's store, :data:`NO_SLICE` none.
@@ -388,21 +391,79 @@ def gather_candidates(n_clusters, item_cluster, cand, cap, found, redo_at, redo_
 
 
 # ------------------------------------------------------ stage 4: leaf scans
+#: 64-bit words of a member mask (bit ``m`` of word ``m >> 6``: member ``m``
+#: of a cluster, at most :data:`engine.algorithms.options.MAX_MEMBERS`)
+MEMBER_WORDS = 2
+
+
 @njit(nogil=True)
-def scan_cluster(c, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off, perm, ev_offsets, ev_attr, e_main,
-                 e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent, table, store, cpos, bm0, bm1,
-                 found):
-    """The candidate units of cluster ``c``: each checked against the
-    compressed event, then -- several members -- against each member;
-    member ``m``'s TRUE positions marked in ``bm0[m]``/``bm1[m]``,
-    counted in ``found[m]``."""
+def member_table(c, cl_off, perm, ev_offsets, ev_attr, ce_start, ce_end, ce_attr, cpos, main_bits, over_bits, mk,
+                 m_absent, q_base, stamp):
+    """A cluster of several members, set up for checking them together:
+    ``mk[q * n_m + m]`` member ``m``'s entry of compressed entry ``q``
+    (local, in ``[0, ce_end[c] - ce_start[c])``) or -1, ``m_absent[q]``
+    the members lacking its attribute (a member mask), ``q_base[q]`` where
+    its predicates' member masks start in the cluster's cache (main bits,
+    then overflow bits), whose ``stamp`` entries are cleared."""
     m0 = cl_off[c]
     n_m = cl_off[c + 1] - m0
-    for ce in range(ce_start[c], ce_end[c]):
+    ce0 = ce_start[c]
+    n_q = ce_end[c] - ce0
+    n_bits = len(main_bits)
+    at = 0
+    for q in range(n_q):
+        a = ce_attr[ce0 + q]
+        q_base[q] = at
+        if a < n_bits:
+            at += main_bits[a] + over_bits[a]
+        for m in range(n_m):
+            mk[q * n_m + m] = -1
+        for w in range(MEMBER_WORDS):
+            m_absent[q, w] = 0
+    for k in range(at):
+        stamp[k] = 0
+    for m in range(n_m):
+        e = perm[m0 + m]
+        for k in range(ev_offsets[e], ev_offsets[e + 1]):
+            a = ev_attr[k]
+            if a < len(cpos) and cpos[a] >= 0:
+                mk[(cpos[a] - ce0) * n_m + m] = k
+    for q in range(n_q):
+        for m in range(n_m):
+            if mk[q * n_m + m] < 0:
+                m_absent[q, m >> 6] |= np.uint64(1) << np.uint64(m & 63)
+
+
+@njit(nogil=True)
+def scan_cluster(c, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off, perm, ev_offsets, ev_attr, e_main,
+                 e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent, main_bits, over_bits, table, store,
+                 cpos, bm0, bm1, found, mk, m_absent, q_base, stamp, cache, need):
+    """The candidate units of cluster ``c``: each checked against the
+    compressed event, then -- several members -- against all the members
+    at once; member ``m``'s TRUE positions marked in ``bm0[m]``/``bm1[m]``,
+    counted in ``found[m]``.
+
+    The members are checked together (bit-sliced): a predicate's *member
+    mask* -- which members it is TRUE on, one bit each -- is read from the
+    members' slices once per cluster, on its first use, and cached
+    (``cache``, its ``stamp``); a unit's members are the AND of its
+    predicates' masks.  A predicate shared by several candidate units (a
+    BE-Tree leaf's units share attributes, the workloads' operands repeat)
+    is thus read once for the cluster instead of once per unit and member,
+    and a unit costs one AND per predicate however many members the
+    cluster has."""
+    m0 = cl_off[c]
+    n_m = cl_off[c + 1] - m0
+    ce0 = ce_start[c]
+    for ce in range(ce0, ce_end[c]):
         if ce_attr[ce] < len(cpos):
             cpos[ce_attr[ce]] = ce
     for m in range(n_m):
         found[m] = 0
+    if n_m > 1:
+        member_table(c, cl_off, perm, ev_offsets, ev_attr, ce_start, ce_end, ce_attr, cpos, main_bits, over_bits,
+                     mk, m_absent, q_base, stamp)
+    n_w = (n_m + 63) >> 6
     for ci in range(cand_off[c], cand_off[c + 1]):
         cn = cand[ci]
         for i in range(node[cn, N_LEAF], node[cn, N_LEAF_END]):
@@ -432,36 +493,80 @@ def scan_cluster(c, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off,
                 bm1[0, word >> 6] |= np.uint64(1) << np.uint64(word & 63)
                 found[0] += 1
                 continue
-            for m in range(n_m):
-                if (bm0[m, word] & mask) != 0:
-                    continue
-                e = perm[m0 + m]
-                s0 = ev_offsets[e]
-                s1 = ev_offsets[e + 1]
-                hit = True
-                for v in range(l_head[i, 1], l_head[i + 1, 1]):
-                    k = find_attribute(ev_attr, s0, s1, v_attr[v])
-                    slot = v_slot[v]
-                    if slot == NULL_SLOT:
-                        t = k < 0
-                    else:
-                        t = k >= 0 and slot_true(slot, True, e_main[k], e_over[k], table, store)
-                    if not t:
-                        hit = False
-                        break
-                if hit:
-                    bm0[m, word] |= mask
-                    bm1[m, word >> 6] |= np.uint64(1) << np.uint64(word & 63)
-                    found[m] += 1
-    for ce in range(ce_start[c], ce_end[c]):
+            # every member at once: the AND of the predicates' member masks
+            for w in range(n_w):
+                need[w] = ~np.uint64(0)
+            if n_m & 63:
+                need[n_w - 1] = (np.uint64(1) << np.uint64(n_m & 63)) - np.uint64(1)
+            for v in range(l_head[i, 1], l_head[i + 1, 1]):
+                a = v_attr[v]
+                q = cpos[a] - ce0 if a < len(cpos) and cpos[a] >= 0 else -1
+                slot = v_slot[v]
+                any_left = False
+                if slot == NULL_SLOT:       # TRUE where the member lacks the attribute
+                    for w in range(n_w):
+                        if q >= 0:
+                            need[w] &= m_absent[q, w]
+                        any_left |= need[w] != 0
+                else:                       # q >= 0: the compressed check found the attribute
+                    at = q_base[q] + (slot if slot >= 0 else main_bits[a] + (-2 - slot))
+                    if stamp[at] != c + 1:  # its member mask, read from the members' slices once
+                        stamp[at] = c + 1
+                        for w in range(n_w):
+                            cache[at, w] = 0
+                        for m in range(n_m):
+                            k = mk[q * n_m + m]
+                            if k >= 0 and slot_true(slot, True, e_main[k], e_over[k], table, store):
+                                cache[at, m >> 6] |= np.uint64(1) << np.uint64(m & 63)
+                    for w in range(n_w):
+                        need[w] &= cache[at, w]
+                        any_left |= need[w] != 0
+                if not any_left:
+                    break
+            for w in range(n_w):
+                bits = need[w]
+                while bits != 0:
+                    low = bits & (~bits + np.uint64(1))
+                    m = w * 64 + _trailing_zeros(low)
+                    bits ^= low
+                    if (bm0[m, word] & mask) == 0:
+                        bm0[m, word] |= mask
+                        bm1[m, word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                        found[m] += 1
+    for ce in range(ce0, ce_end[c]):
         if ce_attr[ce] < len(cpos):
             cpos[ce_attr[ce]] = -1
+
+
+@njit(inline="always", nogil=True)
+def _trailing_zeros(low):
+    """The index of the one set bit of ``low``."""
+    n = 0
+    if (low & np.uint64(0xFFFFFFFF)) == 0:
+        n += 32
+        low >>= np.uint64(32)
+    if (low & np.uint64(0xFFFF)) == 0:
+        n += 16
+        low >>= np.uint64(16)
+    if (low & np.uint64(0xFF)) == 0:
+        n += 8
+        low >>= np.uint64(8)
+    if (low & np.uint64(0xF)) == 0:
+        n += 4
+        low >>= np.uint64(4)
+    if (low & np.uint64(0x3)) == 0:
+        n += 2
+        low >>= np.uint64(2)
+    if (low & np.uint64(0x1)) == 0:
+        n += 1
+    return n
 
 
 @njit(nogil=True)
 def scan_task(c_first, c_last, out, base, cap, cl_count, ev_count, cand_off, cand, node, l_head, v_attr, v_slot, alive,
               cl_off, perm, ev_offsets, ev_attr, e_main, e_over, ce_start, ce_end, ce_attr, ce_main, ce_over,
-              ce_absent, table, store, cpos, bm0, bm1, found, result):
+              ce_absent, main_bits, over_bits, table, store, cpos, bm0, bm1, found, mk, m_absent, q_base, stamp, cache,
+              need, result):
     """Clusters ``[c_first, c_last)`` (the protocol of
     :func:`engine.algorithms.host_tasks.match_in_tasks`, a cluster standing
     for an event): each member's positions, ascending, in cluster order."""
@@ -470,8 +575,8 @@ def scan_task(c_first, c_last, out, base, cap, cl_count, ev_count, cand_off, can
     result[1] = 0
     for c in range(c_first, c_last):
         scan_cluster(c, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off, perm, ev_offsets, ev_attr,
-                     e_main, e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent, table, store, cpos, bm0,
-                     bm1, found)
+                     e_main, e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent, main_bits, over_bits,
+                     table, store, cpos, bm0, bm1, found, mk, m_absent, q_base, stamp, cache, need)
         n_m = cl_off[c + 1] - cl_off[c]
         total = 0
         for m in range(n_m):
@@ -491,20 +596,53 @@ def scan_task(c_first, c_last, out, base, cap, cl_count, ev_count, cand_off, can
 
 
 def scan_kernel_py(task_first, task_last, out, cap, cl_count, task_stop, task_need, n_positions, max_members, n_attrs,
-                   ev_count, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off, perm, ev_offsets, ev_attr,
-                   e_main, e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent, table, store):
+                   max_entries, cache_len, ev_count, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off, perm,
+                   ev_offsets, ev_attr, e_main, e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent,
+                   main_bits, over_bits, table, store):
+    """Stage 4 over tasks of clusters.  Scratch per task: a bit per
+    subscription and member (the marks), and for checking members together
+    the member table (``max_entries``: the most compressed entries of a
+    cluster of several) and the member-mask cache (``cache_len``: the most
+    predicate bits of such a cluster's attributes)."""
     n_words = (n_positions + 63) >> 6
     for t in prange(len(task_first)):
         cpos = np.full(n_attrs, -1, np.int64)
         bm0 = np.zeros((max_members, max(n_words, 1)), np.uint64)
         bm1 = np.zeros((max_members, max((n_words + 63) >> 6, 1)), np.uint64)
         found = np.zeros(max_members, np.int64)
+        mk = np.empty(max(max_entries * max_members, 1), np.int64)
+        m_absent = np.empty((max(max_entries, 1), MEMBER_WORDS), np.uint64)
+        q_base = np.empty(max(max_entries, 1), np.int64)
+        stamp = np.zeros(max(cache_len, 1), np.int64)
+        cache = np.empty((max(cache_len, 1), MEMBER_WORDS), np.uint64)
+        need = np.empty(MEMBER_WORDS, np.uint64)
         result = np.empty(2, np.int64)
         scan_task(task_first[t], task_last[t], out, t * cap, cap, cl_count, ev_count, cand_off, cand, node, l_head,
                   v_attr, v_slot, alive, cl_off, perm, ev_offsets, ev_attr, e_main, e_over, ce_start, ce_end, ce_attr,
-                  ce_main, ce_over, ce_absent, table, store, cpos, bm0, bm1, found, result)
+                  ce_main, ce_over, ce_absent, main_bits, over_bits, table, store, cpos, bm0, bm1, found, mk,
+                  m_absent, q_base, stamp, cache, need, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
+
+
+@njit(nogil=True, cache=True)
+def member_scratch(cl_off, ce_start, ce_end, ce_attr, main_bits, over_bits):
+    """``(max_entries, cache_len)`` of :func:`scan_kernel_py`'s scratch:
+    over the clusters of several members, the most compressed entries and
+    the most predicate bits of their attributes."""
+    max_entries = 0
+    cache_len = 0
+    for c in range(len(cl_off) - 1):
+        if cl_off[c + 1] - cl_off[c] < 2:
+            continue
+        max_entries = max(max_entries, ce_end[c] - ce_start[c])
+        bits = 0
+        for ce in range(ce_start[c], ce_end[c]):
+            a = ce_attr[ce]
+            if a < len(main_bits):
+                bits += main_bits[a] + over_bits[a]
+        cache_len = max(cache_len, bits)
+    return max_entries, cache_len
 
 
 #: stage 4: clusters over all cores, and on the calling thread (a few clusters, the Bitmap baseline)

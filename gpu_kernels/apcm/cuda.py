@@ -38,7 +38,12 @@ ORs).  Everything that touches bits runs on the device:
    (a bit lookup per predicate; ``IS NULL`` TRUE where a member lacks the
    attribute), then -- for a cluster of several members -- against each
    member's own slices; hits are bits of the member's row of the chunk's
-   result bit matrix, set with an atomic OR.
+   result bit matrix, set with an atomic OR.  (The cpu twin checks a
+   cluster's members together, through member masks cached per predicate:
+   :func:`gpu_kernels.apcm.cpu.scan_cluster`.  Here a thread checks its
+   unit's members one by one -- the block's threads already split the
+   cluster's units, and a per-cluster cache of member masks would not fit
+   in shared memory.)
 
 Bits are read through the CPU's *pointers*: ``>= 0`` a word of the layout's
 table, ``<= -2`` word ``-2 - p`` of the store, ``-1`` no slice.
