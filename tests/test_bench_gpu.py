@@ -52,6 +52,10 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
                    "--latency-samples", "0", "--block-sizes", "2,8", "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0, out
+    # each result is printed as soon as it is measured (a run cut short keeps them), then all together
+    as_measured, out = out.split("==== every workload")
+    assert as_measured.index("== cuda / cpu") < as_measured.index("one batch, after event encoding)") \
+        < as_measured.index("== end to end, Index.match_batch")
     ratios = out.split("== cuda / cpu")[1].split("==")[0].splitlines()
     assert sorted(line.split()[1] for line in ratios[2:] if line.split()) == sorted(registry.names("cuda"))
     phases = out.split("phases synchronised, seconds)")[1].splitlines()[1:]

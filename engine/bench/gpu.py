@@ -16,7 +16,9 @@ algorithms (default opindex), ``Index.match_batch`` over the whole batch by
 route: device columns in and device arrays out, a host table in and device
 arrays out, a host table in and Arrow out, beside the kernels alone, with
 the host encoder's share and the Arrow output against the measured
-device-to-host bandwidth.
+device-to-host bandwidth.  Each result is printed as soon as it is
+measured (a run that a time limit cuts short keeps what it finished), and
+all of them together at the end.
 """
 
 from __future__ import annotations
@@ -195,6 +197,39 @@ def _table(dicts, keys) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
 
 
+def _print_ratios(rows, device: str, cpu_threads: int) -> None:
+    print(f"\n== cuda / cpu ({device}; cpu = {cpu_threads} numba threads)")
+    print(_table(ratios(rows), ("workload", "algorithm", "cpu_events_per_s", "cuda_events_per_s", "cuda_over_cpu")),
+          flush=True)
+
+
+def _print_shares(shares) -> None:
+    print("\n== host<->device copies (on cuda, one batch, after event encoding)")
+    print(_table(shares, ("workload", "algorithm", "events", "pairs", "host_io_s", "device_io_s", "copy_share",
+                          "device_events_per_s")))
+    print("\n== where the host-array batch's time goes (on cuda; phases synchronised, seconds)")
+    for r in shares:
+        print(f"{r['workload']} {r['algorithm']}: " + ", ".join(f"{name} {t:.4g}" for name, t in r["phases"].items()))
+    if any(r.get("block_sizes") for r in shares):
+        print("\n== opindex on cuda, device-resident, by threads per block (seconds; 'chosen' = per chunk)")
+        for r in (r for r in shares if r.get("block_sizes")):
+            print(f"{r['workload']}: chosen {r['device_io_s']:.4g}, " +
+                  ", ".join(f"{t} {sec:.4g}" for t, sec in r.get("block_sizes", {}).items()))
+    if any("sort_counting_s" in r for r in shares):
+        print("\n== opindex counting on cuda, device-resident: atomic decrements vs sort-and-segment")
+        print(_table([r for r in shares if "sort_counting_s" in r],
+                     ("workload", "events", "device_io_s", "sort_counting_s", "atomic_over_sort", "sort_agrees")))
+    sys.stdout.flush()
+
+
+def _print_routes(routes) -> None:
+    print("\n== end to end, Index.match_batch of the whole batch on cuda (events/s; Arrow out: 16 bytes a match "
+          "on the host, its share of the measured device->host bandwidth)")
+    print(_table(routes, ("workload", "algorithm", "events", "pairs", "device_resident", "device_in_device_out",
+                          "host_in_device_out", "host_in_arrow_out", "encode_share", "copy_gb_per_s",
+                          "arrow_out_bus_share", "routes_agree")), flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.bench.gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", action="append", help="standard workload (repeatable; default W1-W4)")
@@ -241,44 +276,30 @@ def main(argv=None) -> int:
                                   events_limit=args.cpu_events if backend == "cpu" else None,
                                   latency_samples=args.latency_samples, progress=not args.quiet)
         numba.set_num_threads(all_threads)
+        # each result printed as soon as it exists: a run cut short by a time limit keeps what it measured
+        mine = [r for r in rows if r["workload"] == workload.name]
+        print(f"\n== {name} (scale {args.scale:g}) on {device}; cpu rows with {args.cpu_threads} numba threads "
+              f"of {all_threads}", flush=True)
+        print(format_table(mine), flush=True)
+        _print_ratios(mine, device, args.cpu_threads)
+        if args.csv:
+            write_csv(rows, args.csv)
         if not args.no_copy_share:
             for algorithm in algorithms:
                 if algorithm in registry.names("cuda") and algorithm != "scan":
                     shares.append(copy_share(workload, algorithm, args.repeats,
                                              counting=not args.no_counting and algorithm == "opindex",
                                              block_sizes=block_sizes if algorithm == "opindex" else ()))
+                    _print_shares(shares[-1:])
                     if algorithm in args.end_to_end.split(","):
                         routes.append(end_to_end(workload, algorithm, args.repeats, shares[-1]["device_io_s"]))
-        print(f"\n== {name} (scale {args.scale:g}) on {device}; cpu rows with {args.cpu_threads} numba threads "
-              f"of {all_threads}", flush=True)
-        print(format_table([r for r in rows if r["workload"] == workload.name]), flush=True)
-        if args.csv:
-            write_csv(rows, args.csv)
-    print(f"\n== cuda / cpu ({device}; cpu = {args.cpu_threads} numba threads)")
-    print(_table(ratios(rows), ("workload", "algorithm", "cpu_events_per_s", "cuda_events_per_s", "cuda_over_cpu")))
+                        _print_routes(routes[-1:])
+    print("\n==== every workload", flush=True)
+    _print_ratios(rows, device, args.cpu_threads)
     if shares:
-        print("\n== host<->device copies (on cuda, one batch, after event encoding)")
-        print(_table(shares, ("workload", "algorithm", "events", "pairs", "host_io_s", "device_io_s", "copy_share",
-                              "device_events_per_s")))
-        print("\n== where the host-array batch's time goes (on cuda; phases synchronised, seconds)")
-        for r in shares:
-            print(f"{r['workload']} {r['algorithm']}: " + ", ".join(f"{name} {t:.4g}" for name, t in r["phases"].items()))
-        if any(r.get("block_sizes") for r in shares):
-            print("\n== opindex on cuda, device-resident, by threads per block (seconds; 'chosen' = per chunk)")
-            for r in (r for r in shares if r.get("block_sizes")):
-                print(f"{r['workload']}: chosen {r['device_io_s']:.4g}, " +
-                      ", ".join(f"{t} {sec:.4g}" for t, sec in r.get("block_sizes", {}).items()))
-        if any("sort_counting_s" in r for r in shares):
-            print("\n== opindex counting on cuda, device-resident: atomic decrements vs sort-and-segment")
-            print(_table([r for r in shares if "sort_counting_s" in r],
-                         ("workload", "events", "device_io_s", "sort_counting_s", "atomic_over_sort",
-                          "sort_agrees")))
+        _print_shares(shares)
     if routes:
-        print("\n== end to end, Index.match_batch of the whole batch on cuda (events/s; Arrow out: 16 bytes a match "
-              "on the host, its share of the measured device->host bandwidth)")
-        print(_table(routes, ("workload", "algorithm", "events", "pairs", "device_resident", "device_in_device_out",
-                              "host_in_device_out", "host_in_arrow_out", "encode_share", "copy_gb_per_s",
-                              "arrow_out_bus_share", "routes_agree")))
+        _print_routes(routes)
     bad = [r for r in rows if r.get("status") == "ok" and r.get("correct") is False]
     bad += [r for r in shares if r.get("sort_agrees") is False]
     bad += [r for r in routes if not r["routes_agree"]]
