@@ -698,6 +698,9 @@ class Index:
         max_pairs = max(1, int(max_pairs))
         n_events = batch.n_events
         batch = self._with_list_truth(state, batch)
+        # the LIKE/MATCHES table over the whole batch, once: the slices share its strings (a table per
+        # slice would evaluate a value that recurs in several slices again, and each is strings x patterns)
+        truth = self._pattern_truth(state, batch)
         first = 0
         per_event = None
         while first < n_events:
@@ -707,7 +710,7 @@ class Index:
                 width = max(1, int(max_pairs / max(per_event, 1e-9)))
             stop = min(n_events, first + width)
             part = batch if (first, stop) == (0, n_events) else _event_slice(batch, first, stop)
-            event_idx, sub_ids = self._match_encoded(state, part)
+            event_idx, sub_ids = self._match_encoded(state, part, truth=truth)
             if first:
                 event_idx = event_idx + first
             if len(bad):
@@ -729,14 +732,23 @@ class Index:
         indexes = [seg.predicates.list_index(state.view) for seg, _, _ in state.matchers(self)]
         return dataclasses.replace(batch, list_truth=event_batches.list_truth(batch, indexes))
 
-    def _match_encoded(self, state: Snapshot, batch, device: bool = False, strings=None):
-        """Matches of an encoded batch; ``strings``: the batch whose string
-        entries the LIKE/MATCHES results are computed over, when ``batch``
-        lives on the device (:mod:`engine.device_events`)."""
+    def _pattern_truth(self, state: Snapshot, batch) -> np.ndarray:
+        """The LIKE/MATCHES results of ``batch``'s strings for the patterns
+        of the snapshot's segments (:func:`engine.events.pattern_truth`)."""
         matchers = state.matchers(self)
         pairs = matchers[0][0].predicates.pattern_pairs() if len(matchers) == 1 else \
             np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
-        truth = event_batches.pattern_truth(batch if strings is None else strings, state.view, pairs)
+        return event_batches.pattern_truth(batch, state.view, pairs)
+
+    def _match_encoded(self, state: Snapshot, batch, device: bool = False, strings=None, truth=None):
+        """Matches of an encoded batch; ``strings``: the batch whose string
+        entries the LIKE/MATCHES results are computed over, when ``batch``
+        lives on the device (:mod:`engine.device_events`); ``truth``: those
+        results when the caller has them (a slice of a batch whose table
+        was made once)."""
+        matchers = state.matchers(self)
+        if truth is None:
+            truth = self._pattern_truth(state, batch if strings is None else strings)
         batch = self._with_list_truth(state, batch)
         xp = array_namespace(self.backend) if device else np
         host_batch = batch if strings is None else None

@@ -294,6 +294,41 @@ def test_pattern_truth_does_not_scan_the_batch_once_per_pattern():
     assert timed(50_000) < 5 * timed(500)
 
 
+
+def test_a_batch_matched_in_slices_evaluates_its_patterns_once(monkeypatch):
+    """A batch whose output outgrows the working-memory budget is matched
+    in event slices; the slices share the batch's strings, so the
+    LIKE/MATCHES table is made once for the batch, not once a slice (which
+    evaluated a value recurring in several slices again, and allocated a
+    strings x patterns table each time) -- with the answers unchanged, in
+    every output form and through match_stream."""
+    import engine.index as index_module
+
+    idx = Index(algorithm="opindex", backend="cpu")
+    idx.add_many(range(300), [f"url LIKE 'https://example.com/{k % 3}/%' OR n = {k % 5}" for k in range(300)])
+    idx.merge()
+    idx.add(1000, "url LIKE '%/7'")                     # a delta too: the table covers every segment's patterns
+    events = [{"url": f"https://example.com/{k % 4}/{k % 11}", "n": k % 6} for k in range(600)]
+    want = []
+    for event in events:
+        hits = {k for k in range(300) if event["url"].startswith(f"https://example.com/{k % 3}/")
+                or event["n"] == k % 5}
+        if event["url"].endswith("/7"):
+            hits.add(1000)
+        want.append(sorted(hits))
+    calls = []
+    real = event_batches.pattern_truth
+    monkeypatch.setattr(event_batches, "pattern_truth", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(index_module, "MATCH_MEMORY_BUDGET", 40_000)     # slices of a few events
+    assert [m.tolist() for m in idx.match_batch(events)] == want
+    assert len(calls) == 1
+    table = idx.match_batch(events, output="arrow")
+    assert len(calls) == 2 and table.num_rows == sum(map(len, want))
+    pieces = list(idx.match_stream(events, max_pairs=500))
+    assert len(pieces) > 10 and len(calls) == 3
+    assert pa.Table.from_batches(pieces).num_rows == sum(map(len, want))
+
+
 _LIKE_ALPHABET = "ab%_\\\x00\n.*+?()[]{}|^$é😀"
 
 
