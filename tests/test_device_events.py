@@ -19,6 +19,7 @@ from engine import Index
 from engine.device_events import encode_device_columns, is_device_columns
 from engine.errors import BadEventError, SchemaError
 from tests.test_cuda_sim import SIMULATED, _to_device_input, host, needs_cuda
+from tests.test_event_input import DLPackOnly
 
 pytestmark = [pytest.mark.cuda, needs_cuda]
 
@@ -89,20 +90,6 @@ def test_device_columns_match_as_the_same_events_as_dicts(merged):
     assert pairs == [(e, s) for e, subs in enumerate(want) for s in subs]
 
 
-class _DLPackOnly:
-    """A device column reached through DLPack alone, as a PyTorch or JAX
-    tensor on the GPU is: no CUDA Array Interface."""
-
-    def __init__(self, array):
-        self._array = array
-
-    def __dlpack__(self, **kwargs):
-        return self._array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self._array.__dlpack_device__()
-
-
 @pytest.mark.skipif(SIMULATED, reason="a DLPack producer in CUDA memory needs a GPU: the simulator's device "
                                       "arrays are NumPy's, which export host DLPack")
 def test_dlpack_only_producers_match_as_the_interface_does():
@@ -110,9 +97,9 @@ def test_dlpack_only_producers_match_as_the_interface_does():
     columns, read in place, with the same answers as the dicts'."""
     idx = _index()
     columns, valid = _columns()
-    dl_columns = {name: (_DLPackOnly(c[0]), c[1]) if isinstance(c, tuple) else _DLPackOnly(c)
+    dl_columns = {name: (DLPackOnly(c[0]), c[1]) if isinstance(c, tuple) else DLPackOnly(c)
                   for name, c in columns.items()}
-    dl_valid = {name: _DLPackOnly(v) for name, v in valid.items()}
+    dl_valid = {name: DLPackOnly(v) for name, v in valid.items()}
     assert not hasattr(dl_columns["price"], "__cuda_array_interface__")
     assert dl_columns["price"].__dlpack_device__()[0] == 2           # kDLCUDA
     assert is_device_columns(dl_columns)

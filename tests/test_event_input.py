@@ -356,20 +356,22 @@ def test_like_through_arrow_is_the_reference_like(patterns, values):
                 assert truth[token, idx.schema.pattern_id("like", p)] == like(value, p), (value, p)
 
 
-class _HostDLPack:
-    """A host DLPack producer that is nothing else (a CPU tensor's shape)."""
+class DLPackOnly:
+    """An array reached through DLPack alone (no NumPy array, no CUDA Array
+    Interface): on a NumPy array, a CPU tensor's shape; on a CuPy array
+    (tests/test_device_events.py), a PyTorch or JAX tensor on the GPU."""
 
     def __init__(self, array):
         self._array = array
 
-    def __dlpack__(self, **kwargs):
-        return self._array.__dlpack__(**kwargs)
+    def __dlpack__(self, *args, **kwargs):
+        return self._array.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
         return self._array.__dlpack_device__()
 
 
-@pytest.mark.parametrize("column", [pa.array([1.0, 700.0]), _HostDLPack(np.array([1.0, 700.0]))],
+@pytest.mark.parametrize("column", [pa.array([1.0, 700.0]), DLPackOnly(np.array([1.0, 700.0]))],
                          ids=["pyarrow", "host-dlpack"])
 def test_host_dlpack_producers_are_not_device_columns(column):
     """PyArrow arrays (since pyarrow 15) and CPU tensors export DLPack too:
