@@ -398,13 +398,14 @@ MEMBER_WORDS = 2
 
 @njit(nogil=True)
 def member_table(c, cl_off, perm, ev_offsets, ev_attr, ce_start, ce_end, ce_attr, cpos, main_bits, over_bits, mk,
-                 m_absent, q_base, stamp):
+                 m_absent, q_base):
     """A cluster of several members, set up for checking them together:
     ``mk[q * n_m + m]`` member ``m``'s entry of compressed entry ``q``
     (local, in ``[0, ce_end[c] - ce_start[c])``) or -1, ``m_absent[q]``
     the members lacking its attribute (a member mask), ``q_base[q]`` where
     its predicates' member masks start in the cluster's cache (main bits,
-    then overflow bits), whose ``stamp`` entries are cleared."""
+    then overflow bits).  The cache needs no clearing: an entry is the
+    cluster's when its stamp is ``c + 1``, which no other cluster writes."""
     m0 = cl_off[c]
     n_m = cl_off[c + 1] - m0
     ce0 = ce_start[c]
@@ -420,8 +421,6 @@ def member_table(c, cl_off, perm, ev_offsets, ev_attr, ce_start, ce_end, ce_attr
             mk[q * n_m + m] = -1
         for w in range(MEMBER_WORDS):
             m_absent[q, w] = 0
-    for k in range(at):
-        stamp[k] = 0
     for m in range(n_m):
         e = perm[m0 + m]
         for k in range(ev_offsets[e], ev_offsets[e + 1]):
@@ -462,7 +461,7 @@ def scan_cluster(c, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off,
         found[m] = 0
     if n_m > 1:
         member_table(c, cl_off, perm, ev_offsets, ev_attr, ce_start, ce_end, ce_attr, cpos, main_bits, over_bits,
-                     mk, m_absent, q_base, stamp)
+                     mk, m_absent, q_base)
     n_w = (n_m + 63) >> 6
     for ci in range(cand_off[c], cand_off[c + 1]):
         cn = cand[ci]

@@ -364,6 +364,26 @@ def space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first,
 key_hash = njit(inline="always", nogil=True)(key_hash_py)
 
 
+@njit(inline="always", nogil=True)
+def find_slot(slot_key, slot_group, keys, row, width):
+    """The slot of §6.1's hash table (open addressing, linear probing) that
+    holds the N-dim space id ``keys[row, :width]``, or the empty slot its
+    probe ends at (``slot_group`` -1 there): the one probe that building,
+    inserting, looking up and matching share."""
+    n_slots = len(slot_group)
+    s = np.int64(key_hash(keys, row, width) & np.uint64(n_slots - 1))
+    while slot_group[s] >= 0:
+        same = True
+        for q in range(width):
+            if slot_key[s, q] != keys[row, q]:
+                same = False
+                break
+        if same:
+            return s
+        s = (s + 1) & (n_slots - 1)
+    return s
+
+
 @njit(nogil=True, cache=True)
 def build_hash_table(group_keys, n_slots):
     """The hash table of §6.1: open addressing (linear probing) from an
@@ -371,11 +391,8 @@ def build_hash_table(group_keys, n_slots):
     width = group_keys.shape[1]
     slot_key = np.full((n_slots, width), -1, np.int64)
     slot_group = np.full(n_slots, -1, np.int64)
-    mask = np.uint64(n_slots - 1)
     for g in range(len(group_keys)):
-        s = np.int64(key_hash(group_keys, g, width) & mask)
-        while slot_group[s] >= 0:
-            s = (s + 1) & (n_slots - 1)
+        s = find_slot(slot_key, slot_group, group_keys, g, width)
         slot_group[s] = g
         for q in range(width):
             slot_key[s, q] = group_keys[g, q]
@@ -535,7 +552,6 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
     matches."""
     n_pos = len(ev_pos)
     width = table.slot_key.shape[1]
-    n_slots = len(table.slot_group)
     count = len(stats) > 0
     used = 0
     result[0] = e_last
@@ -561,34 +577,26 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
                     key[0, q] = loc[idx[q]] if q < r else -1
                 if count:
                     stats[0] += 1
-                s = np.int64(key_hash(key, 0, width) & np.uint64(n_slots - 1))
-                while table.slot_group[s] >= 0:
-                    same = True
-                    for q in range(width):
-                        if table.slot_key[s, q] != key[0, q]:
-                            same = False
-                            break
-                    if same:
-                        grp = table.slot_group[s]
-                        for i in range(table.group_off[grp], table.group_off[grp + 1]):
-                            u = table.units[i]
-                            pos = unit_sub[u]
-                            word = pos >> 6
-                            mask = np.uint64(1) << np.uint64(pos & 63)
-                            if alive[pos] == 0 or (bm0[word] & mask) != 0:
-                                continue
-                            if count:
-                                stats[1] += 1
-                            skip0 = decided_by_space(table.access[u, 0], pids, rows, ev_pos, ev_value)
-                            skip1 = decided_by_space(table.access[u, 1], pids, rows, ev_pos, ev_value) \
-                                if width > 1 else -1
-                            if unit_true(u, skip0, skip1, unit_off, pids, ev_pos, ev_value, ev_token, rows,
-                                         pattern_truth, list_truth):
-                                bm0[word] |= mask
-                                bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
-                                found += 1
-                        break
-                    s = (s + 1) & (n_slots - 1)
+                s = find_slot(table.slot_key, table.slot_group, key, 0, width)
+                grp = table.slot_group[s]
+                if grp >= 0:
+                    for i in range(table.group_off[grp], table.group_off[grp + 1]):
+                        u = table.units[i]
+                        pos = unit_sub[u]
+                        word = pos >> 6
+                        mask = np.uint64(1) << np.uint64(pos & 63)
+                        if alive[pos] == 0 or (bm0[word] & mask) != 0:
+                            continue
+                        if count:
+                            stats[1] += 1
+                        skip0 = decided_by_space(table.access[u, 0], pids, rows, ev_pos, ev_value)
+                        skip1 = decided_by_space(table.access[u, 1], pids, rows, ev_pos, ev_value) \
+                            if width > 1 else -1
+                        if unit_true(u, skip0, skip1, unit_off, pids, ev_pos, ev_value, ev_token, rows,
+                                     pattern_truth, list_truth):
+                            bm0[word] |= mask
+                            bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+                            found += 1
                 # the next combination of r of the k located spaces
                 q = r - 1
                 while q >= 0 and idx[q] == k - r + q:
@@ -808,17 +816,9 @@ def refill_signatures(refresh, sig_off, sig, rec_key, rec_first, rec_last, n_has
 def _group_of(slot_key, slot_group, key, width, n_groups):
     """The group of N-dim space id ``key[0]`` in the table, inserted as group
     ``n_groups`` when new; returns it and the groups now held."""
-    n_slots = len(slot_group)
-    s = np.int64(key_hash(key, 0, width) & np.uint64(n_slots - 1))
-    while slot_group[s] >= 0:
-        same = True
-        for q in range(width):
-            if slot_key[s, q] != key[0, q]:
-                same = False
-                break
-        if same:
-            return slot_group[s], n_groups
-        s = (s + 1) & (n_slots - 1)
+    s = find_slot(slot_key, slot_group, key, 0, width)
+    if slot_group[s] >= 0:
+        return slot_group[s], n_groups
     slot_group[s] = n_groups
     for q in range(width):
         slot_key[s, q] = key[0, q]
@@ -971,20 +971,9 @@ def find_groups(slot_key, slot_group, keys, n_groups):
 def lookup_groups(slot_key, slot_group, keys):
     """Per row of ``keys``, its group in the table, -1 when absent (read only)."""
     width = slot_key.shape[1]
-    n_slots = len(slot_group)
-    out = np.full(len(keys), -1, np.int64)
+    out = np.empty(len(keys), np.int64)
     for i in range(len(keys)):
-        s = np.int64(key_hash(keys, i, width) & np.uint64(n_slots - 1))
-        while slot_group[s] >= 0:
-            same = True
-            for q in range(width):
-                if slot_key[s, q] != keys[i, q]:
-                    same = False
-                    break
-            if same:
-                out[i] = slot_group[s]
-                break
-            s = (s + 1) & (n_slots - 1)
+        out[i] = slot_group[find_slot(slot_key, slot_group, keys, i, width)]
     return out
 
 
