@@ -394,6 +394,36 @@ def test_the_cluster_size_adapts_to_the_clusters_found():
     assert 4 <= r2.capacity < 32
 
 
+
+def test_buffered_batches_are_clustered_in_waves_over_threads():
+    """Buffered batches are independent trees: clustered ``threads`` at a
+    time, the clusters are those of one thread, batch by batch (adaptive
+    size off); with the adaptive size, a wave's batches share the capacity
+    the wave started with and the size adapts once per wave."""
+    def keyed(w):
+        batch, _ = _reorder(w, Reorderer(batch_size=len(w.events)))
+        t = apcm_of(Index(algorithm="apcm")).tree
+        return batch, event_keys(batch.value, batch.attr, t.string_attr, t.str_map)
+
+    batch, keys = keyed(_stream(0.9, n_events=1536))
+    one = Reorderer(batch_size=128, cluster_size=4, threshold=2, adaptive=False).clusters(
+        batch.offsets, batch.attr, keys, threads=1)
+    assert one.compressed_events() > 100
+    for threads in (2, 5, 16):
+        many = Reorderer(batch_size=128, cluster_size=4, threshold=2, adaptive=False).clusters(
+            batch.offsets, batch.attr, keys, threads=threads)
+        assert all(np.array_equal(x, y) for x, y in zip(many, one)), threads
+    # adaptive: 12 buffered batches of groups of about ten identical events fill their clusters; one
+    # thread doubles the capacity batch after batch, twelve threads once (one wave)
+    batch, keys = keyed(begen(200, 1536, dims=20, similarity=1.0, sorted_stream=True, seed=1))
+    seq = Reorderer(batch_size=128, cluster_size=2, threshold=1, adaptive=True)
+    wave = Reorderer(batch_size=128, cluster_size=2, threshold=1, adaptive=True)
+    seq.clusters(batch.offsets, batch.attr, keys, threads=1)
+    clusters = wave.clusters(batch.offsets, batch.attr, keys, threads=12)
+    assert seq.capacity >= 8 and wave.capacity == 4
+    assert np.diff(clusters.off).max() == 2          # every batch of the wave at the starting capacity
+
+
 def test_clusters_beyond_64_members_up_to_the_option():
     """Fig. 9(b) goes to clusters of 128: a stream of two groups of 150
     identical events clustered at ``cluster_size=128`` gives clusters of

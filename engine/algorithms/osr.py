@@ -11,13 +11,16 @@ bounded by the tree's leaf capacity (the *cluster size*), and a cluster's
 i.e. the attributes all its events carry with values in the same bucket.
 BE-Tree copes with the events' *incomplete data* (most events carry a few
 of the attributes) by design, which locality-sensitive hashing does not.
+The buffered batches' trees are independent, so several are built at once
+on a pool of threads (:meth:`Reorderer.clusters`): on the GPU path the
+re-ordering is the host's part, and was more than half of A-PCM's time.
 
 **A-PCM** (§VI): clusters of at least ``threshold`` similarity (and two
 events) are matched compressed, the others event by event.  **Adaptive
 cluster size** (§VII-B: "taken as an initial value ... tuned adaptively
 based on the size of the discovered clusters"): when most compressed
-clusters fill the capacity, the next buffered batch's tree gets twice the
-capacity; when none is similar enough or even the largest stays within a
+clusters fill the capacity, the next buffered batch's tree (the next wave
+of them, with several threads) gets twice the capacity; when none is similar enough or even the largest stays within a
 quarter of it, half (never below the option's value, never above
 :data:`ADAPTIVE_CEILING` or the option's value if larger; the gap between
 the two rules keeps a stream of steady clusters from see-sawing).  The
@@ -27,8 +30,11 @@ paper's Fig. 9(b)).
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+import numba
 import numpy as np
 from numba import njit
 
@@ -106,34 +112,66 @@ class Reorderer:
         self.min_size = int(min_size)
         self.capacity = int(cluster_size)
 
-    def clusters(self, offsets: np.ndarray, attr: np.ndarray, keys: np.ndarray, compress_all: bool = False) -> Clusters:
+    def clusters(self, offsets: np.ndarray, attr: np.ndarray, keys: np.ndarray, compress_all: bool = False,
+                 threads: int | None = None) -> Clusters:
         """The batch's clusters (events of ``offsets``/``attr`` with their
         entry ``keys``), buffered batch by buffered batch.  ``compress_all``
         (PCM with re-ordering, C-U-PP-RE): every l-node compressed,
-        whatever its similarity."""
+        whatever its similarity.
+
+        Buffered batches are independent trees, so ``threads`` of them
+        (default: the caller's numba thread count) are clustered at once,
+        a *wave*, on a pool of threads (the tree's kernels release the
+        GIL).  The adaptive cluster size then adapts once per wave, from
+        the wave's clusters together: every batch of a wave is clustered at
+        the capacity the wave started with.  One thread is the paper's
+        sequential rule, batch by batch."""
         n_events = len(offsets) - 1
         n_attrs = int(attr.max(initial=-1)) + 1
+        threads = max(1, numba.get_num_threads() if threads is None else int(threads))
+        starts = list(range(0, n_events, self.batch_size))
         perms, sizes, sims = [], [], []
-        for b0 in range(0, n_events, self.batch_size):
-            b1 = min(n_events, b0 + self.batch_size)
-            perm, size, sim = self._buffered_batch(offsets, attr, keys, b0, b1, n_attrs, compress_all)
-            perms.append(perm + b0)
-            sizes.append(size)
-            sims.append(sim)
+        for w0 in range(0, len(starts), threads):
+            cap = self.capacity
+
+            def one(b0, cap=cap):
+                return self._buffered_batch(offsets, attr, keys, b0, min(n_events, b0 + self.batch_size), n_attrs,
+                                            compress_all, cap)
+
+            wave = starts[w0:w0 + threads]
+            done = [one(wave[0])] if len(wave) == 1 else list(_pool().map(one, wave))
+            for b0, (perm, size, sim, _) in zip(wave, done):
+                perms.append(perm + b0)
+                sizes.append(size)
+                sims.append(sim)
+            if self.adaptive:
+                tallies = np.array([tally for *_, tally in done], np.int64).reshape(-1, 3)
+                self._adapt(cap, int(tallies[:, 0].sum()), int(tallies[:, 1].sum()), int(tallies[:, 2].max()))
         if not perms:
             return per_event(0)
         size = np.concatenate(sizes)
         return Clusters(np.concatenate(perms), np.concatenate(([0], np.cumsum(size))).astype(np.int64),
                         np.concatenate(sims))
 
-    def _buffered_batch(self, offsets, attr, keys, b0, b1, n_attrs, compress_all):
+    def _adapt(self, cap: int, compressed: int, full: int, largest: int) -> None:
+        """§VII-B: twice the capacity when most compressed clusters filled
+        it, half when none was similar enough or even the largest stayed
+        within a quarter of it (the module docstring)."""
+        if compressed and full * 2 > compressed:
+            self.capacity = min(max(ADAPTIVE_CEILING, self.cluster_size), 2 * cap)
+        elif (not compressed or largest * 4 <= cap) and cap > self.cluster_size:
+            self.capacity = max(self.cluster_size, cap // 2)
+
+    def _buffered_batch(self, offsets, attr, keys, b0, b1, n_attrs, compress_all, cap):
+        """One buffered batch's clusters at capacity ``cap``: the events in
+        cluster order, the cluster sizes and similarities, and what the
+        adaptive rule reads (``(compressed clusters, full ones, largest)``)."""
         n = b1 - b0
         if n < 2:                     # nothing to cluster (a service's lone event): no tree
-            return np.arange(n, dtype=np.int64), np.ones(n, np.int64), np.full(n, -1, np.int64)
+            return np.arange(n, dtype=np.int64), np.ones(n, np.int64), np.full(n, -1, np.int64), (0, 0, 0)
         s0, s1 = int(offsets[b0]), int(offsets[b1])
         tree_keys = ((offsets[b0:b1 + 1] - s0).astype(np.int64), attr[s0:s1].astype(np.int64), keys[s0:s1],
                      keys[s0:s1])
-        cap = self.capacity
         tree = DynamicTree(n, tree_keys, max(n_attrs, 1), cap, self.min_size)
         tree.insert(np.arange(n, dtype=np.int64))
         flat = tree.freeze()
@@ -157,12 +195,21 @@ class Reorderer:
             else:
                 sizes += [1] * m
                 sims += [int(depth[c])] * m
-        if self.adaptive:
-            if compressed and full * 2 > compressed:
-                self.capacity = min(max(ADAPTIVE_CEILING, self.cluster_size), 2 * cap)
-            elif (not compressed or largest * 4 <= cap) and cap > self.cluster_size:
-                self.capacity = max(self.cluster_size, cap // 2)
-        return perm, np.asarray(sizes, np.int64), np.asarray(sims, np.int64)
+        return perm, np.asarray(sizes, np.int64), np.asarray(sims, np.int64), (compressed, full, largest)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The threads that cluster a wave's buffered batches (made on first use, kept)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS),
+                                       thread_name_prefix="bexmatch-osr")
+        return _POOL
 
 
 __all__ = ["ADAPTIVE_CEILING", "MAX_MEMBERS", "Clusters", "Reorderer", "arrival_runs", "per_event"]
