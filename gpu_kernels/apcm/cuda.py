@@ -5,7 +5,7 @@ bitmap layout (:mod:`gpu_kernels.apcm.layout`), copied to the device once.
 
 The host keeps what is cheap and sequential by nature: online stream
 re-ordering (:mod:`engine.algorithms.osr`, a BE-Tree insertion per buffered
-batch) and the clusters' bookkeeping (:func:`cluster_entries`: per cluster
+batch, the batches over the host's cores) and the clusters' bookkeeping (:func:`cluster_entries`: per cluster
 its compressed entries -- attribute, whether a member lacks it, the members'
 distinct keys, ascending -- and the member entries whose slices each one
 ORs).  Everything that touches bits runs on the device:
