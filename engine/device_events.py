@@ -40,8 +40,9 @@ sets the events holding one aside (the batch's ``rejected``: one
 :class:`engine.errors.BadEventError` per event, of its first column in the
 order given; only the refused rows' positions and values come back).
 
-:func:`arrow_columns` copies a host Arrow table's columns over, one copy
-per column -- the Spark workers' route on GPU executors.
+:func:`arrow_columns` copies a host Arrow table's columns over in one
+copy, through a pinned staging buffer -- the Spark workers' route on GPU
+executors.
 """
 
 from __future__ import annotations
@@ -279,14 +280,18 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
 
 
 def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
-    """A host Arrow table's columns on the device, one copy each, as
+    """A host Arrow table's columns on the device, as
     :func:`encode_device_columns` takes them: numbers and booleans as they
     are, strings as dictionary codes plus the dictionary, nulls as
-    ``valid``.  TypeError for a column this form has no place for (a map,
-    a list, a decimal): the host encoder takes those."""
+    ``valid``.  They cross together: packed into a pinned staging buffer
+    and moved by one DMA (:func:`gpu_kernels.transfer.columns_to_device`).
+    TypeError for a column this form has no place for (a map, a list, a
+    decimal): the host encoder takes those."""
     import pyarrow.compute as pc
 
-    columns, valid = {}, {}
+    from gpu_kernels import transfer
+
+    names, host, dictionaries = [], [], {}
     for name, column in zip(table.schema.names, table.columns):
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
@@ -295,25 +300,21 @@ def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
             coded = column if pa.types.is_dictionary(kind) else pc.dictionary_encode(column)
             if not (pa.types.is_string(coded.dictionary.type) or pa.types.is_large_string(coded.dictionary.type)):
                 raise TypeError(f"column {name!r}: a dictionary of {coded.dictionary.type}")
-            codes = pc.fill_null(coded.indices, 0).to_numpy(zero_copy_only=False).astype(np.int32)
-            columns[name] = (_copied(codes), coded.dictionary)
+            values = pc.fill_null(coded.indices, 0).to_numpy(zero_copy_only=False).astype(np.int32)
+            dictionaries[name] = coded.dictionary
         elif pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
             default = False if pa.types.is_boolean(kind) else 0
-            columns[name] = _copied(pc.fill_null(column, default).to_numpy(zero_copy_only=False))
+            values = pc.fill_null(column, default).to_numpy(zero_copy_only=False)
         elif pa.types.is_null(kind):
-            columns[name] = _copied(np.zeros(len(column)))
+            values = np.zeros(len(column))
         else:
             raise TypeError(f"column {name!r} of type {kind} has no device-column form")
-        valid[name] = _copied(column.is_valid().to_numpy(zero_copy_only=False))
+        names.append(name)
+        host += [values, column.is_valid().to_numpy(zero_copy_only=False)]
+    device = transfer.columns_to_device(host)
+    columns, valid = {}, {}
+    for k, name in enumerate(names):
+        values = device[2 * k]
+        columns[name] = (values, dictionaries[name]) if name in dictionaries else values
+        valid[name] = device[2 * k + 1]
     return columns, valid
-
-
-def _copied(host: np.ndarray):
-    """One host column on the device as a caller holds it: a CuPy array on
-    a GPU, a numba device array under the simulator (NumPy arrays are host
-    arrays there)."""
-    host = np.ascontiguousarray(host)
-    if cuda_support.simulated():
-        return cuda_support.load_cuda().to_device(host)
-    import cupy
-    return cupy.asarray(host)

@@ -27,6 +27,8 @@ tiny ``staging_bytes``).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numba import njit, prange
 
@@ -55,28 +57,78 @@ def widen_positions(positions, ids, use_ids, out):
         out[i] = ids[p] if use_ids else p
 
 
-class _Staging:
-    """The two pinned host buffers and the copy stream, made on first use."""
+class _Staging(threading.local):
+    """Pinned host buffers and a copy stream, made on first use and grown on
+    demand -- one set per thread: two callers matching at once must not
+    copy into the buffer the other is reading (the buffers were shared
+    before, and a concurrent caller's slice could land under another's
+    widening)."""
 
     def __init__(self):
         self.nbytes = 0
         self.buffers = None
         self.stream = None
+        self.upload = None
 
     def get(self, nbytes: int):
+        """The two download buffers (``nbytes`` at least each) and the stream."""
         if self.buffers is None or self.nbytes < nbytes:
             if cuda_support.simulated():
                 self.buffers = [np.empty(nbytes, np.uint8) for _ in range(2)]
             else:
                 import cupy
-                import cupyx
-                self.buffers = [cupyx.empty_pinned(nbytes, np.uint8) for _ in range(2)]
+                self.buffers = [_pinned(nbytes) for _ in range(2)]
                 self.stream = cupy.cuda.Stream(non_blocking=True)
             self.nbytes = nbytes
         return self.buffers, self.stream
 
+    def upload_buffer(self, nbytes: int) -> np.ndarray:
+        """The upload buffer, ``nbytes`` at least (grown by doubling)."""
+        if self.upload is None or len(self.upload) < nbytes:
+            size = max(nbytes, 2 * (0 if self.upload is None else len(self.upload)), 1 << 16)
+            self.upload = np.empty(size, np.uint8) if cuda_support.simulated() else _pinned(size)
+        return self.upload
+
+
+def _pinned(nbytes: int) -> np.ndarray:
+    import cupyx
+    return cupyx.empty_pinned(nbytes, np.uint8)
+
 
 _staging = _Staging()
+
+#: where each column starts in the upload buffer and on the device: a
+#: multiple of this (any dtype's alignment, whole memory transactions)
+COLUMN_ALIGN = 256
+
+
+def columns_to_device(columns) -> list:
+    """Host arrays on the device in one copy: each packed into this thread's
+    pinned upload buffer (one host pass, at ``COLUMN_ALIGN`` offsets), the
+    whole buffer moved by one DMA into one device allocation, each column a
+    view of it -- instead of a copy per column from pageable memory, which
+    the driver stages through a pinned buffer of its own, chunk by chunk.
+    Returns the device arrays (CuPy; under the simulator, its device arrays,
+    each copied alone from its packed place).  The copy is complete when
+    this returns, so the buffer can take the next batch."""
+    columns = [np.ascontiguousarray(c) for c in columns]
+    starts, total = [], 0
+    for c in columns:
+        starts.append(total)
+        total += -(-c.nbytes // COLUMN_ALIGN) * COLUMN_ALIGN
+    buffer = _staging.upload_buffer(total)
+    for c, at in zip(columns, starts):
+        buffer[at:at + c.nbytes] = c.reshape(-1).view(np.uint8)
+    packed = [buffer[at:at + c.nbytes].view(c.dtype).reshape(c.shape) for c, at in zip(columns, starts)]
+    if cuda_support.simulated():
+        cuda = cuda_support.load_cuda()
+        return [cuda.to_device(view.copy()) for view in packed]
+    import cupy
+    device = cupy.empty(max(total, 1), np.uint8)
+    stream = cupy.cuda.get_current_stream()
+    device[:total].set(buffer[:total], stream=stream)
+    stream.synchronize()
+    return [device[at:at + c.nbytes].view(c.dtype).reshape(c.shape) for c, at in zip(columns, starts)]
 
 
 def positions_to_host(positions_d, out: np.ndarray, ids: np.ndarray | None = None, *,

@@ -408,6 +408,63 @@ def test_positions_cross_to_the_host_through_double_buffered_staging(dtype):
     assert rows.tolist() == [10, 10, 12, 12, 12, 13]
 
 
+
+@needs_cuda
+def test_two_callers_never_share_a_staging_buffer(monkeypatch):
+    """Each thread copies results back through pinned buffers of its own: a
+    second caller's whole copy-back, run while the first is between its
+    copy and its widening (the window a shared buffer left open), leaves
+    the first one's positions as they were."""
+    import threading
+
+    from gpu_kernels import transfer
+    first, second = np.arange(40, dtype=np.int32), np.arange(100, 140, dtype=np.int32)
+    real_widen = transfer.widen_positions
+    other = {}
+
+    def widen_after_the_other_caller(positions, table, use_ids, out):
+        if threading.current_thread() is threading.main_thread() and not other:
+            def run():
+                other["out"] = np.empty(40, np.int64)
+                transfer.positions_to_host(dev(second), other["out"])
+            thread = threading.Thread(target=run)
+            thread.start()
+            thread.join()
+        real_widen(positions, table, use_ids, out)
+
+    monkeypatch.setattr(transfer, "widen_positions", widen_after_the_other_caller)
+    out = np.empty(40, np.int64)
+    transfer.positions_to_host(dev(first), out)
+    assert other["out"].tolist() == second.tolist()
+    assert out.tolist() == first.tolist()
+
+
+@needs_cuda
+def test_host_columns_cross_in_one_packed_copy():
+    """``transfer.columns_to_device``: columns of every width (bool, int32
+    codes, int64, float64, empty) packed into one staging buffer and moved
+    together come out as they went in, each a device array of its own; a
+    larger second batch grows the buffer and leaves the first batch's
+    device arrays as they were."""
+    from gpu_kernels import transfer
+    rng = np.random.default_rng(3)
+
+    def batch(n):
+        return [rng.random(n) < 0.5, rng.integers(0, 9, n).astype(np.int32), rng.integers(-2**62, 2**62, n),
+                rng.standard_normal(n), np.zeros(0, np.float64), rng.standard_normal(n).astype(np.float32)]
+
+    small = batch(7)
+    small_d = transfer.columns_to_device(small)
+    assert all(cuda_support.is_device_array(d) for d in small_d)
+    large = batch(5000)                               # beyond the first buffer: it grows
+    large_d = transfer.columns_to_device(large)
+    for host_cols, device_cols in ((small, small_d), (large, large_d)):
+        for h, d in zip(host_cols, device_cols):
+            back = cuda_support.to_host(d)
+            assert back.dtype == h.dtype and back.shape == h.shape and np.array_equal(back, h)
+    assert transfer.columns_to_device([]) == []
+
+
 @needs_cuda
 def test_matcher_maps_ids_and_copies_int32_positions_back(monkeypatch):
     """Host results: positions cross as int32 through the staging buffers
