@@ -431,6 +431,7 @@ def test_clusters_beyond_64_members_up_to_the_option():
     adaptive size grows on its own only to ADAPTIVE_CEILING, but from an
     option above it, up to the option; past MAX_MEMBERS the option is
     refused."""
+    assert MAX_MEMBERS <= 64 * C.MEMBER_WORDS          # the leaf scans' member masks hold every member
     w = begen(300, 300, dims=6, cardinality=6, sub_size=2, event_size=4, similarity=1.0, group_size=150,
               sorted_stream=True, match_prob=0.3, seed=3)
     scan = Index(algorithm="scan")
