@@ -20,12 +20,12 @@ events) are matched compressed, the others event by event.  **Adaptive
 cluster size** (§VII-B: "taken as an initial value ... tuned adaptively
 based on the size of the discovered clusters"): when most compressed
 clusters fill the capacity, the next buffered batch's tree (the next wave
-of them, with several threads) gets twice the capacity; when none is similar enough or even the largest stays within a
-quarter of it, half (never below the option's value, never above
-:data:`ADAPTIVE_CEILING` or the option's value if larger; the gap between
-the two rules keeps a stream of steady clusters from see-sawing).  The
-option itself goes up to :data:`MAX_MEMBERS` (128, the largest of the
-paper's Fig. 9(b)).
+of them, with several threads) gets twice the capacity; when none is
+similar enough or even the largest stays within a quarter of it, half
+(never below the option's value, never above :data:`ADAPTIVE_CEILING` or
+the option's value if larger; the gap between the two rules keeps a stream
+of steady clusters from see-sawing).  The option itself goes up to
+:data:`MAX_MEMBERS` (128, the largest of the paper's Fig. 9(b)).
 """
 
 from __future__ import annotations
