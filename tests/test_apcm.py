@@ -395,6 +395,34 @@ def test_the_cluster_size_adapts_to_the_clusters_found():
 
 
 
+
+def test_events_sharing_a_key_are_partitioned_without_a_chain_of_splits():
+    """Events' keys are points, and many share one: the forced split rule
+    halves such a bucket level by level down to the atomic depth (64), two
+    c-nodes a level.  The re-ordering trees partition it at once instead
+    (``equal_keys_partition``): a tree a fraction of the size, no bucket
+    near the atomic depth, and the same p-nodes on the events' paths
+    (the similarity), so about the same events compressed."""
+    from gpu_kernels.betree.tree import DynamicTree
+
+    w = begen(2000, 1024, seed=0)
+    batch, _ = _reorder(w, Reorderer(batch_size=len(w.events)))
+    t = apcm_of(Index(algorithm="apcm")).tree
+    keys = event_keys(batch.value, batch.attr, t.string_attr, t.str_map)
+    tree_keys = (batch.offsets.astype(np.int64), batch.attr.astype(np.int64), keys, keys)
+    sizes = {}
+    for shortcut in (False, True):
+        tree = DynamicTree(batch.n_events, tree_keys, int(batch.attr.max()) + 1, 8, 2, equal_keys_partition=shortcut)
+        tree.insert(np.arange(batch.n_events, dtype=np.int64))
+        flat = tree.freeze()
+        assert sorted(flat.leaf_unit.tolist()) == list(range(batch.n_events))
+        sizes[shortcut] = (len(flat.c_depth), int(flat.c_depth.max()))
+    assert sizes[True][0] * 10 < sizes[False][0] and sizes[True][1] < 48 <= sizes[False][1]
+    clustered = Reorderer(batch_size=1024, cluster_size=8, threshold=2, adaptive=False).clusters(
+        batch.offsets, batch.attr, keys)
+    assert clustered.compressed_events() > batch.n_events // 4
+
+
 def test_buffered_batches_are_clustered_in_waves_over_threads():
     """Buffered batches are independent trees: clustered ``threads`` at a
     time, the clusters are those of one thread, batch by batch (adaptive

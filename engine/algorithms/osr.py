@@ -172,7 +172,9 @@ class Reorderer:
         s0, s1 = int(offsets[b0]), int(offsets[b1])
         tree_keys = ((offsets[b0:b1 + 1] - s0).astype(np.int64), attr[s0:s1].astype(np.int64), keys[s0:s1],
                      keys[s0:s1])
-        tree = DynamicTree(n, tree_keys, max(n_attrs, 1), cap, self.min_size)
+        # (events' keys are points: many share one, which the forced split rule would halve down to
+        # the atomic depth, two c-nodes a level -- partitioned at once instead, see resolve_overflow)
+        tree = DynamicTree(n, tree_keys, max(n_attrs, 1), cap, self.min_size, equal_keys_partition=True)
         tree.insert(np.arange(n, dtype=np.int64))
         flat = tree.freeze()
         depth = _p_depth(flat.c_child, flat.c_pdir, flat.p_top)

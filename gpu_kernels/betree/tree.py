@@ -69,8 +69,8 @@ P_ATTR, P_TOP, P_PARENT, P_NEXT, P_PREV, P_SCORE, P_ALIVE = range(7)
 N_PFIELDS = 7
 # unit fields (columns of U)
 U_CNODE, U_NEXT, U_PREV = range(3)
-# counts[] slots
-N_C, N_P, H_USED, MAX_CAP, MIN_SIZE = range(5)
+# counts[] slots (EQUAL_KEYS: the option of DynamicTree's ``equal_keys_partition``)
+N_C, N_P, H_USED, MAX_CAP, MIN_SIZE, EQUAL_KEYS = range(6)
 EMPTY = -1
 DELETED = -2
 
@@ -388,6 +388,24 @@ def _room(C, P, H, counts, c_nodes, p_nodes):
             and 2 * (counts[H_USED] + p_nodes) <= len(H))
 
 
+@njit(nogil=True)
+def _one_key(C, P, U, k_off, k_attr, k_lo, k_hi, c):
+    """Whether every unit of leaf bucket ``c``'s l-node has one and the
+    same key interval on the bucket's attribute: halving the bucket could
+    then only move them all into one half, level after level, down to the
+    atomic depth."""
+    attr = P[C[c, PNODE], P_ATTR]
+    u = C[c, FIRST]
+    j0 = _key_of(k_off, k_attr, u, attr)
+    u = U[u, U_NEXT]
+    while u >= 0:
+        j = _key_of(k_off, k_attr, u, attr)
+        if k_lo[j] != k_lo[j0] or k_hi[j] != k_hi[j0]:
+            return False
+        u = U[u, U_NEXT]
+    return True
+
+
 @njit(nogil=True, cache=True)
 def resolve_overflow(T, work, n_work):
     """Resolve the overflows of the c-nodes on the work list ``work[:n_work]``
@@ -399,7 +417,12 @@ def resolve_overflow(T, work, n_work):
       is handled in turn); then the capacity is updated;
     * space clustering (Algorithm 6) of a non-atomic leaf bucket: split in
       halves (the forced split rule), the units a half encloses moved
-      there; the bucket and both halves are handled again.
+      there; the bucket and both halves are handled again.  With
+      ``equal_keys_partition`` (the events' trees of online stream
+      re-ordering), a leaf bucket whose units all share one key interval is
+      partitioned as an atomic one at once: the 64-bit keys would otherwise
+      halve it level by level, two c-nodes a level, every unit in the same
+      half each time (53,519 c-nodes for 1,024 events at capacity 8).
 
     How many nodes a cascade makes is not known in advance (identical units
     with many attributes partition attribute after attribute, each down a
@@ -415,7 +438,8 @@ def resolve_overflow(T, work, n_work):
             n_work -= 1
             continue
         leaf_bucket = C[c, CHILD] < 0 and C[c, CHILD1] < 0
-        if c == 0 or not leaf_bucket or C[c, DEPTH] >= ATOMIC:
+        if c == 0 or not leaf_bucket or C[c, DEPTH] >= ATOMIC or (
+                counts[EQUAL_KEYS] != 0 and _one_key(C, P, U, k_off, k_attr, k_lo, k_hi, c)):
             n_work -= 1
             while C[c, COUNT] > C[c, CAP]:
                 attr = _best_new_attr(C, P, H, U, k_off, k_attr, T.attr_count, T.touched, counts, c)
@@ -848,11 +872,12 @@ class DynamicTree:
     keys); a unit is referred to by its index there."""
 
     def __init__(self, n_units: int, keys, n_attrs: int, max_cap: int, min_size: int, n_cnodes: int = 0,
-                 n_pnodes: int = 0):
+                 n_pnodes: int = 0, equal_keys_partition: bool = False):
         k_off, k_attr, k_lo, k_hi = keys
         counts = np.zeros(8, np.int64)
         counts[MAX_CAP] = max_cap
         counts[MIN_SIZE] = min_size
+        counts[EQUAL_KEYS] = int(bool(equal_keys_partition))
         C = np.full((max(64, 2 * n_cnodes), N_CFIELDS), -1, np.int64)
         P = np.full((max(64, 2 * n_pnodes), N_PFIELDS), -1, np.int64)
         self.T = TreeArrays(C, P, np.full((_pow2(4 * len(P)), 2), EMPTY, np.int64),
