@@ -46,7 +46,7 @@ from numba import njit, prange
 
 from gpu_kernels.apcm.layout import NULL_SLOT
 from gpu_kernels.betree.layout import ATOMIC, N_CHILD, N_DEPTH, N_LEAF, N_LEAF_END, N_PDIR, N_PDIR_END, N_PREFIX
-from gpu_kernels.compaction import emit_marked
+from gpu_kernels.compaction import ctz, emit_marked
 from gpu_kernels.list_truth import LIST_CODE_MASK, LIST_CODE_SHIFT
 from gpu_kernels.opcodes import TRUE
 from gpu_kernels.predicates import entry_truth, find_attribute, predicate_truth
@@ -526,7 +526,7 @@ def scan_cluster(c, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off,
                 bits = need[w]
                 while bits != 0:
                     low = bits & (~bits + np.uint64(1))
-                    m = w * 64 + _trailing_zeros(low)
+                    m = w * 64 + ctz(low)
                     bits ^= low
                     if (bm0[m, word] & mask) == 0:
                         bm0[m, word] |= mask
@@ -535,30 +535,6 @@ def scan_cluster(c, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off,
     for ce in range(ce0, ce_end[c]):
         if ce_attr[ce] < len(cpos):
             cpos[ce_attr[ce]] = -1
-
-
-@njit(inline="always", nogil=True)
-def _trailing_zeros(low):
-    """The index of the one set bit of ``low``."""
-    n = 0
-    if (low & np.uint64(0xFFFFFFFF)) == 0:
-        n += 32
-        low >>= np.uint64(32)
-    if (low & np.uint64(0xFFFF)) == 0:
-        n += 16
-        low >>= np.uint64(16)
-    if (low & np.uint64(0xFF)) == 0:
-        n += 8
-        low >>= np.uint64(8)
-    if (low & np.uint64(0xF)) == 0:
-        n += 4
-        low >>= np.uint64(4)
-    if (low & np.uint64(0x3)) == 0:
-        n += 2
-        low >>= np.uint64(2)
-    if (low & np.uint64(0x1)) == 0:
-        n += 1
-    return n
 
 
 @njit(nogil=True)
