@@ -552,22 +552,33 @@ def scan_task(c_first, c_last, out, base, cap, cl_count, ev_count, cand_off, can
         scan_cluster(c, cand_off, cand, node, l_head, v_attr, v_slot, alive, cl_off, perm, ev_offsets, ev_attr,
                      e_main, e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent, main_bits, over_bits,
                      table, store, cpos, bm0, bm1, found, mk, m_absent, q_base, stamp, cache, need)
-        n_m = cl_off[c + 1] - cl_off[c]
-        total = 0
-        for m in range(n_m):
-            total += found[m]
-        write = used + total <= cap
-        at = base + used
-        for m in range(n_m):
-            at = emit_marked(bm0[m], bm1[m], out, at, write)
-        if not write:
+        wrote = emit_cluster(c, cl_off, found, bm0, bm1, out, base + used, cap - used, cl_count, ev_count)
+        if wrote < 0:
             result[0] = c
-            result[1] = total
+            result[1] = -1 - wrote
             return
-        for m in range(n_m):
-            ev_count[cl_off[c] + m] = found[m]
-        cl_count[c] = total
-        used += total
+        used += wrote
+
+
+@njit(nogil=True)
+def emit_cluster(c, cl_off, found, bm0, bm1, out, at, room, cl_count, ev_count):
+    """Cluster ``c``'s marked positions, member by member (each ascending),
+    written to ``out[at:]`` if they fit in ``room``, the marks cleared
+    either way; returns their number, or ``-1 - number`` when they did not
+    fit (nothing counted)."""
+    n_m = cl_off[c + 1] - cl_off[c]
+    total = 0
+    for m in range(n_m):
+        total += found[m]
+    write = total <= room
+    for m in range(n_m):
+        at = emit_marked(bm0[m], bm1[m], out, at, write)
+    if not write:
+        return -1 - total
+    for m in range(n_m):
+        ev_count[cl_off[c] + m] = found[m]
+    cl_count[c] = total
+    return total
 
 
 def scan_kernel_py(task_first, task_last, out, cap, cl_count, task_stop, task_need, n_positions, max_members, n_attrs,
