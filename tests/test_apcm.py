@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 from engine import Index
+from engine.algorithms import registry
 from engine.algorithms.apcm import APCMMatcher
 from engine.algorithms.osr import ADAPTIVE_CEILING, MAX_MEMBERS, Reorderer, arrival_runs
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import begen
+from gpu_kernels.apcm import counting
 from gpu_kernels.apcm import cpu as C
 from gpu_kernels.apcm.layout import NULL_SLOT, RECLAIM_SHARE, _row_keys, recoded_rows, string_code_map, words
 from gpu_kernels.betree.layout import event_keys
@@ -234,9 +236,9 @@ def test_a_compressed_event_is_the_or_of_its_members():
 
 
 # ============================================================ maintenance
-def _layout_index():
+def _layout_index(options=None):
     exprs = [f"n{i % 4} BETWEEN {i} AND {i + 3} AND s{i % 2} != 'u/{i}'" for i in range(40)]
-    index = Index(algorithm="apcm")
+    index = Index(algorithm="apcm", options=options)
     index.add_many(list(range(40)), exprs)
     index.merge()
     return index, dict(zip(range(40), exprs))
@@ -246,12 +248,14 @@ EVENTS_N = [{"n0": v, "n1": v + 1, "n2": v / 2, "n3": v, "s0": f"u/{v}", "s1": "
     [{"n0": 7}, {"s1": "u/7", "n3": 8}, {}]
 
 
-def test_a_merge_keeps_the_layout_new_predicates_in_overflow_removed_ones_pseudo_deleted():
+@pytest.mark.parametrize("options", [None, {"over": "opindex", "variant": "pcm", "cluster_size": 4, "threshold": 0}])
+def test_a_merge_keeps_the_layout_new_predicates_in_overflow_removed_ones_pseudo_deleted(options):
     """§IV's maintenance: a merge adding a few predicates keeps every bit
     where it was and appends overflow bits; removed subscriptions leave
-    their predicates' bits dead in place; the answers stay exact; past
-    the reclaim share the next merge builds the layout afresh."""
-    index, texts = _layout_index()
+    their predicates' bits dead in place; the answers stay exact (over
+    BE-Tree and over OpIndex's lists, whose entries name overflow bits);
+    past the reclaim share the next merge builds the layout afresh."""
+    index, texts = _layout_index(options)
     m0 = apcm_of(index)
     bits0 = int(m0.layout.main_bits.sum())
     index.add_many([100, 101], ["n0 > 41 AND s0 = 'new'", "n2 IN (4.5, 9) AND n1 != 16"])
@@ -490,7 +494,11 @@ def test_clusters_beyond_64_members_up_to_the_option():
 # ================================================================ variants
 VARIANTS = [{}, {"variant": "pcm"}, {"variant": "pcm", "reorder": False}, {"variant": "pcm", "parallel_paths": False},
             {"variant": "pcm", "unroll": False}, {"variant": "parallel"}, {"variant": "bitmap"},
-            {"cluster_size": 1}, {"cluster_size": 64, "threshold": 0}, {**DEEP_PCM, "batch_size": 16}]
+            {"cluster_size": 1}, {"cluster_size": 64, "threshold": 0}, {**DEEP_PCM, "batch_size": 16},
+            # over OpIndex's lists
+            {"over": "opindex"}, {"over": "opindex", "variant": "pcm"}, {"over": "opindex", "variant": "parallel"},
+            {"over": "opindex", "variant": "bitmap"}, {"over": "opindex", "cluster_size": 64, "threshold": 0},
+            {"over": "opindex", "variant": "pcm", "reorder": False, "cluster_size": 3}]
 
 
 @pytest.mark.parametrize("similarity", [0.2, 0.9])
@@ -505,3 +513,92 @@ def test_every_variant_gives_scans_answers_on_similar_streams(similarity):
         index = Index(algorithm="apcm", options=options)
         index.add_many(w.subscriptions)
         assert answers(index, w.events) == want, options
+
+
+# ================================================ over OpIndex's lists
+#: every unit kind the counting meets: IS NULL alone and beside bits (no entry for it), a tautology under
+#: three-valued logic, more predicates with bits than a counter counts (checked every cluster instead)
+WIDE = " AND ".join(f"n0 > {-i - 1}" for i in range(300))
+OVER_EXPRESSIONS = EXPRESSIONS + LEAF_CHECKS + BOUNDS_EXPRESSIONS + [
+    "n2 IS NULL", "n1 IS NULL AND s0 IS NULL", "n0 IS NULL OR n0 IS NOT NULL", WIDE, f"({WIDE}) AND n1 IS NULL"]
+
+
+def test_counting_lists_are_opindex_pivot_partition():
+    """Each unit's predicates with a bit are entries of the lists of one
+    pivot -- the least frequent of its attributes (OpIndex eq. 1) -- one
+    list per attribute, under the predicate's slot; the entry carries the
+    unit's count; units without entries, or with more than a counter
+    holds, are checked every cluster."""
+    index = Index(algorithm="apcm", options={"over": "opindex"})
+    index.add_many(list(range(len(OVER_EXPRESSIONS))), OVER_EXPRESSIONS)
+    index.merge()
+    m = apcm_of(index)
+    lists, units = m.counting, m.tree.units
+    slots = m.layout.pred_slot[units.pids]
+    attrs = units.rows.attr[units.pids].astype(np.int64)
+    frequency = np.bincount(attrs[slots != NULL_SLOT])
+    pivot_of_list = np.repeat(np.arange(len(lists.pivot_off) - 1), np.diff(lists.pivot_off))
+    entries = {}
+    for r in range(len(lists.pa_attr)):
+        for k in range(lists.pa_off[r], lists.pa_off[r + 1]):
+            code = int(lists.entry_unit[k])
+            u, count = code >> counting.NEED_BITS, code & counting.NEED_MASK
+            entries.setdefault(u, []).append((int(pivot_of_list[r]), int(lists.pa_attr[r]), int(lists.entry_slot[k]),
+                                              count))
+        assert np.all(np.diff(lists.pa_attr[lists.pivot_off[pivot_of_list[r]]:lists.pivot_off[pivot_of_list[r] + 1]])
+                      > 0)
+    always = set(lists.always.tolist())
+    assert len(always) >= 4
+    for u in range(len(units)):
+        own = [(int(a), int(s)) for a, s in zip(attrs[units.offsets[u]:units.offsets[u + 1]],
+                                                slots[units.offsets[u]:units.offsets[u + 1]]) if s != NULL_SLOT]
+        if not own or len(own) > counting.NEED_MASK:
+            assert u in always and u not in entries
+            continue
+        assert u not in always
+        pivots = {p for p, _, _, _ in entries[u]}
+        assert len(pivots) == 1
+        pivot = pivots.pop()
+        least = min(frequency[a] for a, _ in own)
+        assert frequency[pivot] == least and pivot == min(a for a, _ in own if frequency[a] == least)
+        assert sorted((a, s) for _, a, s, _ in entries[u]) == sorted(own)
+        assert {c for _, _, _, c in entries[u]} == {len(own)}
+
+
+@pytest.mark.parametrize("options", [{"variant": "pcm", "cluster_size": 2, "threshold": 0},
+                                     {"variant": "pcm", "cluster_size": 8, "threshold": 0, "reorder": False},
+                                     {"variant": "parallel"}, {}])
+def test_over_opindex_gives_scans_answers_on_every_unit_kind(options):
+    """Bounds, long shared prefixes, non-ASCII, NUL, IS NULL, absent
+    attributes, constant TRUE, a unit wider than a counter: the exact
+    answers compressed or not."""
+    events = SIMILAR_EVENTS + BOUNDS_EVENTS + [{"n0": 1}, {"n0": 1, "n1": 0}]
+    ids = list(range(len(OVER_EXPRESSIONS)))
+    want = scan_answers(dict(zip(ids, OVER_EXPRESSIONS)), events)
+    index = Index(algorithm="apcm", options={"over": "opindex", **options})
+    index.add_many(ids, OVER_EXPRESSIONS)
+    index.merge()
+    assert len(apcm_of(index).tree.units) >= len(ids)
+    assert answers(index, events) == want
+    assert any(ids[OVER_EXPRESSIONS.index(f"({WIDE}) AND n1 IS NULL")] in got for got in want)
+
+
+def test_counters_start_afresh_when_a_task_has_used_every_mark(monkeypatch):
+    """A counter names the cluster it counts for by a mark of 23 bits; a
+    task past the last mark clears its counters and starts again (here
+    after every 2 clusters) -- the answers do not change."""
+    w = begen(600, 200, dims=20, similarity=0.8, seed=5)
+    want = scan_answers(w.subscriptions, w.events)
+    monkeypatch.setattr(counting, "MAX_MARK", 2)
+    for options in ({"variant": "parallel"}, {"variant": "pcm", "cluster_size": 4, "threshold": 0}):
+        index = Index(algorithm="apcm", options={"over": "opindex", **options})
+        index.add_many(w.subscriptions)
+        index.merge()
+        assert answers(index, w.events) == want
+
+
+def test_over_is_a_cpu_option_of_two_values():
+    with pytest.raises(ValueError, match="over must be one of betree, opindex, not 'pstree'"):
+        Index(algorithm="apcm", options={"over": "pstree"})
+    with pytest.raises(TypeError, match="option 'over' of algorithm 'apcm' applies to backend 'cpu', not 'cuda'"):
+        registry.get("apcm").make_options({"over": "opindex"}, "cuda")

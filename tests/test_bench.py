@@ -445,7 +445,9 @@ def test_update_rates_one_at_a_time_through_the_api_and_the_tree(tmp_path, capsy
 
 
 # ------------------------------------------------ A-PCM's ablations (variants)
-APCM_VARIANTS = ("apcm-bitmap", "apcm-parallel", "apcm-c", "apcm-cu", "apcm-cupp", "apcm-cuppre")
+#: the paper's ablations (Fig. 8), then A-PCM over OpIndex's lists
+APCM_ABLATIONS = ("apcm-bitmap", "apcm-parallel", "apcm-c", "apcm-cu", "apcm-cupp", "apcm-cuppre")
+APCM_VARIANTS = APCM_ABLATIONS + ("apcm-opindex", "apcm-opindex-pcm", "apcm-opindex-parallel")
 
 
 @dataclass(frozen=True)
@@ -461,6 +463,7 @@ class FakeAPCMOptions(Options):
     cluster_size: int = option(8)
     threshold: int = option(2)
     adaptive: bool = option(True)
+    over: str = option("betree", backends=("cpu",))
     max_cap: int = option(20)
     min_size: int = option(3)
 
@@ -531,7 +534,7 @@ def test_apcm_variants_exist_while_apcm_is_registered(no_apcm, capsys):
 def test_variant_options_merge_with_the_algorithms_and_their_own(workload, fake_apcm):
     """What reaches each index: the algorithm's options but those the
     variant fixes, the variant's fixed ones, then the variant's own."""
-    names = ["apcm", *APCM_VARIANTS]
+    names = ["apcm", *APCM_ABLATIONS]
     rows = bench.run_benchmark([workload], names, ["cpu"], algorithm_options={
         "apcm": {"cluster_size": 4, "reorder": True}, "apcm-cu": {"threshold": 3}}, **FAST)
     assert [r["algorithm"] for r in rows] == names

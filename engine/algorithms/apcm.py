@@ -16,6 +16,9 @@ How the paper maps onto this module:
 * **PCM** (§V) and **A-PCM** (§VI): :mod:`gpu_kernels.apcm.cpu` (the five
   stages, traversal unrolling, parallel path traversal) over the clusters
   of :mod:`engine.algorithms.osr` (online stream re-ordering).
+* **Over OpIndex's lists** (option ``over="opindex"``, not in the paper):
+  the traversal and leaf scans replaced by OpIndex's counting over the
+  compressed event's bits (:mod:`gpu_kernels.apcm.counting`).
 * **Ablations** (§VII, option ``variant``): ``bitmap`` (the bitmap-encoded
   BE-Tree, one event at a time on one core), ``parallel`` (the same, events
   over every core), ``pcm`` (every cluster compressed; with ``reorder=False``
@@ -38,7 +41,9 @@ from engine.algorithms.host_tasks import SERIAL_EVENTS, match_in_tasks
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE, APCMOptions, BETreeOptions
 from engine.algorithms.osr import Clusters, Reorderer, arrival_runs, per_event
 from engine.compile import Segment
+from gpu_kernels.apcm import counting
 from gpu_kernels.apcm import cpu as K
+from gpu_kernels.apcm.counting import build_counting_lists
 from gpu_kernels.apcm.layout import (BitmapLayout, build_layout, carried_layout, recoded_layout, recoded_rows,
                                      string_code_map, words)
 from gpu_kernels.betree.layout import event_keys
@@ -66,12 +71,13 @@ class APCMMatcher(HostMatcher):
     def __init__(self, segment: Segment, backend: str = "cpu", *, schema=None, dnf_limit: int = DEFAULT_LIMIT,
                  variant: str = "apcm", reorder: bool = True, unroll: bool = True, parallel_paths: bool = True,
                  batch_size: int = 1024, cluster_size: int = 8, threshold: int = 2, adaptive: bool = True,
-                 max_cap: int = DEFAULT_MAX_CAP, min_size: int = DEFAULT_MIN_SIZE, _tree: BETreeMatcher | None = None):
+                 over: str = "betree", max_cap: int = DEFAULT_MAX_CAP, min_size: int = DEFAULT_MIN_SIZE,
+                 _tree: BETreeMatcher | None = None):
         if backend != "cpu":
             raise ValueError(f"APCMMatcher runs on backend 'cpu', not {backend!r}")
         self.options = APCMOptions(variant=variant, reorder=reorder, unroll=unroll, parallel_paths=parallel_paths,
                                    batch_size=batch_size, cluster_size=cluster_size, threshold=threshold,
-                                   adaptive=adaptive, max_cap=max_cap, min_size=min_size)
+                                   adaptive=adaptive, over=over, max_cap=max_cap, min_size=min_size)
         self.segment = segment
         self.schema = schema
         self.tree = _tree if _tree is not None else BETreeMatcher(segment, schema=schema, dnf_limit=dnf_limit,
@@ -120,6 +126,8 @@ class APCMMatcher(HostMatcher):
         self.l_head = np.stack([np.append(l_sub, -1), l_verify], axis=1)
         self.v_attr = rows.attr[v_pid].astype(np.int64)
         self.v_slot = layout.pred_slot[v_pid]
+        # A-PCM over OpIndex: the units' pivot lists over this layout's bits
+        self.counting = build_counting_lists(units, layout) if self.options.over == "opindex" else None
 
     def _strings(self) -> int:
         return self.schema.n_strings if self.schema is not None else 0
@@ -238,6 +246,19 @@ class APCMMatcher(HostMatcher):
         n_attrs_walk = max(n_attrs, t.table.n_attrs)
         o = self.options
         max_members = clusters.max_members
+        max_entries, cache_len = K.member_scratch(cl_off, ce_start, ce_end, ce_attr, lay.main_bits, lay.over_bits)
+        if self.counting is not None:
+            # stages 3 and 4 over OpIndex's lists: each compressed event counted, its candidates checked per member
+            def count(first, last, out, cap, cl_count, stop, need, serial):
+                kernel = counting.count_kernel_serial if serial else counting.count_kernel
+                kernel(first, last, out, cap, cl_count, stop, need, n_subs, max_members, n_attrs_walk, max_entries,
+                       cache_len, ev_count, self.counting, alive, cl_off, perm, batch.offsets, ev_attr, e_main,
+                       e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent, lay.main_bits, lay.over_bits,
+                       lay.table, store, counting.MAX_MARK)
+            ev_count = np.zeros(len(perm), np.int64)
+            estimate = getattr(self, "_matches_per_cluster", 16.0)
+            _, positions, self._matches_per_cluster = match_in_tasks(n_cl, count, estimate)
+            return _to_batch_order(perm, ev_count, positions)
         if not o.unroll:
             out_off = np.zeros(len(perm) + 1, np.int64)
             out = np.empty(1024, np.int32)
@@ -254,7 +275,6 @@ class APCMMatcher(HostMatcher):
         # stage 4: leaf scans, clusters over the cores
         ev_count = np.zeros(len(perm), np.int64)
         l_head, v_attr, v_slot = self.l_head, self.v_attr, self.v_slot
-        max_entries, cache_len = K.member_scratch(cl_off, ce_start, ce_end, ce_attr, lay.main_bits, lay.over_bits)
 
         def launch(first, last, out, cap, cl_count, stop, need, serial):
             kernel = K.scan_kernel_serial if serial else K.scan_kernel
@@ -299,12 +319,17 @@ class APCMMatcher(HostMatcher):
     # --------------------------------------------------------------- memory
     @property
     def nbytes(self) -> int:
+        counting_bytes = self.counting.nbytes if self.counting is not None else 0
         return self.tree.nbytes + self.layout.nbytes + int(self.l_head.nbytes + self.v_attr.nbytes
-                                                           + self.v_slot.nbytes)
+                                                           + self.v_slot.nbytes) + counting_bytes
 
     def statistics(self) -> dict:
         stats = self.tree.statistics()
         stats.update({f"bitmap_{k}": v for k, v in self.layout.statistics().items()})
+        if self.counting is not None:
+            lists = self.counting
+            stats.update(counting_lists=len(lists.pa_attr), counting_entries=len(lists.entry_unit),
+                         counting_always=len(lists.always), counting_bytes=lists.nbytes)
         if self.last_clusters is not None:
             c = self.last_clusters
             stats.update(clusters=c.n_clusters, compressed_events=c.compressed_events(),
@@ -329,7 +354,8 @@ class APCMMatcher(HostMatcher):
 
     def __repr__(self) -> str:
         o = self.options
-        return (f"APCMMatcher({len(self.segment)} subscriptions, variant={o.variant}, batch_size={o.batch_size}, "
+        return (f"APCMMatcher({len(self.segment)} subscriptions, variant={o.variant}, over={o.over}, "
+                f"batch_size={o.batch_size}, "
                 f"cluster_size={o.cluster_size}, threshold={o.threshold}; {self.tree!r})")
 
 

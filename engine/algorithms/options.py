@@ -236,6 +236,9 @@ class BETreeOptions(Options):
 #: A-PCM's matching strategies: the paper's flagship and its ablations (§VII)
 APCM_VARIANTS = ("apcm", "pcm", "parallel", "bitmap")
 
+#: the indexes A-PCM compresses events over: BE-Tree (the paper's), OpIndex's lists (cpu)
+APCM_INDEXES = ("betree", "opindex")
+
 
 #: the most events one compressed cluster holds (larger l-nodes are cut):
 #: the largest cluster size of the paper's Fig. 9(b).  The leaf scans keep
@@ -269,6 +272,10 @@ class APCMOptions(Options):
     threshold: int = option(2, structural=False, doc="similarity threshold: a cluster's p-nodes on its path needed "
                                                      "to match it compressed (§VI)")
     adaptive: bool = option(True, structural=False, doc="adapt the cluster size to the clusters found (§VII-B)")
+    over: str = option("betree", backends=("cpu",), structural=False,
+                       doc="the index traversed once per compressed event: 'betree' (the paper's) or 'opindex' "
+                           "(OpIndex's pivot lists, counted over the compressed event's bits; `unroll` and "
+                           "`parallel_paths` are BE-Tree's and do not apply)")
     max_cap: int = option(DEFAULT_MAX_CAP, doc="the subscription BE-Tree's l-node capacity (BE-Tree §4.2)")
     min_size: int = option(DEFAULT_MIN_SIZE, doc="the subscription BE-Tree's min_size (BE-Tree §4.2)")
     launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
@@ -277,6 +284,8 @@ class APCMOptions(Options):
     def __post_init__(self):
         if self.variant not in APCM_VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(APCM_VARIANTS)}, not {self.variant!r}")
+        if self.over not in APCM_INDEXES:
+            raise ValueError(f"over must be one of {', '.join(APCM_INDEXES)}, not {self.over!r}")
         for name in ("reorder", "unroll", "parallel_paths", "adaptive"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, not {getattr(self, name)!r}")

@@ -35,6 +35,10 @@ VARIANTS = {
     "apcm-cu": ("apcm", {"variant": "pcm", "reorder": False, "parallel_paths": False}),
     "apcm-cupp": ("apcm", {"variant": "pcm", "reorder": False}),
     "apcm-cuppre": ("apcm", {"variant": "pcm"}),
+    # A-PCM over OpIndex's lists (cpu): adaptive, every cluster compressed, per event
+    "apcm-opindex": ("apcm", {"over": "opindex"}),
+    "apcm-opindex-pcm": ("apcm", {"over": "opindex", "variant": "pcm"}),
+    "apcm-opindex-parallel": ("apcm", {"over": "opindex", "variant": "parallel"}),
     # A-Tree §6.3: Fig. 8's design options, Fig. 9's construction options, Fig. 10's matching optimisations
     "atree-noshare": ("atree", {"sharing": False}),
     "atree-binary": ("atree", {"binary": True}),
@@ -54,6 +58,9 @@ VARIANT_TITLES = {
     "apcm-cu": "Fig. 8 'C-U': + traversal unrolling",
     "apcm-cupp": "Fig. 8 'C-U-PP': + parallel path traversal (Fig. 8(a) runs it on sorted_stream=true)",
     "apcm-cuppre": "Fig. 8 'C-U-PP-RE': + online stream re-ordering, every cluster compressed",
+    "apcm-opindex": "A-PCM over OpIndex's lists: re-ordered clusters counted compressed, the others per event",
+    "apcm-opindex-pcm": "A-PCM over OpIndex's lists, every cluster compressed (C-U-PP-RE's counterpart)",
+    "apcm-opindex-parallel": "OpIndex's counting over each event's bitmap, one event per core (no compression)",
     "atree-noshare": "A-Tree Fig. 8 'multitree not supporting sharing': every expression its own nodes",
     "atree-binary": "A-Tree Fig. 8 'binary tree index supporting sharing': two-child AND/OR nodes",
     "atree-plain": "A-Tree Fig. 9 (1): neither reorganisation nor self-adjustment",
