@@ -190,7 +190,8 @@ def cases(backends=BACKENDS, check: str | None = None) -> list:
     return [pytest.param(algorithm.name, backend, options, marks=backend_marks(backend),
                          id=f"{algorithm.name}{options_id(options)}-{backend}")
             for algorithm in registry.algorithms() for backend in algorithm.backends if backend in backends
-            for options in variants(algorithm) if options is None or runs_variants(backend, check)]
+            for options in variants(algorithm)
+            if (options is None or runs_variants(backend, check)) and backend in algorithm.option_backends(options)]
 
 
 def lifecycle_cases(backends=BACKENDS) -> list:

@@ -77,10 +77,14 @@ def test_every_registered_algorithm_is_a_case():
     assert {"scan", "opindex"} <= {name for name, _ in want}
     # the defaults and every conformance_options variant, on every backend
     variants = {(a.name, backend, conformance.options_id(options)) for a in registry.algorithms()
-                for backend in a.backends for options in (None, *a.conformance_options)}
+                for options in (None, *a.conformance_options) for backend in a.option_backends(options)}
     assert _case_keys(cases()) == variants and len(cases()) == len(variants)
     assert ("betree", "cpu", "[max_cap=1,min_size=1]") in variants
     assert {p.id for p in cases()} >= {"betree-cpu", "betree[max_cap=1,min_size=1]-cpu"}
+    # a variant with an option of one backend runs on that backend only
+    over = conformance.options_id({"over": "opindex", "variant": "pcm", "batch_size": 4, "cluster_size": 2,
+                                   "threshold": 0})
+    assert ("apcm", "cpu", over) in variants and ("apcm", "cuda", over) not in variants
     # every life cycle of every case on cpu; the variants' cuda cases in VARIANT_CHECKS' life cycles only
     life = _case_keys(lifecycle_cases())
     for name, backend, options in variants:

@@ -46,15 +46,25 @@ def test_the_registry_lists_what_exists_with_its_paper():
         registry.get("nope")
 
 
-def test_conformance_options_are_options_of_every_backend_of_the_algorithm():
+def test_conformance_options_are_options_of_the_backends_they_run_on():
     """Each ``conformance_options`` entry (the conformance suite's extra
     cases, tests/conformance.py) is a non-default mapping of the
-    algorithm's options, valid on each of its backends."""
+    algorithm's options, valid on each backend that takes all its names
+    (at least one); the other backends refuse it by name."""
     for algorithm in registry.algorithms():
         for options in algorithm.conformance_options:
             assert isinstance(options, dict) and options
+            runs_on = algorithm.option_backends(options)
+            assert runs_on, (algorithm.name, options)
             for backend in algorithm.backends:
-                assert algorithm.make_options(options, backend) != algorithm.make_options(None, backend)
+                if backend in runs_on:
+                    assert algorithm.make_options(options, backend) != algorithm.make_options(None, backend)
+                else:
+                    with pytest.raises(TypeError, match="applies to backend"):
+                        algorithm.make_options(options, backend)
+    apcm = registry.get("apcm")
+    assert apcm.option_backends({"over": "opindex"}) == ("cpu",)
+    assert apcm.option_backends({"variant": "pcm"}) == apcm.option_backends(None) == ("cpu", "cuda")
     assert {"max_cap": 1, "min_size": 1} in registry.get("betree").conformance_options
     assert registry.get("scan").conformance_options == ()
 

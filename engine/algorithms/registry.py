@@ -15,6 +15,8 @@ registry.
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 from dataclasses import dataclass, field
 
@@ -49,12 +51,20 @@ class Algorithm:
     #: extra option mappings (each a dict of the algorithm's options) under
     #: which the shared conformance suite (tests/conformance.py) also runs the
     #: algorithm, besides its defaults: parameters whose paths only small
-    #: workloads with small values reach (a tree that splits at all)
+    #: workloads with small values reach (a tree that splits at all); a
+    #: mapping with an option of one backend only runs on that backend
     conformance_options: tuple = ()
 
     @property
     def backends(self) -> tuple[str, ...]:
         return tuple(self.implementations)
+
+    def option_backends(self, options: dict | None) -> tuple[str, ...]:
+        """The backends of the algorithm that take every option named in
+        ``options`` (None or empty: all of them)."""
+        fields = {f.name: f for f in dataclasses.fields(self.options)}
+        return tuple(b for b in self.backends
+                     if all(name in fields and b in fields[name].metadata["backends"] for name in options or ()))
 
     def matcher_class(self, backend: str):
         target = self.implementations.get(backend)
@@ -185,7 +195,9 @@ register(Algorithm(
                          # C (no unrolling) over arrival-order runs; A-PCM's adaptive split of re-ordered
                          # clusters is the default case's (tests/test_apcm.py runs every variant besides)
                          {"variant": "pcm", "unroll": False, "cluster_size": 3, "reorder": False},
-                         {"variant": "bitmap"})))
+                         {"variant": "bitmap"},
+                         # A-PCM over OpIndex's lists (cpu only): every cluster of two counted compressed
+                         {"over": "opindex", "variant": "pcm", "batch_size": 4, "cluster_size": 2, "threshold": 0})))
 
 # (imported here, next to their registrations, so that concurrent additions to the import above do not collide)
 from engine.algorithms.options import PSTBloomOptions, PSTHashOptions  # noqa: E402
