@@ -20,7 +20,7 @@ import pytest
 from engine import Index
 from engine import events as event_batches
 from engine.algorithms.options import PSTBloomOptions, PSTHashOptions
-from engine.algorithms.pstree import PSTBloomMatcher, PSTHashMatcher
+from engine.algorithms.pstree import PSTBloomMatcher, PSTHashMatcher, sorted_keys
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import begen
 from gpu_kernels import opcodes
@@ -689,3 +689,21 @@ def test_bench_update_costs_times_the_derived_and_the_rebuilt_merge(algorithm):
     assert cost["algorithm"] == algorithm and cost["n_subscriptions"] == 3000
     assert cost["incremental_s"] > 0 and cost["full_s"] > 0
     assert cls.REBUILD_SHARE == share
+
+
+@pytest.mark.parametrize("width,top", [(1, 50), (2, 3000), (3, 200), (2, 2 ** 40)])
+def test_hash_keys_sort_by_key_then_unit_packed_or_not(width, top):
+    """PSTHash's keys sorted by one int64 sort of packed (key, unit) pairs
+    when they fit in 62 bits, by lexsort when not (2^40 space ids): the
+    same order as a lexsort either way, -1 padding and repeated keys
+    included."""
+    rng = np.random.default_rng(width)
+    n = 5000
+    keys = rng.integers(0, 40, (n, width)) * (top // 40)
+    keys[rng.random(n) < 0.1, -1] = -1                # padding of units with fewer access predicates
+    keys[: n // 2] = keys[n // 2:]                     # repeated keys, several units each
+    owner = rng.integers(0, 100_000, n).astype(np.int32)
+    order = np.lexsort((owner,) + tuple(keys[:, q] for q in range(width - 1, -1, -1)))
+    got_keys, got_owner = sorted_keys(keys, owner)
+    assert got_owner.dtype == np.int32
+    assert np.array_equal(got_keys, keys[order]) and np.array_equal(got_owner, owner[order])

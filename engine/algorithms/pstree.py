@@ -137,6 +137,29 @@ def check_expression(node: Node, limit: int = DEFAULT_LIMIT) -> None:
 
 
 # --------------------------------------------------------------- PS-Trees
+def sorted_keys(keys: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PSTHash's N-dim keys (components >= -1, -1 padding) and their units,
+    ordered by key then unit.  When a key and its unit pack into 62 bits
+    (W2: two space ids of ~10^4 and a unit id), one sort of the packed int64
+    does it: numpy sorts int64 values with SIMD, 25x faster than
+    ``np.lexsort`` of the three columns on 7 M random keys (0.09 s against
+    2.2 s).  Else ``np.lexsort``."""
+    width = keys.shape[1]
+    key_bits = (int(keys.max(initial=-1)) + 1).bit_length()   # components + 1 in [0, 2^key_bits)
+    owner_bits = max(int(owner.max(initial=0)).bit_length(), 1)
+    if width * key_bits + owner_bits <= 62:
+        packed = owner.astype(np.int64)
+        for q in range(width):
+            packed |= (keys[:, q] + 1) << (owner_bits + (width - 1 - q) * key_bits)
+        packed.sort()
+        out_keys = np.empty_like(keys)
+        for q in range(width):
+            out_keys[:, q] = ((packed >> (owner_bits + (width - 1 - q) * key_bits)) & ((1 << key_bits) - 1)) - 1
+        return out_keys, (packed & ((1 << owner_bits) - 1)).astype(owner.dtype)
+    order = np.lexsort((owner,) + tuple(keys[:, q] for q in range(width - 1, -1, -1)))
+    return keys[order], owner[order]
+
+
 def endpoints(rows, use: np.ndarray, n_attrs: int) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct endpoint codes of the rows ``use`` marks, per
     attribute: ``(val_off, vals)``."""
@@ -152,11 +175,11 @@ def endpoints(rows, use: np.ndarray, n_attrs: int) -> tuple[np.ndarray, np.ndarr
     attr = np.concatenate((rows.attr[single], rows.attr[both],
                            np.repeat(rows.attr[rows_of_sets], lens))).astype(np.int64)
     value = np.concatenate((rows.lo[single], rows.hi[both], rows.set_values[gather])).astype(np.float64)
-    order = np.lexsort((value, attr))
-    attr, value = attr[order], value[order]
-    keep = np.ones(len(attr), bool)
-    keep[1:] = (attr[1:] != attr[:-1]) | (value[1:] != value[:-1])
-    attr, value = attr[keep], value[keep]
+    # distinct (attribute, value) pairs, sorted: the values ranked, then one int64 sort of attribute << 32 | rank
+    # (numpy sorts int64 with SIMD; np.lexsort of the two columns took 0.25 s a call on W2 at 200 K)
+    distinct, rank = np.unique(value, return_inverse=True)
+    pairs = np.unique((attr << 32) | rank.astype(np.int64))
+    attr, value = pairs >> 32, distinct[pairs & 0xFFFFFFFF]
     val_off = np.searchsorted(attr, np.arange(n_attrs + 1)).astype(np.int64)
     return val_off, value
 
@@ -772,8 +795,7 @@ class PSTHashMatcher(_PSTreeMatcher):
         limit_combinations(acc, arity, n_cov[self._pids[np.maximum(acc, 0)]], self.max_combinations)
         keys, owner = K.space_combinations(units.offsets, self._pids, acc, arity, rows.attr.astype(np.int64),
                                            cov_off, cov_first, cov_last, width)
-        order = np.lexsort((owner,) + tuple(keys[:, q] for q in range(width - 1, -1, -1)))
-        keys, owner = keys[order], owner[order]
+        keys, owner = sorted_keys(keys, owner)
         new = np.ones(len(keys), bool)
         new[1:] = (keys[1:] != keys[:-1]).any(axis=1)
         group_keys = keys[new]
