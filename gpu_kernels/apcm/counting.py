@@ -49,6 +49,7 @@ from gpu_kernels.apcm.cpu import MEMBER_WORDS, NO_SLICE, emit_cluster, member_ta
 from gpu_kernels.apcm.layout import NULL_SLOT
 from gpu_kernels.compaction import ctz
 from gpu_kernels.opindex.cpu import choose_pivots
+from gpu_kernels.predicates import find_attribute
 from gpu_kernels.twins import parallel_and_serial
 
 #: a counter (int32) is ``mark << NEED_BITS | entries left``: the mark names
@@ -186,23 +187,15 @@ def count_cluster(c, mark, lists, alive, cl_off, perm, ev_offsets, ev_attr, e_ma
         if p >= n_pivots or pivot_off[p] == pivot_off[p + 1]:
             continue
         for cb in range(ce0, ce_end[c]):             # their lists of the attributes it carries
-            b = ce_attr[cb]
-            lo = pivot_off[p]
-            hi = pivot_off[p + 1]
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if pa_attr[mid] < b:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if lo == pivot_off[p + 1] or pa_attr[lo] != b:
+            r = find_attribute(pa_attr, pivot_off[p], pivot_off[p + 1], ce_attr[cb])
+            if r < 0:
                 continue
             p_main = ce_main[cb]
             p_over = ce_over[cb]
             # the main slice's words, read without a branch on where they are
             words = table if p_main >= 0 else store
             at = p_main if p_main >= 0 else -2 - p_main
-            for k in range(pa_off[lo], pa_off[lo + 1]):
+            for k in range(pa_off[r], pa_off[r + 1]):
                 s = entry_slot[k]
                 if s >= 0:
                     if p_main == NO_SLICE or (words[at + (s >> 6)] >> np.uint64(s & 63)) & np.uint64(1) == 0:
