@@ -602,3 +602,19 @@ def test_over_is_a_cpu_option_of_two_values():
         Index(algorithm="apcm", options={"over": "pstree"})
     with pytest.raises(TypeError, match="option 'over' of algorithm 'apcm' applies to backend 'cpu', not 'cuda'"):
         registry.get("apcm").make_options({"over": "opindex"}, "cuda")
+
+
+def test_a_saved_index_keeps_over_and_loads_under_the_other_index(tmp_path):
+    """``over`` is saved; loading with the other value reuses the saved
+    BE-Tree and builds (or drops) the lists, the answers unchanged."""
+    w = begen(400, 64, dims=20, similarity=0.8, seed=3)
+    index = Index(algorithm="apcm", options={"over": "opindex", "variant": "pcm"})
+    index.add_many(w.subscriptions)
+    index.merge()
+    want = answers(index, w.events)
+    index.save(tmp_path / "o.bexidx")
+    loaded = Index.load(tmp_path / "o.bexidx")
+    assert loaded.options == {"variant": "pcm", "over": "opindex"} and apcm_of(loaded).counting is not None
+    other = Index.load(tmp_path / "o.bexidx", options={"over": "betree"})
+    assert apcm_of(other).counting is None
+    assert answers(loaded, w.events) == answers(other, w.events) == want
