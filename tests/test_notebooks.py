@@ -80,16 +80,20 @@ def test_betree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_apcm_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
     """notebooks/apcm.ipynb: A-PCM Fig. 8, 9(a-c), 12 and W1/W6 with the
-    paper's ablations, opindex and betree at a tiny scale, beside the
+    paper's ablations, opindex and betree, and the compression over
+    OpIndex's lists, at a tiny scale, beside the
     full-scale run recorded in notebooks/data (BENCHMARKS.md, "A-PCM (issue 14)")."""
     outputs = run_paper_notebook("apcm.ipynb", tmp_path, monkeypatch)
-    for name in ("fig8.png", "fig9_a.png", "fig9_b.png", "fig9_c.png", "fig12.png"):
+    for name in ("fig8.png", "over_opindex.png", "fig9_a.png", "fig9_b.png", "fig9_c.png", "fig12.png"):
         assert (tmp_path / "figures" / name).stat().st_size > 10_000, name
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     fig8 = [t for t in html if "apcm / apcm-parallel" in t and "full scale (C2)" in t and "this run" in t]
     assert len(fig8) == 1 and all(name in fig8[0] for name in ("opindex", "betree", "apcm-bitmap", "apcm-cuppre"))
-    assert sum("full scale (C2)" in t and "this run" in t for t in html) == 1 + 3 + 1   # Fig. 8, 9(a-c), 12
+    over = [t for t in html if "OpIndex lists: compressed / per event" in t]
+    assert len(over) == 1 and "full scale (C2)" in over[0] and "this run" in over[0]
+    # Fig. 8, over OpIndex, Fig. 9(a-c), Fig. 12
+    assert sum("full scale (C2)" in t and "this run" in t for t in html) == 1 + 1 + 3 + 1
     standard = html[-1]
     assert all(name in standard for name in ("W1", "W6", "full scale, machine C2", "apcm-parallel"))
 
