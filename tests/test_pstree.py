@@ -20,7 +20,7 @@ import pytest
 from engine import Index
 from engine import events as event_batches
 from engine.algorithms.options import PSTBloomOptions, PSTHashOptions
-from engine.algorithms.pstree import PSTBloomMatcher, PSTHashMatcher, sorted_keys
+from engine.algorithms.pstree import PSTBloomMatcher, PSTHashMatcher, grouped_keys
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import begen
 from gpu_kernels import opcodes
@@ -692,11 +692,11 @@ def test_bench_update_costs_times_the_derived_and_the_rebuilt_merge(algorithm):
 
 
 @pytest.mark.parametrize("width,top", [(1, 50), (2, 3000), (3, 200), (2, 2 ** 40)])
-def test_hash_keys_sort_by_key_then_unit_packed_or_not(width, top):
-    """PSTHash's keys sorted by one int64 sort of packed (key, unit) pairs
-    when they fit in 62 bits, by lexsort when not (2^40 space ids): the
-    same order as a lexsort either way, -1 padding and repeated keys
-    included."""
+def test_hash_keys_group_by_key_then_unit_packed_or_not(width, top):
+    """PSTHash's keys grouped through one int64 sort of packed (key, unit)
+    pairs when they fit in 62 bits, through lexsort when not (2^40 space
+    ids): the distinct keys ascending and each one's units ascending, as a
+    lexsort gives them, -1 padding and repeated keys included."""
     rng = np.random.default_rng(width)
     n = 5000
     keys = rng.integers(0, 40, (n, width)) * (top // 40)
@@ -704,6 +704,10 @@ def test_hash_keys_sort_by_key_then_unit_packed_or_not(width, top):
     keys[: n // 2] = keys[n // 2:]                     # repeated keys, several units each
     owner = rng.integers(0, 100_000, n).astype(np.int32)
     order = np.lexsort((owner,) + tuple(keys[:, q] for q in range(width - 1, -1, -1)))
-    got_keys, got_owner = sorted_keys(keys, owner)
-    assert got_owner.dtype == np.int32
-    assert np.array_equal(got_keys, keys[order]) and np.array_equal(got_owner, owner[order])
+    want_keys, want_owner = keys[order], owner[order]
+    starts = np.flatnonzero(np.concatenate(([True], (want_keys[1:] != want_keys[:-1]).any(axis=1))))
+    group_keys, group_off, got_owner = grouped_keys(keys, owner)
+    assert got_owner.dtype == np.int32 and len(group_keys) < n
+    assert np.array_equal(got_owner, want_owner)
+    assert np.array_equal(group_keys, want_keys[starts])
+    assert np.array_equal(group_off, np.append(starts, n))

@@ -137,27 +137,39 @@ def check_expression(node: Node, limit: int = DEFAULT_LIMIT) -> None:
 
 
 # --------------------------------------------------------------- PS-Trees
-def sorted_keys(keys: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def grouped_keys(keys: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PSTHash's N-dim keys (components >= -1, -1 padding) and their units,
-    ordered by key then unit.  When a key and its unit pack into 62 bits
-    (W2: two space ids of ~10^4 and a unit id), one sort of the packed int64
-    does it: numpy sorts int64 values with SIMD, 25x faster than
-    ``np.lexsort`` of the three columns on 7 M random keys (0.09 s against
-    2.2 s).  Else ``np.lexsort``."""
+    grouped: ``(group_keys, group_off, owner)`` -- the distinct keys
+    ascending, and per group its units ``owner[group_off[g]:group_off[g + 1]]``
+    ascending.  When a key and its unit pack into 62 bits (W2: two space ids
+    of ~10^4 and a unit id), one sort of the packed int64 does it: numpy
+    sorts int64 values with SIMD, 25x faster than ``np.lexsort`` of the
+    three columns on 7 M random keys (0.09 s against 2.2 s); packing and
+    unpacking are kernels over every core, and only the distinct keys are
+    unpacked.  Else ``np.lexsort``."""
     width = keys.shape[1]
     key_bits = (int(keys.max(initial=-1)) + 1).bit_length()   # components + 1 in [0, 2^key_bits)
     owner_bits = max(int(owner.max(initial=0)).bit_length(), 1)
     if width * key_bits + owner_bits <= 62:
-        packed = owner.astype(np.int64)
-        for q in range(width):
-            packed |= (keys[:, q] + 1) << (owner_bits + (width - 1 - q) * key_bits)
+        packed = K.pack_keys(keys, owner, key_bits, owner_bits)
         packed.sort()
-        out_keys = np.empty_like(keys)
-        for q in range(width):
-            out_keys[:, q] = ((packed >> (owner_bits + (width - 1 - q) * key_bits)) & ((1 << key_bits) - 1)) - 1
-        return out_keys, (packed & ((1 << owner_bits) - 1)).astype(owner.dtype)
-    order = np.lexsort((owner,) + tuple(keys[:, q] for q in range(width - 1, -1, -1)))
-    return keys[order], owner[order]
+        out_owner = np.empty_like(owner)
+        first = np.empty(len(packed), np.bool_)
+        K.unpack_owners(packed, owner_bits, out_owner, first)
+        starts = np.flatnonzero(first)
+        group_keys = np.empty((len(starts), width), keys.dtype)
+        K.unpack_group_keys(packed, starts, key_bits, owner_bits, group_keys)
+    else:
+        order = np.lexsort((owner,) + tuple(keys[:, q] for q in range(width - 1, -1, -1)))
+        keys, out_owner = keys[order], owner[order]
+        first = np.ones(len(keys), bool)
+        first[1:] = (keys[1:] != keys[:-1]).any(axis=1)
+        starts = np.flatnonzero(first)
+        group_keys = keys[starts]
+    group_off = np.empty(len(starts) + 1, np.int64)
+    group_off[:-1] = starts
+    group_off[-1] = len(first)
+    return group_keys, group_off, out_owner
 
 
 def endpoints(rows, use: np.ndarray, n_attrs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -795,19 +807,15 @@ class PSTHashMatcher(_PSTreeMatcher):
         limit_combinations(acc, arity, n_cov[self._pids[np.maximum(acc, 0)]], self.max_combinations)
         keys, owner = K.space_combinations(units.offsets, self._pids, acc, arity, rows.attr.astype(np.int64),
                                            cov_off, cov_first, cov_last, width)
-        keys, owner = sorted_keys(keys, owner)
-        new = np.ones(len(keys), bool)
-        new[1:] = (keys[1:] != keys[:-1]).any(axis=1)
-        group_keys = keys[new]
-        group_off = np.concatenate((np.flatnonzero(new), [len(keys)])).astype(np.int64)
+        group_keys, group_off, owner = grouped_keys(keys, owner)
         n_slots = 2
         while n_slots < 2 * len(group_keys):
             n_slots *= 2
         slot_key, slot_group = K.build_hash_table(np.ascontiguousarray(group_keys), n_slots)
         arities = np.zeros(width + 1, np.uint8)
         arities[arity[arity > 0]] = 1
-        self.structure = K.HashArrays(slot_key, slot_group, group_off, owner.astype(np.int32), acc, arities,
-                                      np.flatnonzero(arity == 0).astype(np.int32))
+        self.structure = K.HashArrays(slot_key, slot_group, group_off, owner.astype(np.int32, copy=False), acc,
+                                      arities, np.flatnonzero(arity == 0).astype(np.int32))
         self.arity = arity
         self._matches_per_event = 16.0
 

@@ -288,16 +288,33 @@ def build_pstbloom(unit_of, by_attr, pids, acc, row_indexable, cov_off, cov_firs
     return list_off, units, sig_off, sig
 
 
-@njit(nogil=True, cache=True)
+@njit(inline="always", nogil=True)
+def _access_order(u, pids, acc, arity, row_attr, order):
+    """Unit ``u``'s access predicates (rows) ascending by attribute, in ``order``."""
+    n_acc = arity[u]
+    for q in range(n_acc):
+        order[q] = pids[acc[u, q]]
+    for q in range(1, n_acc):
+        x = order[q]
+        s = q
+        while s > 0 and row_attr[order[s - 1]] > row_attr[x]:
+            order[s] = order[s - 1]
+            s -= 1
+        order[s] = x
+
+
+@njit(parallel=True, nogil=True, cache=True)
 def space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width):
     """Algorithm 6 for every unit at once: the N-dim predicate space ids of
     each unit's access predicates -- every combination of one covered space
     per access predicate, components ascending (by attribute: global space
     ids ascend with the attribute), padded with -1 to ``width`` -- and the
-    unit of each."""
+    unit of each.  Units over every core: each unit's number of keys first
+    (0 when an access predicate covers no space: it is never TRUE, so the
+    unit is never a candidate), then each writes its own."""
     n_units = len(unit_off) - 1
-    total = 0
-    for u in range(n_units):
+    count = np.zeros(n_units, np.int64)
+    for u in prange(n_units):
         if arity[u] == 0:
             continue
         prod = 1
@@ -307,61 +324,88 @@ def space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first,
             for c in range(cov_off[r], cov_off[r + 1]):
                 n += cov_last[c] - cov_first[c] + 1
             prod *= n
-        total += prod
-    keys = np.full((total, width), -1, np.int64)
-    owner = np.empty(total, np.int32)
-    order = np.empty(width, np.int64)
-    idx = np.empty(width, np.int64)          # per access predicate: its current covered interval ...
-    cur = np.empty(width, np.int64)          # ... and space in it
-    k = 0
+        count[u] = prod
+    start = np.zeros(n_units + 1, np.int64)
     for u in range(n_units):
-        n_acc = arity[u]
-        if n_acc == 0:
-            continue
-        # the access predicates ascending by attribute
-        for q in range(n_acc):
-            order[q] = pids[acc[u, q]]
-        for q in range(1, n_acc):
-            x = order[q]
-            s = q
-            while s > 0 and row_attr[order[s - 1]] > row_attr[x]:
-                order[s] = order[s - 1]
-                s -= 1
-            order[s] = x
-        empty = False
-        for q in range(n_acc):
-            if cov_off[order[q]] == cov_off[order[q] + 1]:
-                empty = True
-            idx[q] = cov_off[order[q]]
-            if not empty:
-                cur[q] = cov_first[idx[q]]
-        if empty:
-            continue                # an access predicate that is never TRUE: no key, never a candidate
-        while True:
+        start[u + 1] = start[u] + count[u]
+    keys = np.full((start[n_units], width), -1, np.int64)
+    owner = np.empty(start[n_units], np.int32)
+    n_tasks = min(n_units, 256)
+    for t in prange(n_tasks):
+        order = np.empty(width, np.int64)
+        idx = np.empty(width, np.int64)          # per access predicate: its current covered interval ...
+        cur = np.empty(width, np.int64)          # ... and space in it
+        for u in range(t * n_units // n_tasks, (t + 1) * n_units // n_tasks):
+            if count[u] == 0:
+                continue
+            n_acc = arity[u]
+            _access_order(u, pids, acc, arity, row_attr, order)
             for q in range(n_acc):
-                keys[k, q] = cur[q]
-            owner[k] = u
-            k += 1
-            # odometer over the covered spaces, last component fastest
-            q = n_acc - 1
-            while q >= 0:
-                r = order[q]
-                if cur[q] < cov_last[idx[q]]:
-                    cur[q] += 1
-                    break
-                if idx[q] + 1 < cov_off[r + 1]:
-                    idx[q] += 1
-                    cur[q] = cov_first[idx[q]]
-                    break
-                idx[q] = cov_off[r]
+                idx[q] = cov_off[order[q]]
                 cur[q] = cov_first[idx[q]]
-                q -= 1
-            if q < 0:
-                break
-    return keys[:k], owner[:k]
+            k = start[u]
+            while True:
+                for q in range(n_acc):
+                    keys[k, q] = cur[q]
+                owner[k] = u
+                k += 1
+                # odometer over the covered spaces, last component fastest
+                q = n_acc - 1
+                while q >= 0:
+                    r = order[q]
+                    if cur[q] < cov_last[idx[q]]:
+                        cur[q] += 1
+                        break
+                    if idx[q] + 1 < cov_off[r + 1]:
+                        idx[q] += 1
+                        cur[q] = cov_first[idx[q]]
+                        break
+                    idx[q] = cov_off[r]
+                    cur[q] = cov_first[idx[q]]
+                    q -= 1
+                if q < 0:
+                    break
+    return keys, owner
 
 
 key_hash = njit(inline="always", nogil=True)(key_hash_py)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def pack_keys(keys, owner, key_bits, owner_bits):
+    """Each N-dim key (components + 1, ``key_bits`` each, first component
+    highest) and its unit (low ``owner_bits``) as one int64 that sorts as
+    (key, unit) does."""
+    n, width = keys.shape
+    out = np.empty(n, np.int64)
+    for i in prange(n):
+        v = np.int64(0)
+        for q in range(width):
+            v = (v << key_bits) | (keys[i, q] + 1)
+        out[i] = (v << owner_bits) | owner[i]
+    return out
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def unpack_owners(packed, owner_bits, owner, first):
+    """The units of :func:`pack_keys`'s sorted codes, and ``first[i]``: code
+    ``i`` starts a new key (differs from code ``i - 1`` in its key part)."""
+    owner_mask = (np.int64(1) << owner_bits) - 1
+    for i in prange(len(packed)):
+        owner[i] = packed[i] & owner_mask
+        first[i] = i == 0 or (packed[i - 1] >> owner_bits) != (packed[i] >> owner_bits)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def unpack_group_keys(packed, starts, key_bits, owner_bits, keys):
+    """``keys[g]``: the N-dim key of code ``starts[g]`` (:func:`pack_keys` undone)."""
+    width = keys.shape[1]
+    key_mask = (np.int64(1) << key_bits) - 1
+    for g in prange(len(starts)):
+        v = packed[starts[g]] >> owner_bits
+        for q in range(width - 1, -1, -1):
+            keys[g, q] = (v & key_mask) - 1
+            v >>= key_bits
 
 
 @njit(inline="always", nogil=True)
