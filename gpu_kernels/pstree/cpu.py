@@ -227,8 +227,8 @@ def bloom_contains(sig_words, w0, w1, u, n_hashes):
     return bloom_probe(sig_words, w0, w1, h1, h2, n_hashes)
 
 
-@njit(nogil=True, cache=True)
-def build_pstbloom(unit_of, by_attr, pids, acc, row_indexable, cov_off, cov_first, cov_last, n_spaces,
+@njit(parallel=True, nogil=True, cache=True)
+def build_pstbloom(unit_of, by_attr, attr_start, pids, acc, row_indexable, cov_off, cov_first, cov_last, n_spaces,
                    bits_per_unit, n_hashes):
     """Algorithm 4 for every unit at once: each unit goes to the
     subscription list of every space its access predicate covers, and into
@@ -236,25 +236,28 @@ def build_pstbloom(unit_of, by_attr, pids, acc, row_indexable, cov_off, cov_firs
     Returns the lists (CSR by space, units ascending) and the signatures
     (CSR of uint64 words by space; a power of two of words, at least
     ``bits_per_unit`` bits per unit inserted, none for an empty one).
-    ``by_attr``: the positions of ``pids`` ordered by attribute (stably), so
-    that the signatures written at a time are one attribute's -- a few
-    hundred KiB that stay in cache, where unit by unit every write would be
-    a miss; ``unit_of[j]``: the unit of position ``j``."""
+    ``by_attr``: the positions of ``pids`` ordered by attribute (stably),
+    one attribute's run ``by_attr[attr_start[i]:attr_start[i + 1]]``;
+    ``unit_of[j]``: the unit of position ``j``.  An attribute's predicates
+    cover only its own spaces, so the attributes go over the cores with
+    nothing shared, and the signatures written at a time are one
+    attribute's -- a few hundred KiB that stay in cache, where unit by unit
+    every write would be a miss."""
     n_list = np.zeros(n_spaces + 1, np.int64)
     n_sig = np.zeros(n_spaces, np.int64)
-    for k in range(len(by_attr)):
-        j = by_attr[k]
-        u = unit_of[j]
-        a = acc[u, 0]
-        r = pids[j]
-        if not row_indexable[r]:
-            continue
-        for c in range(cov_off[r], cov_off[r + 1]):
-            for g in range(cov_first[c], cov_last[c] + 1):
-                if j == a:
-                    n_list[g + 1] += 1
-                else:
-                    n_sig[g] += 1
+    for i in prange(len(attr_start) - 1):
+        for k in range(attr_start[i], attr_start[i + 1]):
+            j = by_attr[k]
+            r = pids[j]
+            if not row_indexable[r]:
+                continue
+            access = j == acc[unit_of[j], 0]
+            for c in range(cov_off[r], cov_off[r + 1]):
+                for g in range(cov_first[c], cov_last[c] + 1):
+                    if access:
+                        n_list[g + 1] += 1
+                    else:
+                        n_sig[g] += 1
     list_off = np.cumsum(n_list)
     sig_off = np.zeros(n_spaces + 1, np.int64)
     for g in range(n_spaces):
@@ -267,24 +270,25 @@ def build_pstbloom(unit_of, by_attr, pids, acc, row_indexable, cov_off, cov_firs
     units = np.empty(list_off[-1], np.int32)
     fill = list_off[:-1].copy()
     sig = np.zeros(sig_off[-1], np.uint64)
-    for k in range(len(by_attr)):
-        j = by_attr[k]
-        u = unit_of[j]
-        a = acc[u, 0]
-        h1, h2 = bloom_key(u)
-        r = pids[j]
-        if not row_indexable[r]:
-            continue
-        for c in range(cov_off[r], cov_off[r + 1]):
-            for g in range(cov_first[c], cov_last[c] + 1):
-                if j == a:
-                    units[fill[g]] = u
-                    fill[g] += 1
-                else:
-                    mask = np.uint64((sig_off[g + 1] - sig_off[g]) * 64 - 1)
-                    for i in range(n_hashes):
-                        b = np.int64((h1 + np.uint64(i) * h2) & mask)
-                        sig[sig_off[g] + (b >> 6)] |= np.uint64(1) << np.uint64(b & 63)
+    for i in prange(len(attr_start) - 1):
+        for k in range(attr_start[i], attr_start[i + 1]):
+            j = by_attr[k]
+            u = unit_of[j]
+            r = pids[j]
+            if not row_indexable[r]:
+                continue
+            access = j == acc[u, 0]
+            h1, h2 = bloom_key(u)
+            for c in range(cov_off[r], cov_off[r + 1]):
+                for g in range(cov_first[c], cov_last[c] + 1):
+                    if access:
+                        units[fill[g]] = u
+                        fill[g] += 1
+                    else:
+                        mask = np.uint64((sig_off[g + 1] - sig_off[g]) * 64 - 1)
+                        for h in range(n_hashes):
+                            b = np.int64((h1 + np.uint64(h) * h2) & mask)
+                            sig[sig_off[g] + (b >> 6)] |= np.uint64(1) << np.uint64(b & 63)
     return list_off, units, sig_off, sig
 
 
