@@ -292,21 +292,6 @@ def build_pstbloom(unit_of, by_attr, attr_start, pids, acc, row_indexable, cov_o
     return list_off, units, sig_off, sig
 
 
-@njit(inline="always", nogil=True)
-def _access_order(u, pids, acc, arity, row_attr, order):
-    """Unit ``u``'s access predicates (rows) ascending by attribute, in ``order``."""
-    n_acc = arity[u]
-    for q in range(n_acc):
-        order[q] = pids[acc[u, q]]
-    for q in range(1, n_acc):
-        x = order[q]
-        s = q
-        while s > 0 and row_attr[order[s - 1]] > row_attr[x]:
-            order[s] = order[s - 1]
-            s -= 1
-        order[s] = x
-
-
 @njit(parallel=True, nogil=True, cache=True)
 def space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width):
     """Algorithm 6 for every unit at once: the N-dim predicate space ids of
@@ -343,7 +328,16 @@ def space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first,
             if count[u] == 0:
                 continue
             n_acc = arity[u]
-            _access_order(u, pids, acc, arity, row_attr, order)
+            # the access predicates ascending by attribute
+            for q in range(n_acc):
+                order[q] = pids[acc[u, q]]
+            for q in range(1, n_acc):
+                x = order[q]
+                s = q
+                while s > 0 and row_attr[order[s - 1]] > row_attr[x]:
+                    order[s] = order[s - 1]
+                    s -= 1
+                order[s] = x
             for q in range(n_acc):
                 idx[q] = cov_off[order[q]]
                 cur[q] = cov_first[idx[q]]
