@@ -182,8 +182,8 @@ def test_figure_4_psthash_two_dim_spaces_and_candidates():
     t = m.structure
     assert len(t.group_off) - 1 == 3 and t.arities.tolist() == [0, 0, 1]
     sp = {n: list(spaces_of(m, index, n)) for n in ("attr1", "attr2", "attr3")}
-    keys = {tuple(t.slot_key[s]): t.units[t.group_off[g]:t.group_off[g + 1]].tolist()
-            for s, g in enumerate(t.slot_group) if g >= 0}
+    keys = {tuple(t.group_key[g]): t.units[t.group_off[g]:t.group_off[g + 1]].tolist()
+            for g in t.slot_group if g >= 0}
     assert keys == {(sp["attr1"][1], sp["attr2"][1]): [0, 1], (sp["attr1"][1], sp["attr3"][1]): [2],
                     (sp["attr2"][1], sp["attr3"][1]): [3]}
     event = {"attr1": 1, "attr2": -1, "attr3": 2}
@@ -547,15 +547,18 @@ def check_structure(m) -> None:
         assert len(np.unique(s.key)) == n_units
     else:
         occupied = np.flatnonzero(s.slot_group >= 0)
-        assert len(occupied) == len(s.group_off) - 1
-        got = {(tuple(s.slot_key[i]), int(u)) for i in occupied
-               for u in s.units[s.group_off[s.slot_group[i]]:s.group_off[s.slot_group[i] + 1]]}
+        n_groups = len(s.group_off) - 1
+        assert len(occupied) == n_groups == len(s.group_key) and s.slot_group.dtype == np.int32
+        assert sorted(s.slot_group[occupied]) == list(range(n_groups))     # each group in one slot
+        assert len(np.unique(s.group_key, axis=0)) == n_groups             # and each key in one group
+        got = {(tuple(s.group_key[g]), int(u)) for g in range(n_groups)
+               for u in s.units[s.group_off[g]:s.group_off[g + 1]]}
         assert len(got) == len(s.units)                 # no unit twice under one key
         keys, owner = K.space_combinations(m.units.offsets, m._pids, s.access, m.arity, rows.attr.astype(np.int64),
                                            cov_off, cov_first, cov_last, m.n_access)
         assert got == {(tuple(k), int(u)) for k, u in zip(keys, owner)}
         for i in occupied:                              # each key is found where a probe looks
-            h = int(K.key_hash(s.slot_key, i, m.n_access) & np.uint64(len(s.slot_group) - 1))
+            h = int(K.key_hash(s.group_key, s.slot_group[i], m.n_access) & np.uint64(len(s.slot_group) - 1))
             while h != i:
                 assert s.slot_group[h] >= 0
                 h = (h + 1) % len(s.slot_group)
@@ -661,11 +664,13 @@ def test_psthash_keeps_its_table_when_no_space_changes(monkeypatch):
     index.add_many([100], ["a = 2 AND b < 4 AND c = 3"])      # an existing key
     index.merge()
     m = matcher_of(index)
-    assert m.merges == 1 and m.structure.slot_key is old.structure.slot_key
+    assert m.merges == 1 and m.structure.slot_group is old.structure.slot_group
+    assert m.structure.group_key is old.structure.group_key
     index.add_many([101], ["a = 4 AND b < 1 AND c = 1"])      # a key of existing spaces, new to the table
     index.merge()
     m2 = matcher_of(index)
-    assert m2.merges == 2 and m2.structure.slot_key is not m.structure.slot_key
+    assert m2.merges == 2 and m2.structure.slot_group is not m.structure.slot_group
+    assert len(m2.structure.group_key) == len(m.structure.group_key) + 1
     assert len(m2.structure.slot_group) == len(m.structure.slot_group)
     for x in (m, m2):
         check_structure(x)
@@ -711,3 +716,19 @@ def test_hash_keys_group_by_key_then_unit_packed_or_not(width, top):
     assert np.array_equal(got_owner, want_owner)
     assert np.array_equal(group_keys, want_keys[starts])
     assert np.array_equal(group_off, np.append(starts, n))
+
+
+def test_hash_table_sizes_and_its_int32_groups():
+    """The table's slots are a power of two, at most half of them used,
+    and its groups are numbered in int32: a table that would need more is
+    refused with a clear error, not overflowed."""
+    for n in (0, 1, 2, 3, 1000, 4_194_304, 4_200_000):
+        slots = K.table_slots(n)
+        assert slots & (slots - 1) == 0 and slots >= max(2, 2 * n) and (slots == 2 or slots < 4 * n)
+    with pytest.raises(ValueError, match="int32"):
+        K.table_slots(1 << 30)
+    keys = np.array([[5, 9], [5, -1], [0, 3], [7, 7]], np.int64)
+    slot_group = K.build_hash_table(keys, K.table_slots(len(keys)))
+    assert slot_group.dtype == np.int32
+    assert K.lookup_groups(slot_group, keys, keys).tolist() == [0, 1, 2, 3]
+    assert K.lookup_groups(slot_group, keys, np.array([[9, 5], [5, 8], [-1, -1]], np.int64)).tolist() == [-1] * 3

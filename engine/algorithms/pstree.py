@@ -812,14 +812,12 @@ class PSTHashMatcher(_PSTreeMatcher):
         limit_combinations(acc, arity, n_cov[self._pids[np.maximum(acc, 0)]], self.max_combinations)
         keys, owner = K.space_combinations(units.offsets, self._pids, acc, arity, rows.attr.astype(np.int64),
                                            cov_off, cov_first, cov_last, width)
-        group_keys, group_off, owner = grouped_keys(keys, owner)
-        n_slots = 2
-        while n_slots < 2 * len(group_keys):
-            n_slots *= 2
-        slot_key, slot_group = K.build_hash_table(np.ascontiguousarray(group_keys), n_slots)
+        group_key, group_off, owner = grouped_keys(keys, owner)
+        group_key = np.ascontiguousarray(group_key)
+        slot_group = K.build_hash_table(group_key, K.table_slots(len(group_key)))
         arities = np.zeros(width + 1, np.uint8)
         arities[arity[arity > 0]] = 1
-        self.structure = K.HashArrays(slot_key, slot_group, group_off, owner.astype(np.int32, copy=False), acc,
+        self.structure = K.HashArrays(slot_group, group_key, group_off, owner.astype(np.int32, copy=False), acc,
                                       arities, np.flatnonzero(arity == 0).astype(np.int32))
         self.arity = arity
         self._matches_per_event = 16.0
@@ -876,23 +874,24 @@ class PSTHashMatcher(_PSTreeMatcher):
         if same_spaces:
             # no space split or merged: every old key stands; the table is kept (copied only when the added
             # units bring keys it lacks -- it is the old matcher's too), its groups refilled
-            slot_key, slot_group = ot.slot_key, ot.slot_group
-            add_group = K.lookup_groups(slot_key, slot_group, keys)
+            slot_group, group_key = ot.slot_group, ot.group_key
+            add_group = K.lookup_groups(slot_group, group_key, keys)
             missing = add_group < 0
             if missing.any():
                 n_new = len(np.unique(keys[missing], axis=0))
                 if 2 * (n_groups + n_new) <= len(slot_group):
-                    slot_key, slot_group = slot_key.copy(), slot_group.copy()
-                    add_group[missing], n_groups = K.find_groups(slot_key, slot_group, keys[missing], n_groups)
+                    slot_group = slot_group.copy()
+                    group_key = np.concatenate((group_key, np.full((n_new, width), -1, np.int64)))
+                    add_group[missing], n_groups = K.find_groups(slot_group, group_key, keys[missing], n_groups)
                     missing[:] = False
             if not missing.any():
                 group_off, key_units = K.regroup(ot.group_off, ot.units, fx["unit_map"], n_groups, add_group,
                                                  add_owner)
-                table = slot_key, slot_group, group_off, key_units
+                table = slot_group, group_key, group_off, key_units
         if table is None:
-            old_keys = K.group_keys(ot.slot_key, ot.slot_group, n_groups)
-            table = K.derive_psthash(old_keys, ot.group_off, ot.units, fx["unit_map"], lo, hi, keys, add_owner, width)
-        slot_key, slot_group, group_off, key_units = table
+            table = K.derive_psthash(ot.group_key, ot.group_off, ot.units, fx["unit_map"], lo, hi, keys, add_owner,
+                                     width)
+        slot_group, group_key, group_off, key_units = table
         access = np.full((len(units), width), -1, np.int64)
         access[kept_new] = _moved(ot.access[kept_old], old.units.offsets[kept_old], units.offsets[kept_new])
         access[fresh] = acc
@@ -901,7 +900,7 @@ class PSTHashMatcher(_PSTreeMatcher):
         all_arity[fresh] = arity
         arities = np.zeros(width + 1, np.uint8)
         arities[all_arity[all_arity > 0]] = 1
-        self.structure = K.HashArrays(slot_key, slot_group, group_off, key_units, access, arities,
+        self.structure = K.HashArrays(slot_group, group_key, group_off, key_units, access, arities,
                                       np.flatnonzero(all_arity == 0).astype(np.int32))
         self.arity = all_arity
 

@@ -407,38 +407,48 @@ def unpack_group_keys(packed, starts, key_bits, owner_bits, keys):
 
 
 @njit(inline="always", nogil=True)
-def find_slot(slot_key, slot_group, keys, row, width):
-    """The slot of §6.1's hash table (open addressing, linear probing) that
-    holds the N-dim space id ``keys[row, :width]``, or the empty slot its
-    probe ends at (``slot_group`` -1 there): the one probe that building,
-    inserting, looking up and matching share."""
+def find_slot(slot_group, group_key, keys, row, width):
+    """The slot of §6.1's hash table (open addressing, linear probing) whose
+    group has the N-dim space id ``keys[row, :width]``, or the empty slot
+    its probe ends at (``slot_group`` -1 there): the one probe that
+    building, inserting, looking up and matching share."""
     n_slots = len(slot_group)
     s = np.int64(key_hash(keys, row, width) & np.uint64(n_slots - 1))
-    while slot_group[s] >= 0:
+    while True:
+        g = slot_group[s]
+        if g < 0:
+            return s
         same = True
         for q in range(width):
-            if slot_key[s, q] != keys[row, q]:
+            if group_key[g, q] != keys[row, q]:
                 same = False
                 break
         if same:
             return s
         s = (s + 1) & (n_slots - 1)
-    return s
+
+
+def table_slots(n_groups: int) -> int:
+    """Slots for a table of ``n_groups`` keys: a power of two, at most half
+    of them used (linear probing's probes stay short)."""
+    if n_groups >= 1 << 30:
+        raise ValueError(f"PSTHash's hash table numbers its groups in int32: {n_groups} N-dim keys are too many; "
+                         f"lower n_access or max_combinations, or shard the subscriptions over several indexes")
+    n_slots = 2
+    while n_slots < 2 * n_groups:
+        n_slots *= 2
+    return n_slots
 
 
 @njit(nogil=True, cache=True)
-def build_hash_table(group_keys, n_slots):
+def build_hash_table(group_key, n_slots):
     """The hash table of §6.1: open addressing (linear probing) from an
-    N-dim space id (a row of ``group_keys``, distinct) to its group."""
-    width = group_keys.shape[1]
-    slot_key = np.full((n_slots, width), -1, np.int64)
-    slot_group = np.full(n_slots, -1, np.int64)
-    for g in range(len(group_keys)):
-        s = find_slot(slot_key, slot_group, group_keys, g, width)
-        slot_group[s] = g
-        for q in range(width):
-            slot_key[s, q] = group_keys[g, q]
-    return slot_key, slot_group
+    N-dim space id (a row of ``group_key``, distinct) to its group."""
+    width = group_key.shape[1]
+    slot_group = np.full(n_slots, -1, np.int32)
+    for g in range(len(group_key)):
+        slot_group[find_slot(slot_group, group_key, group_key, g, width)] = g
+    return slot_group
 
 
 # ------------------------------------------------------------------ matching
@@ -593,7 +603,7 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
     verified.  ``stats`` (empty, or 3 slots): keys probed, candidates,
     matches."""
     n_pos = len(ev_pos)
-    width = table.slot_key.shape[1]
+    width = table.group_key.shape[1]
     count = len(stats) > 0
     used = 0
     result[0] = e_last
@@ -619,7 +629,7 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
                     key[0, q] = loc[idx[q]] if q < r else -1
                 if count:
                     stats[0] += 1
-                s = find_slot(table.slot_key, table.slot_group, key, 0, width)
+                s = find_slot(table.slot_group, table.group_key, key, 0, width)
                 grp = table.slot_group[s]
                 if grp >= 0:
                     for i in range(table.group_off[grp], table.group_off[grp + 1]):
@@ -678,7 +688,7 @@ def psthash_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task
                       max_event, ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, list_truth,
                       unit_sub, unit_off, pids, rows, table, alive, stats):
     n_words = (n_positions + 63) >> 6
-    width = table.slot_key.shape[1]
+    width = table.group_key.shape[1]
     for t in prange(len(task_first)):
         ev_pos = np.full(max(n_attrs, 1), -1, np.int64)
         loc = np.empty(max(max_event, 1), np.int64)
@@ -855,15 +865,16 @@ def refill_signatures(refresh, sig_off, sig, rec_key, rec_first, rec_last, n_has
 
 
 @njit(inline="always", nogil=True)
-def _group_of(slot_key, slot_group, key, width, n_groups):
+def _group_of(slot_group, group_key, key, width, n_groups):
     """The group of N-dim space id ``key[0]`` in the table, inserted as group
-    ``n_groups`` when new; returns it and the groups now held."""
-    s = find_slot(slot_key, slot_group, key, 0, width)
+    ``n_groups`` (its row of ``group_key`` written; the caller made room)
+    when new; returns it and the groups now held."""
+    s = find_slot(slot_group, group_key, key, 0, width)
     if slot_group[s] >= 0:
-        return slot_group[s], n_groups
+        return np.int64(slot_group[s]), n_groups
     slot_group[s] = n_groups
     for q in range(width):
-        slot_key[s, q] = key[0, q]
+        group_key[n_groups, q] = key[0, q]
     return n_groups, n_groups + 1
 
 
@@ -877,8 +888,8 @@ def derive_psthash(old_keys, old_group_off, old_units, unit_map, lo, hi, add_key
     (``unit_map``); the added units' keys are inserted next.  Old keys
     whose spaces merged land in one group: their surviving units are the
     same (no surviving access predicate ends between merged spaces), so
-    such a group is deduplicated.  Returns the table (``slot_key``,
-    ``slot_group``) and the groups' CSR of units."""
+    such a group is deduplicated.  Returns the table (``slot_group``,
+    ``group_key``) and the groups' CSR of units."""
     n_g = len(old_group_off) - 1
     live = np.zeros(n_g, np.int64)
     n_exp = np.zeros(n_g, np.int64)
@@ -901,11 +912,14 @@ def derive_psthash(old_keys, old_group_off, old_units, unit_map, lo, hi, add_key
         n_exp[g] = prod
         total += prod
     bound = total + len(add_keys)
+    if bound >= 1 << 30:
+        raise ValueError("PSTHash's hash table numbers its groups in int32: too many N-dim keys; lower n_access or "
+                         "max_combinations, or shard the subscriptions over several indexes")
     n_slots = 2
     while n_slots < 2 * bound:
         n_slots *= 2
-    slot_key = np.full((n_slots, width), -1, np.int64)
-    slot_group = np.full(n_slots, -1, np.int64)
+    slot_group = np.full(n_slots, -1, np.int32)
+    group_key = np.full((bound, width), -1, np.int64)
     key = np.full((1, width), -1, np.int64)
     size = np.zeros(bound + 1, np.int64)
     sources = np.zeros(bound, np.int64)
@@ -919,7 +933,7 @@ def derive_psthash(old_keys, old_group_off, old_units, unit_map, lo, hi, add_key
             p = old_keys[g, q]
             key[0, q] = lo[p] if p >= 0 else -1
         while True:
-            grp, n_groups = _group_of(slot_key, slot_group, key, width, n_groups)
+            grp, n_groups = _group_of(slot_group, group_key, key, width, n_groups)
             size[grp + 1] += live[g]
             sources[grp] += 1
             exp_group[k] = grp
@@ -942,7 +956,7 @@ def derive_psthash(old_keys, old_group_off, old_units, unit_map, lo, hi, add_key
     for i in range(len(add_keys)):
         for q in range(width):
             key[0, q] = add_keys[i, q]
-        grp, n_groups = _group_of(slot_key, slot_group, key, width, n_groups)
+        grp, n_groups = _group_of(slot_group, group_key, key, width, n_groups)
         size[grp + 1] += 1
         add_group[i] = grp
     group_off = np.cumsum(size[:n_groups + 1])
@@ -961,12 +975,14 @@ def derive_psthash(old_keys, old_group_off, old_units, unit_map, lo, hi, add_key
     for i in range(len(add_keys)):
         units[fill[add_group[i]]] = add_owner[i]
         fill[add_group[i]] += 1
+    if n_groups < bound:        # (keys met again: fewer groups than the room made)
+        group_key = group_key[:n_groups].copy()
     merged_any = False
     for grp in range(n_groups):
         if sources[grp] > 1:
             merged_any = True
     if not merged_any:
-        return slot_key, slot_group, group_off, units
+        return slot_group, group_key, group_off, units
     # groups of merged old keys: each unit once
     out_off = np.zeros(n_groups + 1, np.int64)
     out = np.empty(len(units), np.int32)
@@ -979,43 +995,32 @@ def derive_psthash(old_keys, old_group_off, old_units, unit_map, lo, hi, add_key
             out[n] = part[i]
             n += 1
         out_off[grp + 1] = n
-    return slot_key, slot_group, out_off, out[:n].copy()
+    return slot_group, group_key, out_off, out[:n].copy()
 
 
 @njit(nogil=True, cache=True)
-def group_keys(slot_key, slot_group, n_groups):
-    """Each group's N-dim space id, read off the table."""
-    keys = np.full((n_groups, slot_key.shape[1]), -1, np.int64)
-    for s in range(len(slot_group)):
-        g = slot_group[s]
-        if g >= 0:
-            for q in range(slot_key.shape[1]):
-                keys[g, q] = slot_key[s, q]
-    return keys
-
-
-@njit(nogil=True, cache=True)
-def find_groups(slot_key, slot_group, keys, n_groups):
+def find_groups(slot_group, group_key, keys, n_groups):
     """Per row of ``keys``, its group in the table, inserted (groups
-    ``n_groups``, ...) when new -- into the given arrays: the caller hands a
-    copy when the table is another matcher's."""
-    width = slot_key.shape[1]
+    ``n_groups``, ...; ``group_key`` has their rows) when new -- into the
+    given arrays: the caller hands copies when the table is another
+    matcher's."""
+    width = group_key.shape[1]
     out = np.empty(len(keys), np.int64)
     key = np.empty((1, width), np.int64)
     for i in range(len(keys)):
         for q in range(width):
             key[0, q] = keys[i, q]
-        out[i], n_groups = _group_of(slot_key, slot_group, key, width, n_groups)
+        out[i], n_groups = _group_of(slot_group, group_key, key, width, n_groups)
     return out, n_groups
 
 
 @njit(nogil=True, cache=True)
-def lookup_groups(slot_key, slot_group, keys):
+def lookup_groups(slot_group, group_key, keys):
     """Per row of ``keys``, its group in the table, -1 when absent (read only)."""
-    width = slot_key.shape[1]
+    width = group_key.shape[1]
     out = np.empty(len(keys), np.int64)
     for i in range(len(keys)):
-        out[i] = slot_group[find_slot(slot_key, slot_group, keys, i, width)]
+        out[i] = slot_group[find_slot(slot_group, group_key, keys, i, width)]
     return out
 
 

@@ -259,13 +259,13 @@ def build_psthash_kernel():
 
     def psthash_kernel(n_events, ev_offsets, ev_attr, ev_value, ev_token, loc_off, loc, pattern_truth, list_truth,
                        unit_sub, unit_off, pids, rows, table, n_always, alive, bits):
-        slot_key = table.slot_key
         slot_group = table.slot_group
+        group_key = table.group_key
         group_off = table.group_off
         group_units = table.units
         access = table.access
         arities = table.arities
-        width = slot_key.shape[1]
+        width = group_key.shape[1]
         slot_mask = slot_group.shape[0] - 1       # a power of two of slots
         key = cuda.local.array((1, n_key), np.int64)
         idx = cuda.local.array(n_key, np.int64)
@@ -296,13 +296,13 @@ def build_psthash_kernel():
                         key[0, q] = loc[k0 + idx[q]] if q < r else np.int64(-1)
                     s = np.int64(key_hash(key, 0, width) & np.uint64(slot_mask))
                     while slot_group[s] >= 0:
+                        grp = slot_group[s]
                         same = True
                         for q in range(width):
-                            if slot_key[s, q] != key[0, q]:
+                            if group_key[grp, q] != key[0, q]:
                                 same = False
                                 break
                         if same:
-                            grp = slot_group[s]
                             for i in range(group_off[grp], group_off[grp + 1]):
                                 u = group_units[i]
                                 pos = unit_sub[u]
@@ -355,7 +355,7 @@ def kernel_types() -> dict:
                                                         np.int64, np.float64)], PredicateRows)
     bloom = types.NamedTuple([array(np.int64), array(np.int32), array(np.int64), array(np.uint64), array(np.int64),
                               array(np.int32), array(np.uint8), array(np.int64)], L.BloomArrays)
-    table = types.NamedTuple([array(np.int64, 2), array(np.int64), array(np.int64), array(np.int32),
+    table = types.NamedTuple([array(np.int32), array(np.int64, 2), array(np.int64), array(np.int32),
                               array(np.int64, 2), array(np.uint8), array(np.int32)], L.HashArrays)
     events = (array(np.int64), array(np.int32), array(np.float64), array(np.int32))
     units = (array(np.int64), array(np.int64), array(np.int64), rows)
