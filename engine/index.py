@@ -7,7 +7,8 @@ alongside the main segment, removals are tombstones (a cleared ``alive``
 flag) until the next merge, and a merge rebuilds the main segment when the
 delta or the tombstones grow.  The algorithm's structures need not be
 rebuilt with it: a matcher with a ``merged(segment, old_to_new, added,
-schema)`` method (opindex) is derived from the last one (see
+schema)`` method (every indexing algorithm: opindex, betree, apcm,
+pstbloom, psthash, atree) is derived from the last one (see
 :meth:`Index.merge`).  A batch's result never depends on where a
 subscription sits.
 
@@ -119,7 +120,7 @@ class Index:
         declaring type families up front.
     dnf_limit : the most conjunctions (or clauses) a normal-form algorithm
         may make of one expression; an expression beyond it is *residual*:
-        matched exactly by the residual matcher (``scan``) inside the same
+        matched exactly by the residual matcher (``atree``) inside the same
         index and counted in :meth:`statistics`.
     options : the algorithm's options (its dataclass in
         :mod:`engine.algorithms.options`), e.g. ``{"variant": "bs"}`` for

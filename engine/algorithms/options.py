@@ -336,7 +336,7 @@ class PSTHashOptions(Options):
     n_access: int = option(2, doc="access predicates per unit, the paper's N (§6; N-dim predicate spaces)")
     max_combinations: int = option(256, doc="most N-dim space keys one unit may make; past it the unit drops "
                                             "its least selective access predicate (a bound the paper lacks: "
-                                            "W2 at 10,000 subscriptions takes 118 MiB with 4096, 19 with 256)")
+                                            "W2 at 10,000 subscriptions takes 63 MiB with 4096, 14 with 256)")
     event_log: object = option(None, saved=False,
                                doc="an EventBatch: access predicates ranked by the logged events they cover (§3.3)")
     launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")

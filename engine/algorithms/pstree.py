@@ -33,8 +33,8 @@ How the paper maps onto this module and :mod:`gpu_kernels.pstree.cpu`:
   then the narrower share of its attribute's elementary ranges ("wider
   value sets have lower selectivity"; a share, so that attributes with
   different domains compare).  The paper puts the event history first when
-  there is one ("if no historical events exist, we heuristically rank");
-  DESIGN.md's wording lists it last -- this follows the paper.
+  there is one ("if no historical events exist, we heuristically rank"),
+  and so does this.
 * **PSTBloom** (§5, Algorithms 4-5): PS-Trees over every indexable
   predicate; each space holds the *subscription list* of the units whose
   access predicate covers it and a Bloom *signature* of the units whose
