@@ -428,12 +428,13 @@ def find_slot(slot_group, group_key, keys, row, width):
         s = (s + 1) & (n_slots - 1)
 
 
-def table_slots(n_groups: int) -> int:
+@njit(nogil=True, cache=True)
+def table_slots(n_groups):
     """Slots for a table of ``n_groups`` keys: a power of two, at most half
     of them used (linear probing's probes stay short)."""
     if n_groups >= 1 << 30:
-        raise ValueError(f"PSTHash's hash table numbers its groups in int32: {n_groups} N-dim keys are too many; "
-                         f"lower n_access or max_combinations, or shard the subscriptions over several indexes")
+        raise ValueError("PSTHash's hash table numbers its groups in int32: too many N-dim keys; lower n_access or "
+                         "max_combinations, or shard the subscriptions over several indexes")
     n_slots = 2
     while n_slots < 2 * n_groups:
         n_slots *= 2
@@ -912,13 +913,7 @@ def derive_psthash(old_keys, old_group_off, old_units, unit_map, lo, hi, add_key
         n_exp[g] = prod
         total += prod
     bound = total + len(add_keys)
-    if bound >= 1 << 30:
-        raise ValueError("PSTHash's hash table numbers its groups in int32: too many N-dim keys; lower n_access or "
-                         "max_combinations, or shard the subscriptions over several indexes")
-    n_slots = 2
-    while n_slots < 2 * bound:
-        n_slots *= 2
-    slot_group = np.full(n_slots, -1, np.int32)
+    slot_group = np.full(table_slots(bound), -1, np.int32)
     group_key = np.full((bound, width), -1, np.int64)
     key = np.full((1, width), -1, np.int64)
     size = np.zeros(bound + 1, np.int64)
