@@ -71,6 +71,7 @@ import os
 import random
 import tempfile
 import uuid
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -831,6 +832,28 @@ def check_extreme_ids(algorithm: str, backend: str, route: str, options: dict | 
     assert _pinned_answers(part, events, route) == [ids[:1], ids[3:]]
 
 
+def check_float_extremes(algorithm: str, backend: str, route: str, options: dict | None = None) -> None:
+    """float64's ends as bounds and as values: a strict bound past the
+    largest finite float (whose neighbour is infinity -- NumPy's
+    ``nextafter`` reports that step as an overflow, which BE-Tree's interval
+    bounds once raised as a warning), the smallest subnormal, and ``-0.0``
+    equal to ``0.0``."""
+    big, tiny = 1.7976931348623157e308, 5e-324
+    texts = [f"n > {big!r}", f"n < {-big!r}", f"n >= {big!r}", f"n <= {-big!r}",
+             f"n BETWEEN {tiny!r} AND {big!r}", "n = -0.0", "n >= 1"]
+    events = [{"n": big}, {"n": -big}, {"n": tiny}, {"n": 0.0}, {"n": 5.0}]
+    want = [[2, 4, 6], [3], [4], [5], [4, 6]]
+    from engine.parse import parse
+    assert want == [[i for i, text in enumerate(texts) if matches(parse(text), event)] for event in events]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        idx = Index(algorithm=algorithm, backend=backend, options=options)
+        idx.add_many(range(len(texts)), texts)
+        for _ in range(2):
+            assert _pinned_answers(idx, events, route) == want
+            idx.merge()
+
+
 def check_list_attributes(algorithm: str, backend: str, route: str, options: dict | None = None) -> None:
     """The ad-serving vocabulary: audience segments as UUIDs (long strings
     sharing 30 characters), deal ids as numbers; lists of 200 elements,
@@ -869,6 +892,7 @@ def check_pinned(algorithm: str, backend: str, options: dict | None = None) -> N
         check_uuids(algorithm, backend, route, n=100 if backend == "cpu" else 8, options=options)
         check_embedded_nul(algorithm, backend, route, options)
         check_extreme_ids(algorithm, backend, route, options)
+        check_float_extremes(algorithm, backend, route, options)
         check_list_attributes(algorithm, backend, route, options)
 
 

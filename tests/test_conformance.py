@@ -46,8 +46,8 @@ def test_lifecycle(algorithm, backend, options, lifecycle, tmp_path):
 @pytest.mark.parametrize("algorithm,backend,options", cases(check="pinned"))
 def test_pinned_examples(algorithm, backend, options):
     """Long strings sharing prefixes, UUIDs, embedded NUL (numpy issue
-    31533's reproducers), int64's ends as ids, in the delta and in main, by
-    every route."""
+    31533's reproducers), int64's ends as ids, float64's ends as bounds
+    and values, in the delta and in main, by every route."""
     conformance.check_pinned(algorithm, backend, options)
 
 

@@ -132,10 +132,16 @@ def interval_bounds(op, lo, hi):
     v_min = np.where(interval, -np.inf, lo)
     v_max = np.where(interval, np.inf, hi)
     v_min = np.where((op == EQ) | (op == GE) | (op == BETWEEN), lo, v_min)
-    v_min = np.where(op == GT, np.nextafter(lo, np.inf), v_min)
+    # Past the largest finite float64 the neighbour is +-inf, the right
+    # bound (``x > max`` iff ``x >= inf``); NumPy reports that step as an
+    # overflow, which is no error here.
+    with np.errstate(over="ignore"):
+        above = np.nextafter(lo, np.inf)
+        below = np.nextafter(lo, -np.inf)
+    v_min = np.where(op == GT, above, v_min)
     v_max = np.where((op == EQ) | (op == LE), lo, v_max)
     v_max = np.where(op == BETWEEN, hi, v_max)
-    v_max = np.where(op == LT, np.nextafter(lo, -np.inf), v_max)
+    v_max = np.where(op == LT, below, v_max)
     return v_min, v_max, interval
 
 
