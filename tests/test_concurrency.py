@@ -9,7 +9,8 @@ the call started and the moment it returned.  Any exception in any thread
 fails the test.  The same subscriptions' strings keep growing the string
 dictionary, so that string codes move under the readers (the recode path),
 and merges fold the delta and tombstones into new main segments (the
-derivation path of opindex).
+derivations of every indexing algorithm).  Every registered algorithm runs
+it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 from engine import Index
+from engine.algorithms import registry
 from engine.parse import parse
 from engine.reference import matches
 
@@ -94,7 +96,7 @@ class Writer:
         self.history.append(dict(self.live))
 
 
-@pytest.mark.parametrize("algorithm", ["scan", "opindex", "betree"])
+@pytest.mark.parametrize("algorithm", registry.names("cpu"))
 def test_matches_see_one_state_while_another_thread_updates(algorithm):
     rng = random.Random(20261126)
     index = Index(algorithm=algorithm, backend="cpu")
