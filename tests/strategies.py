@@ -19,7 +19,7 @@ characters):
   has no escape character) inside values;
 * numbers on every bound: events take the literals' own values (ints and
   the floats equal to them, ``-0.0`` next to ``0`` and ``0.0``, ±2**53, the
-  smallest subnormal, 1e300) most of the time, and values between and
+  smallest subnormal, 1e300, float64's largest finite values) most of the time, and values between and
   outside them otherwise.
 
 The pools stay small so that predicates and events *collide*: most event
@@ -121,8 +121,9 @@ string_event_values = st.one_of(string_literals, string_literals, string_literal
 # ------------------------------------------------------------------ numeric pools
 
 #: the numeric literals besides the small ints: halves, -0.0 next to 0,
-#: the ends of the exact int range, the smallest subnormal, a huge float
-NUMERIC_LITERAL_FLOATS = (-1.5, 0.5, 2.5, 0.0, -0.0, 5e-324, 1e300)
+#: the ends of the exact int range, the smallest subnormal, a huge float,
+#: float64's largest finite values (a strict bound past them is infinity)
+NUMERIC_LITERAL_FLOATS = (-1.5, 0.5, 2.5, 0.0, -0.0, 5e-324, 1e300, 1.7976931348623157e308, -1.7976931348623157e308)
 NUMERIC_LITERAL_INTS = (2 ** 53, -(2 ** 53))
 #: event-only numbers: between and beside the literals, and floats equal to int literals
 NUMERIC_EVENT_EXTRAS = (-2.5, 1.25, 7.75, -3.0, 2.0, 3.0, 1.0, 0.49999999999999994, 2.5000000000000004,
