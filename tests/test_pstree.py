@@ -554,8 +554,8 @@ def check_structure(m) -> None:
         got = {(tuple(s.group_key[g]), int(u)) for g in range(n_groups)
                for u in s.units[s.group_off[g]:s.group_off[g + 1]]}
         assert len(got) == len(s.units)                 # no unit twice under one key
-        keys, owner = K.space_combinations(m.units.offsets, m._pids, s.access, m.arity, rows.attr.astype(np.int64),
-                                           cov_off, cov_first, cov_last, m.n_access)
+        keys, owner, _ = K.space_combinations(m.units.offsets, m._pids, s.access, m.arity,
+                                              rows.attr.astype(np.int64), cov_off, cov_first, cov_last, m.n_access)
         assert got == {(tuple(k), int(u)) for k, u in zip(keys, owner)}
         for i in occupied:                              # each key is found where a probe looks
             h = int(K.key_hash(s.group_key, s.slot_group[i], m.n_access) & np.uint64(len(s.slot_group) - 1))
@@ -716,6 +716,33 @@ def test_hash_keys_group_by_key_then_unit_packed_or_not(width, top):
     assert np.array_equal(got_owner, want_owner)
     assert np.array_equal(group_keys, want_keys[starts])
     assert np.array_equal(group_off, np.append(starts, n))
+
+
+def test_keys_packed_as_enumerated_group_as_the_key_matrix_does():
+    """A build packs each N-dim key and its unit as the kernel enumerates
+    them (no key matrix); the groups equal those of the key matrix and the
+    built table's, and the key matrix is enumerated instead when a key
+    might not fit (2^40 spaces)."""
+    from engine.algorithms.pstree import grouped_space_combinations
+    from engine.workloads import standard
+    for n_access in (2, 3):
+        m = matcher_of(built("psthash", standard("W2", scale=0.002, n_events=1).subscriptions,
+                             {"n_access": n_access}))
+        rows, s = m.units.rows, m.structure
+        from engine.algorithms.pstree import predicate_spaces
+        _, (cov_off, cov_first, cov_last), _ = predicate_spaces(rows, m.indexable, m.defining, m.n_attrs)
+        args = (m.units.offsets, m._pids, s.access, m.arity, rows.attr.astype(np.int64), cov_off, cov_first,
+                cov_last, n_access)
+        keys, owner, packed = K.space_combinations(*args)
+        assert len(packed) == 0 and len(keys) == len(owner) > 1000
+        want = grouped_keys(keys, owner)
+        n_spaces = int(m.spaces.space_off[-1])
+        for spaces in (n_spaces, 2 ** 40):          # packed by the kernel; through the key matrix
+            got = grouped_space_combinations(*args, spaces)
+            assert got[2].dtype == np.int32
+            for a, b in zip(got, want):
+                assert np.array_equal(a, b)
+        assert np.array_equal(want[0], s.group_key) and np.array_equal(want[2], s.units)
 
 
 def test_hash_table_sizes_and_its_int32_groups():

@@ -141,35 +141,56 @@ def grouped_keys(keys: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.nd
     """PSTHash's N-dim keys (components >= -1, -1 padding) and their units,
     grouped: ``(group_keys, group_off, owner)`` -- the distinct keys
     ascending, and per group its units ``owner[group_off[g]:group_off[g + 1]]``
-    ascending.  When a key and its unit pack into 62 bits (W2: two space ids
-    of ~10^4 and a unit id), one sort of the packed int64 does it: numpy
-    sorts int64 values with SIMD, 25x faster than ``np.lexsort`` of the
-    three columns on 7 M random keys (0.09 s against 2.2 s); packing and
-    unpacking are kernels over every core, and only the distinct keys are
-    unpacked.  Else ``np.lexsort``."""
+    ascending (int32).  When a key and its unit pack into 62 bits (W2: two
+    space ids of ~10^4 and a unit id), one sort of the packed int64 does it
+    (:func:`_grouped_packed`); else ``np.lexsort``."""
     width = keys.shape[1]
     key_bits = (int(keys.max(initial=-1)) + 1).bit_length()   # components + 1 in [0, 2^key_bits)
     owner_bits = max(int(owner.max(initial=0)).bit_length(), 1)
     if width * key_bits + owner_bits <= 62:
-        packed = K.pack_keys(keys, owner, key_bits, owner_bits)
-        packed.sort()
-        out_owner = np.empty_like(owner)
-        first = np.empty(len(packed), np.bool_)
-        K.unpack_owners(packed, owner_bits, out_owner, first)
-        starts = np.flatnonzero(first)
-        group_keys = np.empty((len(starts), width), keys.dtype)
-        K.unpack_group_keys(packed, starts, key_bits, owner_bits, group_keys)
-    else:
-        order = np.lexsort((owner,) + tuple(keys[:, q] for q in range(width - 1, -1, -1)))
-        keys, out_owner = keys[order], owner[order]
-        first = np.ones(len(keys), bool)
-        first[1:] = (keys[1:] != keys[:-1]).any(axis=1)
-        starts = np.flatnonzero(first)
-        group_keys = keys[starts]
+        return _grouped_packed(K.pack_keys(keys, owner, key_bits, owner_bits), width, key_bits, owner_bits)
+    order = np.lexsort((owner,) + tuple(keys[:, q] for q in range(width - 1, -1, -1)))
+    keys, out_owner = keys[order], owner[order].astype(np.int32, copy=False)
+    first = np.ones(len(keys), bool)
+    first[1:] = (keys[1:] != keys[:-1]).any(axis=1)
+    starts = np.flatnonzero(first)
+    return keys[starts], np.append(starts, len(first)).astype(np.int64), out_owner
+
+
+def _grouped_packed(packed: np.ndarray, width: int, key_bits: int, owner_bits: int):
+    """:func:`grouped_keys` of keys packed by :func:`~gpu_kernels.pstree.cpu.pack_keys`
+    (sorted here, in place): numpy sorts int64 values with SIMD, 25x faster
+    than ``np.lexsort`` of the three columns on 7 M random keys (0.09 s
+    against 2.2 s); unpacking is kernels over every core, and only the
+    distinct keys are unpacked."""
+    packed.sort()
+    out_owner = np.empty(len(packed), np.int32)
+    first = np.empty(len(packed), np.bool_)
+    K.unpack_owners(packed, owner_bits, out_owner, first)
+    starts = np.flatnonzero(first)
+    group_keys = np.empty((len(starts), width), np.int64)
+    K.unpack_group_keys(packed, starts, key_bits, owner_bits, group_keys)
     group_off = np.empty(len(starts) + 1, np.int64)
     group_off[:-1] = starts
     group_off[-1] = len(first)
     return group_keys, group_off, out_owner
+
+
+def grouped_space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width: int,
+                               n_spaces: int):
+    """:func:`~gpu_kernels.pstree.cpu.space_combinations` grouped as
+    :func:`grouped_keys` groups them -- when a key (components below
+    ``n_spaces``) and its unit fit in 62 bits, packed by the kernel as it
+    enumerates them (at W2's 1 M, 35 M keys: no 560 MB key matrix to fill,
+    then pack)."""
+    key_bits = int(n_spaces).bit_length()                   # components + 1 in [0, n_spaces]
+    owner_bits = max((len(unit_off) - 2).bit_length(), 1)   # units below len(unit_off) - 1
+    if width * key_bits + owner_bits <= 62:
+        packed = K.space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width,
+                                      key_bits, owner_bits)[2]
+        return _grouped_packed(packed, width, key_bits, owner_bits)
+    keys, owner, _ = K.space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width)
+    return grouped_keys(keys, owner)
 
 
 def endpoints(rows, use: np.ndarray, n_attrs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -196,7 +217,7 @@ def endpoints(rows, use: np.ndarray, n_attrs: int) -> tuple[np.ndarray, np.ndarr
     return val_off, value
 
 
-def predicate_spaces(rows, use: np.ndarray, defining: np.ndarray, n_attrs: int):
+def predicate_spaces(rows, use: np.ndarray, defining: np.ndarray, n_attrs: int, elem=None):
     """The PS-Trees whose spaces the ``defining`` rows cut (endpoints from
     every ``use`` row, so that shares of elementary ranges compare across
     builds).  Returns ``(table, cov, elem)``: the
@@ -204,19 +225,26 @@ def predicate_spaces(rows, use: np.ndarray, defining: np.ndarray, n_attrs: int):
     space ranges it covers (``cov_off``, ``cov_first``, ``cov_last``: CSR,
     inclusive); and ``elem`` -- the elementary view (global elementary
     index of each interval, for the ranking): ``(iv_off, g_first, g_last,
-    eoff, val_off, vals)``."""
-    val_off, vals = endpoints(rows, use, n_attrs)
-    iv_off, iv_first, iv_last = K.row_intervals(rows.op, rows.attr, rows.lo, rows.hi, rows.set_offsets,
-                                                rows.set_values, use.astype(np.uint8), val_off, vals)
+    eoff, val_off, vals)``.  Given the ``elem`` of a call on the same
+    ``rows`` and ``use`` (PSTHash cuts its PS-Trees on the grid of the full
+    ones), the endpoints and intervals are not computed again."""
     n_rows = len(rows.op)
+    if elem is None:
+        val_off, vals = endpoints(rows, use, n_attrs)
+        iv_off, iv_first, iv_last = K.row_intervals(rows.op, rows.attr, rows.lo, rows.hi, rows.set_offsets,
+                                                    rows.set_values, use.astype(np.uint8), val_off, vals)
+        eoff = 2 * val_off[:-1] + np.arange(n_attrs)
+        row_of_iv = np.repeat(np.arange(n_rows), np.diff(iv_off))
+        iv_attr = rows.attr[row_of_iv].astype(np.int64)
+        g_first = eoff[iv_attr] + iv_first
+        g_last = eoff[iv_attr] + iv_last
+    else:
+        iv_off, g_first, g_last, eoff, val_off, vals = elem
+        row_of_iv = np.repeat(np.arange(n_rows), np.diff(iv_off))
+        iv_attr = rows.attr[row_of_iv].astype(np.int64)
     m = np.diff(val_off)
-    eoff = 2 * val_off[:-1] + np.arange(n_attrs)
     n_elem = 2 * len(vals) + n_attrs
     elem_attr = np.repeat(np.arange(n_attrs), 2 * m + 1)
-    row_of_iv = np.repeat(np.arange(n_rows), np.diff(iv_off))
-    iv_attr = rows.attr[row_of_iv].astype(np.int64)
-    g_first = eoff[iv_attr] + iv_first
-    g_last = eoff[iv_attr] + iv_last
     d = defining[row_of_iv]
     has_tree = np.zeros(n_attrs, bool)
     has_tree[iv_attr[d]] = True
@@ -799,20 +827,22 @@ class PSTHashMatcher(_PSTreeMatcher):
         width = self.n_access
         acc, arity = self._select(width)
         self._cut_acc = acc.copy()                # the access predicates that cut PS-Tree_H (before the departure)
+        full_elem = self._full[2]
         del self._full
-        # PS-Tree_H: spaces cut by the access predicates only (§6.1)
+        # PS-Tree_H: spaces cut by the access predicates only (§6.1), on the full PS-Trees' grid
         defining = np.zeros(len(rows.op), bool)
         defining[self._pids[acc[acc >= 0]]] = True
         self.spaces, (cov_off, cov_first, cov_last), _ = predicate_spaces(rows, self.indexable, defining,
-                                                                          self.n_attrs)
+                                                                          self.n_attrs, elem=full_elem)
+        del full_elem
         self.defining = defining                  # (those an access predicate dropped below keep their cuts)
         n_cov = np.bincount(np.repeat(np.arange(len(rows.op)), np.diff(cov_off)),
                             weights=(cov_last - cov_first + 1).astype(np.float64), minlength=len(rows.op))
         # the departure: too many keys -> drop the least selective access predicate (module docstring)
         limit_combinations(acc, arity, n_cov[self._pids[np.maximum(acc, 0)]], self.max_combinations)
-        keys, owner = K.space_combinations(units.offsets, self._pids, acc, arity, rows.attr.astype(np.int64),
-                                           cov_off, cov_first, cov_last, width)
-        group_key, group_off, owner = grouped_keys(keys, owner)
+        group_key, group_off, owner = grouped_space_combinations(units.offsets, self._pids, acc, arity,
+                                                                 rows.attr.astype(np.int64), cov_off, cov_first,
+                                                                 cov_last, width, int(self.spaces.space_off[-1]))
         group_key = np.ascontiguousarray(group_key)
         slot_group = K.build_hash_table(group_key, K.table_slots(len(group_key)))
         arities = np.zeros(width + 1, np.uint8)
@@ -854,8 +884,8 @@ class PSTHashMatcher(_PSTreeMatcher):
                             weights=(cov_last - cov_first + 1).astype(np.float64), minlength=n_rows)
         acc, arity = fx["acc"].copy(), fx["arity"].copy()
         limit_combinations(acc, arity, n_cov[self._pids[np.maximum(acc, 0)]], self.max_combinations)
-        keys, owner = K.space_combinations(fx["f_off"], self._pids, acc, arity, rows.attr.astype(np.int64), iv_off,
-                                           cov_first, cov_last, width)
+        keys, owner, _ = K.space_combinations(fx["f_off"], self._pids, acc, arity, rows.attr.astype(np.int64),
+                                              iv_off, cov_first, cov_last, width)
         # the old keys: each old space became the new spaces lo..hi (one when kept or merged, several when split)
         n_old = int(old.spaces.space_off[-1])
         pe = fx["parent_elem"]
