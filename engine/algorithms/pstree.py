@@ -183,7 +183,7 @@ def grouped_space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, co
     ``n_spaces``) and its unit fit in 62 bits, packed by the kernel as it
     enumerates them (at W2's 1 M, 35 M keys: no 560 MB key matrix to fill,
     then pack)."""
-    key_bits = int(n_spaces).bit_length()                   # components + 1 in [0, n_spaces]
+    key_bits = max(int(n_spaces).bit_length(), 1)           # components + 1 in [0, n_spaces]; > 0: packed
     owner_bits = max((len(unit_off) - 2).bit_length(), 1)   # units below len(unit_off) - 1
     if width * key_bits + owner_bits <= 62:
         packed = K.space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width,
