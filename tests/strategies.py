@@ -19,8 +19,8 @@ characters):
   has no escape character) inside values;
 * numbers on every bound: events take the literals' own values (ints and
   the floats equal to them, ``-0.0`` next to ``0`` and ``0.0``, ±2**53, the
-  smallest subnormal, 1e300, float64's largest finite values) most of the time, and values between and
-  outside them otherwise.
+  smallest subnormal, 1e300, float64's largest finite values) most of the
+  time, and values between and outside them otherwise.
 
 The pools stay small so that predicates and events *collide*: most event
 values are literal values, so equality, IN, BETWEEN bounds and LIKE / regex

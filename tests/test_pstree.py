@@ -723,13 +723,12 @@ def test_keys_packed_as_enumerated_group_as_the_key_matrix_does():
     them (no key matrix); the groups equal those of the key matrix and the
     built table's, and the key matrix is enumerated instead when a key
     might not fit (2^40 spaces)."""
-    from engine.algorithms.pstree import grouped_space_combinations
+    from engine.algorithms.pstree import grouped_space_combinations, predicate_spaces
     from engine.workloads import standard
     for n_access in (2, 3):
         m = matcher_of(built("psthash", standard("W2", scale=0.002, n_events=1).subscriptions,
                              {"n_access": n_access}))
         rows, s = m.units.rows, m.structure
-        from engine.algorithms.pstree import predicate_spaces
         _, (cov_off, cov_first, cov_last), _ = predicate_spaces(rows, m.indexable, m.defining, m.n_attrs)
         args = (m.units.offsets, m._pids, s.access, m.arity, rows.attr.astype(np.int64), cov_off, cov_first,
                 cov_last, n_access)
