@@ -66,6 +66,7 @@ each, both on): :data:`RESIDUAL_MATCHER` and :data:`REPORT_ERRORS`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import os
 import random
@@ -159,6 +160,23 @@ def backend_marks(backend: str) -> list:
 #: the device paths the options change.  Every other check runs the
 #: variants on ``cpu``.
 VARIANT_CHECKS = {"cpu": None, "cuda": ("main", "merged")}
+
+
+def case_database(*case, default=...):
+    """The example database of one case of a shared check (``check_lifecycle``
+    and ``check_large_batch`` run one inner ``@given`` function for every
+    algorithm, backend and life cycle; Hypothesis keys its saved examples
+    by the function, so one case's failing example was replayed in every
+    other case -- where it could fail for another reason, such as too few
+    matches to prove anything -- and a single defect read as many): the
+    default database's folder (``default``: Hypothesis's current one), a
+    subfolder a case.  None when the default is no database."""
+    base = getattr(settings.default.database if default is ... else default, "path", None)
+    if base is None:
+        return None
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    digest = hashlib.sha1(repr(case).encode()).hexdigest()[:16]
+    return DirectoryBasedExampleDatabase(os.path.join(base, "conformance", digest))
 
 
 def options_id(options: dict | None) -> str:
@@ -674,7 +692,8 @@ def check_lifecycle(algorithm: str, backend: str, lifecycle: str, tmp_path, max_
     one)."""
     tally = Tally()
 
-    @settings(max_examples=max_examples or SIZES[backend].examples, deadline=None, suppress_health_check=SLOW_OK)
+    @settings(max_examples=max_examples or SIZES[backend].examples, deadline=None, suppress_health_check=SLOW_OK,
+              database=case_database("lifecycle", algorithm, backend, lifecycle, options_id(options)))
     @given(w=workloads(algorithm, backend))
     def random_workloads(w):
         tally.add(run_lifecycle(algorithm, backend, lifecycle, w, tmp_path, options))
@@ -715,7 +734,8 @@ def check_large_batch(algorithm: str, backend: str, n_events: int = 1500, max_ex
     """One batch of ``n_events`` pool events (DuckDB takes them through
     Arrow) against 60 subscriptions in the main segment, from dicts and
     from Arrow, list and arrow output."""
-    @settings(max_examples=max_examples, deadline=None, suppress_health_check=SLOW_OK)
+    @settings(max_examples=max_examples, deadline=None, suppress_health_check=SLOW_OK,
+              database=case_database("large batch", algorithm, backend, n_events, options_id(options)))
     @given(exprs=st.lists(strategies.expressions(max_leaves=8, with_not_matches=True), min_size=60, max_size=60),
            seed=st.integers(0, 2 ** 32 - 1))
     def large_batch(exprs, seed):

@@ -94,6 +94,31 @@ def test_every_registered_algorithm_is_a_case():
     assert conformance.VARIANT_CHECKS["cuda"] == ("main", "merged")
 
 
+def test_each_case_keeps_its_own_saved_examples(tmp_path):
+    """A case's failing example is saved for that case alone: the shared
+    checks' one inner test function would otherwise replay it in every
+    other case (a single defect once failed sixteen cases that way, most
+    of them for having too few matches in the replayed example)."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    base = DirectoryBasedExampleDatabase(tmp_path)
+
+    def folder(*case):
+        return conformance.case_database(*case, default=base).path
+
+    saved = folder("lifecycle", "apcm", "cuda", "saved", "")
+    assert saved == folder("lifecycle", "apcm", "cuda", "saved", "")
+    others = {folder("lifecycle", "pstbloom", "cuda", "saved", ""), folder("lifecycle", "apcm", "cuda", "main", ""),
+              folder("lifecycle", "apcm", "cuda", "saved", "[variant=pcm]"),
+              folder("large batch", "apcm", "cuda", 1500, "")}
+    assert saved not in others and len(others) == 4
+    assert all(str(path).startswith(str(tmp_path)) for path in others | {saved})
+    assert conformance.case_database("lifecycle", "apcm", "cuda", "saved", "", default=None) is None
+    # the suite's own cases: under Hypothesis's default database when it has one
+    default = getattr(settings.default.database, "path", None)
+    if default is not None:
+        assert str(conformance.case_database("lifecycle", "apcm", "cuda", "saved", "").path).startswith(str(default))
+
+
 # ------------------------------------------------------------------ a new algorithm
 @pytest.fixture
 def toy_algorithm():

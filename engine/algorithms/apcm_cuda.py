@@ -272,8 +272,9 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
                 store_at = xp.zeros(1, dtype=np.int64)
                 n_entry_words = 0
             store = xp.zeros(max(1, n_entry_words + n_or_words), dtype=np.uint64)
-            K.encode_entries_cuda(threads, blocks, ev_attr_d, ev_value_d, ev_token_d, store_at, bm, self.rows_d,
-                                  truth_d, list_d, e_main, e_over, store)
+            if n_ent:       # (a chunk without entries has arrays of one padding element: not an entry)
+                K.encode_entries_cuda(threads, blocks, ev_attr_d, ev_value_d, ev_token_d, store_at, bm,
+                                      self.rows_d, truth_d, list_d, e_main, e_over, store)
         with self.phases("compression"):
             K.or_slices_cuda(threads, blocks, n_or_words, n_entry_words, ce_d["job_word_off"], ce_d["job_ce"],
                              ce_d["job_kind"], ce_d["mem_off"], ce_d["mem_k"], e_main, e_over, bm.table, store)
