@@ -214,6 +214,24 @@ def test_similar_streams_match_cpu_and_scan(options):
         assert cuda_index._matcher.last_clusters.compressed_events() > 0
 
 
+def test_statistics_count_the_clusters_of_every_chunk(monkeypatch):
+    """A batch matched in several chunks (here the pipeline's: chunks of 4
+    events, the re-ordering's batches of 4 too) reports the clusters of all
+    of them, as the cpu matcher does for the whole batch, not the last
+    chunk's alone."""
+    from engine.algorithms import cuda_base
+    monkeypatch.setattr(cuda_base.ChunkedCudaMatcher, "pipeline_min_events", 4)
+    w = begen(30, 16, dims=6, cardinality=6, sub_size=2, event_size=4, similarity=0.8, sorted_stream=True,
+              match_prob=0.3, seed=3)
+    options = {"variant": "pcm", "cluster_size": 2, "adaptive": False, "batch_size": 4}
+    cuda_index, cpu_index = _begen_index(options, "cuda", w), _begen_index(options, "cpu", w)
+    assert [m.tolist() for m in cuda_index.match_batch(w.events)] == [m.tolist() for m in
+                                                                     cpu_index.match_batch(w.events)]
+    on_cuda, on_cpu = cuda_index._matcher.statistics(), cpu_index._matcher.statistics()
+    assert on_cuda["clusters"] == on_cpu["clusters"] > cuda_index._matcher.last_clusters.n_clusters
+    assert on_cuda["compressed_events"] == on_cpu["compressed_events"]
+
+
 def test_clusters_beyond_64_members_match_cpu_and_scan():
     """A cluster of more than 64 members (Fig. 9(b) goes to 128): one block
     ORs and checks them all, the answers the cpu A-PCM's and scan's."""

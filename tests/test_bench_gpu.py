@@ -48,6 +48,8 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
                                match_prob=0.3, name="W1-toy")
 
     monkeypatch.setattr(workloads, "standard", toy)
+    from engine.algorithms.cuda_base import ChunkedCudaMatcher
+    monkeypatch.setattr(ChunkedCudaMatcher, "pipeline_min_events", 1)     # the toy's 2 events: 2 chunks
     rc = gpu.main(["--workload", "W1", "--events", "2", "--cpu-events", "2", "--repeats", "1",
                    "--latency-samples", "0", "--block-sizes", "2,8", "--quiet"])
     out = capsys.readouterr().out
@@ -72,10 +74,13 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
     assert float(row[2]) > 0 and float(row[3]) > 0
     blocks = out.split("by threads per block")[1].splitlines()[1]
     assert blocks.startswith("W1-toy: chosen ") and ", 2 " in blocks and ", 8 " in blocks
-    # end to end by route (opindex by default): the three routes agree, every rate is measured
+    # end to end by route (opindex by default): the routes (and the Arrow one without the copy-back overlap)
+    # agree, every rate is measured
     routes = out.split("== end to end, Index.match_batch")[1].splitlines()
     header, row = routes[1].split(), routes[2].split()
     assert header[:8] == ["workload", "algorithm", "events", "pairs", "device_resident", "device_in_device_out",
                           "host_in_device_out", "host_in_arrow_out"] and header[-1] == "routes_agree"
     assert row[:3] == ["W1-toy", "opindex", "2"] and row[-1] == "True"
     assert all(float(v.replace(",", "")) > 0 for v in row[4:8])
+    assert header[8:10] == ["arrow_out_serial", "overlap_gain"]
+    assert float(row[8].replace(",", "")) > 0 and float(row[9]) > 0

@@ -480,7 +480,7 @@ def test_matcher_maps_ids_and_copies_int32_positions_back(monkeypatch):
     crossed = []
     real = transfer.positions_to_host
     monkeypatch.setattr(cuda_base.transfer, "positions_to_host",
-                        lambda d, out, table=None: crossed.append(np.dtype(d.dtype)) or
+                        lambda d, out, table=None, **kw: crossed.append(np.dtype(d.dtype)) or
                         real(d, out, table, staging_bytes=8))
     e, p = _matcher(seg).match(batch, truth, alive)
     assert (e.dtype, p.dtype) == (np.int64, np.int64)
@@ -501,6 +501,318 @@ def test_matcher_maps_ids_and_copies_int32_positions_back(monkeypatch):
         _matcher(seg).match(batch, truth, alive, ids=ids.astype(np.int32))
 
 
+def test_pipeline_cuts_a_host_bound_batch_into_whole_multiples_of_the_minimum():
+    from engine.algorithms.cuda_base import pipeline_events
+    assert pipeline_events(10_000, 4, 1024) == 3072      # whole multiples of the minimum
+    assert pipeline_events(8_192, 4, 1024) == 2048
+    assert pipeline_events(3_000, 4, 1024) == 1024       # no chunk under the minimum
+    assert pipeline_events(2_047, 4, 1024) == 2047       # too few events for two chunks: one
+    assert pipeline_events(10, 3, 1) == 4
+    assert pipeline_events(10, 1, 1) == 10               # pipelining off
+    assert pipeline_events(1, 4, 1) == 1
+    assert pipeline_events(10, 4, 0) == 3                # a minimum under one event is one
+
+
+@needs_cuda
+def test_host_results_are_written_in_place_by_a_worker_while_the_caller_goes_on(monkeypatch):
+    """``transfer.HostResults``: :meth:`add` hands a piece's copy-back to a
+    worker thread and returns before it is done (the caller would launch
+    the next chunk then); pieces land in order in arrays sized from the
+    density seen so far and grown when a denser piece comes (here: sized
+    for 5 pairs after the first piece, grown to 24 by the second); ids are
+    mapped; a worker's error reaches :meth:`result`; ``overlap=False``
+    copies in the caller's thread."""
+    import threading
+
+    from gpu_kernels import transfer
+    rng = np.random.default_rng(11)
+    ids = rng.integers(-10**12, 10**12, size=40).astype(np.int64)
+    pieces = [(0, [0, 1, 1]), (2, [0, 3, 3, 10]), (5, [0, 0, 0]), (7, [0, 2, 2, 4])]
+    positions = [rng.integers(0, 40, size=ends[-1]).astype(np.int32) for _, ends in pieces]
+    want_rows = [first + r for first, ends in pieces for r in range(len(ends) - 1)
+                 for _ in range(ends[r + 1] - ends[r])]
+    want_ids = ids[np.concatenate(positions)].tolist()
+
+    real = transfer.positions_to_host
+    go, threads, stagings = threading.Event(), [], []
+
+    def held_back(positions_d, out, table=None, **kw):
+        threads.append(threading.current_thread())
+        stagings.append(kw["staging"])
+        assert go.wait(10), "the caller never let the worker go on"
+        real(positions_d, out, table, **kw)
+
+    monkeypatch.setattr(transfer, "positions_to_host", held_back)
+    results = transfer.HostResults(10, ids, staging_bytes=8)
+    results.add(pieces[0][0], np.array(pieces[0][1], np.int64), dev(positions[0]))
+    assert not go.is_set() and results.pending_bytes == positions[0].nbytes     # add returned, the copy waits
+    assert len(results.rows) == 5                        # 1 pair in 2 of 10 events, a tenth more
+    go.set()
+    for (first, ends), pos in zip(pieces[1:], positions[1:]):
+        results.add(first, np.array(ends, np.int64), dev(pos))
+    assert len(results.rows) == 24                       # 11 pairs in 5 events: 22, a tenth more
+    rows, sub = results.result()
+    assert (rows.tolist(), sub.tolist()) == (want_rows, want_ids)
+    assert results.pending_bytes == 0
+    # the first two pieces by the worker; the last, with nothing left to overlap, in the caller's thread
+    assert len(threads) == 3 and threads[2] is threading.main_thread()
+    assert all(t is not threading.main_thread() and t.name.startswith("bexmatch-copy-back") for t in threads[:2])
+    # the worker copies through its caller's pinned buffers (a second set would pin as much again)
+    assert all(staging is transfer.thread_staging() for staging in stagings)
+
+    threads.clear()
+    inline = transfer.HostResults(10, None, overlap=False)
+    for (first, ends), pos in zip(pieces, positions):
+        inline.add(first, np.array(ends, np.int64), dev(pos))
+    assert inline.result()[1].tolist() == np.concatenate(positions).tolist()
+    assert threads and all(t is threading.main_thread() for t in threads)
+
+    # two callers at once: each its own worker (and so its own staging buffers), each its own answer
+    answers = {}
+
+    def caller(k):
+        mine = transfer.HostResults(10, ids + k)
+        for (first, ends), pos in zip(pieces, positions):
+            mine.add(first, np.array(ends, np.int64), dev(pos))
+        answers[k] = mine.result()[1].tolist()
+
+    threads.clear()
+    callers = [threading.Thread(target=caller, args=(k,)) for k in (1, 2)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join()
+    assert answers == {k: (np.array(want_ids) + k).tolist() for k in (1, 2)}
+    workers = {t for t in threads if t not in callers}
+    assert len(workers) == 2 and threading.main_thread() not in workers
+
+    # sized by density, never past every later event matching all subscriptions; a result that used
+    # less than half of its arrays comes back as copies (the views would hold the whole arrays)
+    dense_first = transfer.HostResults(100, None, max_per_event=3)
+    dense_first.add(0, np.array([0, 3], np.int64), dev(positions[1][:3]))
+    assert len(dense_first.rows) == 3 + 99 * 3              # not 3 pairs x 100 events x 1.1
+    dense_first.add(1, np.array([0] * 99 + [1], np.int64), dev(positions[1][3:4]))
+    rows, sub = dense_first.result()
+    assert rows.tolist() == [0, 0, 0, 99] and sub.tolist() == positions[1][:4].tolist()
+    assert rows.base is None and sub.base is None
+    # a projection beyond memory falls back to what the pairs need
+    huge = transfer.HostResults(1 << 40, None)
+    huge.add(0, np.array([0, 5], np.int64), dev(positions[1][:5]))
+    assert huge.result()[1].tolist() == positions[1][:5].tolist()
+
+    import numba                                         # a layer that takes one thread at a time: no worker
+    monkeypatch.setattr(numba, "threading_layer", lambda: "workqueue")
+    assert not transfer.HostResults(10, None).overlap
+    monkeypatch.setattr(numba, "threading_layer", lambda: "omp")
+    assert transfer.HostResults(10, None).overlap
+
+    def broken(*a, **k):
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(transfer, "positions_to_host", broken)
+    failing = transfer.HostResults(10, None)
+    failing.add(0, np.array([0, 2], np.int64), dev(positions[1][:2]))
+    with pytest.raises(RuntimeError, match="copy failed"):
+        failing.result()
+    failing.add(0, np.array([0, 2], np.int64), dev(positions[1][:2]))
+    failing.abandon()                                    # the caller's error wins: the worker's is dropped
+    assert failing.pending_bytes == 0
+
+
+@needs_cuda
+@pytest.mark.parametrize("budget", ["unlimited", "tight"])
+def test_next_chunk_runs_while_the_last_ones_results_are_copied_back(monkeypatch, budget):
+    """A batch whose results go to the host is cut into pipeline chunks,
+    and chunk k + 1 is matched while chunk k's results are still being
+    copied back: each copy-back waits (up to 10 s) for a later chunk to
+    start, which a serial loop would never do.  Results equal the cpu
+    matcher's, with ids too, under an unlimited and the tightest budget
+    (the piece in flight counted against it); device output is not cut."""
+    import threading
+
+    from engine.algorithms import cuda_base
+    from gpu_kernels import transfer
+    seg, batch, truth = compiled()
+    n_subs = len(seg)
+    alive = np.ones(n_subs, np.uint8)
+    want = _cpu_pairs(seg, batch, truth, alive)
+    ids = np.arange(n_subs, dtype=np.int64) * 3 + 5
+    memory = None if budget == "unlimited" else \
+        truth.nbytes + n_subs + 16 * n_subs + int(_event_costs(batch, n_subs).max())
+    matcher = _matcher(seg, device_memory=memory)
+    matcher.pipeline_chunks, matcher.pipeline_min_events = 3, 1       # 6 events: chunks of 2
+
+    started, overlapped = [], []
+    moved = threading.Condition()
+    real_chunk, real_copy = matcher._match_chunk, transfer.HostResults._copy_back
+
+    def chunk(batch, events_d, offsets, start, stop, *rest):
+        with moved:
+            started.append((start, stop))
+            moved.notify_all()
+        yield from real_chunk(batch, events_d, offsets, start, stop, *rest)
+
+    def copy_back(self, row_ends, first_row, *rest):
+        last = first_row + len(row_ends) - 1
+        if last < len(EVENTS) and budget == "unlimited":
+            with moved:
+                overlapped.append(moved.wait_for(lambda: any(s >= last for s, _ in started), timeout=10))
+        real_copy(self, row_ends, first_row, *rest)
+
+    monkeypatch.setattr(matcher, "_match_chunk", chunk)
+    monkeypatch.setattr(transfer.HostResults, "_copy_back", copy_back)
+    e, p = matcher.match(batch, truth, alive)
+    assert (e.tolist(), p.tolist()) == want
+    if budget == "unlimited":
+        assert started == [(0, 2), (2, 4), (4, 6)]
+        assert overlapped and all(overlapped)
+    else:
+        assert all(stop - start <= 2 for start, stop in started)
+    started.clear()
+    e, sub = matcher.match(batch, truth, alive, ids=ids)
+    assert (e.tolist(), sub.tolist()) == (want[0], ids[want[1]].tolist())
+    if budget == "unlimited":       # (device results are held on the device: the tight budget cannot take them)
+        started.clear()
+        e, p = matcher.match(batch, truth, alive, output="device")
+        assert (host(e).tolist(), host(p).tolist()) == want
+        assert started == [(0, 6)]
+
+
+@needs_cuda
+def test_a_last_pipeline_chunk_under_the_minimum_joins_the_one_before(monkeypatch):
+    seg, batch, truth = compiled(events=EVENTS + EVENTS[:1])          # 7 events
+    alive = np.ones(len(seg), np.uint8)
+    matcher = _matcher(seg)
+    matcher.pipeline_chunks, matcher.pipeline_min_events = 4, 2       # chunks of 2 ...
+    started, real_chunk = [], matcher._match_chunk
+
+    def chunk(batch, events_d, offsets, start, stop, *rest):
+        started.append((start, stop))
+        yield from real_chunk(batch, events_d, offsets, start, stop, *rest)
+
+    monkeypatch.setattr(matcher, "_match_chunk", chunk)
+    e, p = matcher.match(batch, truth, alive)
+    assert (e.tolist(), p.tolist()) == _cpu_pairs(seg, batch, truth, alive)
+    assert started == [(0, 2), (2, 4), (4, 7)]                       # ... and no last one of 1
+
+
+@needs_cuda
+def test_a_call_waits_for_a_piece_an_interrupted_call_left_in_flight(monkeypatch):
+    """A call cut by an interrupt (Ctrl-C) while its piece was being copied
+    back leaves the worker copying through this thread's staging buffers:
+    the thread's next call waits for that piece before it copies anything
+    (else the two copies shared the buffers and the next call's positions
+    came out wrong).  A piece whose copy is done holds no device bytes."""
+    import threading
+
+    from gpu_kernels import transfer
+    go = threading.Event()
+    real = transfer.positions_to_host
+
+    def held_back(positions_d, out, table=None, **kw):
+        assert go.wait(10)
+        real(positions_d, out, table, **kw)
+
+    monkeypatch.setattr(transfer, "positions_to_host", held_back)
+    interrupted = transfer.HostResults(10, None)
+    interrupted.add(0, np.array([0, 2], np.int64), dev(np.arange(2, dtype=np.int32)))
+    left = interrupted._pending                  # the call ends here, its piece still in flight
+    assert not left.done() and interrupted.pending_bytes == 8
+    threading.Timer(0.2, go.set).start()
+    following = transfer.HostResults(10, None)   # waits for the piece the interrupted call left
+    assert left.done()
+    following.add(0, np.array([0, 3], np.int64), dev(np.arange(5, 8, dtype=np.int32)))
+    assert following._pending.result() is None and following.pending_bytes == 0    # done: nothing held
+    following.add(9, np.array([0, 1], np.int64), dev(np.array([9], np.int32)))
+    assert following.result()[1].tolist() == [5, 6, 7, 9]
+
+
+@needs_cuda
+def test_the_copy_back_worker_keeps_the_callers_numba_threads(monkeypatch):
+    """numba's thread count is per thread: a caller that limits its own
+    (a Spark or Dask task slot) limits its copy-back worker too."""
+    import threading
+
+    import numba
+
+    from gpu_kernels import transfer
+    seen = []
+    real = transfer.positions_to_host
+
+    def watched(positions_d, out, table=None, **kw):
+        seen.append((threading.current_thread(), numba.get_num_threads()))
+        real(positions_d, out, table, **kw)
+
+    monkeypatch.setattr(transfer, "positions_to_host", watched)
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        results = transfer.HostResults(4, None)
+        results.add(0, np.array([0, 2], np.int64), dev(np.arange(2, dtype=np.int32)))
+        results.add(1, np.array([0, 1, 1, 3], np.int64), dev(np.arange(3, dtype=np.int32)))
+        assert results.result()[0].tolist() == [0, 0, 1, 3, 3]
+    finally:
+        numba.set_num_threads(before)
+    assert seen[0][0] is not threading.main_thread() and seen[0][1] == 1
+
+
+@needs_cuda
+def test_a_copied_back_piece_leaves_the_device_before_the_next_is_filled(monkeypatch):
+    """A piece's device arrays (event rows, never read on the host path, and
+    positions, once copied back) are freed before the next piece of the
+    chunk is filled: the room a chunk planned for its results holds one
+    piece at a time."""
+    import weakref
+
+    from engine.algorithms import cuda_base
+    always, batch, truth = compiled(["n0 IS NULL OR n0 IS NOT NULL"] * 5)
+    ones = np.ones(5, np.uint8)
+    budget = truth.nbytes + 5 + 16 * 5 + int(_event_costs(batch, 5)[:3].sum())
+    made, alive_then = [], []
+    real_fill = cuda_base.fill_rows_cuda
+
+    def fill(*a, **k):
+        alive_then.append(sum(ref() is not None for ref in made))
+        rows, cols = real_fill(*a, **k)
+        made.extend((weakref.ref(rows), weakref.ref(cols)))
+        return rows, cols
+
+    monkeypatch.setattr(cuda_base, "fill_rows_cuda", fill)
+    e, p = _matcher(always, device_memory=budget).match(batch, truth, ones)
+    assert (e.tolist(), p.tolist()) == _cpu_pairs(always, batch, truth, ones)
+    assert len(alive_then) == len(EVENTS) and alive_then == [0] * len(EVENTS)
+
+
+@needs_cuda
+def test_a_match_after_the_main_thread_returned_still_copies_back(tmp_path):
+    """A thread that matches after the main thread has returned (a server's
+    pattern) still gets its results: the interpreter takes no new worker
+    tasks then, so the pieces are copied back in the caller's thread."""
+    script = tmp_path / "late.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, threading
+        sys.path.insert(0, {str(ROOT)!r})
+        import numpy as np
+        from tests.test_cuda_sim import compiled, _matcher, _cpu_pairs
+
+        seg, batch, truth = compiled()
+        alive = np.ones(len(seg), np.uint8)
+        matcher = _matcher(seg)
+        matcher.pipeline_chunks, matcher.pipeline_min_events = 3, 1
+
+        def late():
+            threading.main_thread().join()
+            e, p = matcher.match(batch, truth, alive)
+            print("same" if (e.tolist(), p.tolist()) == _cpu_pairs(seg, batch, truth, alive) else "different")
+
+        threading.Thread(target=late).start()
+    """))
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "same"
+
+
 @needs_cuda
 @pytest.mark.parametrize("algorithm", ["scan", "opindex", "betree", "apcm", "pstbloom", "psthash", "atree"])
 def test_a_batch_of_events_without_attributes_reads_no_padding(algorithm):
@@ -516,6 +828,25 @@ def test_a_batch_of_events_without_attributes_reads_no_padding(algorithm):
         answers.append(([m.tolist() for m in index.match_batch([{}, {}])], index.match({}).tolist(),
                         index.match({"n0": 0}).tolist()))
     assert answers[1] == answers[0] == ([[2], [2]], [2], [1, 2])
+
+
+@needs_cuda
+@pytest.mark.parametrize("algorithm", ["scan", "opindex", "betree", "apcm", "pstbloom", "psthash", "atree"])
+def test_every_cuda_algorithm_answers_the_same_through_pipeline_chunks(monkeypatch, algorithm):
+    """Every cuda matcher through the pipelined host path (chunks of 3
+    events, results copied back by the worker) answers as on cpu."""
+    from engine.algorithms import cuda_base, registry
+    assert algorithm in registry.names("cuda")
+    monkeypatch.setattr(cuda_base.ChunkedCudaMatcher, "pipeline_min_events", 1)
+    monkeypatch.setattr(cuda_base.ChunkedCudaMatcher, "pipeline_chunks", 4)
+    events = EVENTS * 2
+    answers = []
+    for backend in ("cpu", "cuda"):
+        index = Index(algorithm=algorithm, backend=backend, schema=SCHEMA)
+        index.add_many(range(len(EXPRESSIONS)), EXPRESSIONS)
+        index.merge()
+        answers.append([sorted(ids.tolist()) for ids in index.match_batch(events)])
+    assert answers[0] == answers[1] and sum(map(len, answers[0])) > 0
 
 
 def _to_device_input(x):

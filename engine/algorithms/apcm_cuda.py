@@ -136,6 +136,8 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
         self.device_memory = device_memory
         self.queue_capacity = int(queue_capacity)
         self.last_clusters = None
+        #: (clusters, compressed events) of the last match call, all its chunks together
+        self.call_clusters = None
 
     def _attach(self, host: APCMMatcher) -> None:
         """Serve ``host``'s index (and its segment) from the device; the
@@ -184,11 +186,11 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
             betree_layout.nbytes(self.rows_d)
 
     def statistics(self) -> dict:
-        """The host matcher's statistics, with the clusters of this matcher's last match."""
+        """The host matcher's statistics, with the clusters of this matcher's
+        last match (every chunk of it: a batch is matched in several)."""
         stats = self.host.statistics()
-        c = self.last_clusters
-        if c is not None:
-            stats.update(clusters=c.n_clusters, compressed_events=c.compressed_events(),
+        if self.call_clusters is not None:
+            stats.update(clusters=self.call_clusters[0], compressed_events=self.call_clusters[1],
                          cluster_capacity=self.host.reorderer.capacity)
         return stats
 
@@ -241,6 +243,8 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
             ev_key = event_keys(np.asarray(ev_value, np.float64), np.asarray(ev_attr), t.string_attr, t.str_map)
             clusters = host.clusters(SimpleNamespace(n_events=n_rows, offsets=ev_offsets, attr=ev_attr), ev_key)
             self.last_clusters = clusters
+            before = (0, 0) if start == 0 else self.call_clusters
+            self.call_clusters = (before[0] + clusters.n_clusters, before[1] + clusters.compressed_events())
             lay = host.layout
             ent = K.cluster_entries(clusters.off, clusters.perm, ev_offsets, ev_attr, ev_key, lay.main_bits,
                                     lay.over_bits)

@@ -11,7 +11,11 @@ which :meth:`ChunkedCudaMatcher._compact` turns into (event, position)
 pairs, ascending in both.  Results wanted as NumPy come back through
 :mod:`gpu_kernels.transfer`: int32 positions through pinned staging, the
 event column rebuilt from per-event counts, subscription ids mapped on the
-way (the cuda side's one place where positions become ids).
+way (the cuda side's one place where positions become ids) -- each piece
+by a worker thread while the device matches the next chunk
+(:class:`gpu_kernels.transfer.HostResults`); such a batch is cut into
+``pipeline_chunks`` chunks at least (:func:`pipeline_events`) so that there
+is a next chunk to overlap.
 
 :class:`DeviceSegment` is a compiled segment's arrays on the device,
 uploaded once (the predicate codes again when a grown string dictionary
@@ -186,6 +190,20 @@ def check_batch(batch, pattern_truth, alive, n_subs: int, n_patterns: int, list_
     return offsets
 
 
+def pipeline_events(n_events: int, chunks: int, min_events: int) -> int:
+    """The most events of one chunk of a batch whose results go to the
+    host: the batch cut into about ``chunks`` (so the host copies one
+    chunk's results back while the device matches the next), each a whole
+    multiple of ``min_events`` (a chunk must keep the device busy on its
+    own; A-PCM's re-ordering batches, 1,024 events by default, stay whole);
+    a batch of fewer than ``2 * min_events`` events is not cut.  (The
+    caller joins a last chunk under ``min_events`` to the one before.)"""
+    min_events = max(1, int(min_events))
+    if chunks <= 1 or n_events < 2 * min_events:
+        return n_events
+    return -(-n_events // (chunks * min_events)) * min_events
+
+
 def plan_chunk(cost: np.ndarray, start: int, room: int) -> int:
     """End of the chunk starting at event ``start``: the most events whose
     cumulative scratch ``cost[stop] - cost[start]`` fits ``room`` bytes (at
@@ -289,6 +307,10 @@ class ChunkedCudaMatcher(Matcher):
     #: the attributes of the segment's pattern and list predicates (:func:`token_attributes`; None: every
     #: entry's token is checked against the pattern table)
     _token_attrs: tuple | None = None
+    #: a batch whose results go to the host is matched in this many chunks at least (:func:`pipeline_events`;
+    #: 1: one chunk, as the memory budget allows), none under ``pipeline_min_events`` events
+    pipeline_chunks: int = 4
+    pipeline_min_events: int = 1024
 
     def _refresh(self) -> None:
         """Bring the device copy of the index up to date (recoded strings)."""
@@ -385,45 +407,66 @@ class ChunkedCudaMatcher(Matcher):
         col_dtype = np.int64 if output == "device" or n_subs > np.iinfo(np.int32).max else np.int32
         host_ids = None if ids is None or output == "device" else cuda_support.to_host(ids)
         results_row, results_col = [], []
+        # host results: each piece copied back by a worker while the next chunk runs (a phase timer wants
+        # the phases apart); the batch cut into pipeline chunks so there is a next chunk to overlap
+        to_host = None if output == "device" else transfer.HostResults(
+            n_events, host_ids, overlap=self.phases.times is None, max_per_event=n_subs)
+        most = n_events if to_host is None else pipeline_events(n_events, self.pipeline_chunks,
+                                                                 self.pipeline_min_events)
         held = 0
         start = 0
         n_chunks = 0
-        while start < n_events:
-            free, budget = room(held)
-            if single[start] > free:
-                raise DeviceMemoryError(
-                    f"device results of earlier chunks hold {held} bytes and leave too little of the {budget}-byte "
-                    f"budget for event {start}; use output='numpy' (results copied back chunk by chunk)")
-            stop = plan_chunk(cost, start, free)
-            n_chunks += 1
-            logger.debug("%s/cuda: chunk %d, events %d-%d of %d (%d bytes free of the %d-byte budget)",
-                         self.name, n_chunks, start, stop - 1, n_events, free, budget)
-            pieces = self._match_chunk(batch, events_d, offsets, start, stop, truth_d, list_d, alive_d,
-                                       free + reserve - int(cost[stop] - cost[start]), col_dtype)
-            for first_row, row_ends, rows, cols in pieces:
-                if output == "device":
-                    held += PAIR_BYTES * int(rows.shape[0])
-                    results_row.append(rows)
-                    results_col.append(cols)
-                else:       # rows rebuilt from the per-event counts; positions through pinned staging
+        outgrew = False
+        try:
+            while start < n_events:
+                in_flight = to_host.pending_bytes if to_host is not None else 0
+                free, budget = room(held + (in_flight if fixed_budget else 0))
+                if single[start] > free and in_flight:
+                    to_host.wait()              # the piece being copied back holds the room this event needs
+                    free, budget = room(held)
+                if single[start] > free:
+                    raise DeviceMemoryError(
+                        f"device results of earlier chunks hold {held} bytes and leave too little of the "
+                        f"{budget}-byte budget for event {start}; use output='numpy' (results copied back chunk "
+                        f"by chunk)")
+                fits = plan_chunk(cost, start, free)
+                outgrew |= fits < min(start + most, n_events)
+                stop = min(fits, start + most)
+                if fits == n_events and n_events - stop < self.pipeline_min_events:
+                    stop = n_events             # no tail chunk under the pipeline's minimum
+                n_chunks += 1
+                logger.debug("%s/cuda: chunk %d, events %d-%d of %d (%d bytes free of the %d-byte budget)",
+                             self.name, n_chunks, start, stop - 1, n_events, free, budget)
+                pieces = self._match_chunk(batch, events_d, offsets, start, stop, truth_d, list_d, alive_d,
+                                           free + reserve - int(cost[stop] - cost[start]), col_dtype)
+                for first_row, row_ends, rows, cols in pieces:
+                    if to_host is None:
+                        held += PAIR_BYTES * int(rows.shape[0])
+                        results_row.append(rows)
+                        results_col.append(cols)
+                        continue
                     with self.phases("copy-back"):
-                        n_pairs = int(row_ends[-1])
-                        host_rows = np.empty(n_pairs, np.int64)
-                        transfer.expand_rows(row_ends, np.int64(first_row), host_rows)
-                        host_cols = np.empty(n_pairs, np.int64)
-                        transfer.positions_to_host(cols, host_cols, host_ids)
-                    results_row.append(host_rows)
-                    results_col.append(host_cols)
-            start = stop
-        if n_chunks > 1:    # the batch outgrew the device memory budget: say so once per call
+                        to_host.add(first_row, row_ends, cols)
+                    del rows, cols      # (the worker holds the positions; the device rows are not read)
+                    if first_row + len(row_ends) - 1 < stop:
+                        to_host.wait()      # more pieces of this chunk follow, each sized to the chunk's room
+                start = stop
+            host_pairs = None if to_host is None else to_host.result()
+        except BaseException:
+            if to_host is not None:
+                to_host.abandon()
+            raise
+        if outgrew:         # the batch outgrew the device memory budget: say so once per call
             logger.info("%s/cuda: %d events against %d subscriptions matched in %d chunks (device memory budget "
                         "%d bytes)", self.name, n_events, n_subs, n_chunks, budget)
+        if host_pairs is not None:
+            return host_pairs
         if not results_row:
             return _empty_result(output)
-        xp = cuda_support.array_module() if output == "device" else np
+        xp = cuda_support.array_module()
         rows, cols = (results_row[0], results_col[0]) if len(results_row) == 1 else \
             (xp.concatenate(results_row), xp.concatenate(results_col))
-        if output == "device" and ids is not None:
+        if ids is not None:
             cols = cuda_support.as_device(ids)[cols]
         return rows, cols
 
@@ -463,6 +506,7 @@ class ChunkedCudaMatcher(Matcher):
                 rows, cols = fill_rows_cuda(hits, first, last, start, hit_offsets, n_tiles, launch=self.launch,
                                             col_dtype=col_dtype)
             yield start + first, row_ends[first:last + 1] - row_ends[first], rows, cols
+            del rows, cols          # not held while the next piece is filled
 
 
 class HostStructureCudaMatcher(ChunkedCudaMatcher):

@@ -16,7 +16,9 @@ algorithms (default opindex), ``Index.match_batch`` over the whole batch by
 route: device columns in and device arrays out, a host table in and device
 arrays out, a host table in and Arrow out, beside the kernels alone, with
 the host encoder's share and the Arrow output against the measured
-device-to-host bandwidth.  Each result is printed as soon as it is
+device-to-host bandwidth -- and the Arrow route once more with the batch in
+one chunk (``pipeline_chunks = 1``: no copy-back overlapping the next
+chunk), so the overlap's gain is measured in the same run.  Each result is printed as soon as it is
 measured (a run that a time limit cuts short keeps what it finished), and
 all of them together at the end.
 """
@@ -137,7 +139,11 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     kernels alone, :func:`copy_share`) -- with the host encoder's share of
     the host-in time, the bytes per match an Arrow output writes on the host
     and the measured device-to-host copy bandwidth (so the Arrow-out figure
-    reads as a share of the bus).  The three routes' matches are compared."""
+    reads as a share of the bus) -- and the Arrow route with the batch in one
+    chunk, so with no copy-back overlapping a next chunk (``arrow_out_serial``;
+    ``overlap_gain``: its time over the default's, which is the overlap's
+    gain net of the cost of cutting the batch).  The routes' matches are
+    compared."""
     index = Index(algorithm=algorithm, backend="cuda")
     index.add_many(workload.subscriptions)
     index.merge()
@@ -149,21 +155,30 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     device_in = _timed(repeats, lambda: index.match_batch(columns, valid=valid, output="device"))
     host_device = _timed(repeats, lambda: index.match_batch(table, output="device"))
     host_arrow = _timed(repeats, lambda: index.match_batch(table, output="arrow"))
+    matcher = index._matchers()[0][2]
+    matcher.pipeline_chunks = 1         # one chunk: no copy-back overlapping a next one
+    try:
+        serial = _timed(repeats, lambda: index.match_batch(table, output="arrow"))
+        serial_pairs = index.match_batch(table, output="arrow")
+    finally:
+        del matcher.pipeline_chunks     # back to the class's
     encode = _timed(repeats, lambda: event_batches.encode_events(table, index._state.view))
     pairs = index.match_batch(table, output="arrow")
     routes = [tuple(cuda_support.to_host(a).tolist() for a in index.match_batch(columns, valid=valid,
                                                                                output="device")),
               tuple(cuda_support.to_host(a).tolist() for a in index.match_batch(table, output="device")),
-              (pairs["event"].to_pylist(), pairs["sub_id"].to_pylist())]
+              (pairs["event"].to_pylist(), pairs["sub_id"].to_pylist()),
+              (serial_pairs["event"].to_pylist(), serial_pairs["sub_id"].to_pylist())]
     xp = cuda_support.array_module()
     probe = xp.zeros(8 << 20, dtype=np.int64)                        # 64 MiB device -> host
     copy_s = _timed(repeats, lambda: cuda_support.to_host(probe))
     row = {"workload": workload.name, "algorithm": algorithm, "events": n_events, "pairs": pairs.num_rows,
            "device_resident": n_events / device_resident_s if device_resident_s else None,
            "device_in_device_out": n_events / device_in, "host_in_device_out": n_events / host_device,
-           "host_in_arrow_out": n_events / host_arrow, "encode_share": encode / host_arrow,
+           "host_in_arrow_out": n_events / host_arrow, "arrow_out_serial": n_events / serial,
+           "overlap_gain": serial / host_arrow, "encode_share": encode / host_arrow,
            "bytes_per_match": 16, "copy_gb_per_s": probe.nbytes / copy_s / 1e9,
-           "routes_agree": routes[0] == routes[1] == routes[2]}
+           "routes_agree": routes[0] == routes[1] == routes[2] == routes[3]}
     # the Arrow output's bytes against what the bus carries in that time
     row["arrow_out_bus_share"] = (16 * pairs.num_rows / host_arrow) / (probe.nbytes / copy_s) if pairs.num_rows \
         else 0.0
@@ -226,7 +241,8 @@ def _print_routes(routes) -> None:
     print("\n== end to end, Index.match_batch of the whole batch on cuda (events/s; Arrow out: 16 bytes a match "
           "on the host, its share of the measured device->host bandwidth)")
     print(_table(routes, ("workload", "algorithm", "events", "pairs", "device_resident", "device_in_device_out",
-                          "host_in_device_out", "host_in_arrow_out", "encode_share", "copy_gb_per_s",
+                          "host_in_device_out", "host_in_arrow_out", "arrow_out_serial", "overlap_gain",
+                          "encode_share", "copy_gb_per_s",
                           "arrow_out_bus_share", "routes_agree")), flush=True)
 
 
