@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import threading
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -229,7 +230,6 @@ def _threadsafe_layer() -> bool:
     process), and then a call's pieces are copied back in its own thread.
     The layer is chosen by the first parallel kernel run: one is run here
     when none has been."""
-    import numba
     try:
         layer = numba.threading_layer()
     except ValueError:
@@ -338,7 +338,6 @@ class HostResults:
         rows = self.rows[self.filled:self.filled + n]
         cols = self.cols[self.filled:self.filled + n]
         self.filled += n
-        import numba
         # (the positions in a box the task empties: its last reference goes when the copy is done, not
         # when the executor gets round to dropping the task's arguments)
         args = (row_ends, first_row, [positions_d], *_ready_event(), rows, cols, numba.get_num_threads())
@@ -356,7 +355,6 @@ class HostResults:
 
     def _copy_back(self, row_ends, first_row, box, device, ready, rows, cols, n_threads) -> None:
         positions_d = box.pop()
-        import numba
         numba.set_num_threads(n_threads)
         expand_rows(row_ends, np.int64(first_row), rows)
         if device is None:
