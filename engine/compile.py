@@ -30,7 +30,7 @@ import numba
 from numba import njit, prange
 
 from engine.errors import SchemaError
-from engine.expr import ELEMENT_OF, And, Family, Node, Op, Or, Pred, Xnor, Xor, predicates, to_nnf
+from engine.expr import ELEMENT_OF, And, Family, Node, Not, Op, Or, Pred, Xnor, Xor, negate, predicates
 from engine.schema import Schema
 from gpu_kernels import opcodes
 
@@ -500,14 +500,26 @@ def predicate_key(pred: Pred, schema: Schema) -> tuple:
 _LEAF_CODES = [opcodes.LEAF]
 
 
-def compile_expressions(ids, nodes, schema: Schema) -> Segment:
-    """Compile checked and registered ASTs into a segment (the text route)."""
+def compile_expressions(ids, nodes, schema: Schema, shared: bool = False) -> Segment:
+    """Compile checked and registered ASTs into a segment (the text route).
+
+    Each expression's program is its negation normal form in postfix (NOT
+    folded into the predicates as `engine.expr.to_nnf` folds it, without
+    building the NNF tree).  ``shared``: the ASTs share nodes (the same
+    object in several places: ASTs built in code; `engine.expr.AstChecks`
+    tells).  Then a node is compiled once per polarity and, where it comes
+    back, its program is copied from where it was first written; without
+    sharing, remembering every node would only cost memory."""
     pred_index: dict[tuple, int] = {}
     keys: list[tuple] = []
     kinds: list[int] = []
     args: list[int] = []
     offsets = [0]
     max_depth = 0
+    # (id of a node, negated) -> its leaf's predicate id, or its program's span and stack depth; the ASTs
+    # are alive (``nodes``) while this runs, so an id names one node
+    leaf_of: dict[tuple, int] = {}
+    span_of: dict[tuple, tuple] = {}
 
     def leaf(pred: Pred) -> int:
         k = predicate_key(pred, schema)
@@ -517,23 +529,41 @@ def compile_expressions(ids, nodes, schema: Schema) -> Segment:
             keys.append(k)
         return found
 
-    def emit(node) -> int:
-        """Append node's postfix code; return the stack depth it needs."""
+    def emit(node, negated: bool) -> int:
+        """Append the postfix code of ``node`` (of ``NOT node`` when
+        ``negated``) in NNF; return the stack depth it needs."""
+        key = (id(node), negated)
         if isinstance(node, Pred):
+            pid = leaf_of.get(key)
+            if pid is None:
+                pid = leaf(negate(node) if negated else node)
+                if shared:
+                    leaf_of[key] = pid
             kinds.append(opcodes.LEAF)
-            args.append(leaf(node))
+            args.append(pid)
             return 1
-        if isinstance(node, (And, Or)):
-            depth = max(i + emit(child) for i, child in enumerate(node.children))
-            kinds.append(opcodes.AND if isinstance(node, And) else opcodes.OR)
+        span = span_of.get(key)
+        if span is not None:
+            start, stop, depth = span
+            kinds.extend(kinds[start:stop])
+            args.extend(args[start:stop])
+            return depth
+        start = len(kinds)
+        if isinstance(node, Not):
+            depth = emit(node.child, not negated)
+        elif isinstance(node, (And, Or)):          # De Morgan under a negation
+            depth = max(i + emit(child, negated) for i, child in enumerate(node.children))
+            kinds.append(opcodes.AND if isinstance(node, And) != negated else opcodes.OR)
             args.append(len(node.children))
-            return depth
-        if isinstance(node, (Xor, Xnor)):
-            depth = max(emit(node.left), 1 + emit(node.right))
-            kinds.append(opcodes.XOR if isinstance(node, Xor) else opcodes.XNOR)
+        elif isinstance(node, (Xor, Xnor)):        # NOT (x XOR y) is x XNOR y; the operands stay as they are
+            depth = max(emit(node.left, False), 1 + emit(node.right, False))
+            kinds.append(opcodes.XOR if isinstance(node, Xor) != negated else opcodes.XNOR)
             args.append(2)
-            return depth
-        raise TypeError(f"not in negation normal form: {node!r}")
+        else:
+            raise TypeError(f"not an expression node: {node!r}")
+        if shared:
+            span_of[key] = (start, len(kinds), depth)
+        return depth
 
     for node in nodes:
         kind = node.__class__
@@ -550,7 +580,7 @@ def compile_expressions(ids, nodes, schema: Schema) -> Segment:
             args.append(leaf(node))
             depth = 1
         else:
-            depth = emit(to_nnf(node))
+            depth = emit(node, False)
         max_depth = max(max_depth, depth)
         offsets.append(len(kinds))
     columns = list(zip(*keys)) if keys else [(), (), (), (), ()]

@@ -259,17 +259,19 @@ def _children(node: Node) -> tuple:
     raise TypeError(f"not an expression node: {type(node).__name__}")
 
 
-def _distinct_nodes(node: Node):
-    """Every node of ``node``, children before their parent, with an
-    explicit stack instead of recursion.  A connective shared by several
-    parents is visited once, so an AST that is a DAG costs its number of
-    distinct connectives, not its number of paths (a predicate comes once
-    per parent); a cycle is a ValueError."""
-    if isinstance(node, Pred):
-        yield node
-        return
+def _distinct_nodes(node: Node, known=frozenset()) -> list:
+    """Every node of ``node`` whose id is not in ``known``, each once,
+    children before their parent and left before right (predicates in
+    the order the text reads them), with an explicit stack instead of
+    recursion.  A node shared by several parents is visited once, so an
+    AST that is a DAG costs its number of distinct nodes, not its number of
+    paths; a cycle is a ValueError.  ``known``: the ids of nodes visited
+    before (in other ASTs of a batch), whose subtrees are not entered."""
+    out: list = []
+    if id(node) in known:
+        return out
     finished: set[int] = set()
-    open_ancestors: set[int] = set()     # expanded, their children not all yielded yet
+    open_ancestors: set[int] = set()     # expanded, their children not all listed yet
     stack = [(node, False)]
     while stack:
         current, expanded = stack.pop()
@@ -277,17 +279,18 @@ def _distinct_nodes(node: Node):
         if expanded:
             open_ancestors.discard(key)
             finished.add(key)
-            yield current
-        elif key not in finished:
+            out.append(current)
+        elif key not in finished and key not in known:
             if key in open_ancestors:
                 raise ValueError("an expression cannot contain itself")
+            if isinstance(current, Pred):
+                finished.add(key)
+                out.append(current)
+                continue
             open_ancestors.add(key)
             stack.append((current, True))
-            for child in _children(current):
-                if isinstance(child, Pred):
-                    yield child
-                else:
-                    stack.append((child, False))
+            stack.extend((child, False) for child in reversed(_children(current)))   # first child on top
+    return out
 
 
 #: the most nodes an expression may have, counting a subtree shared by
@@ -300,15 +303,25 @@ def check_nesting(node: Node) -> None:
     `MAX_NESTING`, or has more than `MAX_NODES` nodes once shared subtrees
     are repeated.  Computed without recursion, so that this can run before
     any recursive code sees the expression."""
+    _check_nesting(node, _distinct_nodes(node), {}, {})
+
+
+def _check_nesting(node: Node, nodes: list, depths: dict, sizes: dict) -> None:
+    """`check_nesting` of ``node``, whose nodes not measured yet are
+    ``nodes`` (children first); ``depths`` and ``sizes`` hold, by id, those
+    of the connectives measured before (a predicate's are 0 and 1) and
+    gain these."""
     from engine.errors import ExpressionTooLarge
 
-    depths: dict[int, int] = {}     # id of a connective -> its depth; a predicate's is 0
-    sizes: dict[int, int] = {}      # id of a connective -> its node count with shared subtrees repeated
-    for current in _distinct_nodes(node):
+    for current in nodes:
         if not isinstance(current, Pred):
-            children = _children(current)
-            depths[id(current)] = 1 + max((depths.get(id(child), 0) for child in children), default=0)
-            sizes[id(current)] = 1 + sum(sizes.get(id(child), 1) for child in children)
+            depth, size = 0, 1
+            for child in _children(current):
+                key = id(child)
+                depth = max(depth, depths.get(key, 0))
+                size += sizes.get(key, 1)
+            depths[id(current)] = depth + 1
+            sizes[id(current)] = size
     depth = depths.get(id(node), 0)
     if depth > MAX_NESTING:
         raise ExpressionTooLarge(f"expression is nested {depth} levels deep, deeper than the limit of "
@@ -338,9 +351,13 @@ def check_text(node: Node) -> None:
     """Raise `errors.ParseError` when an attribute name or a string literal
     or pattern of ``node`` is not valid Unicode: a lone surrogate must never
     reach an index.  Without recursion, like `check_nesting`."""
+    _check_text(_distinct_nodes(node))
+
+
+def _check_text(nodes: list) -> None:
     from engine.errors import ParseError
 
-    for current in _distinct_nodes(node):
+    for current in nodes:
         if not isinstance(current, Pred):
             continue
         attr = current.attr
@@ -541,12 +558,17 @@ def check_shape(node: Node) -> None:
     predicate with an empty attribute name, the wrong number of operands or
     an invalid RE2 pattern, and for an AND/OR without operands.  Without
     recursion, like `check_nesting` (which also refuses cycles)."""
+    _check_shape(_distinct_nodes(node))
+
+
+def _check_shape(nodes: list) -> None:
+    """`check_shape` of the nodes ``nodes`` (of one or more ASTs)."""
     import re2
 
     from engine.errors import ParseError
 
-    check_text(node)            # first: RE2 cannot even read a pattern that is not valid Unicode
-    for current in _distinct_nodes(node):
+    _check_text(nodes)          # first: RE2 cannot even read a pattern that is not valid Unicode
+    for current in nodes:
         if isinstance(current, (And, Or)):
             if not isinstance(current.children, tuple) or not current.children:
                 raise ParseError(f"{type(current).__name__} needs a non-empty tuple of operands, "
@@ -579,3 +601,34 @@ def check_shape(node: Node) -> None:
             except re2.error as error:
                 raise ParseError(f"invalid RE2 pattern {current.values[0]!r} on {current.attr!r}: {error}") \
                     from None
+
+
+class AstChecks:
+    """`check_nesting` and `check_shape` over a batch of ASTs that may share
+    nodes (an application that builds its rules in code reuses one object
+    for a segment many rules name): each distinct node -- by identity -- is
+    checked and measured once per batch, so a batch costs its distinct
+    nodes, not its expressions' sizes.  ``checks(node)`` raises as the two
+    checks would, and returns the predicates of ``node`` that no earlier
+    call of this batch met (each once), the ones the schema must see."""
+
+    def __init__(self):
+        # the nodes of ASTs that passed, by id; held, so that no id of theirs is given to a new object
+        self.done: dict[int, Node] = {}
+        self.depths: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}
+        #: whether a node of the batch came more than once (in one AST or in several)
+        self.shared = False
+
+    def __call__(self, node: Node) -> list:
+        if not isinstance(node, (Pred, Not, And, Or, Xor, Xnor)):
+            raise TypeError(f"an expression is text or an engine.expr node, not {type(node).__name__}")
+        nodes = _distinct_nodes(node, self.done)
+        _check_nesting(node, nodes, self.depths, self.sizes)
+        _check_shape(nodes)
+        # (only now: the nodes of an AST that fails are checked again where they come back)
+        self.done.update(zip(map(id, nodes), nodes))
+        # its size counts a node once per path to it: more than the nodes met means some came again
+        self.shared = self.shared or self.sizes.get(id(node), 1) > len(nodes)
+        return [current for current in nodes if isinstance(current, Pred)]
+

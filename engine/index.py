@@ -49,7 +49,7 @@ from engine.columnar import compile_columnar, texts_as_columns
 from engine.compile import (Segment, compile_expressions, concat_segments, merge_segments, program_depths,
                             sorted_by_id, without_unused_predicates)
 from engine.errors import IndexFileError, SchemaError
-from engine.expr import Node, predicates
+from engine.expr import AstChecks, Node, predicates
 from engine.index_file import check_saved_options, needed_depth, read_index_file, restore_contents, write_index_file
 from engine.schema import Schema
 from engine.snapshot import BUILD, MatcherSource, Snapshot
@@ -382,9 +382,13 @@ class Index:
         segment and which of its subscriptions are residual."""
         nodes, all_preds, residual = [], [], []
         fixed: dict = {}
+        checks = AstChecks()        # ASTs sharing nodes: each checked once (the rows' ASTs stay alive in ``nodes``)
         for sub_id, expression in rows:
-            node = _parse(expression) if isinstance(expression, str) else _checked_ast(expression)
-            preds = list(predicates(node))
+            if isinstance(expression, str):
+                node = _parse(expression)
+                preds = list(predicates(node))
+            else:
+                node, preds = expression, checks(expression)    # the predicates not met before in this call
             # check against the schema as it would be after the previous rows
             families: list = []
             changes = self._schema.check_predicates(preds, where=f"subscription {sub_id}", families=families)
@@ -400,7 +404,7 @@ class Index:
             all_preds.append((preds, families))
         for preds, families in all_preds:
             self._schema.register(preds, families)
-        return compile_expressions(ids, nodes, self._schema), np.array(residual, dtype=bool)
+        return compile_expressions(ids, nodes, self._schema, checks.shared), np.array(residual, dtype=bool)
 
     def _finish(self, segment: Segment, residual: np.ndarray) -> Segment:
         """The segment sorted by id, with its residual flags: the given ones,
@@ -950,11 +954,7 @@ def _checked_ast(node) -> Node:
     """An expression given as an AST: a node of engine.expr, within the
     nesting and size limits, shaped as the parser builds them, its text
     valid Unicode (what parse checks for text)."""
-    from engine.expr import And, Not, Or, Pred, Xnor, Xor, check_nesting, check_shape
-    if not isinstance(node, (Pred, Not, And, Or, Xor, Xnor)):
-        raise TypeError(f"an expression is text or an engine.expr node, not {type(node).__name__}")
-    check_nesting(node)
-    check_shape(node)
+    AstChecks()(node)
     return node
 
 

@@ -88,8 +88,9 @@ A-Tree ABE-Gen (:func:`abe_gen`; A-Tree §6.1)
 Arbitrary Boolean expressions (and, or, not, xor, xnor) grown from the
 root, with Zipf-shared subexpressions: see :func:`abe_gen`.  The one
 generator here that is not columnar (the columnar form holds conjunctions
-only: its subscriptions are texts, added by :func:`add_subscriptions`) and
-not vectorised (it grows trees node by node in Python).
+only: its subscriptions are texts, and the same expressions as ASTs sharing
+their subexpressions, ``Workload.asts``; :func:`add_subscriptions` adds
+either) and not vectorised (it grows trees node by node in Python).
 
 Standard workloads (docs/architecture.md#workloads-and-benchmarks): :func:`standard`.
 """
@@ -106,6 +107,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from engine.expr import And, Not, Op, Or, Pred, Xnor, Xor
 
 __all__ = ["Workload", "begen", "opindex_gen", "abe_gen", "ads_lists", "add_subscriptions", "standard",
            "STANDARD_WORKLOADS", "write_parquet", "read_parquet", "OP_CLASSES"]
@@ -141,12 +144,18 @@ class Workload:
     ``attr`` string, ``op`` string, ``value``/``value_hi`` int64 (null where
     unused), ``values`` list<int64> (IN / NOT IN).  ``events``: one row per
     event, one int64 column per attribute any event uses, null = absent.
-    ``params``: the generating parameters (JSON-serialisable)."""
+    ``params``: the generating parameters (JSON-serialisable).  ``asts``:
+    where the subscriptions are texts (ABE-Gen), the same expressions as
+    ASTs in the table's order, sharing one node object wherever the texts
+    repeat a subexpression -- the text-free input of an application that
+    builds its rules in code (``Index.add_many(ids, asts)``); not saved by
+    :func:`write_parquet`."""
 
     name: str
     subscriptions: pa.Table
     events: pa.Table
     params: dict = field(default_factory=dict)
+    asts: list | None = field(default=None, compare=False, repr=False)
 
     @property
     def n_subscriptions(self) -> int:
@@ -860,8 +869,10 @@ def abe_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 1000
     sharing ratios hold at any scale.
 
     Subscriptions are texts (the columnar form holds conjunctions only):
-    ``subscriptions`` is a table of ``sub_id`` and ``expression``, which
-    :func:`add_subscriptions` adds.  Events: ``event_size`` distinct
+    ``subscriptions`` is a table of ``sub_id`` and ``expression``; the
+    same expressions as ASTs, one object per subexpression however many
+    expressions hold it, are ``Workload.asts`` (each equal to its text's
+    parse).  :func:`add_subscriptions` adds either.  Events: ``event_size`` distinct
     attributes (the predicates' attribute law), values uniform, as one
     ``map<string, int64>`` column.  Built node by node in Python (not
     vectorised like the other generators): ~1 s per 10K subscriptions."""
@@ -894,42 +905,55 @@ def abe_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 1000
     made: dict = {h: {} for h in range(1, depth + 1)}
     uniform = rng.random
 
-    def predicate() -> str:
+    # each node is made as its text and its AST at once ((text, node) pairs): a drawn rank gives the very
+    # pair made for it, so the ASTs share one object wherever the texts repeat a subexpression
+    def predicate() -> tuple:
         a = int(np.searchsorted(attr_cdf, uniform() * attr_cdf[-1], side="right").clip(0, dims - 1))
         attr = f"{ATTR_PREFIX}{a}"
         op = pred_ops[int(np.searchsorted(pred_cdf, uniform() * pred_cdf[-1], side="right").clip(0, 7))]
         v = int(uniform() * card)
         if op == "IN":
             values = sorted({v, int(uniform() * card), int(uniform() * card)})
-            return f"{attr} IN ({', '.join(map(str, values))})"
+            return f"{attr} IN ({', '.join(map(str, values))})", Pred(attr, Op.IN, tuple(values))
         if op == "BETWEEN":
             w = int(uniform() * card * 0.2)
-            return f"{attr} BETWEEN {v} AND {min(v + w, card - 1)}"
-        return f"{attr} {op} {v}"
+            hi = min(v + w, card - 1)
+            return f"{attr} BETWEEN {v} AND {hi}", Pred(attr, Op.BETWEEN, (v, hi))
+        return f"{attr} {op} {v}", Pred(attr, Op(op), (v,))
 
-    def fresh(height: int) -> str:
+    def fresh(height: int) -> tuple:
         if height == 1:
             return predicate()
         op = int(np.searchsorted(op_cdf, uniform(), side="right").clip(0, 4))
         if op == 2:
-            return f"NOT ({node(height - 1)})"
+            text, child = node(height - 1)
+            return f"NOT ({text})", Not(child)
         if op >= 3:
-            return f"({node(height - 1)}) {'XOR' if op == 3 else 'XNOR'} ({node(height - 1)})"
+            (left, a), (right, b) = node(height - 1), node(height - 1)
+            return (f"({left}) XOR ({right})", Xor(a, b)) if op == 3 else (f"({left}) XNOR ({right})", Xnor(a, b))
         k = lo + int(uniform() * (hi - lo + 1))
-        return f" {'AND' if op == 0 else 'OR'} ".join(f"({node(height - 1)})" for _ in range(k))
+        parts = [node(height - 1) for _ in range(k)]
+        text = f" {'AND' if op == 0 else 'OR'} ".join(f"({t})" for t, _ in parts)
+        kind = And if op == 0 else Or
+        # as the parser reads the text: an AND's AND operands (an OR's OR ones) are spliced in
+        children = [c for _, n in parts for c in (n.children if n.__class__ is kind else (n,))]
+        return text, kind(tuple(children))
 
-    def node(height: int) -> str:
+    def node(height: int) -> tuple:
         draw = ranks.get(height)
         if draw is None:
             return fresh(height)
         r = draw()
-        text = made[height].get(r)
-        if text is None:
-            text = made[height][r] = fresh(height)
-        return text
+        made_before = made[height].get(r)
+        if made_before is None:
+            made_before = made[height][r] = fresh(height)
+        return made_before
 
     heights = rng.integers(1, depth + 1, n_subs)
-    texts = [fresh(int(h)) for h in heights]
+    pairs = [fresh(int(h)) for h in heights]
+    texts = [text for text, _ in pairs]
+    asts = [ast for _, ast in pairs]
+    del pairs
     subscriptions = pa.table({"sub_id": pa.array(np.arange(n_subs, dtype=np.int64)),
                               "expression": pa.array(texts, pa.string())})
 
@@ -941,7 +965,7 @@ def abe_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 1000
     params = dict(generator="abe", n_subs=n_subs, n_events=n_events, dims=dims, cardinality=card, depth=depth,
                   fanout=[lo, hi], operators=[float(x) for x in shares], alpha=float(alpha), attr_zipf=attr_zipf,
                   event_size=event_size, seed=seed)
-    return Workload(name, subscriptions, events, _jsonable(params))
+    return Workload(name, subscriptions, events, _jsonable(params), asts)
 
 
 # ------------------------------------------------------- ads with list attributes
@@ -1046,12 +1070,16 @@ def _list_rates(kind: np.ndarray, sets: np.ndarray, event_segments: np.ndarray, 
     return rate
 
 
-def add_subscriptions(index, subscriptions: pa.Table) -> None:
+def add_subscriptions(index, subscriptions: pa.Table, asts: list | None = None) -> None:
     """Add a workload's subscriptions to ``index``: the columnar form as it
-    is, ABE-Gen's texts (``sub_id``, ``expression``) through the parser."""
+    is, ABE-Gen's texts (``sub_id``, ``expression``) through the parser --
+    or, given ``asts`` (:attr:`Workload.asts`, the table's expressions in
+    its order), as those ASTs, text-free."""
     if "expression" in subscriptions.column_names:
-        index.add_many(subscriptions["sub_id"].to_numpy(zero_copy_only=False).tolist(),
-                       subscriptions["expression"].to_pylist())
+        ids = subscriptions["sub_id"].to_numpy(zero_copy_only=False).tolist()
+        if asts is not None and len(asts) != len(ids):
+            raise ValueError(f"{len(asts)} ASTs for {len(ids)} subscriptions")
+        index.add_many(ids, subscriptions["expression"].to_pylist() if asts is None else asts)
     else:
         index.add_many(subscriptions)
 

@@ -822,3 +822,23 @@ def test_atree_ablations_are_bench_variants_and_abe_sweeps(tmp_path):
     assert [(r["sweep_value"], r["algorithm"]) for r in rows] == [
         ("(2, 3)", "scan"), ("(2, 3)", "atree-binary"), ("(4, 5)", "scan"), ("(4, 5)", "atree-binary")]
     assert all(r["status"] == "ok" and r["correct"] == "True" for r in rows)
+
+
+@pytest.mark.parametrize("texts", [False, True])
+def test_abe_workloads_are_built_from_their_asts_unless_texts_are_asked_for(texts, monkeypatch):
+    # issue 15's build target is "from text-free columnar or AST input": ABE-Gen's ASTs by default
+    added = []
+    add_many = Index.add_many
+
+    def recording(self, ids, expressions=None, **kwargs):
+        added.append({type(e).__name__ for e in expressions})
+        return add_many(self, ids, expressions, **kwargs)
+
+    monkeypatch.setattr(Index, "add_many", recording)
+    rows = measure.run_benchmark(["W5"], ["scan", "atree"], scale=0.0003, events_limit=40, repeats=1,
+                                 latency_samples=0, progress=False, texts=texts)
+    assert all(r["status"] == "ok" and r["correct"] for r in rows), rows
+    assert rows[1]["matches_per_event"] > 0
+    warm_ups, timed = added[0::2], added[1::2]      # each build is preceded by its untimed warm-up (texts)
+    assert all(kinds == {"str"} for kinds in warm_ups)
+    assert all(("str" in kinds) == texts and len(kinds) >= 1 for kinds in timed), added

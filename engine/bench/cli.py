@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="events scan is timed and answers are checked on: 'auto' (all of them when "
                           f"subscriptions x events <= {SCAN_BUDGET:,}, else the first "
                           f"{SCAN_SAMPLE_MIN}..{SCAN_SAMPLE_MAX}), 'all', or the first N (default %(default)s)")
+    how.add_argument("--texts", action="store_true",
+                     help="build ABE-Gen workloads (W5, --generator abe) from their texts, through the parser; "
+                          "default: from their ASTs (text-free, as every other workload's columnar form)")
     swp = parser.add_argument_group("sweeps (OpIndex Fig. 10; with --generator begen: BE-Tree Fig. 5-11, "
                                     "PS-Tree Fig. 6-13, A-PCM Fig. 8-9; with --generator abe: A-Tree Fig. 8-13)")
     swp.add_argument("--sweep", metavar="PARAM",
@@ -272,7 +275,7 @@ def main(argv=None) -> int:
         return _latency(args, parser, algorithms, backends, algorithm_options)
     options = dict(repeats=args.repeats, latency_samples=max(args.latency_samples, 0),
                    scan_sample=args.scan_sample, progress=not args.quiet, strict=args.strict,
-                   algorithm_options=algorithm_options)
+                   algorithm_options=algorithm_options, texts=args.texts)
 
     if args.sweep is not None:
         if args.workload or args.parquet:

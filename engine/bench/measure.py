@@ -161,13 +161,13 @@ def _warm_up(algorithm, backend, subscriptions, events, dicts, options=None) -> 
 
 
 def _measure(algorithm, backend, subscriptions, events, dicts, repeats, *, latency=True, status,
-             options=None) -> _Measurement:
+             options=None, asts=None) -> _Measurement:
     status("warm-up")
     _warm_up(algorithm, backend, subscriptions, events, dicts, options)
     status("build")
     start = time.perf_counter()
     index = bench_algorithms.new_index(algorithm, backend, options)
-    add_subscriptions(index, subscriptions)   # (columnar, or ABE-Gen texts)
+    add_subscriptions(index, subscriptions, asts)   # (columnar, or ABE-Gen's ASTs or texts)
     index.merge()
     index.match_batch(events.slice(0, 1), output="arrow")   # builds what the index builds lazily
     build_s = time.perf_counter() - start
@@ -240,7 +240,7 @@ def _resolve_workload(workload, scale, events_limit, seed):
 def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit=None, repeats: int = 3,
                   latency_samples: int = 200, scan_sample="auto", scan_budget: int = SCAN_BUDGET,
                   scale: float = DEFAULT_SCALE, seed: int = 0, progress: bool = True, strict: bool = False,
-                  extra: dict | None = None, algorithm_options: dict | None = None) -> list[dict]:
+                  extra: dict | None = None, algorithm_options: dict | None = None, texts: bool = False) -> list[dict]:
     """Benchmark ``algorithms`` x ``backends`` on each workload; one row per
     combination with the columns of :data:`COLUMNS`.
 
@@ -259,7 +259,10 @@ def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit
     :func:`engine.bench.algorithms.options_of`); the value ``"auto"`` is
     chosen per workload
     (:func:`engine.bench.algorithms.resolve_options`: ``betree`` ``max_cap``
-    by BE-Tree Table 4)."""
+    by BE-Tree Table 4).  ``texts``: build ABE-Gen workloads from their
+    texts, through the parser, instead of from their ASTs
+    (:attr:`engine.workloads.Workload.asts`; text-free, as every other
+    workload's columnar form)."""
     backends = list(backends)
     if algorithms is None:
         algorithms = bench_algorithms.implemented_algorithms(backends)
@@ -275,15 +278,16 @@ def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit
             rows += _bench_workload(workload, algorithms, backends, bar, events_limit=events_limit,
                                     repeats=repeats, latency_samples=latency_samples, scan_sample=scan_sample,
                                     scan_budget=scan_budget, strict=strict, extra=extra or {},
-                                    algorithm_options=algorithm_options or {})
+                                    algorithm_options=algorithm_options or {}, texts=texts)
     finally:
         bar.close()
     return rows
 
 
 def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeats, latency_samples, scan_sample,
-                    scan_budget, strict, extra, algorithm_options) -> list[dict]:
+                    scan_budget, strict, extra, algorithm_options, texts=False) -> list[dict]:
     subscriptions, events = workload.subscriptions, workload.events
+    asts = None if texts else workload.asts
     if events_limit is not None:
         events = events.slice(0, int(events_limit))
     n_events, n_subs = events.num_rows, workload.n_subscriptions
@@ -303,7 +307,8 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
             scans[backend] = _measure("scan", backend, subscriptions, sample, dicts, repeats,
                                       latency="scan" in algorithms, status=status("scan", backend),
                                       options=bench_algorithms.resolve_options(
-                                          "scan", bench_algorithms.options_of("scan", algorithm_options), workload))
+                                          "scan", bench_algorithms.options_of("scan", algorithm_options), workload),
+                                      asts=asts)
         except BackendUnavailable as exc:
             scans[backend] = exc
         except Exception as exc:
@@ -340,7 +345,7 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
                 else:
                     bench_algorithms.matcher_class(algorithm, backend)   # BackendUnavailable before any work
                     measured = _measure(algorithm, backend, subscriptions, events, dicts, repeats,
-                                        status=status(algorithm, backend), options=options)
+                                        status=status(algorithm, backend), options=options, asts=asts)
             except BackendUnavailable as exc:
                 row.update(status="skipped", note=str(exc))
             except Exception as exc:
