@@ -391,7 +391,8 @@ class Index:
                 node, preds = expression, checks(expression)    # the predicates not met before in this call
             # check against the schema as it would be after the previous rows
             families: list = []
-            changes = self._schema.check_predicates(preds, where=f"subscription {sub_id}", families=families)
+            changes = self._schema.check_predicates(preds, where=f"subscription {sub_id}", families=families,
+                                                    earlier=fixed)
             for attr, family in changes.items():
                 if fixed.setdefault(attr, family) != family:
                     raise SchemaError(f"subscription {sub_id}: {attr!r} is {fixed[attr].value} in an earlier "

@@ -259,12 +259,16 @@ class Schema:
             self.attr_ids[attr] = len(self.attr_names) - 1   # last: a view finds a name only once it is whole
         return self.attr_ids[attr]
 
-    def check_predicates(self, preds, where: str = "expression", families: list | None = None) -> dict[str, Family]:
+    def check_predicates(self, preds, where: str = "expression", families: list | None = None,
+                         earlier: dict | None = None) -> dict[str, Family]:
         """Check every literal against its attribute's family, without
         changing anything.  Returns the families the predicates would fix
         for attributes not seen before; raises :class:`SchemaError`.
         ``families``: a list to append each predicate's literal family to
-        (None for IS [NOT] NULL), for :meth:`register`."""
+        (None for IS [NOT] NULL), for :meth:`register`.  ``earlier``: the
+        families earlier expressions of the same call fix (not registered
+        yet), which make an attribute a list for IS [NOT] EMPTY as the
+        registered ones do."""
         fixed: dict[str, Family] = {}
         for pred in preds:
             family = self._pred_family(pred, where)
@@ -280,7 +284,7 @@ class Schema:
                 raise _family_error(where, pred, known, family)
         for pred in preds:      # IS [NOT] EMPTY fixes no element family: the attribute must be a list already
             if pred.op is Op.IS_EMPTY or pred.op is Op.IS_NOT_EMPTY:
-                known = self.families.get(pred.attr) or fixed.get(pred.attr)
+                known = self.families.get(pred.attr) or fixed.get(pred.attr) or (earlier or {}).get(pred.attr)
                 if known is None:
                     raise SchemaError(f"{where}: {pred.op.value} needs {pred.attr!r} to be a list attribute: declare "
                                       f"it (schema={{{pred.attr!r}: 'list<string>'}} or 'list<numeric>') or test it "

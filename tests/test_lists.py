@@ -98,6 +98,21 @@ def test_a_scalar_operator_on_a_list_and_vice_versa_is_refused_and_changes_nothi
     assert _ids(index, [{"segs": ["a"]}]) == [[1]]
 
 
+@pytest.mark.parametrize("n_filler", [0, 70])     # the row route, and the bulk texts' columnar shortcut
+def test_is_empty_after_an_earlier_expression_of_the_same_add_many_typed_the_list(n_filler):
+    # as two adds do: "test it with ONE OF ... first" holds within one call too
+    filler = [f"price = {i}" for i in range(n_filler)]
+    for first in ("segs ONE OF ('a')", "3 IN segs", "segs IS NULL AND segs NONE OF (1)"):
+        index = Index(algorithm="scan")
+        index.add_many(range(2 + n_filler), [first, "segs IS EMPTY", *filler])
+        assert index.schema["segs"].startswith("list<")
+        assert _ids(index, [{"segs": []}])[0][-1:] == [1]
+    index = Index(algorithm="scan")
+    with pytest.raises(SchemaError, match="declare it"):      # an IS EMPTY before the typing expression
+        index.add_many(range(2 + n_filler), ["segs IS EMPTY", "segs ONE OF ('a')", *filler])
+    assert len(index) == 0 and "segs" not in index.schema
+
+
 def test_list_families_are_fixed_by_first_use_and_can_be_declared():
     index = Index(algorithm="scan")
     index.add(1, "segs ONE OF ('a') AND segs IS NOT EMPTY")     # the same expression types it first
