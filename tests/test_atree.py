@@ -14,16 +14,18 @@ paper's figures (§6.1)."""
 
 from __future__ import annotations
 
+from itertools import combinations, product
+
 import numpy as np
 import pytest
 
 from engine import Index
-from engine.algorithms.atree import ATreeMatcher
+from engine.algorithms.atree import ATreeMatcher, _predicate_keys
 from engine.algorithms.options import ATreeOptions
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import abe_gen, add_subscriptions
 from gpu_kernels.atree.cpu import IN_KEYS, N_CLASSES
-from gpu_kernels.atree.dag import REMOVED, ATreeDag
+from gpu_kernels.atree.dag import PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, program_expression
 from gpu_kernels.opcodes import AND, LEAF, OR
 
 OPTIONS = [{}, {"sharing": False}, {"reorganize": False}, {"self_adjust": False}, {"binary": True},
@@ -684,3 +686,104 @@ def test_a_crafted_saved_dag_is_a_file_error(tmp_path, craft):
     bad.write_bytes(rewritten(meta, arrays))
     with pytest.raises(IndexFileError, match="crafted.bexidx"):
         Index.load(bad)
+
+
+# ------------------------------------------------- the build, read from the programs
+class PaperDag(ATreeDag):
+    """Algorithms 2 and 3 as the paper words them: every sub-set of a new
+    expression's children looked up (up to the enumeration limits), the
+    parents of its least shared child scanned -- what the faster lookups of
+    :class:`ATreeDag` must find alike."""
+
+    def _reorganized(self, op, flat):
+        n = len(flat)
+        sizes = range(n - 1, 1, -1) if n <= SUBSET_ENUMERATION else (2,) if n <= PAIR_ENUMERATION else ()
+        candidates = [(subset, self.table[op, subset]) for size in sizes for subset in combinations(flat, size)
+                      if (op, subset) in self.table and self.kind[self.table[op, subset]] == op]
+        uncovered, chosen = set(flat), []
+        while candidates:
+            gains = [sum(c in uncovered for c in subset) for subset, _ in candidates]
+            best = max(range(len(candidates)), key=gains.__getitem__)        # the first of the largest gain
+            if gains[best] == 0:
+                break
+            chosen.append(candidates[best][1])
+            uncovered.difference_update(candidates[best][0])
+        return flat if not chosen else tuple(sorted(chosen)) + tuple(sorted(uncovered))
+
+    def _adjusted(self, node, op, flat):
+        wanted = set(flat)
+        pivot = min(flat, key=lambda c: len(self.parents.get(c, ())))
+        for parent in list(self.parents.get(pivot, ())):
+            kids = self.children[parent]
+            if parent == node or self.kind[parent] != op or len(kids) <= len(wanted) or not wanted.issubset(kids):
+                continue
+            self.children[parent] = tuple(sorted([c for c in kids if c not in wanted] + [node]))
+            self.uses[node] += 1
+            self._parent_set(node).add(parent)
+            for child in wanted:
+                self._parent_set(child).discard(parent)
+                self.uses[child] -= 1
+
+
+def inserted_one_by_one(dag: ATreeDag, segment, positions) -> list:
+    """Each position's program as a nested expression, inserted (Algorithm 4) one at a time."""
+    keys = _predicate_keys(segment)
+    roots = []
+    for p in positions:
+        start, stop = segment.prog_offsets[p], segment.prog_offsets[p + 1]
+        roots.append(dag.insert(program_expression(segment.prog_kind[start:stop].tolist(),
+                                                   segment.prog_arg[start:stop].tolist(), keys.__getitem__)))
+    return roots
+
+
+def dag_state(dag: ATreeDag, roots) -> dict:
+    return {"kind": dag.kind, "children": dag.children, "pred": dag.pred, "uses": dag.uses, "key": dag.key,
+            "table": dag.table, "n_removed": dag.n_removed, "roots": list(roots),
+            "parents": {n: set(p) for n, p in dag.parents.items() if p}}
+
+
+SHAPES = [dict(zip(("sharing", "reorganize", "self_adjust", "binary"), values))
+          for values in product((True, False), repeat=4) if values[0] or values[1:] == (True, True, False)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["-".join(k for k, v in s.items() if v) or "none" for s in SHAPES])
+def test_the_build_from_the_programs_is_the_papers_insertion_one_by_one(shape, monkeypatch):
+    # the matcher reads subexpressions straight from the postfix programs (a slice seen before is not
+    # interned again) and looks up fewer sub-sets and parents: the DAG must be node for node the one the
+    # paper's insertion of each nested expression makes, when built and when derived by merges
+    merges = []
+    merged = ATreeMatcher.merged
+
+    def recording(self, segment, old_to_new, added, schema=None):
+        new = merged(self, segment, old_to_new, added, schema)
+        merges.append((self, np.asarray(old_to_new), np.asarray(added), new))
+        return new
+    monkeypatch.setattr(ATreeMatcher, "merged", recording)
+    w = abe_gen(900, 10, dims=40, seed=8)
+    subs = w.subscriptions
+    index = Index(algorithm="atree", backend="cpu", options=shape)
+    add_subscriptions(index, subs.slice(0, 600))
+    index.merge()
+    built = atree_of(index)
+    paper = PaperDag(**shape)
+    assert dag_state(built.dag, built.roots) == dag_state(paper, inserted_one_by_one(paper, built.segment,
+                                                                                       range(len(built.segment))))
+    rng = np.random.default_rng(2)
+    for removed, (start, stop) in ((200, (600, 800)), (560, (800, 900))):    # the second merge renumbers
+        for i in rng.choice(index.ids(), removed, replace=False).tolist():
+            index.remove(i)
+        add_subscriptions(index, subs.slice(start, stop - start))
+        index.merge()
+        new = atree_of(index)                             # (derived when first matched)
+        old, old_to_new, added, derived = merges[-1]
+        assert derived is new
+        paper = paper.copy()
+        for root in old.roots[old_to_new < 0].tolist():
+            paper.release(root)
+        roots = np.full(len(new.segment), -1, np.int64)
+        roots[old_to_new[old_to_new >= 0]] = old.roots[old_to_new >= 0]
+        roots[added] = inserted_one_by_one(paper, new.segment, added.tolist())
+        if paper.n_removed > len(paper):
+            paper, roots = paper.compacted(roots.tolist())
+        assert dag_state(new.dag, new.roots) == dag_state(paper, roots)
+    assert new.dag.n_removed == 0 and len(merges) == 2

@@ -6,8 +6,8 @@ How the paper maps onto this module and :mod:`gpu_kernels.atree`:
 * **Expressions** (§3): every expression is native -- the compiler's
   postfix programs (negation normal form: NOT folded into predicates, as
   the zero suppression filter of §5.2.1 wants) are read back as n-ary
-  trees (:func:`gpu_kernels.atree.dag.program_expression`), AND in AND and
-  OR in OR flattened.
+  trees (:meth:`gpu_kernels.atree.dag.ATreeDag.insert_programs`), AND in
+  AND and OR in OR flattened.
 * **The A-Tree** (§4.1-§4.2): unique l-, i- and r-nodes through
   order-insensitive expression ids, expression reorganisation by greedy
   set cover, self-adjustment, use counts, insertion and deletion --
@@ -41,7 +41,7 @@ from engine.algorithms.base import HostMatcher, list_truth_of
 from engine.algorithms.host_tasks import match_in_tasks
 from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
-from gpu_kernels.atree.dag import ATreeDag, program_expression
+from gpu_kernels.atree.dag import ATreeDag
 from gpu_kernels.atree.layout import flatten, leaf_index
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
 
@@ -80,8 +80,7 @@ class ATreeMatcher(HostMatcher):
         self.zero_suppression, self.on_demand = zero_suppression, on_demand
         self.dag = ATreeDag(sharing, reorganize, self_adjust, binary)
         keys = _predicate_keys(self.segment)
-        self.roots = np.array([self._insert(self.segment, p, keys) for p in _progress(range(len(self.segment)))],
-                              np.int64)
+        self.roots = np.array(self._insert(self.segment, _progress(range(len(self.segment))), keys), np.int64)
         self.merges = 0
         self._flatten(keys)
 
@@ -92,11 +91,10 @@ class ATreeMatcher(HostMatcher):
             segment = segment.coded(self.schema)
         return segment
 
-    def _insert(self, segment: Segment, position: int, keys: list) -> int:
-        start, stop = segment.prog_offsets[position], segment.prog_offsets[position + 1]
-        expr = program_expression(segment.prog_kind[start:stop].tolist(), segment.prog_arg[start:stop].tolist(),
-                                  keys.__getitem__)
-        return self.dag.insert(expr)
+    def _insert(self, segment: Segment, positions, keys: list) -> list:
+        """Algorithm 4 for the subscriptions at ``positions``: their r-nodes."""
+        return self.dag.insert_programs(positions, segment.prog_offsets, segment.prog_kind, segment.prog_arg,
+                                        keys.__getitem__)
 
     def _flatten(self, keys: list) -> None:
         table = self.segment.predicates
@@ -130,8 +128,7 @@ class ATreeMatcher(HostMatcher):
         roots[old_to_new[kept]] = self.roots[kept]
         new.dag = dag
         keys = _predicate_keys(new.segment)
-        for p in _progress(added.tolist()):
-            roots[p] = new._insert(new.segment, p, keys)
+        roots[added] = new._insert(new.segment, _progress(added.tolist()), keys)
         if (roots < 0).any():
             raise ValueError("merged: a position of the new segment is neither kept nor added")
         if dag.n_removed > len(dag):           # ids of removed nodes outnumber the live ones: renumber

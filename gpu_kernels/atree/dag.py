@@ -22,7 +22,8 @@
   same expression arriving in another grouping finds it.  Candidates are
   found by looking up the ids of the expression's sub-sets in ``table``
   (all of them up to :data:`SUBSET_ENUMERATION` children, pairs up to
-  :data:`PAIR_ENUMERATION`, none beyond).
+  :data:`PAIR_ENUMERATION`, none beyond) -- only sub-sets whose children
+  all are in some expression id of that size, as no other can be found.
 * **Use counts** (§4.2.3, Algorithms 4-5): ``uses[n]`` = parents that
   link to ``n`` + subscriptions whose expression ``n`` is.  Insertion of
   an expression that exists only adds a use; deletion removes a use and,
@@ -30,13 +31,19 @@
   (recursively).
 * **Self-adjustment** (§4.2.3, Algorithm 3): a new AND/OR node N becomes
   a child of every existing node P of its operator whose children include
-  all of N's (found through the parents of N's least shared child), in
+  all of N's (found by intersecting the parent sets of N's children), in
   place of those children -- so the structure depends less on the order
   expressions arrive in (a node over a subset of another's children is
   reused whichever came first).  This needs parent sets (``parents``),
   kept only with ``self_adjust``; node ids are then no longer a
   topological order (P is older than N), which the flattening does not
   assume.
+
+A matcher inserts its subscriptions' postfix programs with
+:meth:`ATreeDag.insert_programs`, which reads them without making nested
+expressions and interns a subexpression met before in the same programs
+only once; :func:`program_expression` and :meth:`ATreeDag.insert` make the
+same DAG one expression at a time.
 
 A DAG is only ever changed while a matcher is being made: ``copy`` gives
 the next matcher its own (a match in flight reads the flattened arrays of
@@ -45,7 +52,9 @@ the old one, never this).
 
 from __future__ import annotations
 
-from itertools import combinations
+from itertools import combinations, repeat
+
+import numpy as np
 
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
 
@@ -56,6 +65,7 @@ SUBSET_ENUMERATION = 8
 PAIR_ENUMERATION = 48
 
 REMOVED = -1
+_NO_PARENTS = frozenset()
 
 
 class ATreeDag:
@@ -89,15 +99,21 @@ class ATreeDag:
         self.key: list = []
         self.table: dict = {}
         self.n_removed = 0
+        #: (operator, size) -> every node id in an expression id of that
+        #: operator and that many children (the sizes Algorithm 2 looks up);
+        #: made from ``table`` when first needed, never shrunk (see _reorganized)
+        self._key_members: dict | None = None
 
     def copy(self) -> "ATreeDag":
         """An independent copy (lists of immutable items: shallow copies suffice)."""
-        new = object.__new__(ATreeDag)
+        new = object.__new__(type(self))
         new.sharing, new.reorganize, new.n_removed = self.sharing, self.reorganize, self.n_removed
         new.binary = self.binary
         new.self_adjust, new.parents, new._owned = self.self_adjust, dict(self.parents), set()
         new.kind, new.children, new.pred = list(self.kind), list(self.children), list(self.pred)
         new.uses, new.key, new.table = list(self.uses), list(self.key), dict(self.table)
+        new._key_members = None if self._key_members is None else \
+            {size: set(members) for size, members in self._key_members.items()}
         return new
 
     def __len__(self) -> int:
@@ -113,6 +129,8 @@ class ATreeDag:
         self.key.append(key)
         if key is not None:
             self.table[key] = node
+            if self._key_members is not None:
+                self._add_key_members(key)
         for child in children:
             self.uses[child] += 1
         if self.self_adjust:
@@ -134,11 +152,18 @@ class ATreeDag:
         [children])``), found or made; a node made here has the uses of its
         new parent links only (the caller adds the use that reaches it)."""
         if expr[0] == "L":
-            key = ("L", expr[1]) if self.sharing else None
-            found = self.table.get(key) if key is not None else None
-            return found if found is not None else self._new(LEAF, (), expr[1], key)
+            return self._leaf(expr[1])
         op, parts = expr
-        kids = [self._intern(part) for part in parts]
+        return self._combined(op, [self._intern(part) for part in parts])
+
+    def _leaf(self, pred) -> int:
+        """The l-node of the predicate key ``pred``, found or made."""
+        key = ("L", pred) if self.sharing else None
+        found = self.table.get(key) if key is not None else None
+        return found if found is not None else self._new(LEAF, (), pred, key)
+
+    def _combined(self, op: int, kids: list) -> int:
+        """The node of operator ``op`` over the nodes ``kids`` (in any order), found or made."""
         if op == AND or op == OR:
             flat = tuple(sorted(set(kids)))
             if len(flat) == 1:               # x AND x = x: the child itself
@@ -164,7 +189,8 @@ class ATreeDag:
         if self.reorganize and (op == AND or op == OR) and len(flat) > 2:
             children = self._reorganized(op, flat)
         node = self._new(op, children, None, key)
-        self._drop_unused(flat, children)
+        if children is not flat:             # (all of ``flat`` linked: nothing to drop)
+            self._drop_unused(flat, children)
         if self.self_adjust and (op == AND or op == OR):
             self._adjusted(node, op, flat)
         return node
@@ -175,8 +201,10 @@ class ATreeDag:
         no descendant of ``node`` (a descendant over a subset of its
         children cannot hold all of them), so no cycle arises."""
         wanted = set(flat)
-        pivot = min(flat, key=lambda c: len(self.parents.get(c, ())))
-        for parent in list(self.parents.get(pivot, ())):
+        # such a node links each child of ``flat``: it is in the parent set of every one (intersected from
+        # the smallest, so few parents are looked at; the paper scans the parents of one child)
+        linked = list(map(self.parents.get, wanted, repeat(_NO_PARENTS)))
+        for parent in min(linked, key=len).intersection(*linked):
             kids = self.children[parent]
             if parent == node or self.kind[parent] != op or len(kids) <= len(wanted) or not wanted.issubset(kids):
                 continue
@@ -198,9 +226,17 @@ class ATreeDag:
             sizes = (2,)
         else:
             return flat
+        if self._key_members is None:
+            self._key_members = {}
+            for key in self.table:
+                self._add_key_members(key)
         candidates = []
         for size in sizes:
-            for subset in combinations(flat, size):
+            # a sub-set can only be found if each of its children is in some expression id of its size: the
+            # others are left out of the enumeration (the same finds, in the same order, with fewer lookups)
+            members = self._key_members.get((op, size), ())
+            eligible = [c for c in flat if c in members]
+            for subset in combinations(eligible, size):
                 found = self.table.get((op, subset))
                 if found is not None and self.kind[found] == op:
                     candidates.append((subset, found))
@@ -220,6 +256,13 @@ class ATreeDag:
             uncovered.difference_update(best[0])
         return tuple(sorted(chosen)) + tuple(sorted(uncovered))
 
+    def _add_key_members(self, key) -> None:
+        """``key``'s children into ``_key_members``, if it is an AND/OR id of a size Algorithm 2 looks up.
+        Removals leave them there: a member that is no more only costs a lookup that finds nothing."""
+        op, kids = key
+        if (op == AND or op == OR) and 2 <= len(kids) < SUBSET_ENUMERATION:
+            self._key_members.setdefault((op, len(kids)), set()).update(kids)
+
     def _drop_unused(self, flat: tuple, children: tuple) -> None:
         """Children made for an expression but covered by reorganisation
         (so never linked) are removed again: no node without a use stays."""
@@ -234,6 +277,78 @@ class ATreeDag:
         node = self._intern(expr)
         self.uses[node] += 1
         return node
+
+    def insert_programs(self, positions, offsets, kinds, args, leaf_key) -> list:
+        """:meth:`insert` of each position's postfix program (``kinds[offsets[p]:offsets[p + 1]]``,
+        ``args`` alike: one segment's numpy arrays), in order: the nodes and ids
+        ``insert(program_expression(...))`` gives, read straight from the program.
+
+        In a postfix program every subexpression is a contiguous slice, and
+        equal slices (the leaves' arguments are predicate ids of the one
+        segment) are equal expressions.  W5's subscriptions share most of
+        their subexpressions, so a slice interned before is looked up by its
+        bytes instead of being walked and interned again.  That is exact:
+        interning an expression a second time finds every node it found or
+        made the first time (they keep their expression ids, reorganisation
+        and self-adjustment change children only) and changes nothing -- as
+        long as no node was removed (a binary chain or a covered child
+        dropped, :meth:`_drop_unused`), which is why a removal forgets the
+        slices seen and an interning that removed a node is not remembered.
+        Without sharing every insertion makes new nodes: nothing is remembered."""
+        kinds, args = np.asarray(kinds), np.asarray(args)
+        code = (args.astype(np.int64) << 3) | kinds.astype(np.int64)    # one 8-byte word per instruction
+        seen: dict = {}                      # slice bytes -> node
+        removed = [self.n_removed]           # n_removed when ``seen`` was last valid
+
+        def nodes_of(ends: list) -> list:
+            """The nodes of the subexpressions whose last instructions are ``ends``."""
+            nodes = []
+            for end in ends:
+                key = words[8 * first[end]:8 * end + 8]
+                if self.n_removed != removed[0]:
+                    seen.clear()
+                    removed[0] = self.n_removed
+                node = seen.get(key)
+                if node is None:
+                    removed_before = self.n_removed
+                    op = ops[end]
+                    if op == LEAF:
+                        node = self._leaf(leaf_key(operand[end]))
+                    else:
+                        node = self._combined(op, nodes_of(parts(end, op)))
+                    if self.sharing and self.n_removed == removed_before:
+                        seen[key] = node
+                nodes.append(node)
+            return nodes
+
+        def parts(end: int, op: int) -> list:
+            """The last instructions of the operands of ``end``, left to right, AND
+            inside AND and OR inside OR flattened (as :func:`program_expression`)."""
+            ends = []
+            at = end - 1
+            for _ in range(operand[end] if op == AND or op == OR else 2):
+                ends.append(at)
+                at = first[at] - 1
+            ends.reverse()
+            if op != AND and op != OR:
+                return ends
+            flat = []
+            for at in ends:
+                if ops[at] == op:
+                    flat.extend(parts(at, op))
+                else:
+                    flat.append(at)
+            return flat
+
+        roots = []
+        for position in positions:
+            start, stop = int(offsets[position]), int(offsets[position + 1])
+            ops, operand = kinds[start:stop].tolist(), args[start:stop].tolist()
+            words = code[start:stop].tobytes()
+            first = _subexpression_starts(ops, operand)
+            roots.append(nodes_of([len(ops) - 1])[0])
+            self.uses[roots[-1]] += 1
+        return roots
 
     # ------------------------------------------------------------- deletion
     def release(self, node: int) -> None:
@@ -274,7 +389,7 @@ class ATreeDag:
         # (two passes: self-adjustment links older parents to newer nodes, so a child's new id may come later)
         live = [n for n, kind in enumerate(self.kind) if kind != REMOVED]
         old_to_new = {n: i for i, n in enumerate(live)}
-        new = ATreeDag(self.sharing, self.reorganize, self.self_adjust, self.binary)
+        new = type(self)(self.sharing, self.reorganize, self.self_adjust, self.binary)
         for n in live:
             new.kind.append(self.kind[n])
             new.children.append(tuple(old_to_new[c] for c in self.children[n]))
@@ -295,6 +410,28 @@ class ATreeDag:
                     new.parents[old_to_new[n]] = {old_to_new[p] for p in parents}
                     new._owned.add(old_to_new[n])
         return new, [old_to_new[r] for r in roots]
+
+
+def _subexpression_starts(kinds: list, args: list) -> list:
+    """Per instruction of a postfix program, the first instruction of the
+    subexpression it ends (its own for a leaf)."""
+    first = []
+    starts = []                              # the stack of the operands' first instructions
+    for at, kind in enumerate(kinds):
+        if kind == LEAF:
+            starts.append(at)
+            first.append(at)
+            continue
+        arity = args[at] if kind == AND or kind == OR else 2
+        if arity > len(starts):
+            raise ValueError("malformed postfix program")
+        begin = starts[len(starts) - arity] if arity else at
+        del starts[len(starts) - arity:]
+        starts.append(begin)
+        first.append(begin)
+    if len(starts) != 1:
+        raise ValueError("malformed postfix program")
+    return first
 
 
 def program_expression(kinds, args, leaf_key):
