@@ -317,6 +317,9 @@ def _check_nesting(node: Node, nodes: list, depths: dict, sizes: dict) -> None:
         if not isinstance(current, Pred):
             depth, size = 0, 1
             for child in _children(current):
+                if isinstance(child, Pred):
+                    size += 1
+                    continue
                 key = id(child)
                 depth = max(depth, depths.get(key, 0))
                 size += sizes.get(key, 1)
@@ -624,8 +627,14 @@ class AstChecks:
         if not isinstance(node, (Pred, Not, And, Or, Xor, Xnor)):
             raise TypeError(f"an expression is text or an engine.expr node, not {type(node).__name__}")
         nodes = _distinct_nodes(node, self.done)
-        _check_nesting(node, nodes, self.depths, self.sizes)
-        _check_shape(nodes)
+        try:
+            _check_nesting(node, nodes, self.depths, self.sizes)
+            _check_shape(nodes)
+        except BaseException:
+            for current in nodes:    # (measures of nodes not kept: their ids may name other objects later)
+                self.depths.pop(id(current), None)
+                self.sizes.pop(id(current), None)
+            raise
         # (only now: the nodes of an AST that fails are checked again where they come back)
         self.done.update(zip(map(id, nodes), nodes))
         # its size counts a node once per path to it: more than the nodes met means some came again

@@ -48,7 +48,7 @@ from engine.backend import array_namespace, resolve_backend
 from engine.columnar import compile_columnar, texts_as_columns
 from engine.compile import (Segment, compile_expressions, concat_segments, merge_segments, program_depths,
                             sorted_by_id, without_unused_predicates)
-from engine.errors import IndexFileError, SchemaError
+from engine.errors import IndexFileError
 from engine.expr import AstChecks, Node, predicates
 from engine.index_file import check_saved_options, needed_depth, read_index_file, restore_contents, write_index_file
 from engine.schema import Schema
@@ -393,10 +393,7 @@ class Index:
             families: list = []
             changes = self._schema.check_predicates(preds, where=f"subscription {sub_id}", families=families,
                                                     earlier=fixed)
-            for attr, family in changes.items():
-                if fixed.setdefault(attr, family) != family:
-                    raise SchemaError(f"subscription {sub_id}: {attr!r} is {fixed[attr].value} in an earlier "
-                                      f"subscription of this call, not {family.value}")
+            fixed.update(changes)       # (checked against ``fixed`` as against the schema: nothing clashes here)
             refusal = self._algorithm.limit_error(node, self.dnf_limit)   # e.g. opindex: DNF/CNF within dnf_limit
             if refusal is not None and self.strict:
                 raise refusal

@@ -267,8 +267,9 @@ class Schema:
         ``families``: a list to append each predicate's literal family to
         (None for IS [NOT] NULL), for :meth:`register`.  ``earlier``: the
         families earlier expressions of the same call fix (not registered
-        yet), which make an attribute a list for IS [NOT] EMPTY as the
-        registered ones do."""
+        yet), read as the registered ones are, so that one call accepts and
+        words a clash as two calls would."""
+        earlier = earlier or {}
         fixed: dict[str, Family] = {}
         for pred in preds:
             family = self._pred_family(pred, where)
@@ -276,15 +277,14 @@ class Schema:
                 families.append(family)
             if family is None:
                 continue
-            known = self.families.get(pred.attr)
-            known = fixed.get(pred.attr) if known is None else known
+            known = self.families.get(pred.attr) or earlier.get(pred.attr) or fixed.get(pred.attr)
             if known is None:
                 fixed[pred.attr] = family
             elif known != family:
                 raise _family_error(where, pred, known, family)
         for pred in preds:      # IS [NOT] EMPTY fixes no element family: the attribute must be a list already
             if pred.op is Op.IS_EMPTY or pred.op is Op.IS_NOT_EMPTY:
-                known = self.families.get(pred.attr) or fixed.get(pred.attr) or (earlier or {}).get(pred.attr)
+                known = self.families.get(pred.attr) or earlier.get(pred.attr) or fixed.get(pred.attr)
                 if known is None:
                     raise SchemaError(f"{where}: {pred.op.value} needs {pred.attr!r} to be a list attribute: declare "
                                       f"it (schema={{{pred.attr!r}: 'list<string>'}} or 'list<numeric>') or test it "

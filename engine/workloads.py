@@ -146,8 +146,9 @@ class Workload:
     event, one int64 column per attribute any event uses, null = absent.
     ``params``: the generating parameters (JSON-serialisable).  ``asts``:
     where the subscriptions are texts (ABE-Gen), the same expressions as
-    ASTs in the table's order, sharing one node object wherever the texts
-    repeat a subexpression -- the text-free input of an application that
+    ASTs in the table's order, one node object per subexpression drawn
+    from ABE-Gen's shared pools, however many expressions draw it -- the
+    text-free input of an application that
     builds its rules in code (``Index.add_many(ids, asts)``); not saved by
     :func:`write_parquet`."""
 
@@ -870,8 +871,9 @@ def abe_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 1000
 
     Subscriptions are texts (the columnar form holds conjunctions only):
     ``subscriptions`` is a table of ``sub_id`` and ``expression``; the
-    same expressions as ASTs, one object per subexpression however many
-    expressions hold it, are ``Workload.asts`` (each equal to its text's
+    same expressions as ASTs, one object per subexpression drawn from
+    the pools however many expressions draw it (a subscription's own root
+    is made afresh), are ``Workload.asts`` (each equal to its text's
     parse).  :func:`add_subscriptions` adds either.  Events: ``event_size`` distinct
     attributes (the predicates' attribute law), values uniform, as one
     ``map<string, int64>`` column.  Built node by node in Python (not
@@ -906,7 +908,7 @@ def abe_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 1000
     uniform = rng.random
 
     # each node is made as its text and its AST at once ((text, node) pairs): a drawn rank gives the very
-    # pair made for it, so the ASTs share one object wherever the texts repeat a subexpression
+    # pair made for it, so the ASTs share one object per drawn subexpression
     def predicate() -> tuple:
         a = int(np.searchsorted(attr_cdf, uniform() * attr_cdf[-1], side="right").clip(0, dims - 1))
         attr = f"{ATTR_PREFIX}{a}"

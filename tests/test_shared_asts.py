@@ -152,3 +152,34 @@ def test_a_cycle_is_refused_whatever_was_met_before():
     checks(inner)
     with pytest.raises(ValueError, match="cannot contain itself"):
         checks(looped)
+
+
+def test_a_failed_check_keeps_no_measure_of_its_nodes():
+    # their ids may name other objects once the failed AST is freed: a stale depth would refuse a shallow AST
+    deep = Pred("a", Op.EQ, (1,))
+    for _ in range(MAX_NESTING):
+        deep = Not(deep)
+    checks = AstChecks()
+    ok = And((Pred("b", Op.EQ, (2,)), Pred("c", Op.EQ, (3,))))
+    checks(ok)
+    kept = (dict(checks.depths), dict(checks.sizes))
+    with pytest.raises(ExpressionTooLarge):
+        checks(Not(deep))
+    with pytest.raises(ParseError):
+        checks(And((ok, Pred("d", Op.MATCHES, ("(",)))))
+    assert (checks.depths, checks.sizes) == kept
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_family_clash_across_expressions_reads_as_two_adds_word_it(share):
+    p = Pred("x", Op.EQ, (1,))
+    rows = [p, And((p if share else Pred("x", Op.EQ, (1,)), Pred("x", Op.EQ, ("a",))))]
+    with pytest.raises(Exception) as in_one_call:
+        Index(algorithm="scan").add_many([0, 1], rows)
+    two = Index(algorithm="scan")
+    two.add(0, "x = 1")
+    with pytest.raises(Exception) as in_two_calls:
+        two.add(1, "x = 1 AND x = 'a'")
+    assert type(in_one_call.value) is type(in_two_calls.value)
+    assert str(in_one_call.value) == str(in_two_calls.value) == \
+        "subscription 1: 'x' is numeric, but = compares it with a string literal 'a'"
