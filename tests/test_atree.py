@@ -714,15 +714,7 @@ class PaperDag(ATreeDag):
         wanted = set(flat)
         pivot = min(flat, key=lambda c: len(self.parents.get(c, ())))
         for parent in list(self.parents.get(pivot, ())):
-            kids = self.children[parent]
-            if parent == node or self.kind[parent] != op or len(kids) <= len(wanted) or not wanted.issubset(kids):
-                continue
-            self.children[parent] = tuple(sorted([c for c in kids if c not in wanted] + [node]))
-            self.uses[node] += 1
-            self._parent_set(node).add(parent)
-            for child in wanted:
-                self._parent_set(child).discard(parent)
-                self.uses[child] -= 1
+            self._take_place(parent, node, op, wanted)      # (what is tested is which parents are found)
 
 
 def inserted_one_by_one(dag: ATreeDag, segment, positions) -> list:

@@ -205,15 +205,21 @@ class ATreeDag:
         # the smallest, so few parents are looked at; the paper scans the parents of one child)
         linked = list(map(self.parents.get, wanted, repeat(_NO_PARENTS)))
         for parent in min(linked, key=len).intersection(*linked):
-            kids = self.children[parent]
-            if parent == node or self.kind[parent] != op or len(kids) <= len(wanted) or not wanted.issubset(kids):
-                continue
-            self.children[parent] = tuple(sorted([c for c in kids if c not in wanted] + [node]))
-            self.uses[node] += 1
-            self._parent_set(node).add(parent)
-            for child in wanted:
-                self._parent_set(child).discard(parent)
-                self.uses[child] -= 1           # still >= 1: ``node`` reaches every child of ``flat``
+            self._take_place(parent, node, op, wanted)
+
+    def _take_place(self, parent: int, node: int, op: int, wanted: set) -> None:
+        """Algorithm 3 at one existing node: ``parent``, when it is an ``op``
+        node other than ``node`` whose children include all of ``wanted`` and
+        more, links ``node`` in their place."""
+        kids = self.children[parent]
+        if parent == node or self.kind[parent] != op or len(kids) <= len(wanted) or not wanted.issubset(kids):
+            return
+        self.children[parent] = tuple(sorted([c for c in kids if c not in wanted] + [node]))
+        self.uses[node] += 1
+        self._parent_set(node).add(parent)
+        for child in wanted:
+            self._parent_set(child).discard(parent)
+            self.uses[child] -= 1           # still >= 1: ``node`` reaches every child of ``wanted``
 
     def _reorganized(self, op: int, flat: tuple) -> tuple:
         """Algorithm 2: existing ``op`` nodes over sub-sets of ``flat``,
