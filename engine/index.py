@@ -382,7 +382,7 @@ class Index:
         segment and which of its subscriptions are residual."""
         nodes, all_preds, residual = [], [], []
         fixed: dict = {}
-        checks = AstChecks()        # ASTs sharing nodes: each checked once (the rows' ASTs stay alive in ``nodes``)
+        checks = AstChecks()        # ASTs sharing nodes: each distinct node checked once in this call
         for sub_id, expression in rows:
             if isinstance(expression, str):
                 node = _parse(expression)

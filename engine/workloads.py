@@ -148,9 +148,8 @@ class Workload:
     where the subscriptions are texts (ABE-Gen), the same expressions as
     ASTs in the table's order, one node object per subexpression drawn
     from ABE-Gen's shared pools, however many expressions draw it -- the
-    text-free input of an application that
-    builds its rules in code (``Index.add_many(ids, asts)``); not saved by
-    :func:`write_parquet`."""
+    text-free input of an application that builds its rules in code
+    (``Index.add_many(ids, asts)``); not saved by :func:`write_parquet`."""
 
     name: str
     subscriptions: pa.Table
