@@ -779,3 +779,33 @@ def test_the_build_from_the_programs_is_the_papers_insertion_one_by_one(shape, m
             paper, roots = paper.compacted(roots.tolist())
         assert dag_state(new.dag, new.roots) == dag_state(paper, roots)
     assert new.dag.n_removed == 0 and len(merges) == 2
+
+
+@pytest.mark.parametrize("workload", ["W1", "W5"])
+def test_the_reported_size_is_what_the_matcher_keeps(workload):
+    """``nbytes`` (the bench's index column, and issue 15's "memory ≤
+    scan's") estimates the Python DAG per node and link: beside the
+    segment it shares with the index, it must stay within 20 % of what
+    tracemalloc counts the built matcher keeping -- the DAG's objects and
+    the flat arrays -- on conjunctions (1.5 links a node) and on ABEs (5)."""
+    import gc
+    import tracemalloc
+
+    from engine.workloads import standard
+    w = standard(workload, scale=0.01, n_events=10)
+    index = Index(algorithm="atree")
+    add_subscriptions(index, w.subscriptions, w.asts)
+    index.merge()
+    segment, schema = index._state.main, index._schema
+    ATreeMatcher(segment, schema=schema)           # compiled and cached before counting
+    gc.collect()
+    tracemalloc.start()
+    try:
+        matcher = ATreeMatcher(segment, schema=schema)
+        gc.collect()
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(matcher.dag) > 10_000 and matcher.segment is segment       # (the index's: not counted here)
+    estimate = matcher.nbytes - segment.nbytes
+    assert 0.8 < estimate / kept < 1.2, (estimate, kept)

@@ -240,12 +240,15 @@ class ATreeMatcher(HostMatcher):
         return new
 
     # --------------------------------------------------------------- memory
-    #: rough host bytes of the Python DAG kept for merges, per node (list
-    #: slots, the children tuple, the table entry and key, the parent set)
-    #: and per link (a tuple slot, a parent-set entry): an estimate, not a
-    #: measurement (sys.getsizeof over millions of objects costs more than a merge)
-    DAG_BYTES_PER_NODE = 400
-    DAG_BYTES_PER_LINK = 48
+    #: host bytes of the Python DAG kept for merges, per node (list slots,
+    #: the children tuple, the table entry and key, the parent set, the
+    #: sub-set lookup's member sets) and per link (a tuple slot, a
+    #: parent-set entry): fitted to tracemalloc's count of what a matcher
+    #: keeps on W1 and W5 (2026-11-29; tests/test_atree.py holds the
+    #: estimate to it), since sys.getsizeof over millions of objects would
+    #: cost more than a merge
+    DAG_BYTES_PER_NODE = 560
+    DAG_BYTES_PER_LINK = 40
 
     @property
     def nbytes(self) -> int:
