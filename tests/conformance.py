@@ -30,7 +30,9 @@ A *life cycle* is where the subscriptions sit when the events are matched:
 ``merged``      main with a built matcher, more adds in the delta, removals
                 from both, an id removed from main and re-added with another
                 expression -- checked in that mixed state, then after
-                ``merge`` (the algorithm's incremental ``merged`` path);
+                ``merge`` (the algorithm's incremental ``merged`` path); in
+                a quarter of the runs everything is removed before the
+                merge, and adds follow (checked in the delta, then merged);
 ``saved``       the mixed state saved, loaded on the same backend and checked;
                 loaded on the other backend where it runs, saved there and
                 loaded back; then updated after the load (new strings and
@@ -631,9 +633,17 @@ def _tombstones(run: Run, tmp_path) -> None:
 def _merged(run: Run, tmp_path) -> None:
     run.mixed()
     run.check(where="main, delta and tombstones")
+    emptied = run.rng.random() < 0.25
+    if emptied:         # every subscription removed: the merge leaves an empty main segment
+        run.remove(sorted(run.live))
     run.index.merge()
     assert layout(run.index) == (len(run.live), 0, 0)
     run.check(where="after merge")
+    if emptied:         # ... which the next adds, merged or not, build on
+        run.add(range(run.rng.randint(1, run.n)))
+        run.check(where="adds after a merge that emptied the index")
+        run.index.merge()
+        run.check(where="merged again")
 
 
 _FILES = itertools.count()

@@ -169,6 +169,19 @@ def test_expressions_beyond_the_limit_are_residual_unless_strict(algorithm, back
         assert [m.tolist() for m in index.match_batch(events)] == want
         index.merge()
     assert index.statistics()["residual"] == 1
+    # both halves emptied by one merge (found by a probe: the merge's map of
+    # the residual half indexed the empty segment's ranks), then refilled
+    index.match({})
+    index.remove(1)
+    index.remove(2)
+    index.merge()
+    assert [m.tolist() for m in index.match_batch(events)] == [[], [], [], []]
+    index.add(3, "n0 = 0")
+    assert [m.tolist() for m in index.match_batch(events)] == [[3] if 2 in w else [] for w in want]
+    index.add(4, node)
+    index.merge()
+    renamed = {1: 4, 2: 3}              # the same expressions under new ids
+    assert [m.tolist() for m in index.match_batch(events)] == [sorted(renamed[i] for i in w) for w in want]
 
 
 # ------------------------------------------------------------------ the generators

@@ -44,7 +44,9 @@ def _sub_map(old_to_new: np.ndarray, old_part: np.ndarray, new_part: np.ndarray,
     rank = np.full(n_new, -1, np.int64)
     rank[new_part] = np.arange(len(new_part))
     moved = old_to_new[old_part]
-    part_map = np.where(moved >= 0, rank[np.maximum(moved, 0)], -1)
+    part_map = np.full(len(moved), -1, np.int64)
+    kept = moved >= 0
+    part_map[kept] = rank[moved[kept]]          # (indexed only where kept: the merged segment may be empty)
     fresh = np.ones(len(new_part), bool)
     fresh[part_map[part_map >= 0]] = False
     return part_map, np.flatnonzero(fresh)
