@@ -116,8 +116,9 @@ class Index:
     algorithm : one of :data:`engine.ALGORITHMS`; default the best
         implemented on the backend.
     backend : ``"cpu"`` or ``"cuda"``; default the best available here.
-    schema : optional ``{attribute: "numeric" | "string" | "boolean"}``
-        declaring type families up front.
+    schema : optional ``{attribute: "numeric" | "string" | "boolean" |
+        "list<numeric>" | "list<string>"}`` declaring type families up
+        front (aliases as :mod:`engine.schema` lists them).
     dnf_limit : the most conjunctions (or clauses) a normal-form algorithm
         may make of one expression; an expression beyond it is *residual*:
         matched exactly by the residual matcher (``atree``) inside the same

@@ -1,4 +1,4 @@
-"""The slow, obviously correct evaluator of the language in docs/language.md (tests only).
+"""The slow, obviously correct evaluator of the language in docs/language.md (the tests, and Index.explain).
 
 Every matching algorithm is checked against this module, and this module is
 checked against DuckDB (`tests/sql_oracle.py`).  It walks the AST directly,

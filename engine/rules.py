@@ -155,7 +155,7 @@ def _predicates(column: pa.Array, ids: np.ndarray, name: str, attribute: str, op
         op = Op.IN if is_list else Op.EQ
     if is_list and op not in _LIST_OPS or not is_list and op not in _SCALAR_OPS:
         raise SchemaError(f"rules table: column {name!r} holds {'lists' if is_list else 'single values'}, "
-                          f"which {op.value} cannot take ({'in / not in' if not is_list else 'a comparison'} "
+                          f"which {op.value} cannot take ({'in / not in' if is_list else 'a comparison'} "
                           f"would)")
     family = _family(element, name)
     if op in PATTERN_OPS and family != "str":

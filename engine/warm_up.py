@@ -26,9 +26,16 @@ EXPRESSIONS = [
     "p BETWEEN 1 AND 2 XOR c MATCHES '^r'",
     "q IS NULL AND p NOT IN (3, 4) AND flag = TRUE",
     "c NOT BETWEEN 'a' AND 'm' XNOR p != 7",
+    "p < 0 OR p >= 9 OR b NOT LIKE '%y' AND c NOT MATCHES 'e$'",
+    # list attributes: their operators and the list kernels
+    "segs ONE OF ('a', 'b') OR deals ALL OF (1, 2)",
+    "segs NONE OF ('z') AND 3 IN deals",
+    "deals IS NOT EMPTY XOR 'a' NOT IN segs",
+    "NOT (deals ALL OF (1, 2)) AND 4 NOT IN deals OR segs IS EMPTY",
 ]
-EVENTS = [{"p": 550, "c": "silver", "b": "a"}, {"c": "red"}, {"p": 1.5, "c": "rose", "flag": True},
-          {"q": 1, "b": "xy"}, {}, {"p": 7, "c": "z", "flag": False}, {"p": 3}, {"c": "n", "b": "b"}]
+EVENTS = [{"p": 550, "c": "silver", "b": "a", "segs": ["a", "b"], "deals": [1, 2, 3]}, {"c": "red", "segs": []},
+          {"p": 1.5, "c": "rose", "flag": True, "deals": [3]}, {"q": 1, "b": "xy"}, {},
+          {"p": 7, "c": "z", "flag": False, "segs": ["z"]}, {"p": 3, "deals": []}, {"c": "n", "b": "b"}]
 
 
 def warmup(algorithms=None, backend: str | None = None) -> dict[str, float]:

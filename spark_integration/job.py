@@ -10,8 +10,10 @@ stage).
 Arguments (all optional)::
 
     --subs PATH       subscriptions: Parquet in the columnar form of
-                      engine.columnar, or an index saved with Index.save
-    --events PATH     events: Parquet, one row per event, one column per
+                      engine.columnar, an index saved with Index.save, or
+                      `bexmatch match`'s text (one id<TAB>expression a line)
+    --events PATH     events: Parquet, or JSON Lines in a file named *.json,
+                      *.jsonl or *.ndjson; one row per event, one column per
                       attribute (or a map column "attrs"); an "event_id"
                       column is used when present, else one is made up
     --out PATH        where the matches go (Parquet directory)

@@ -18,6 +18,26 @@ def test_warmup_runs_every_algorithm_and_returns_their_times():
     assert set(engine.warmup(["betree"], "cpu")) == {"betree"}
 
 
+def test_the_warm_up_set_holds_every_operator_and_connective():
+    """Every kernel of an algorithm is compiled by the warm-up only if its
+    expressions reach every operator (after NOT is folded in), every
+    connective, and list values as well as single ones."""
+    from engine.expr import And, Not, Op, Or, Xnor, Xor, _children, predicates, to_nnf
+    from engine.parse import parse
+    from engine.warm_up import EVENTS, EXPRESSIONS
+    nodes = [parse(text) for text in EXPRESSIONS]
+    ops = {p.op for node in nodes for p in predicates(node)} | {p.op for node in nodes for p in predicates(to_nnf(node))}
+    assert ops == set(Op)
+
+    def kinds(node):
+        yield type(node)
+        for child in _children(node):
+            yield from kinds(child)
+    assert {And, Or, Not, Xor, Xnor} <= {k for node in nodes for k in kinds(node)}
+    assert any(isinstance(v, list) and v for e in EVENTS for v in e.values())
+    assert any(v == [] for e in EVENTS for v in e.values())
+
+
 def test_builds_merges_and_derivations_are_logged(caplog):
     caplog.set_level(logging.INFO, logger="engine")
     idx = Index(algorithm="opindex")

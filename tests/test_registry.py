@@ -90,6 +90,20 @@ def test_registering_an_algorithm_makes_it_usable_by_name_and_unregistering_remo
         Index(algorithm="toy")
 
 
+def test_conformance_options_naming_no_option_are_refused_at_registration():
+    """The suite runs a variant on the backends that take all its names:
+    a name that is no option would make it run nowhere, unseen."""
+    from engine.algorithms.options import BETreeOptions
+    from engine.algorithms.scan import ScanMatcher
+    toy = registry.Algorithm(name="toy", title="toy", paper="-", sections="-", implementations={"cpu": ScanMatcher},
+                             options=BETreeOptions, native_forms=("all",),
+                             conformance_options=({"max_cap": 1}, {"leaf_capacity": 1}))
+    with pytest.raises(ValueError, match=r"conformance_options \{'leaf_capacity': 1\} name 'leaf_capacity', "
+                                         r"not an option of BETreeOptions \(its options: .*max_cap"):
+        registry.register(toy)
+    assert "toy" not in registry.names()
+
+
 # ----------------------------------------------------------------- options
 @pytest.mark.parametrize("options, error, message", [
     ({"segments": 3}, ValueError, "segments must be a power of two"),

@@ -110,6 +110,13 @@ def register(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
         raise ValueError(f"algorithm {algorithm.name!r} is registered already")
     if not algorithm.implementations:
         raise ValueError(f"algorithm {algorithm.name!r} names no implementation")
+    known = {f.name for f in dataclasses.fields(algorithm.options)}
+    for options in algorithm.conformance_options:     # else the suite would skip that variant without a word
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"algorithm {algorithm.name!r}: conformance_options {dict(options)} name "
+                             f"{', '.join(map(repr, unknown))}, not an option of {algorithm.options.__name__} "
+                             f"(its options: {', '.join(sorted(known)) or 'none'})")
     _REGISTRY[algorithm.name] = algorithm
     return algorithm
 
