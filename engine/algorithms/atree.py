@@ -167,7 +167,7 @@ class ATreeMatcher(HostMatcher):
             kernel = K.atree_match_serial if serial else K.atree_match_kernel
             task_leaves = np.zeros(len(first), np.int64)
             kernel(first, last, out, cap, ev_count, stop, need, task_leaves, batch.offsets, batch.attr, batch.value,
-                   batch.token, pattern_truth, list_truth, alive, a.kind, a.level, a.level_start, a.child_off,
+                   batch.token, pattern_truth, list_truth, alive, a.kind, a.level_start, a.child_off,
                    a.child_idx, a.par_off, a.par_idx, a.needs3, a.leaf_pred, x.scan_off, x.scan_leaf, x.key_off, x.key,
                    x.key_hi, x.key_reach, x.key_leaf, x.key_quiet, a.absent_leaf, a.sub_off, a.sub_pos,
                    preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux)

@@ -4,7 +4,8 @@ bottom-up, with zero suppression and propagation on demand.
 The flattened A-Tree (:class:`gpu_kernels.atree.layout.ATreeArrays`)
 numbers nodes by *level* (§4.1: a leaf is level 1, an operator one more
 than its highest child), so the nodes of one level are one id range and
-the per-level queues of Algorithm 6 are slices of one buffer.  Per event:
+the per-level queues of Algorithm 6 are one bitmap over the ids, read a
+level's range at a time.  Per event:
 
 1. **Predicate matching.**  On an attribute the event carries, the
    TRUE l-nodes among the *keyed* ones (not exact, with ``=``, ``IN``,
@@ -54,6 +55,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from gpu_kernels.compaction import popcount64
 from gpu_kernels.opcodes import AND, FALSE, NULL, OR, TRUE, XOR
 from gpu_kernels.predicates import entry_truth, find_attribute
 from gpu_kernels.twins import parallel_and_serial
@@ -106,16 +108,17 @@ def exact_nodes(kind, child_off, child_idx):
 
 
 @njit(nogil=True)
-def _propagate(node, value, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur):
+def _propagate(node, value, par_off, par_idx, needs3, stamp, val, queued, cur):
+    """``node``'s result to the parents it reaches: each, the first time
+    this event, is stamped NULL (not evaluated yet) and queued -- a bit
+    in ``queued``, which stage 2 reads level by level in id order."""
     for k in range(par_off[node], par_off[node + 1]):
         p = par_idx[k]
         if value == TRUE or (needs3[p] and value != NULL):
             if stamp[p] != cur:
                 stamp[p] = cur
                 val[p] = NULL
-                lv = level[p]
-                queue[level_start[lv] + q_len[lv]] = p
-                q_len[lv] += 1
+                queued[p >> 6] |= np.uint64(1) << np.uint64(p & 63)
 
 
 @njit(nogil=True)
@@ -221,8 +224,7 @@ _key_run = njit(nogil=True)(make_key_run(_first_not_below, _first_above))
 
 
 @njit(nogil=True)
-def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3, level,
-               stamp, val, queue, q_len, level_start, cur):
+def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3, stamp, val, queued, cur):
     """A keyed leaf located TRUE: what evaluating it to TRUE does (a
     ``quiet`` one, no r-node and linking no parent, only records it).  A
     leaf is finished once per event (an IN leaf has a key per list value,
@@ -237,13 +239,13 @@ def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found
     stamp[leaf] = cur
     val[leaf] = TRUE
     found = _finish(leaf, TRUE, sub_off, sub_pos, alive, out, write_at, limit, found)
-    _propagate(leaf, TRUE, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+    _propagate(leaf, TRUE, par_off, par_idx, needs3, stamp, val, queued, cur)
     return found
 
 
 @njit(nogil=True)
 def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off, sub_pos, alive, out,
-                  write_at, limit, found, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur):
+                  write_at, limit, found, par_off, par_idx, needs3, stamp, val, queued, cur):
     """The TRUE leaves of attribute ``g // N_CLASSES`` and key class ``g %
     N_CLASSES`` on value ``v`` (not NaN): the class's run of keys
     (:func:`make_key_run`); returns (found, leaves located)."""
@@ -257,20 +259,19 @@ def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, su
         for k in range(a, b):
             if v <= key_hi[k]:
                 found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, out, write_at, limit, found,
-                                   par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+                                   par_off, par_idx, needs3, stamp, val, queued, cur)
         return found, b - a
     for k in range(a, b):
         found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, out, write_at, limit, found, par_off,
-                           par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+                           par_idx, needs3, stamp, val, queued, cur)
     return found, b - a
 
 
 @njit(nogil=True)
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
-               list_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx, needs3, leaf_pred,
+               list_truth, alive, kind, level_start, child_off, child_idx, par_off, par_idx, needs3, leaf_pred,
                scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, sub_off, sub_pos,
-               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, stamp, val, queue, q_len,
-               result):
+               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, stamp, val, queued, result):
     """Events ``[e_first, e_last)``; ``result``: the first event that did
     not fit (``e_last`` when all did), its count, and the leaves touched
     by the events that fit (evaluated, or located in the index)."""
@@ -289,8 +290,6 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             cur = 1
         s0 = ev_offsets[e]
         s1 = ev_offsets[e + 1]
-        for lv in range(n_levels):
-            q_len[lv] = 0
         found = 0
         touched = 0
         write_at = base + used
@@ -305,7 +304,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 for g in range(a * N_CLASSES, (a + 1) * N_CLASSES):
                     found, n = _keyed_leaves(g, value, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off,
                                              sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3,
-                                             level, stamp, val, queue, q_len, level_start, cur)
+                                             stamp, val, queued, cur)
                     touched += n
             touched += scan_off[a + 1] - scan_off[a]
             for k in range(scan_off[a], scan_off[a + 1]):
@@ -316,7 +315,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 val[leaf] = v
                 if v == TRUE:
                     found = _finish(leaf, v, sub_off, sub_pos, alive, out, write_at, limit, found)
-                _propagate(leaf, v, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+                _propagate(leaf, v, par_off, par_idx, needs3, stamp, val, queued, cur)
         # ... and those that are not NULL on an absent attribute
         for k in range(len(absent_leaf)):
             leaf = absent_leaf[k]
@@ -330,25 +329,36 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             val[leaf] = v
             if v == TRUE:
                 found = _finish(leaf, v, sub_off, sub_pos, alive, out, write_at, limit, found)
-            _propagate(leaf, v, par_off, par_idx, needs3, level, stamp, val, queue, q_len, level_start, cur)
+            _propagate(leaf, v, par_off, par_idx, needs3, stamp, val, queued, cur)
         # 2. expression matching, lowest level first (Algorithm 6)
+        # A level's queued nodes are taken in id order from the bitmap: they
+        # are neighbours in every node array, so they are read in few cache
+        # lines, not one each (W5: 1.5x the whole kernel against a queue in
+        # arrival order).  A level's nodes do not read each other, and
+        # evaluating them queues higher levels only.
         for lv in range(2, n_levels):
-            start = level_start[lv]
-            # in id order: a level's nodes are neighbours in every node array,
-            # so its queued ones are read in few cache lines, not one each
-            # (W5: 1.3-1.5x the whole kernel; a level's nodes are independent)
-            queue[start:start + q_len[lv]].sort()
-            q = 0
-            while q < q_len[lv]:
-                node = queue[start + q]
-                q += 1
-                v = _evaluate(node, kind, needs3, child_off, child_idx, stamp, val, cur)
-                val[node] = v
-                if v == TRUE:
-                    found = _finish(node, v, sub_off, sub_pos, alive, out, write_at, limit, found)
-                if v != NULL:
-                    _propagate(node, v, par_off, par_idx, needs3, level, stamp, val, queue, q_len,
-                               level_start, cur)
+            lo = level_start[lv]
+            hi = level_start[lv + 1]
+            for w in range(lo >> 6, (hi + 63) >> 6):
+                bits = queued[w]
+                if bits == 0:
+                    continue
+                first = w << 6
+                if first < lo:                   # a word at a level's edge holds its neighbours' bits too
+                    bits &= ~((np.uint64(1) << np.uint64(lo - first)) - np.uint64(1))
+                if hi - first < 64:
+                    bits &= (np.uint64(1) << np.uint64(hi - first)) - np.uint64(1)
+                queued[w] ^= bits
+                while bits:
+                    low = bits & (~bits + np.uint64(1))
+                    bits ^= low
+                    node = first + popcount64(low - np.uint64(1))
+                    v = _evaluate(node, kind, needs3, child_off, child_idx, stamp, val, cur)
+                    val[node] = v
+                    if v == TRUE:
+                        found = _finish(node, v, sub_off, sub_pos, alive, out, write_at, limit, found)
+                    if v != NULL:
+                        _propagate(node, v, par_off, par_idx, needs3, stamp, val, queued, cur)
         if write_at + found > limit:
             result[0] = e
             result[1] = found
@@ -362,26 +372,24 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
 
 def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, task_leaves,
                           ev_offsets, ev_attr, ev_value, ev_token, pattern_truth, list_truth, alive,
-                          kind, level, level_start, child_off, child_idx, par_off, par_idx, needs3,
+                          kind, level_start, child_off, child_idx, par_off, par_idx, needs3,
                           leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet,
                           absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
                           pred_aux):
     """Events ``[task_first[t], task_last[t])`` of every task ``t`` in
-    parallel, each with its own scratch (stamps, results, queues);
+    parallel, each with its own scratch (stamps, results, the queue bitmap);
     ``task_leaves[t]``: the leaves its finished events touched."""
     n_nodes = len(kind)
-    n_levels = len(level_start) - 1
     for t in prange(len(task_first)):
         stamp = np.zeros(n_nodes, np.int32)
         val = np.empty(n_nodes, np.int8)
-        queue = np.empty(max(n_nodes, 1), np.int32)
-        q_len = np.zeros(max(n_levels, 1), np.int64)
+        queued = np.zeros((n_nodes + 63) >> 6, np.uint64)
         result = np.empty(3, np.int64)
         match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
-                   pattern_truth, list_truth, alive, kind, level, level_start, child_off, child_idx, par_off, par_idx,
+                   pattern_truth, list_truth, alive, kind, level_start, child_off, child_idx, par_off, par_idx,
                    needs3, leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet,
                    absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
-                   pred_aux, stamp, val, queue, q_len, result)
+                   pred_aux, stamp, val, queued, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
         task_leaves[t] = result[2]
