@@ -696,6 +696,8 @@ def _plain_list(column):
     at offset 0 -- an invalid array that reads wrong without an error, as
     tests/test_lists.py's views in any order would show), string views as
     large strings (no filter or take kernel reads them)."""
+    if not _is_list_type(column.type):
+        return column                                     # (refused cell by cell by the caller)
     view = pa.types.is_list_view(column.type) or pa.types.is_large_list_view(column.type)
     string_view = pa.types.is_string_view(column.type.value_type)
     if not (view or string_view):

@@ -225,6 +225,11 @@ def test_bad_arrow_list_columns_are_refused_by_cell():
     wrong = pa.table({"deals": pa.array([["a"], ["b"]])})
     with pytest.raises(BadEventError, match="list<numeric>"):
         index.match_batch(wrong)
+    # single values, or structs, where lists belong: refused by cell as a dict's are
+    for column in (pa.array([None, 1.0]), pa.array([None, "a"]), pa.array([None, {"a": 1}])):
+        with pytest.raises(BadEventError, match="event 1: attribute 'deals' is list<numeric>, got"):
+            index.match_batch(pa.table({"deals": column}))
+        assert _ids(index, pa.table({"deals": column}), errors="null") == [[], []]
 
 
 # ------------------------------------------------------------------ the list truth
