@@ -142,10 +142,10 @@ def event_batches(path: str, batch_size: int = EVENT_BATCH):
     (JSON Lines), with the 1-based line number of each event of a JSON
     Lines batch (None for Parquet, whose events are rows)."""
     if _is_parquet(path):
-        with _parquet_errors(path):
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size) if Path(path).is_file() \
-                    else pq.read_table(path).to_batches(batch_size):
-                yield pa.Table.from_batches([batch]), None
+        for part in _parquet_parts(path):
+            with _parquet_errors(part):
+                for batch in pq.ParquetFile(part).iter_batches(batch_size=batch_size):
+                    yield pa.Table.from_batches([batch]), None
         return
     batch, lines = [], []
     for number, line in _lines(path):
@@ -166,6 +166,17 @@ def event_batches(path: str, batch_size: int = EVENT_BATCH):
             batch, lines = [], []
     if batch:
         yield batch, lines
+
+
+def _parquet_parts(path: str) -> list:
+    """The Parquet file, or a directory's files in name order (those not
+    hidden as ``_*`` or ``.*``, as pyarrow's discovery skips them), each
+    read with its own columns: one table of the directory would take the
+    first file's schema and drop a column only later files hold."""
+    p = Path(path)
+    if p.is_file():
+        return [str(p)]
+    return [str(f) for f in sorted(p.iterdir()) if f.is_file() and not f.name.startswith(("_", "."))]
 
 
 def _count_events(path: str) -> int | None:

@@ -298,3 +298,19 @@ def test_every_option_of_every_command_has_help():
                          (run_parser(), "bexmatch run")):
         walk(parser, path)
     assert missing == []
+
+
+def test_a_parquet_directory_is_read_file_by_file_with_each_files_columns(tmp_path, capsys):
+    """A column that only a later file of the directory holds is read (one
+    table of the directory took the first file's schema and dropped it,
+    unseen); files are read in name order, hidden ones (``_SUCCESS``) not."""
+    subs = tmp_path / "subs.txt"
+    subs.write_text("1\tn = 1\n2\ts = 'a'\n3\ts IS NULL\n")
+    events = tmp_path / "events"
+    events.mkdir()
+    pq.write_table(pa.table({"n": [1, 2]}), events / "part-0.parquet")
+    pq.write_table(pa.table({"n": [3], "s": ["a"]}), events / "part-1.parquet")
+    (events / "_SUCCESS").write_bytes(b"")
+    assert main(["match", "--subs", str(subs), "--events", str(events), "--quiet"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted((m["event"], m["sub_id"]) for m in lines) == [(0, 1), (0, 3), (1, 3), (2, 2)]
