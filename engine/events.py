@@ -67,7 +67,7 @@ import pyarrow.compute as pc
 
 from engine.errors import BadEventError
 from engine.expr import ELEMENT_OF, Family
-from engine.schema import MAX_EXACT_INT, Schema
+from engine.schema import MAX_EXACT_INT, Schema, is_integer
 
 
 @dataclass
@@ -188,7 +188,7 @@ def _why_refused(value, family: Family) -> str:
         return ": a lone surrogate is not valid Unicode"
     if family is not Family.NUMERIC or isinstance(value, (bool, np.bool_)):
         return ""
-    if isinstance(value, (int, np.integer)):
+    if is_integer(value):
         return _BEYOND_2_53
     if isinstance(value, Decimal):
         finite = value.is_finite()
@@ -232,6 +232,8 @@ def list_elements(raw, family: Family) -> list | None:
     elements: a list, tuple, set or 1-D array of numbers (not booleans) or
     of valid strings."""
     if isinstance(raw, np.ndarray) and raw.ndim == 1:
+        if raw.dtype.kind in "mM":      # durations and dates: tolist() would make some of them ints
+            return None
         raw = raw.tolist()
     if not isinstance(raw, _LIST_TYPES):
         return None
@@ -486,7 +488,7 @@ def _code(raw, family: Family | None) -> float | None:
         return 0.0 if valid else None
     if isinstance(raw, (bool, np.bool_)):
         return None
-    if isinstance(raw, (int, np.integer)):
+    if is_integer(raw):
         return float(raw) if abs(int(raw)) <= MAX_EXACT_INT else None
     if isinstance(raw, (float, np.floating)):
         number = float(raw)

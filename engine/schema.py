@@ -60,10 +60,17 @@ def parse_family(value) -> Family:
                           f"'list<numeric>' or 'list<string>'") from None
 
 
+def is_integer(value) -> bool:
+    """An int or NumPy integer -- not a ``numpy.timedelta64``, which NumPy
+    makes an integer subclass: a duration is not a number here, as an
+    Arrow duration column is not."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, np.timedelta64)
+
+
 def check_number(value, where: str) -> float:
     """A numeric literal or event value as float64, refusing what float64
     cannot hold exactly (NaN, infinities, integers beyond 2**53)."""
-    if isinstance(value, (int, np.integer)):
+    if is_integer(value):
         if abs(int(value)) > MAX_EXACT_INT:
             raise SchemaError(f"{where}: integer {value} is beyond ±2**53 and cannot be compared exactly")
         return float(value)

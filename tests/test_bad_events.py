@@ -48,6 +48,7 @@ CASES = [
     ("n", -math.inf, pa.float64(), ALL_FORMS),
     ("m", 2 ** 53 + 1, pa.int64(), ALL_FORMS),
     ("m", -(2 ** 60), pa.int64(), ALL_FORMS),
+    ("m", np.timedelta64(5, "ns"), None, ("dicts",)),        # NumPy makes durations integers: not numbers here
     ("n", Decimal("0.1000000000000000001"), pa.decimal128(38, 19), ALL_FORMS),
     ("n", Decimal("NaN"), None, ("dicts",)),                 # pandas: a missing marker
     ("n", Decimal("-Infinity"), None, ("dicts", "pandas")),

@@ -197,6 +197,8 @@ def test_empty_lists_of_null_type_fit_any_list_attribute():
     ({"deals": [1, float("nan")]}, "list<numeric>"),
     ({"deals": [True]}, "list<numeric>"),
     ({"deals": [2 ** 60]}, "list<numeric>"),
+    ({"deals": [np.timedelta64(5, "ns")]}, "list<numeric>"),      # NumPy makes durations integers
+    ({"deals": np.array([5], "m8[ns]")}, "list<numeric>"),
     ({"deals": 1}, "takes a list"),
     ({"segs": "a"}, "takes a list"),
     ({"segs": ["a", 1]}, "list<string>"),
