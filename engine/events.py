@@ -552,6 +552,16 @@ def _refuse_cells(refusals: _Refusals, rows, name: str, family: Family, column, 
         refusals.values(rows, name, family, values, rank)
 
 
+def _dictionary_views_decoded(column):
+    """A dictionary of string views decoded to large strings: no take
+    kernel reads string views, so pyarrow cannot decode or cast it."""
+    if not (pa.types.is_dictionary(column.type) and pa.types.is_string_view(column.type.value_type)):
+        return column
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array([_dictionary_views_decoded(chunk) for chunk in column.chunks], pa.large_string())
+    return column.dictionary.cast(pa.large_string()).take(column.indices)
+
+
 def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -> EventBatch:
     """Encode ``(name, Arrow array or chunked array)`` columns of
     ``n_events`` rows each: attributes by column name, or by key in
@@ -564,6 +574,7 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
     lists = _ListCells()
     for rank, (name, column) in enumerate(columns):
         names.append(name)
+        column = _dictionary_views_decoded(column)
         if pa.types.is_map(column.type) and _is_list_type(column.type.item_type):
             rows, attr = _map_list_cells(column, schema, refusals, rank, lists, size)
             event_idx.append(rows)
@@ -893,6 +904,8 @@ def _map_cells(column, schema: Schema, refusals: _Refusals, rank: int):
                         f"{column.type.item_type}")
     names, families = schema.attribute_arrays()
     rows, attr, entry, items = map_entries(column, names)
+    if pa.types.is_string_view(items.type):
+        items = items.cast(pa.large_string())        # (no take kernel reads string views)
     family = _family_codes(families)[attr]
     wrong = (family != 0) & (family != _FAMILY_CODE[value_family])
     values = items.take(pa.array(entry))
