@@ -237,6 +237,12 @@ class MatchWriter:
         if self.parquet:
             if self.writer is None:
                 self.writer = pq.ParquetWriter(self.tmp, table.schema)
+            if self.id_field is not None and table.schema != self.writer.schema:
+                ids, earlier = table.schema.field(self.id_field).type, self.writer.schema.field(self.id_field).type
+                if not pa.types.is_null(ids):       # (a batch of null ids only is of type null: it fits)
+                    raise BexmatchError(f"--id-field {self.id_field!r}: the ids of one batch are {ids}, an "
+                                        f"earlier batch's {earlier}: a Parquet column holds one type")
+                table = table.cast(self.writer.schema)
             self.writer.write_table(table if self.id_field is not None else table.cast(self.SCHEMA))
         elif self.id_field is None:
             for event, sub_id in zip(table["event"].to_pylist(), table["sub_id"].to_pylist()):
@@ -244,7 +250,8 @@ class MatchWriter:
         else:
             name = json.dumps(self.id_field)
             for event, sub_id in zip(table[self.id_field].to_pylist(), table["sub_id"].to_pylist()):
-                self.stream.write(f'{{{name}: {json.dumps(event)}, "sub_id": {sub_id}}}\n')
+                # (dates, decimals and bytes have no JSON form: written as their text)
+                self.stream.write(f'{{{name}: {json.dumps(event, default=str)}, "sub_id": {sub_id}}}\n')
 
     def commit(self) -> None:
         if self.tmp is None:

@@ -887,6 +887,16 @@ def _list_array(counts: np.ndarray, ids: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, pa.int64()))
 
 
+def _id_array(ids, id_column: str) -> pa.Array:
+    """The events' ids as one Arrow array, or a ValueError saying why not
+    (ids of mixed kinds, integers beyond 64 bits: pyarrow's own errors)."""
+    try:
+        return pa.array(ids)
+    except (pa.ArrowException, OverflowError, TypeError) as exc:
+        raise ValueError(f"id_column {id_column!r}: the events' ids do not make one Arrow column "
+                         f"(all of one kind; integers within signed 64 bits): {exc}") from None
+
+
 def _split_event_ids(events, id_column: str):
     """(the events without their id column, the ids as one Arrow array):
     a column of a pyarrow Table/RecordBatch or pandas DataFrame, a
@@ -910,12 +920,12 @@ def _split_event_ids(events, id_column: str):
             raise KeyError(f"id_column {id_column!r}: event {at} has no such key") from None
         except TypeError:
             raise TypeError("events with id_column are dicts, a pyarrow Table/RecordBatch or a pandas DataFrame")
-        return [{k: v for k, v in event.items() if k != id_column} for event in events], pa.array(ids)
+        return [{k: v for k, v in event.items() if k != id_column} for event in events], _id_array(ids, id_column)
     if type(events).__module__.startswith("pandas"):
         if id_column in events.columns:
-            return events.drop(columns=[id_column]), pa.array(events[id_column])
+            return events.drop(columns=[id_column]), _id_array(events[id_column], id_column)
         if events.index.name == id_column:
-            return events, pa.array(events.index)
+            return events, _id_array(events.index, id_column)
         raise KeyError(f"id_column {id_column!r}: the DataFrame has no such column, nor an index of that name")
     raise TypeError(f"id_column needs events as dicts, a pyarrow Table/RecordBatch or a pandas DataFrame, "
                     f"not {type(events).__name__}")

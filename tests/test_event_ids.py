@@ -65,6 +65,10 @@ def test_id_column_errors(idx):
         Index(backend="cpu").match_batch(EVENTS, output="device", id_column="eid")
     with pytest.raises(TypeError, match="id_column is a column name"):
         idx.match_batch(EVENTS, output="arrow", id_column=0)
+    # ids that make no one Arrow column: a ValueError naming the column, not pyarrow's error
+    for ids in ([1, 2 ** 64], [1, "x"], [1, [2]]):
+        with pytest.raises(ValueError, match="id_column 'eid': the events' ids do not make one Arrow column"):
+            idx.match_batch([{**e, "eid": i} for e, i in zip(EVENTS, ids)], output="arrow", id_column="eid")
     # bad events reported with their positions, the others named by their ids
     found, rejected = idx.match_batch(EVENTS + [{"eid": "e-4", "price": "cheap"}], output="arrow",
                                       id_column="eid", errors="report")
@@ -87,3 +91,27 @@ def test_cli_id_field(tmp_path, capsys):
     assert pq.read_table(out).to_pydict() == expected(["e-1", "e-2", "e-3"])
     assert main(["match", "--subs", str(subs), "--events", str(events), "--id-field", "nope", "--quiet"]) == 2
     assert "--id-field nope" in capsys.readouterr().err
+
+
+def test_cli_id_field_of_any_type_or_changing_type(tmp_path, capsys):
+    """Ids with no JSON form are written as their text; ids whose type
+    changes between Parquet batches are one line on stderr, exit 2 (not a
+    traceback), and an id that a batch lacks is null."""
+    import datetime
+    subs = tmp_path / "subs.txt"
+    subs.write_text("1\tprice > 0\n")
+    stamps = tmp_path / "stamps.parquet"
+    pq.write_table(pa.table({"ts": [datetime.datetime(2026, 1, 2)], "price": [1.0]}), stamps)
+    assert main(["match", "--subs", str(subs), "--events", str(stamps), "--id-field", "ts", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"ts": "2026-01-02 00:00:00", "sub_id": 1}
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"eid": 1, "price": 1}\n{"eid": null, "price": 1}\n{"eid": "5", "price": 1}\n')
+    out = tmp_path / "out.parquet"
+    assert main(["match", "--subs", str(subs), "--events", str(mixed), "--id-field", "eid", "--batch-size", "1",
+                 "--out", str(out), "--quiet"]) == 2
+    assert "--id-field 'eid': the ids of one batch are string, an earlier batch's int64" in capsys.readouterr().err
+    assert not out.exists()
+    mixed.write_text('{"eid": 1, "price": 1}\n{"eid": null, "price": 1}\n')
+    assert main(["match", "--subs", str(subs), "--events", str(mixed), "--id-field", "eid", "--batch-size", "1",
+                 "--out", str(out), "--quiet"]) == 0
+    assert pq.read_table(out).to_pydict() == {"eid": [1, None], "sub_id": [1, 1]}
