@@ -224,7 +224,8 @@ _key_run = njit(nogil=True)(make_key_run(_first_not_below, _first_above))
 
 
 @njit(nogil=True)
-def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3, stamp, val, queued, cur):
+def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3, stamp, val,
+               queued, cur):
     """A keyed leaf located TRUE: what evaluating it to TRUE does (a
     ``quiet`` one, no r-node and linking no parent, only records it).  A
     leaf is finished once per event (an IN leaf has a key per list value,
@@ -333,8 +334,8 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
         # 2. expression matching, lowest level first (Algorithm 6)
         # A level's queued nodes are taken in id order from the bitmap: they
         # are neighbours in every node array, so they are read in few cache
-        # lines, not one each (W5: 1.5x the whole kernel against a queue in
-        # arrival order).  A level's nodes do not read each other, and
+        # lines, not one each (W5: 1.7x the kernel against a queue in arrival
+        # order, BENCHMARKS.md).  A level's nodes do not read each other, and
         # evaluating them queues higher levels only.
         for lv in range(2, n_levels):
             lo = level_start[lv]
