@@ -552,16 +552,6 @@ def _refuse_cells(refusals: _Refusals, rows, name: str, family: Family, column, 
         refusals.values(rows, name, family, values, rank)
 
 
-def _dictionary_views_decoded(column):
-    """A dictionary of string views decoded to large strings: no take
-    kernel reads string views, so pyarrow cannot decode or cast it."""
-    if not (pa.types.is_dictionary(column.type) and pa.types.is_string_view(column.type.value_type)):
-        return column
-    if isinstance(column, pa.ChunkedArray):
-        return pa.chunked_array([_dictionary_views_decoded(chunk) for chunk in column.chunks], pa.large_string())
-    return column.dictionary.cast(pa.large_string()).take(column.indices)
-
-
 def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -> EventBatch:
     """Encode ``(name, Arrow array or chunked array)`` columns of
     ``n_events`` rows each: attributes by column name, or by key in
@@ -574,7 +564,7 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
     lists = _ListCells()
     for rank, (name, column) in enumerate(columns):
         names.append(name)
-        column = _dictionary_views_decoded(column)
+        column = _without_views(column)
         if pa.types.is_map(column.type) and _is_list_type(column.type.item_type):
             rows, attr = _map_list_cells(column, schema, refusals, rank, lists, size)
             event_idx.append(rows)
@@ -675,7 +665,6 @@ def _list_column(column, name: str, family: Family | None, refusals: _Refusals, 
     is refused cell by cell as any wrong value is."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    column = _plain_list(column)
     valid = column.is_valid().to_numpy(zero_copy_only=False)
     rows = np.flatnonzero(valid)
     element = _list_element_family(column.type)
@@ -702,22 +691,30 @@ def _list_column(column, name: str, family: Family | None, refusals: _Refusals, 
     return rows
 
 
-def _plain_list(column):
-    """An Arrow list column as the rest of this module reads it: a list
-    view rebuilt as a large list from its views' lengths and values (the
-    cast pyarrow offers makes non-monotonic offsets when an empty view sits
-    at offset 0 -- an invalid array that reads wrong without an error, as
-    tests/test_lists.py's views in any order would show), string views as
-    large strings (no filter or take kernel reads them)."""
-    if not _is_list_type(column.type):
-        return column                                     # (refused cell by cell by the caller)
-    view = pa.types.is_list_view(column.type) or pa.types.is_large_list_view(column.type)
-    string_view = pa.types.is_string_view(column.type.value_type)
-    if not (view or string_view):
+def _is_view(dtype: pa.DataType) -> bool:
+    return pa.types.is_string_view(dtype) or pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype)
+
+
+def _without_views(column):
+    """An event column (or a map's values) in the layouts this module's
+    pyarrow kernels read: string views as large strings (no take or filter
+    kernel reads them, so neither a dictionary of them nor a map's values
+    could be decoded), and list views rebuilt as large lists from their
+    views' lengths and values (pyarrow's cast makes non-monotonic offsets
+    when an empty view sits at offset 0 -- an invalid array that reads
+    wrong without an error; tests/test_lists.py's views in any order)."""
+    dtype = column.type
+    if pa.types.is_dictionary(dtype) and pa.types.is_string_view(dtype.value_type):
+        if isinstance(column, pa.ChunkedArray):
+            return pa.chunked_array([_without_views(chunk) for chunk in column.chunks], pa.large_string())
+        return column.dictionary.cast(pa.large_string()).take(column.indices)
+    if pa.types.is_string_view(dtype):
+        return column.cast(pa.large_string())
+    if not (_is_list_type(dtype) and (_is_view(dtype) or _is_view(dtype.value_type))):
         return column
-    values = pc.list_flatten(column)                  # the cells' values in order, null cells skipped
-    if string_view:
-        values = values.cast(pa.large_string())
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    values = _without_views(pc.list_flatten(column))     # the cells' values in order, null cells skipped
     lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = np.zeros(len(column) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -748,7 +745,7 @@ def _map_list_cells(column, schema: Schema, refusals: _Refusals, rank: int, list
     element = _list_element_family(column.type.item_type)
     names, families = schema.attribute_arrays()
     rows, attr, entry, items = map_entries(column, names)
-    cells = items.take(pa.array(entry, pa.int64()))
+    cells = _without_views(items).take(pa.array(entry, pa.int64()))
     fits = np.array([families[a] is None or (families[a] in ELEMENT_OF and element in (_NULL_ELEMENTS,
                                                                                        ELEMENT_OF[families[a]]))
                      for a in attr.tolist()], bool)
@@ -904,8 +901,7 @@ def _map_cells(column, schema: Schema, refusals: _Refusals, rank: int):
                         f"{column.type.item_type}")
     names, families = schema.attribute_arrays()
     rows, attr, entry, items = map_entries(column, names)
-    if pa.types.is_string_view(items.type):
-        items = items.cast(pa.large_string())        # (no take kernel reads string views)
+    items = _without_views(items)
     family = _family_codes(families)[attr]
     wrong = (family != 0) & (family != _FAMILY_CODE[value_family])
     values = items.take(pa.array(entry))

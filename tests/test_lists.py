@@ -182,6 +182,10 @@ def test_list_views_in_any_order_read_as_their_lists(algorithm):
                              for s, d in zip(lists, deals.to_pylist())])
         assert sum(map(len, want)) >= 3
         assert _ids(index, pa.table({"segs": segs, "deals": deals})) == want
+        # the same views as a map's values (one key an event)
+        maps = pa.MapArray.from_arrays(list(range(len(lists) + 1)), pa.array(["segs"] * len(lists)), segs)
+        assert _ids(index, pa.table({"m": maps})) == _want(TEXTS, [{"segs": s} if s is not None else {}
+                                                                   for s in lists])
 
 
 def test_empty_lists_of_null_type_fit_any_list_attribute():
