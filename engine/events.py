@@ -565,6 +565,8 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
     for rank, (name, column) in enumerate(columns):
         names.append(name)
         column = _without_views(column)
+        if pa.types.is_map(column.type):
+            column = _with_valid_utf8(column, name, schema, refusals, rank)
         if pa.types.is_map(column.type) and _is_list_type(column.type.item_type):
             rows, attr = _map_list_cells(column, schema, refusals, rank, lists, size)
             event_idx.append(rows)
@@ -588,6 +590,7 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
             continue
         if column.null_count == len(column):
             continue                    # absent from every event (wide, sparse tables: most columns)
+        column = _with_valid_utf8(column, name, schema, refusals, rank)
         family = schema.families[name]
         if family in ELEMENT_OF or _is_list_type(column.type):
             rows = _list_column(column, name, family, refusals, rank, lists, size)
@@ -719,6 +722,109 @@ def _without_views(column):
     offsets = np.zeros(len(column) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return pa.LargeListArray.from_arrays(pa.array(offsets), values, mask=pc.invert(column.is_valid()))
+
+
+def _holds_strings(dtype: pa.DataType) -> bool:
+    """Whether values of ``dtype`` hold Arrow strings anywhere (views are gone by now)."""
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        return True
+    if pa.types.is_dictionary(dtype):
+        return _holds_strings(dtype.value_type)
+    if pa.types.is_map(dtype):
+        return _holds_strings(dtype.key_type) or _holds_strings(dtype.item_type)
+    return _is_list_type(dtype) and _holds_strings(dtype.value_type)
+
+
+def _bad_utf8(array) -> np.ndarray:
+    """Per position of an Arrow array (views gone), whether its value holds a
+    string that is not valid UTF-8 (anywhere inside a list or map).  Arrow
+    lets such bytes into a string array from Parquet, IPC or a binary
+    array's view, and pyarrow raises a UnicodeDecodeError only when one is
+    read into Python -- deep inside the encoding, or never, where a string
+    is compared by its bytes."""
+    dtype = array.type
+    none = np.zeros(len(array), bool)
+    if pa.types.is_dictionary(dtype):
+        entries = _bad_utf8(array.dictionary)
+        if not entries.any():
+            return none
+        return entries[pc.fill_null(array.indices, 0).to_numpy(zero_copy_only=False)] \
+            & array.is_valid().to_numpy(zero_copy_only=False)
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        try:
+            array.validate(full=True)
+            return none
+        except pa.ArrowInvalid:
+            pass                             # found one: which cells (the slow way, on this rare path only)
+        raw = pc.cast(array, pa.large_binary()).to_pylist()
+        return np.array([value is not None and not _decodes(value) for value in raw], bool)
+    if pa.types.is_map(dtype) or _is_list_type(dtype):
+        if pa.types.is_fixed_size_list(dtype):
+            array = array.cast(pa.large_list(dtype.value_type))
+        offsets = array.offsets.to_numpy()
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        if pa.types.is_map(dtype):
+            inner = _bad_utf8(array.keys.slice(lo, hi - lo)) | _bad_utf8(array.items.slice(lo, hi - lo))
+        else:
+            inner = _bad_utf8(array.values.slice(lo, hi - lo))
+        parents = np.repeat(np.arange(len(array)), np.diff(offsets))
+        none[parents[inner]] = True
+        return none
+    return none
+
+
+def _decodes(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+_NOT_UTF8 = "holds a string that is not valid UTF-8"
+
+
+def _with_valid_utf8(column, name: str, schema: Schema, refusals: _Refusals, rank: int):
+    """``column`` (attribute ``name``, or a ``map<string, V>`` column of
+    attributes) with each value holding a string that is not valid UTF-8
+    refused by the errors mode and then made null (a map: that entry
+    removed) -- as a lone surrogate is refused in a Python string."""
+    if not _holds_strings(column.type):
+        return column
+    try:
+        column.validate(full=True)           # one pass in C++: the common case ends here
+        return column
+    except pa.ArrowInvalid:
+        pass
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not pa.types.is_map(column.type):
+        bad = _bad_utf8(column)
+        for row in refusals.wanted(np.flatnonzero(bad), rank):
+            refusals.add(BadEventError(row, name, None, f"attribute {name!r} {_NOT_UTF8}", _HINT), rank)
+        return column.take(pa.array(np.arange(len(column)), mask=bad))
+    offsets = column.offsets.to_numpy()
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    keys, items = column.keys.slice(lo, hi - lo), column.items.slice(lo, hi - lo)
+    rows = np.repeat(np.arange(len(column)), np.diff(offsets))
+    bad_key = _bad_utf8(keys)                # no attribute's name: such an entry is not read anyway
+    bad_value = _bad_utf8(items) & ~bad_key
+    if column.null_count:
+        bad_value &= column.is_valid().to_numpy(zero_copy_only=False)[rows]
+    at = np.flatnonzero(bad_value)
+    at = at[[schema.attr_ids.get(key) is not None for key in keys.take(pa.array(at, pa.int64())).to_pylist()]]
+    wanted = set(refusals.wanted(rows[at], rank))
+    for k in at.tolist():
+        if int(rows[k]) in wanted:
+            wanted.discard(int(rows[k]))      # (one error an event)
+            key = keys[k].as_py()
+            refusals.add(BadEventError(int(rows[k]), key, None, f"attribute {key!r} {_NOT_UTF8}", _HINT), rank)
+    keep = ~(bad_key | bad_value)
+    kept = np.zeros(len(column) + 1, np.int64)
+    np.cumsum(np.bincount(rows[keep], minlength=len(column)), out=kept[1:])
+    mask = pc.invert(column.is_valid()) if column.null_count else None
+    return pa.MapArray.from_arrays(pa.array(kept, pa.int32()), keys.filter(pa.array(keep)),
+                                   items.filter(pa.array(keep)), type=column.type, mask=mask)
 
 
 def _lists_with_bad_numbers(lists) -> np.ndarray:

@@ -424,3 +424,75 @@ def test_rejected_events_match_nothing_even_is_null(algorithm):
     with pytest.raises(BadEventError) as caught:
         index.match_batch(events)
     assert (caught.value.event, caught.value.attribute, caught.value.value) == (0, "x", "bad")
+
+
+def _not_utf8(values: list, arrow_type=pa.large_string()):
+    """An Arrow string array of ``values`` (bytes, or None) as Parquet, IPC or
+    a binary array's view can hold them: Arrow does not check UTF-8 there."""
+    binary = pa.large_binary() if pa.types.is_large_string(arrow_type) else pa.binary()
+    return pa.array(values, binary).view(arrow_type)
+
+
+BAD_BYTES = b"caf\xe9"                      # Latin-1 'café': no UTF-8 sequence
+
+
+def _utf8_layouts():
+    """(name, events with a string that is not UTF-8 at events 1 and 3, the
+    same events with those values absent): every Arrow layout a string
+    attribute can arrive in."""
+    plain = _not_utf8([b"a", BAD_BYTES, b"b", b"\xff" + b"b" * 40, None])
+    plain_ok = pa.array(["a", None, "b", None, None], pa.large_string())
+    yield "string", pa.table({"s": _not_utf8([b"a", BAD_BYTES, b"b", b"\xffb", None], pa.string())}), \
+        pa.table({"s": pa.array(["a", None, "b", None, None])})
+    yield "large_string", pa.table({"s": plain}), pa.table({"s": plain_ok})
+    yield "chunked", pa.table({"s": pa.chunked_array([plain.slice(0, 2), plain.slice(2)])}), \
+        pa.table({"s": plain_ok})
+    dictionary = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0, 2, None], pa.int32()),
+                                                _not_utf8([b"a", BAD_BYTES, b"\xff\xfe", b"\x80unused"]))
+    yield "dictionary", pa.table({"s": dictionary}), pa.table({"s": pa.array(["a", None, "a", None, None])})
+    sliced = pa.concat_arrays([_not_utf8([BAD_BYTES]), plain])
+    yield "sliced", pa.table({"s": sliced.slice(1)}), pa.table({"s": plain_ok})
+    keys = pa.array(["s", "s", "s", "t", "s", "u"], pa.string())
+    items = _not_utf8([b"a", BAD_BYTES, b"b", b"x", b"\xff", b"z"], pa.string())
+    maps = pa.MapArray.from_arrays(pa.array([0, 1, 2, 4, 5, 6], pa.int32()), keys, items)
+    ok = pa.MapArray.from_arrays(pa.array([0, 1, 1, 3, 3, 4], pa.int32()),
+                                 pa.array(["s", "s", "t", "u"]), pa.array(["a", "b", "x", "z"]))
+    yield "map", pa.table({"attrs": maps}), pa.table({"attrs": ok})
+
+
+@pytest.mark.parametrize("layout", [case[0] for case in _utf8_layouts()])
+def test_a_string_that_is_not_utf8_is_a_bad_value_in_every_layout(layout):
+    """pyarrow holds any bytes in a string array it did not make itself
+    (Parquet, IPC, a binary array's view) and raised a UnicodeDecodeError
+    from deep inside the encoding.  It is a bad value like a lone
+    surrogate: each errors mode does what it does, and the good values of
+    the batch (the other entries of a map too) are read as they are."""
+    _, events, without = next(case for case in _utf8_layouts() if case[0] == layout)
+    index = Index(algorithm="opindex", schema={"s": "string", "t": "string", "u": "string"})
+    index.add_many([1, 2, 3, 4], ["s = 'a'", "s IS NULL", "s = 'b' OR t = 'x'", "u = 'z'"])
+    want = [m.tolist() for m in index.match_batch(without)]
+    assert want[0] == [1] and 2 in want[1]
+    with pytest.raises(BadEventError, match="not valid UTF-8") as caught:
+        index.match_batch(events)
+    assert (caught.value.event, caught.value.attribute) == (1, "s")
+    assert [m.tolist() for m in index.match_batch(events, errors="null")] == want
+    results, rejected = index.match_batch(events, errors="report")
+    assert [(e.event, e.attribute) for e in rejected] == [(1, "s"), (3, "s")]
+    assert [m.tolist() for m in results] == [want[0], [], want[2], [], want[4]]
+
+
+def test_a_list_holding_a_string_that_is_not_utf8_is_a_bad_value():
+    """In a list, as in a map's list values: the whole list is refused (as a
+    list holding a bad number is), and the others are read."""
+    elements = _not_utf8([b"a", b"b", BAD_BYTES, b"a", b"c"], pa.string())
+    lists = pa.ListArray.from_arrays(pa.array([0, 2, 3, 3, 5], pa.int32()), elements)     # [a b] [bad] [] [a c]
+    maps = pa.MapArray.from_arrays(pa.array([0, 1, 2, 3, 4], pa.int32()), pa.array(["segs"] * 4), lists)
+    index = Index(algorithm="scan", schema={"segs": "list<string>"})
+    index.add_many([1, 2, 3], ["segs ONE OF ('a')", "segs IS NULL", "segs IS EMPTY"])
+    for events in (pa.table({"segs": lists}), pa.table({"attrs": maps})):
+        with pytest.raises(BadEventError, match="not valid UTF-8"):
+            index.match_batch(events)
+        assert [m.tolist() for m in index.match_batch(events, errors="null")] == [[1], [2], [3], [1]]
+        results, rejected = index.match_batch(events, errors="report")
+        assert [m.tolist() for m in results] == [[1], [], [3], [1]]
+        assert [(e.event, e.attribute) for e in rejected] == [(1, "segs")]
