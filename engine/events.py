@@ -1002,16 +1002,17 @@ def _map_cells(column, schema: Schema, refusals: _Refusals, rank: int):
     positions among the cells, their strings) -- vectorised over all
     entries, whatever the number of distinct keys."""
     value_family = _arrow_family(column.type.item_type)
-    if value_family is None:
-        raise TypeError(f"a map column of events must have numeric, string, boolean or list values, not "
-                        f"{column.type.item_type}")
     names, families = schema.attribute_arrays()
     rows, attr, entry, items = map_entries(column, names)
     items = _without_views(items)
     family = _family_codes(families)[attr]
-    wrong = (family != 0) & (family != _FAMILY_CODE[value_family])
+    # values of a type no family takes (structs, binary...) are wrong for any attribute of a family, as in a
+    # column of their own; an attribute whose family is not fixed yet only reads their presence
+    wrong = (family != 0) & (family != (-1 if value_family is None else _FAMILY_CODE[value_family]))
     values = items.take(pa.array(entry))
-    if value_family is Family.STRING:
+    if value_family is None:
+        codes, strings, bad = np.zeros(len(entry)), _NO_STRINGS, np.zeros(len(entry), bool)
+    elif value_family is Family.STRING:
         codes = np.zeros(len(entry))
         strings = pc.cast(values, pa.large_string())
         bad = np.zeros(len(entry), bool)
