@@ -84,6 +84,10 @@ MATCH_MEMORY_BUDGET = 512 << 20
 #: the forms match_batch returns its matches in
 MATCH_OUTPUTS = ("list", "arrow", "arrow_lists", "device")
 _BYTES_PER_PAIR_WORKING = 80
+#: an event slice is at most this many times as wide as the one before it,
+#: however few matches the slices so far had (a slice's matches are only
+#: known once it is matched: this bounds how far a skewed batch overshoots)
+SLICE_GROWTH = 4
 
 
 def _as_id(sub_id) -> int:
@@ -694,8 +698,9 @@ class Index:
     def _match_slices(self, state: Snapshot, batch, max_pairs: int | None = None, rejected=()):
         """``(first, stop, event index, sub ids)`` of each event slice
         ``[first, stop)`` of ``batch``, sized so that a slice's pairs fit
-        the working-memory budget; the first slice measures the matches
-        per event.  The pairs of ``rejected`` events are dropped."""
+        the working-memory budget; each slice measures the most matches an
+        event had, which sizes the next (growing at most SLICE_GROWTH
+        times).  The pairs of ``rejected`` events are dropped."""
         bad = np.array([r.event for r in rejected], dtype=np.int64)
         if max_pairs is None:
             max_pairs = MATCH_MEMORY_BUDGET // _BYTES_PER_PAIR_WORKING
@@ -707,11 +712,14 @@ class Index:
         truth = self._pattern_truth(state, batch)
         first = 0
         per_event = None
+        width = 0
         while first < n_events:
             if per_event is None:       # probe with a slice that fits even if every subscription matches
                 width = n_events if n_events <= 64 else max(1, min(max_pairs // max(1, len(state)), 4096))
             else:
-                width = max(1, int(max_pairs / max(per_event, 1e-9)))
+                # at most SLICE_GROWTH times the last slice: a quiet start (few matches an event) must not
+                # size the rest of a skewed batch as one slice
+                width = max(1, min(int(max_pairs / max(per_event, 1e-9)), SLICE_GROWTH * width))
             stop = min(n_events, first + width)
             part = batch if (first, stop) == (0, n_events) else _event_slice(batch, first, stop)
             event_idx, sub_ids = self._match_encoded(state, part, truth=truth)
@@ -720,7 +728,9 @@ class Index:
             if len(bad):
                 keep = ~np.isin(event_idx, bad)
                 event_idx, sub_ids = event_idx[keep], sub_ids[keep]
-            measured = len(sub_ids) / (stop - first)
+            # the most matches one event of the slice had, not their mean: a slice whose last events
+            # match far more than its first (a skewed batch) sizes the next one by those
+            measured = float(np.bincount(event_idx - first).max()) if len(event_idx) else 0.0
             per_event = measured if per_event is None else max(0.5 * per_event + 0.5 * measured, measured)
             yield first, stop, event_idx, sub_ids
             first = stop

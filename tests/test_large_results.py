@@ -131,3 +131,22 @@ def test_arrow_lists_keep_event_ids_empty_events_and_reported_ones():
     assert index.match_batch([], output="arrow_lists").num_rows == 0
     with pytest.raises(ValueError, match="'arrow_lists'"):
         index.match_batch(events[:1], output="lists")
+
+
+@pytest.mark.parametrize("algorithm", ["scan", "opindex", "atree"])
+def test_a_quiet_start_does_not_size_a_skewed_batch_as_one_slice(algorithm):
+    """The first slices of a batch measure its matches an event, and the next
+    slices are sized by it.  A batch whose first events match nothing and
+    whose later ones match every subscription made the rest of the batch one
+    slice: here 100x ``max_pairs`` in one piece.  A slice now grows at most
+    SLICE_GROWTH times over the one before, so the overshoot is bounded."""
+    from engine.index import SLICE_GROWTH
+    n_subs, max_pairs = 200, 1000
+    index = Index(algorithm=algorithm, backend="cpu")
+    index.add_many(range(n_subs), [f"x = 1 OR y = {i}" for i in range(n_subs)])
+    events = pa.table({"x": pa.array([0] * 100 + [1] * 500)})
+    pieces = list(index.match_stream(events, max_pairs=max_pairs))
+    assert max(p.num_rows for p in pieces) <= SLICE_GROWTH * max_pairs
+    table = pa.Table.from_batches(pieces)
+    assert table.num_rows == 500 * n_subs
+    assert table.equals(index.match_batch(events, output="arrow"))
