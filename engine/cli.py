@@ -216,6 +216,7 @@ class MatchWriter:
         self.id_field = id_field              # the events' own ids name them instead of their numbers
         self.parquet = out is not None and out.endswith(".parquet")
         self.writer = None
+        self.untyped: list[pa.Table] = []     # Parquet with --id-field: the first batches', all their ids null
         if out is None:
             self.tmp, self.stream = None, sys.stdout
             return
@@ -235,6 +236,14 @@ class MatchWriter:
 
     def write(self, table: pa.Table) -> None:
         if self.parquet:
+            if self.writer is None and self.id_field is not None:
+                if pa.types.is_null(table.schema.field(self.id_field).type):
+                    self.untyped.append(table)    # (a batch of null ids only: the ids' type is not known yet)
+                    return
+                self.writer = pq.ParquetWriter(self.tmp, table.schema)
+                for untyped in self.untyped:
+                    self.writer.write_table(untyped.cast(self.writer.schema))
+                self.untyped = []
             if self.writer is None:
                 self.writer = pq.ParquetWriter(self.tmp, table.schema)
             if self.id_field is not None and table.schema != self.writer.schema:
@@ -270,9 +279,11 @@ class MatchWriter:
 
     def _close(self) -> None:
         if self.parquet:
-            if self.writer is None:          # --id-field and no batch: the ids' type unknown, int64 said
+            if self.writer is None:          # --id-field and no batch, or null ids only: int64 said
                 self.writer = pq.ParquetWriter(self.tmp, pa.schema([(self.id_field, pa.int64()),
                                                                     ("sub_id", pa.int64())]))
+                for untyped in self.untyped:
+                    self.writer.write_table(untyped.cast(self.writer.schema))
             self.writer.close()
         else:
             self.stream.close()

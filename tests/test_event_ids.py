@@ -115,3 +115,16 @@ def test_cli_id_field_of_any_type_or_changing_type(tmp_path, capsys):
     assert main(["match", "--subs", str(subs), "--events", str(mixed), "--id-field", "eid", "--batch-size", "1",
                  "--out", str(out), "--quiet"]) == 0
     assert pq.read_table(out).to_pydict() == {"eid": [1, None], "sub_id": [1, 1]}
+    # the first batches' ids all null: the ids' type is the first typed batch's (it was null, and then the
+    # typed batch was refused as changing the type); null ids only: int64, as with no batch
+    mixed.write_text('{"eid": null, "price": 1}\n{"eid": null, "price": 2}\n{"eid": "e3", "price": 1}\n')
+    assert main(["match", "--subs", str(subs), "--events", str(mixed), "--id-field", "eid", "--batch-size", "1",
+                 "--out", str(out), "--quiet"]) == 0
+    written = pq.read_table(out)
+    assert written.schema.field("eid").type == pa.string()
+    assert written.to_pydict() == {"eid": [None, None, "e3"], "sub_id": [1, 1, 1]}
+    mixed.write_text('{"eid": null, "price": 1}\n')
+    assert main(["match", "--subs", str(subs), "--events", str(mixed), "--id-field", "eid", "--batch-size", "1",
+                 "--out", str(out), "--quiet"]) == 0
+    written = pq.read_table(out)
+    assert written.schema.field("eid").type == pa.int64() and written.to_pydict() == {"eid": [None], "sub_id": [1]}
