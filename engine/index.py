@@ -53,7 +53,7 @@ from engine.expr import AstChecks, Node, predicates
 from engine.index_file import check_saved_options, needed_depth, read_index_file, restore_contents, write_index_file
 from engine.schema import Schema
 from engine.snapshot import BUILD, MatcherSource, Snapshot
-from gpu_kernels import cuda_support
+from gpu_kernels import cuda_support, opcodes
 
 if TYPE_CHECKING:
     import pandas
@@ -430,6 +430,26 @@ class Index:
             from engine.algorithms.cuda_base import check_program_depths
             check_program_depths(segment.take(np.flatnonzero(deep)[:1]))
         return deep
+
+    def _beyond_the_limit(self, segment: Segment, path) -> np.ndarray:
+        """Per subscription of a segment compiled for another algorithm (a
+        saved index loaded as this one), whether this algorithm leaves it to
+        the residual matcher: as :meth:`_compile_rows` decides, from each
+        program's expression -- only for programs that are not a plain
+        conjunction, which every algorithm takes."""
+        residual = np.zeros(len(segment), bool)
+        if self._algorithm.limit_check is None or not len(segment):
+            return residual
+        kinds, offsets = segment.prog_kind, segment.prog_offsets
+        connectives = np.add.reduceat((kinds != opcodes.LEAF).astype(np.int64), offsets[:-1])
+        plain = (connectives == 0) | ((connectives == 1) & (kinds[offsets[1:] - 1] == opcodes.AND))
+        for position in np.flatnonzero(~plain).tolist():
+            refusal = self._algorithm.limit_error(segment.expression(position, self._schema), self.dnf_limit)
+            if refusal is not None and self.strict:
+                raise type(refusal)(f"{path}: subscription {int(segment.sub_ids[position])}: {refusal} "
+                                    f"(the index is strict: {self.algorithm} would refuse it)") from None
+            residual[position] = refusal is not None
+        return residual
 
     def _compile_columnar(self, table) -> Segment:
         if isinstance(table, pa.RecordBatch):
@@ -870,6 +890,12 @@ class Index:
         index = cls(algorithm=algorithm, backend=backend, dnf_limit=meta["dnf_limit"],
                     options={**saved_options, **(options or {})}, strict=meta.get("strict", False))
         index._schema = schema
+        # the file's residual flags are its algorithm's and backend's: another algorithm leaves other
+        # expressions to the residual matcher, and a cuda index those too deep for a device thread
+        residual = segment.residual if same else index._beyond_the_limit(segment, path)
+        if backend == "cuda" and algorithm != residual_split.RESIDUAL_ALGORITHM and len(segment):
+            residual = index._too_deep_for_the_device(segment) | (False if residual is None else residual)
+        segment.residual = residual if residual is not None and residual.any() else None
         saved = None
         if same and "matcher" in meta and index._options.same_structure(saved_options, backend):
             prefix = "matcher."

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pytest
 
 from engine import Index, IndexFileError
+from engine.errors import ExpressionTooLarge
 from engine.index_file import ARRAY_DTYPES
 
 SUBSCRIPTIONS = {
@@ -439,3 +440,47 @@ def test_a_version_1_file_without_structure_still_loads(saved, tmp_path):
     with pytest.raises(IndexFileError, match="fields"):
         v1.write_bytes(rewritten({**old, "strict": False}, arrays))
         Index.load(v1)
+
+
+#: expressions past small limits: a DNF of 2^5 terms whose CNF is 5 clauses, one whose CNF is large, a
+#: conjunction (never residual), and an XOR
+_LIMITED = {1: " AND ".join(f"(c{i} = {i} OR d{i} = {i})" for i in range(5)),
+            2: " OR ".join(f"(c{i} = {i} AND d{i} = {i})" for i in range(5)),
+            3: "c0 = 0 AND d1 = 1",
+            4: "c0 = 0 XOR (d0 = 0 AND c1 = 1)"}
+
+
+@pytest.mark.parametrize("saved_as, loaded_as", [("opindex", "betree"), ("scan", "psthash"), ("atree", "apcm"),
+                                                 ("betree", "opindex"), ("pstbloom", "scan"),
+                                                 ("opindex", "atree")])
+def test_a_file_loaded_as_another_algorithm_leaves_to_the_residual_matcher_what_that_one_would(
+        tmp_path, saved_as, loaded_as):
+    """The residual flags a file holds are its own algorithm's: loaded as
+    another, an expression within the first's limit but past the second's
+    was handed to the second's structure, and every match (and save) raised
+    ExpressionTooLarge -- an index unusable.  They are decided again, as an
+    index of the second algorithm decides them at ``add``."""
+    index = Index(algorithm=saved_as, backend="cpu", dnf_limit=8)
+    index.add_many(list(_LIMITED), list(_LIMITED.values()))
+    index.save(tmp_path / "i.bexidx")
+    fresh = Index(algorithm=loaded_as, backend="cpu", dnf_limit=8)
+    fresh.add_many(list(_LIMITED), list(_LIMITED.values()))
+    loaded = Index.load(tmp_path / "i.bexidx", algorithm=loaded_as)
+    assert loaded.statistics()["residual"] == fresh.statistics()["residual"]
+    events = [{"c0": 0, "c1": 1, "c2": 2, "c3": 3, "c4": 4}, {"c0": 0, "d0": 0}, {"d0": 0, "c1": 1},
+              {"c0": 0, "d1": 1, "d0": 0, "c1": 1}, {}]
+    want = [m.tolist() for m in fresh.match_batch(events)]
+    assert [m.tolist() for m in loaded.match_batch(events)] == want
+    assert any(want)
+    loaded.save(tmp_path / "again.bexidx")
+    assert [m.tolist() for m in Index.load(tmp_path / "again.bexidx").match_batch(events)] == want
+
+
+def test_a_strict_file_loaded_as_an_algorithm_that_refuses_one_of_its_expressions(tmp_path):
+    index = Index(algorithm="opindex", backend="cpu", dnf_limit=8, strict=True)
+    index.add_many([1, 3], [_LIMITED[1], _LIMITED[3]])              # CNF of 5 clauses: opindex takes it
+    index.save(tmp_path / "strict.bexidx")
+    with pytest.raises(ExpressionTooLarge, match="subscription 1: .*strict: betree would refuse it"):
+        Index.load(tmp_path / "strict.bexidx", algorithm="betree")
+    loaded = Index.load(tmp_path / "strict.bexidx", algorithm="scan")
+    assert loaded.match({"c0": 0, "c1": 1, "c2": 2, "c3": 3, "c4": 4}).tolist() == [1]
