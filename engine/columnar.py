@@ -39,8 +39,9 @@ from numba import njit
 
 from engine.compile import OPCODE, PredicateTable, Segment, distinct_rows, mix64
 from engine.errors import SchemaError
+from engine.events import exact_floats
 from engine.expr import Family, Op
-from engine.schema import MAX_EXACT_INT, Schema
+from engine.schema import Schema
 from gpu_kernels import opcodes
 
 OP_NAMES = {"=": Op.EQ, "==": Op.EQ, "!=": Op.NE, "<>": Op.NE, "<": Op.LT, "<=": Op.LE, ">": Op.GT,
@@ -73,7 +74,12 @@ class _Rows:
         self.n = table.num_rows
         if not pa.types.is_integer(table["sub_id"].type):
             raise SchemaError(f"columnar subscriptions: sub_id must be an integer column, not {table['sub_id'].type}")
-        self.sub_id = table["sub_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+        for name in ("attr", "op"):
+            dtype = table[name].type
+            dtype = dtype.value_type if pa.types.is_dictionary(dtype) else dtype
+            if not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)):
+                raise SchemaError(f"columnar subscriptions: {name} must be a string column, not {table[name].type}")
+        self.sub_id = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
         self.attr_names, self.attr_index = _factorize(table["attr"])
         op_names, op_index = _factorize(table["op"])
         op_codes = []
@@ -93,6 +99,16 @@ class _Rows:
         if mask.any():
             row = int(np.flatnonzero(mask)[0])
             raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}): {message}")
+
+
+def int64_ids(column, what: str) -> np.ndarray:
+    """An Arrow integer column of ids as int64, refusing unsigned ids past
+    int64's range (a cast would make them negative ids without a word)."""
+    ids = column.to_numpy(zero_copy_only=False)
+    if ids.dtype.kind == "u" and len(ids) and ids.max() > np.iinfo(np.int64).max:
+        row = int(np.flatnonzero(ids > np.iinfo(np.int64).max)[0])
+        raise SchemaError(f"{what}: row {row}: id {int(ids[row])} does not fit in int64")
+    return ids.astype(np.int64)
 
 
 def _bad_regex(pattern: str) -> str | None:
@@ -145,15 +161,22 @@ def _numbers(rows: _Rows, name: str, mask: np.ndarray) -> np.ndarray:
     keys = np.zeros(rows.n)
     if column is None or not mask.any():
         return keys
-    if pa.types.is_integer(column.type):
-        raw = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
-        rows.fail(mask & (np.abs(raw.astype(np.float64)) > MAX_EXACT_INT), f"{name} is beyond ±2**53")
-        keys[mask] = raw[mask]
-    else:
-        raw = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
-        rows.fail(mask & ~np.isfinite(raw), f"{name} is not a finite number")
-        keys[mask] = raw[mask]
+    raw, refused = exact_floats(column)
+    rows.fail(mask & refused, f"{name} {_NOT_EXACT[_number_kind(column.type)]}")
+    keys[mask] = raw[mask]
     return keys
+
+
+#: why the value rule refuses a number, by the kind of its column
+_NOT_EXACT = {"integer": "is beyond ±2**53, where float64 cannot tell integers apart",
+              "decimal": "is a decimal that float64 cannot hold as it is",
+              "float": "is not a finite number"}
+
+
+def _number_kind(dtype: pa.DataType) -> str:
+    if pa.types.is_dictionary(dtype):
+        dtype = dtype.value_type
+    return "integer" if pa.types.is_integer(dtype) else "decimal" if pa.types.is_decimal(dtype) else "float"
 
 
 #: each opcode's class of operand, for compile_columnar's row masks
@@ -346,16 +369,11 @@ def _list_column(rows: _Rows, mask: np.ndarray, name: str):
     rows.fail(has_null, f"{name} must not hold nulls")
     if strings:
         return parents, flat
-    if pa.types.is_integer(flat.type):
-        raw = flat.to_numpy(zero_copy_only=False)
-        bad = np.abs(raw.astype(np.float64)) > MAX_EXACT_INT
-    else:
-        raw = pc.cast(flat, pa.float64()).to_numpy(zero_copy_only=False)
-        bad = ~np.isfinite(raw)
+    raw, bad = exact_floats(flat)
     bad_rows = np.zeros(rows.n, bool)
     bad_rows[parents[bad]] = True
-    rows.fail(bad_rows, f"{name} holds a number that is not exact and finite in float64")
-    return parents, raw.astype(np.float64)
+    rows.fail(bad_rows, f"{name} holds a number that {_NOT_EXACT[_number_kind(flat.type)]}")
+    return parents, raw
 
 
 def _string_keys(schema: Schema, string_lists):

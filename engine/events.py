@@ -521,6 +521,28 @@ def decimal_codes(values) -> np.ndarray:
     return codes[pc.fill_null(encoded.indices, len(codes) - 1).to_numpy()]
 
 
+def exact_floats(values) -> tuple[np.ndarray, np.ndarray]:
+    """``(float64 values, refused)`` of an Arrow integer, float, decimal or
+    boolean array (nulls: 0, not refused), by the value rule that events and
+    subscription operands share: integers beyond ±2**53 compared as
+    integers (as float64, 2**53 + 1 would pass), decimals converted exactly
+    and refused unless float64 holds them as they are, floats refused when
+    not finite."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if pa.types.is_decimal(values.type):
+        codes = decimal_codes(values)
+        refused = np.isnan(codes) & values.is_valid().to_numpy(zero_copy_only=False)
+        return np.where(np.isnan(codes), 0.0, codes), refused
+    if pa.types.is_integer(values.type):
+        raw = pc.fill_null(values, 0).to_numpy(zero_copy_only=False)
+        return raw.astype(np.float64), _bad_numbers(raw)
+    raw = pc.fill_null(pc.cast(values, pa.float64()), 0.0).to_numpy(zero_copy_only=False)
+    return raw, _bad_numbers(raw)
+
+
 def _arrow_family(dtype: pa.DataType) -> Family | None:
     if pa.types.is_dictionary(dtype):
         dtype = dtype.value_type
@@ -833,15 +855,7 @@ def _lists_with_bad_numbers(lists) -> np.ndarray:
     (integers compared as integers, decimals by :func:`decimal_codes`)."""
     flat = pc.list_flatten(lists)
     parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
-    if pa.types.is_dictionary(flat.type):
-        flat = flat.dictionary_decode()
-    if pa.types.is_decimal(flat.type):
-        bad = np.isnan(decimal_codes(flat))
-    elif pa.types.is_integer(flat.type):
-        bad = _bad_numbers(pc.fill_null(flat, 0).to_numpy(zero_copy_only=False))
-    else:
-        bad = _bad_numbers(pc.cast(flat, pa.float64()).to_numpy(zero_copy_only=False))
-    return np.unique(parents[bad & flat.is_valid().to_numpy(zero_copy_only=False)])
+    return np.unique(parents[exact_floats(flat)[1]])
 
 
 def _map_list_cells(column, schema: Schema, refusals: _Refusals, rank: int, lists: _ListCells, size: int):

@@ -30,8 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.columnar import OP_NAMES
+from engine.columnar import OP_NAMES, int64_ids
 from engine.errors import SchemaError
+from engine.events import exact_floats
 from engine.expr import PATTERN_OPS, Op
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ def _table_and_ids(rules, id_column):
     if ids_column.null_count:
         row = int(np.flatnonzero(~ids_column.is_valid().to_numpy(zero_copy_only=False))[0])
         raise SchemaError(f"rules table: row {row} has no rule id")
-    ids = ids_column.to_numpy().astype(np.int64)
+    ids = int64_ids(ids_column, f"rules table: the id column {id_column!r}")
     unique, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
         raise SchemaError(f"rules table: rule id {int(unique[counts > 1][0])} appears in more than one row")
@@ -171,6 +172,8 @@ def _predicates(column: pa.Array, ids: np.ndarray, name: str, attribute: str, op
         if pc.list_flatten(cells).null_count:
             raise SchemaError(f"rules table: column {name!r} holds a list with a null in it")
     target = {"num": "value", "str": "str_value", "bool": "bool_value"}[family] + ("s" if is_list else "")
+    if pa.types.is_decimal(element):
+        cells = _exact_decimals(cells, is_list, rule_ids, name)
     try:
         cells = pc.cast(cells, COLUMNAR_SCHEMA.field(target).type)   # safe: an int past 2**53 is refused
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -180,6 +183,24 @@ def _predicates(column: pa.Array, ids: np.ndarray, name: str, attribute: str, op
               "op": _repeated(op.value.lower(), n)}
     return pa.table([arrays.get(f.name, cells if f.name == target else pa.nulls(n, f.type))
                      for f in COLUMNAR_SCHEMA], schema=COLUMNAR_SCHEMA)
+
+
+def _exact_decimals(cells, is_list: bool, rule_ids: np.ndarray, name: str):
+    """Decimal cells (or lists of them) as float64, converted exactly, or a
+    SchemaError naming the first rule whose decimal float64 cannot hold as it
+    is (Arrow's cast rounds them, and not always to the nearest float64)."""
+    flat = pc.list_flatten(cells) if is_list else cells
+    values, refused = exact_floats(flat)
+    if refused.any():
+        at = int(np.flatnonzero(refused)[0])
+        rule = rule_ids[pc.list_parent_indices(cells).to_numpy(zero_copy_only=False)[at]] if is_list else rule_ids[at]
+        raise SchemaError(f"rules table: rule {int(rule)}, column {name!r}: the decimal {flat[at].as_py()} is not a "
+                          f"number float64 holds as it is")
+    values = pa.array(values, pa.float64())
+    if not is_list:
+        return values
+    offsets = pc.list_value_length(cells).to_numpy(zero_copy_only=False).cumsum()
+    return pa.ListArray.from_arrays(pa.array(np.concatenate([[0], offsets]), pa.int32()), values)
 
 
 def _repeated(text: str, n: int) -> pa.Array:

@@ -3,6 +3,8 @@ input that changes nothing, ids, persistence."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -168,6 +170,22 @@ def test_columnar_form_matches_text_form():
     (pa.table({"sub_id": [1], "attr": ["price"], "op": ["between"], "value": [1.0]}), "BETWEEN"),
     (pa.table({"sub_id": [1], "attr": ["price"], "op": ["<"]}), "needs value"),
     (pa.table({"sub_id": [7], "attr": ["price"], "op": ["<"], "value": [1.0]}), "already"),
+    # numbers float64 cannot hold as they are: refused, never rounded (2**53 + 1 passed a float64 check)
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["="], "value": pa.array([2 ** 53 + 1], pa.int64())}),
+     "beyond ±2\\*\\*53"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["between"], "value": pa.array([0], pa.int64()),
+               "value_hi": pa.array([-(2 ** 53 + 1)], pa.int64())}), "value_hi is beyond"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["in"],
+               "values": pa.array([[1, -(2 ** 53 + 1)]], pa.list_(pa.int64()))}), "values holds a number that is beyond"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["="],
+               "value": pa.array([Decimal("0.1000000000000000001")], pa.decimal128(38, 19))}), "decimal"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["in"],
+               "values": pa.array([[Decimal("9007199254740993")]], pa.list_(pa.decimal128(20, 0)))}), "decimal"),
+    # ids past int64 (a cast made them negative) and attribute names that are no strings
+    (pa.table({"sub_id": pa.array([2 ** 63], pa.uint64()), "attr": ["price"], "op": ["="], "value": [1.0]}),
+     "id 9223372036854775808 does not fit in int64"),
+    (pa.table({"sub_id": [1], "attr": pa.array([5], pa.int64()), "op": ["="], "value": [1.0]}),
+     "attr must be a string column"),
 ])
 def test_bad_columnar_rows_raise_and_change_nothing(index, bad_table, message):
     before = (len(index), matches(index), dict(index.schema.families))
@@ -405,3 +423,27 @@ def test_columnar_form_refuses_an_invalid_regex_as_the_text_route_does():
     assert len(idx) == 0 and idx.match({"b": "a(b"}).tolist() == []
     idx.add_many(pa.table({"sub_id": [2], "attr": ["b"], "op": ["matches"], "str_value": ["a.b"]}))
     assert idx.match({"b": "zaxbz"}).tolist() == [2]
+
+
+def test_columnar_decimals_are_converted_exactly():
+    """Arrow's decimal -> float64 cast made Decimal('0.1') 0.09999999999999999
+    in a decimal128(38, 19) column, so ``price = 0.1`` never matched 0.1; the
+    columnar form and the rules table convert decimals as events do."""
+    from engine import rules_to_columnar
+    table = pa.table({"sub_id": [1, 2], "attr": ["price", "price"], "op": ["=", "in"],
+                      "value": pa.array([Decimal("0.1"), None], pa.decimal128(38, 19)),
+                      "values": pa.array([None, [Decimal("0.3"), Decimal("2.675")]], pa.list_(pa.decimal128(38, 19)))})
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(table)
+    assert [index[1], index[2]] == ["price = 0.1", "price IN (0.3, 2.675)"]
+    assert [m.tolist() for m in index.match_batch([{"price": 0.1}, {"price": 0.3}, {"price": 2.675}])] == \
+        [[1], [2], [2]]
+    rules = pa.table({"rule_id": [1, 2], "price": pa.array([Decimal("0.1"), Decimal("2.675")], pa.decimal128(38, 19))})
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(rules_to_columnar(rules))
+    assert index.match({"price": 0.1}).tolist() == [1] and index.match({"price": 2.675}).tolist() == [2]
+    with pytest.raises(SchemaError, match="rule 4, column 'price': the decimal 0.1000000000000000001"):
+        rules_to_columnar(pa.table({"rule_id": [4], "price": pa.array([Decimal("0.1000000000000000001")],
+                                                                       pa.decimal128(38, 19))}))
+    with pytest.raises(SchemaError, match="rule id 9223372036854775815 does not fit|does not fit in int64"):
+        rules_to_columnar(pa.table({"rule_id": pa.array([2 ** 63 + 7], pa.uint64()), "price": [1]}))
