@@ -871,10 +871,14 @@ class Index:
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, backend: str | None = None, algorithm: str | None = None,
-             options: dict | None = None) -> "Index":
+             options: dict | None = None, rebuild: bool = False) -> "Index":
         """Read an index written by :meth:`save`.  The saved structure of
         the algorithm is used as it is (no build) unless another algorithm
-        or options changing the structure are asked for.  Whatever is wrong
+        or options changing the structure are asked for, or ``rebuild``:
+        the structure is checked to be safe to run, not to be the one the
+        subscriptions build, so a file from a source not trusted is loaded
+        with ``rebuild=True`` (built from its subscriptions at the first
+        match, as after ``add_many``).  Whatever is wrong
         with the file -- truncated, corrupt, foreign, or crafted contents,
         saved options and structure included -- raises
         :class:`engine.errors.IndexFileError` naming ``path`` (a directory
@@ -897,7 +901,7 @@ class Index:
             residual = index._too_deep_for_the_device(segment) | (False if residual is None else residual)
         segment.residual = residual if residual is not None and residual.any() else None
         saved = None
-        if same and "matcher" in meta and index._options.same_structure(saved_options, backend):
+        if same and not rebuild and "matcher" in meta and index._options.same_structure(saved_options, backend):
             prefix = "matcher."
             saved = (meta["matcher"]["meta"], {name[len(prefix):]: array for name, array in arrays.items()
                                                if name.startswith(prefix)})

@@ -484,3 +484,29 @@ def test_a_strict_file_loaded_as_an_algorithm_that_refuses_one_of_its_expression
         Index.load(tmp_path / "strict.bexidx", algorithm="betree")
     loaded = Index.load(tmp_path / "strict.bexidx", algorithm="scan")
     assert loaded.match({"c0": 0, "c1": 1, "c2": 2, "c3": 3, "c4": 4}).tolist() == [1]
+
+
+def test_rebuild_builds_the_structure_from_the_subscriptions(tmp_path):
+    """The saved structure is checked to be safe to run (bounds, shapes,
+    cross-references), not to be the one the subscriptions build: an A-Tree
+    whose roots were swapped and whose checksums were made to match again
+    loads and answers for the wrong subscriptions.  ``rebuild=True`` ignores
+    the saved structure: the answers and the updates after are the
+    subscriptions' own."""
+    index = Index(algorithm="atree", backend="cpu")
+    index.add_many([1, 2, 3], ["a = 1 AND b = 2", "a = 1 OR c = 3", "b = 2 AND c = 3"])
+    path = tmp_path / "i.bexidx"
+    index.save(path)
+    meta, arrays = members(path.read_bytes())
+    arrays["matcher.roots"] = arrays["matcher.roots"][[1, 0, 2]]
+    path.write_bytes(rewritten(meta, arrays))
+    events = [{"a": 1, "b": 2}, {"c": 3}, {"a": 1}]
+    want = [m.tolist() for m in index.match_batch(events)]
+    assert Index.load(path)._state.source.kind == "reuse"
+    loaded = Index.load(path, rebuild=True)
+    assert loaded._state.source.kind != "reuse"
+    assert [m.tolist() for m in loaded.match_batch(events)] == want == [[1, 2], [2], [2]]
+    loaded.remove(1)
+    loaded.remove(3)
+    loaded.merge()
+    assert [m.tolist() for m in loaded.match_batch(events)] == [[2], [2], [2]]
