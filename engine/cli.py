@@ -49,11 +49,12 @@ def _is_parquet(path: str) -> bool:
 
 def _lines(path: str):
     """(1-based line number, text without its line ending) of a UTF-8 text
-    file; a line that is not UTF-8 is an error naming it."""
+    file, without the byte order mark Windows editors start one with; a
+    line that is not UTF-8 is an error naming it."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                yield number, raw.decode("utf-8").rstrip("\r\n")
+                yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError as exc:
                 raise BexmatchError(f"{path}:{number}: not valid UTF-8 (byte {exc.start + 1} of the line)") from None
 
@@ -67,16 +68,24 @@ def _parquet_errors(path: str):
         raise BexmatchError(f"{path}: not a readable Parquet file ({exc})") from None
 
 
+#: a subscription id in a text file: ASCII digits, an optional minus sign
+_DECIMAL_ID = re.compile(r"-?[0-9]+")
+
+
 def load_subscriptions(index, path: str, progress: bool = True) -> None:
-    """Fill ``index`` from a Parquet columnar file or ``id<TAB>expr`` text;
-    an error in the text names its line."""
+    """Fill ``index`` from a Parquet columnar file (or a directory of them,
+    added file by file) or ``id<TAB>expr`` text; an error names its file, and
+    in the text its line."""
     if _is_parquet(path):
-        with _parquet_errors(path):
-            table = pq.read_table(path)
-        try:
-            index.add_many(table)
-        except (BexmatchError, KeyError) as exc:   # KeyError: an id given twice
-            raise BexmatchError(f"{path}: {_message(exc)}") from None
+        # file by file, each with its own columns (one table of a directory takes the first file's schema:
+        # a column only later files hold is dropped, one typed otherwise is cast)
+        for part in _parquet_parts(path):
+            with _parquet_errors(part):
+                table = pq.read_table(part)
+            try:
+                index.add_many(table)
+            except (BexmatchError, KeyError) as exc:   # KeyError: an id given twice
+                raise BexmatchError(f"{part}: {_message(exc)}") from None
         return
     ids, texts, lines = [], [], []
     for number, line in _lines(path):
@@ -85,10 +94,9 @@ def load_subscriptions(index, path: str, progress: bool = True) -> None:
         sub_id, sep, text = line.partition("\t")
         if not sep:
             raise BexmatchError(f"{path}:{number}: expected 'id<TAB>expression'")
-        try:
-            sub_id = int(sub_id)
-        except ValueError:
-            raise BexmatchError(f"{path}:{number}: subscription id {sub_id!r} is not an integer") from None
+        if not _DECIMAL_ID.fullmatch(sub_id):     # (int() also reads ' 3', '+3', '3_000' and other scripts' digits)
+            raise BexmatchError(f"{path}:{number}: subscription id {sub_id!r} is not an integer")
+        sub_id = int(sub_id)
         if not INT64_MIN <= sub_id <= INT64_MAX:
             raise BexmatchError(f"{path}:{number}: subscription id {sub_id} does not fit in int64")
         ids.append(sub_id)
@@ -176,7 +184,13 @@ def _parquet_parts(path: str) -> list:
     p = Path(path)
     if p.is_file():
         return [str(p)]
-    return [str(f) for f in sorted(p.iterdir()) if f.is_file() and not f.name.startswith(("_", "."))]
+    parts = [f for f in sorted(p.iterdir()) if not f.name.startswith(("_", "."))]
+    nested = [f for f in parts if not f.is_file()]
+    if nested:
+        raise BexmatchError(f"{path}: {nested[0].name} is a directory; a directory of Parquet files is read "
+                            f"file by file, not into its subdirectories (partitioned datasets): give the "
+                            f"files' directory")
+    return [str(f) for f in parts]
 
 
 def _count_events(path: str) -> int | None:

@@ -161,6 +161,11 @@ def test_directories_as_inputs_or_output_are_refused(files, capsys):
     (b"1\tprice > 1\n\n2\tcolor = 'a'\n# comment\n3\tcolor > 5\n", "bad.tsv:5: subscription 3: 'color' is string"),
     (b"1\tprice > 1\n2\tprice > 2\n\n1\tprice > 3\n", "bad.tsv:4: subscription id 1 given more than once"),
     (b"1\tprice > 1\n2\tprice = \n", "bad.tsv:2: subscription 2"),
+    # ids are ASCII digits: int() would read these as 3000, 3, 3 and 3
+    (b"1\tprice > 1\n3_000\tprice > 2\n", "bad.tsv:2: subscription id '3_000' is not an integer"),
+    ("1\tprice > 1\n\u0663\tprice > 2\n".encode(), "bad.tsv:2: subscription id '\u0663' is not an integer"),
+    (b"1\tprice > 1\n 3\tprice > 2\n", "bad.tsv:2: subscription id ' 3' is not an integer"),
+    (b"1\tprice > 1\n+3\tprice > 2\n", "bad.tsv:2: subscription id '+3' is not an integer"),
 ])
 def test_subscription_errors_name_the_line(files, capsys, subs_bytes, message):
     tmp, _, events = files
@@ -314,3 +319,37 @@ def test_a_parquet_directory_is_read_file_by_file_with_each_files_columns(tmp_pa
     assert main(["match", "--subs", str(subs), "--events", str(events), "--quiet"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert sorted((m["event"], m["sub_id"]) for m in lines) == [(0, 1), (0, 3), (1, 3), (2, 2)]
+
+
+def test_a_parquet_directory_of_subscriptions_is_read_file_by_file(tmp_path, capsys):
+    """Subscriptions as events: each file with its own columns.  One table of
+    the directory cast the second file's boolean operand to the first's
+    float (``flag = TRUE`` became ``flag = 1``: exit 0, wrong answers) and
+    dropped the third file's ``str_value`` column (a valid file refused)."""
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    pq.write_table(pa.table({"sub_id": [1], "attr": ["price"], "op": ["<="], "value": [5.0]}), subs / "0.parquet")
+    pq.write_table(pa.table({"sub_id": [2], "attr": ["flag"], "op": ["="], "value": [True]}), subs / "1.parquet")
+    pq.write_table(pa.table({"sub_id": [3], "attr": ["color"], "op": ["="], "str_value": ["red"]}),
+                   subs / "2.parquet")
+    (subs / "_SUCCESS").write_bytes(b"")
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"flag": true, "price": 5}\n{"color": "red", "price": 6}\n')
+    assert main(["match", "--subs", str(subs), "--events", str(events), "--quiet"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted((m["event"], m["sub_id"]) for m in lines) == [(0, 1), (0, 2), (1, 3)]
+    pq.write_table(pa.table({"sub_id": [1], "attr": ["price"], "op": ["<="], "value": [9.0]}), subs / "3.parquet")
+    message = run_failing(["match", "--subs", str(subs), "--events", str(events)], capsys)
+    assert "3.parquet: subscription id 1 is already in the index" in message
+    (subs / "3.parquet").unlink()
+    (subs / "day=1").mkdir()
+    assert "day=1 is a directory" in run_failing(["match", "--subs", str(subs), "--events", str(events)], capsys)
+
+
+def test_a_byte_order_mark_starts_a_text_file_and_is_no_part_of_it(tmp_path, capsys):
+    subs = tmp_path / "subs.txt"
+    subs.write_bytes("\ufeff1\tprice > 1\n2\tprice > 5\n".encode())
+    events = tmp_path / "events.jsonl"
+    events.write_bytes("\ufeff{\"price\": 3}\n".encode())
+    assert main(["match", "--subs", str(subs), "--events", str(events), "--quiet"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"event": 0, "sub_id": 1}]
