@@ -59,7 +59,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
 import numpy as np
 import pyarrow as pa
@@ -506,6 +506,27 @@ def _decimal_code(value: Decimal) -> float | None:
         return None
     number = float(value)       # the nearest float64
     return number if Decimal(repr(number)) == value else None
+
+
+def plain_value(value):
+    """An event value as the Python value the encoder reads it as: NumPy
+    booleans, integers and floats as ``bool``, ``int`` and ``float`` (a
+    float32 as its float64, not its shortest text), a decimal as its
+    float64 where the value rule takes it, a list's elements alike; for
+    :func:`engine.explain.explain`, whose reference evaluator compares
+    Python values (NumPy's would compare a float32 in float32)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if is_integer(value):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, Decimal):
+        code = _decimal_code(value)
+        return value if code is None else code
+    if isinstance(value, (list, tuple, set, frozenset, np.ndarray)):
+        return [plain_value(element) for element in value]
+    return value
 
 
 def decimal_codes(values) -> np.ndarray:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.events import plain_value
 from engine.expr import And, Node, Not, Or, Pred, Xnor, Xor
 from engine.parse import to_text
 from engine.reference import _predicate
@@ -72,9 +73,10 @@ class Explanation:
 
 def explain(node: Node, event: dict) -> Explanation:
     """``node`` explained on ``event`` (a dict; a missing or None value is
-    an absent attribute)."""
+    an absent attribute; NumPy and decimal values read as the encoder reads
+    them, :func:`engine.events.plain_value`)."""
     if isinstance(node, Pred):
-        value = event.get(node.attr)
+        value = plain_value(event.get(node.attr))
         truth = _predicate(node, value)
         absent = node.attr if truth is None and value is None else None
         return Explanation("predicate", to_text(node), truth, absent)

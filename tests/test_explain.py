@@ -142,3 +142,30 @@ def test_cli_explain(tmp_path, capsys):
     assert "--id 5: no such subscription" in capsys.readouterr().err
     assert main(["explain", "--subs", str(subs), "--id", "1", "--event", "[1]"]) == 2
     assert "--event must be a JSON object" in capsys.readouterr().err
+
+
+def test_numpy_and_decimal_values_are_explained_as_match_reads_them():
+    """The reference evaluator compared NumPy values in NumPy's precision (a
+    float32 0.1 equal to 0.1, which the index, reading its float64, does not
+    match) and gave NumPy booleans, which ``matches`` did not take for TRUE;
+    ``numpy.bool_`` and ``Decimal`` values, which ``match`` takes, raised a
+    TypeError.  Every subscription's explanation now says what ``match``
+    says, on each of these values."""
+    from decimal import Decimal
+
+    import numpy as np
+
+    index = Index(algorithm="scan", backend="cpu", schema={"segs": "list<numeric>"})
+    texts = ["x = 5", "x > 4 OR y = 1", "b = TRUE", "x = 0.1", "NOT (x = 0.1) AND b IS NOT NULL",
+             "x IN (0.1, 5) XOR b = FALSE", "segs ONE OF (2, 3)", "segs ALL OF (0.5)"]
+    index.add_many(range(len(texts)), texts)
+    events = [{"x": np.int64(5)}, {"x": np.uint8(5), "b": np.bool_(False)}, {"x": np.float32(0.1)},
+              {"x": np.float64(0.1), "b": np.bool_(True)}, {"x": Decimal("5")}, {"x": Decimal("0.1")},
+              {"x": np.float16(5), "segs": np.array([2, 7], np.int32)}, {"segs": [Decimal("0.5"), np.int8(3)]},
+              {"segs": (np.float32(0.5),)}]
+    found = []
+    for event in events:
+        matched = set(index.match(event).tolist())
+        assert {sub for sub in range(len(texts)) if index.explain(sub, event).matches} == matched, event
+        found.append(matched)
+    assert found[2] == set() and 3 in found[3] and all(found[:2]) and all(found[4:])
