@@ -947,6 +947,17 @@ def from_pandas(frame, schema: Schema, errors: str = "raise") -> EventBatch:
     return _from_columns(columns, len(frame), schema, refusals)
 
 
+def _pandas_missing(value) -> bool:
+    """pandas' missing markers, for one value (``isna`` of a column holding a
+    signalling-NaN decimal raises): a quiet NaN decimal is one, as pandas
+    says; a signalling one is a value, which the value rule refuses."""
+    import pandas as pd
+    if isinstance(value, Decimal):
+        return value.is_qnan()
+    missing = pd.isna(value)
+    return bool(missing) if isinstance(missing, (bool, np.bool_)) else False
+
+
 def _by_dict_rule(series, name: str, family: Family | None, refusals: _Refusals, rank: int) -> pa.Array:
     """A DataFrame column read value by value under the dict rule, as an
     Arrow column that :func:`_from_columns` takes as it is: strings, booleans,
@@ -962,7 +973,10 @@ def _by_dict_rule(series, name: str, family: Family | None, refusals: _Refusals,
             cells.append(elements)
         element = pa.large_string() if ELEMENT_OF[family] is Family.STRING else pa.float64()
         return pa.array(cells, pa.large_list(element))
-    present = ~series.isna().to_numpy(dtype=bool)
+    try:
+        present = ~series.isna().to_numpy(dtype=bool)
+    except InvalidOperation:        # pandas compares a signalling-NaN decimal, which raises: value by value
+        present = np.array([not _pandas_missing(value) for value in raw.tolist()], bool)
     codes = np.zeros(len(raw))
     for row in np.flatnonzero(present).tolist():
         code = _code(raw[row], family)

@@ -496,3 +496,18 @@ def test_a_list_holding_a_string_that_is_not_utf8_is_a_bad_value():
         results, rejected = index.match_batch(events, errors="report")
         assert [m.tolist() for m in results] == [[1], [], [3], [1]]
         assert [(e.event, e.attribute) for e in rejected] == [(1, "segs")]
+
+
+def test_a_signalling_nan_decimal_in_a_dataframe_is_a_bad_value():
+    """pandas' ``isna`` raises ``decimal.InvalidOperation`` on a column holding
+    ``Decimal('sNaN')`` (read value by value once Arrow refuses the column,
+    here for the infinity): it is a bad value, as in a dict; a quiet NaN
+    stays pandas' missing marker."""
+    index = Index(algorithm="scan", schema={"x": "numeric"})
+    index.add_many([1, 2], ["x = 0.1", "x IS NULL"])
+    frame = pd.DataFrame({"x": [Decimal("0.1"), Decimal("sNaN"), Decimal("Infinity"), Decimal("NaN"), None]})
+    with pytest.raises(BadEventError, match="event 1: attribute 'x' is numeric, got Decimal\\('sNaN'\\)"):
+        index.match_batch(frame)
+    assert [m.tolist() for m in index.match_batch(frame, errors="null")] == [[1], [2], [2], [2], [2]]
+    results, rejected = index.match_batch(frame, errors="report")
+    assert [m.tolist() for m in results] == [[1], [], [], [2], [2]] and [e.event for e in rejected] == [1, 2]
