@@ -76,6 +76,7 @@ import tempfile
 import uuid
 import warnings
 from dataclasses import dataclass
+from decimal import Decimal
 
 import numpy as np
 import pandas as pd
@@ -441,6 +442,36 @@ def _listed(arrays) -> list[list[int]]:
     return out
 
 
+def _wrapped(event: dict) -> dict:
+    """``event`` with its values in the other types an application holds
+    them in, each the very same number, string or boolean (the oracles read
+    the plain values): integers as NumPy integers, floats as NumPy float64,
+    float32 where it holds the value, or (within ±2**53) the decimal of
+    their shortest text,
+    booleans as ``numpy.bool_``, strings as ``numpy.str_``, lists of numbers
+    as NumPy arrays where they hold no None."""
+    def one(value, turn: int):
+        if isinstance(value, bool):
+            return np.bool_(value)
+        if isinstance(value, int):
+            return (np.int64, np.int32 if abs(value) < 2 ** 31 else np.int64, int)[turn % 3](value)
+        if isinstance(value, float):
+            if turn % 3 == 0 and abs(value) < 3e38 and float(np.float32(value)) == value:
+                return np.float32(value)
+            # (a decimal beyond ±2**53 is refused: the value rule takes decimals within it only)
+            return np.float64(value) if turn % 3 == 1 or abs(value) > 2 ** 53 else Decimal(repr(value))
+        if isinstance(value, str):
+            return np.str_(value)
+        if isinstance(value, (list, tuple)):
+            elements = [one(v, turn + k) for k, v in enumerate(value)]
+            if None in value or not value or not all(isinstance(v, (int, float)) for v in value) \
+                    or any(isinstance(v, Decimal) for v in elements):
+                return elements         # (a NumPy array of strings drops their trailing NULs)
+            return np.array(value)
+        return value
+    return {name: one(value, len(name) + k) for k, (name, value) in enumerate(event.items())}
+
+
 def answers(index: Index, events: list, backend: str, containers: bool = False) -> dict:
     """The index's answer on ``events`` by every route, as one id list per
     event each -- but ``match``'s on the first event only on ``cuda`` (one
@@ -473,6 +504,7 @@ def answers(index: Index, events: list, backend: str, containers: bool = False) 
             arrow_events(events, pa.large_string(), dictionary=True)))
         frame = pd.DataFrame({a: pd.Series([e.get(a) for e in events], dtype=object) for a in SCHEMA})
         routes["pandas"] = _listed(index.match_batch(frame))
+        routes["NumPy and Decimal values"] = _listed(index.match_batch([_wrapped(e) for e in events]))
         lists = index.match_batch(events, output="arrow_lists")
         assert lists.column("event").to_pylist() == list(range(n))
         routes['output="arrow_lists"'] = lists.column("sub_ids").to_pylist()
