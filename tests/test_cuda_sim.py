@@ -879,7 +879,7 @@ def test_batch_that_can_never_fit_is_refused_clearly():
 
 
 @needs_cuda
-def test_bad_inputs_on_the_cuda_path_raise_clear_errors(monkeypatch):
+def test_bad_inputs_on_the_cuda_path_raise_clear_errors(monkeypatch, tmp_path):
     seg, batch, truth = compiled()
     alive = np.ones(len(seg), np.uint8)
     matcher = _matcher(seg)
@@ -929,6 +929,14 @@ def test_bad_inputs_on_the_cuda_path_raise_clear_errors(monkeypatch):
         assert index.statistics()["residual"] == 1
         assert index.match({"n0": 1, "n1": 2, "n2": 3, "s0": "a"}).tolist() == list(range(len(exprs)))
         assert index.match({"n0": 1}).tolist() == [1][:len(exprs) - 1]
+    # ... and so does a cpu index's file loaded on cuda (its own flags are the cpu's: none)
+    saved = _merged_index("cpu", [deep, "n0 = 1"])
+    path = tmp_path / "cpu.bexidx"
+    saved.save(path)
+    for algorithm in ("scan", "opindex"):
+        loaded = Index.load(path, backend="cuda", algorithm=algorithm)
+        assert loaded.statistics()["residual"] == 1
+        assert loaded.match({"n0": 1, "n1": 2, "n2": 3, "s0": "a"}).tolist() == [0, 1]
 
 
 # ============================================================ real hardware
