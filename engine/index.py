@@ -312,6 +312,22 @@ class Index:
             part._install_main(without_unused_predicates(state.main.take(positions)))
         return part
 
+    def subsets(self, groups: Iterable[Iterable[int]]) -> list["Index"]:
+        """:meth:`subset` of each group of ids, all of one state of this
+        index (no update lands between them: the shards of one Spark job)."""
+        with self._write_lock:
+            return [self.subset(ids) for ids in groups]
+
+    def split(self, k: int) -> list["Index"]:
+        """``k`` indexes by subscription id, all of one state of this one:
+        the s-th holds the s-th of ``k`` contiguous, equally sized runs of the
+        sorted ids (:meth:`subset` of each)."""
+        if k < 1:
+            raise ValueError(f"shards must be >= 1, not {k}")
+        with self._write_lock:
+            ids = self.ids()
+            return self.subsets(ids[positions] for positions in np.array_split(np.arange(len(ids)), k))
+
     # ------------------------------------------------------------------- updates
     def add(self, sub_id: int, expression: str | Node) -> None:
         """Add one subscription.  ``expression`` is text or an AST.  A bad
@@ -700,6 +716,7 @@ class Index:
         matched against the snapshot current when the call is made.
         ``id_column``: as in :meth:`match_batch` (the batches' first column
         is then the events' ids, named by it)."""
+        # (not a generator itself: the snapshot is taken, and the events checked, at the call)
         if errors == "report":
             raise ValueError("match_stream takes errors='raise' or 'null'; use match_batch(errors='report') "
                              "to have bad events reported")
@@ -708,12 +725,15 @@ class Index:
             events, event_ids = _split_event_ids(events, id_column)
         state = self._state
         batch = event_batches.encode_events(events, state.view, errors)
-        for _, _, event_idx, sub_ids in self._match_slices(state, batch, max_pairs):
-            first = pa.array(event_idx, pa.int64())
-            if event_ids is not None:
-                first = event_ids.take(first)
-            yield pa.RecordBatch.from_arrays([first, pa.array(sub_ids, pa.int64())],
-                                             names=["event" if id_column is None else id_column, "sub_id"])
+        names = ["event" if id_column is None else id_column, "sub_id"]
+
+        def pieces() -> Iterator[pa.RecordBatch]:
+            for _, _, event_idx, sub_ids in self._match_slices(state, batch, max_pairs):
+                first = pa.array(event_idx, pa.int64())
+                if event_ids is not None:
+                    first = event_ids.take(first)
+                yield pa.RecordBatch.from_arrays([first, pa.array(sub_ids, pa.int64())], names=names)
+        return pieces()
 
     def _match_slices(self, state: Snapshot, batch, max_pairs: int | None = None, rejected=()):
         """``(first, stop, event index, sub ids)`` of each event slice
@@ -722,10 +742,12 @@ class Index:
         event had, which sizes the next (growing at most SLICE_GROWTH
         times).  The pairs of ``rejected`` events are dropped."""
         bad = np.array([r.event for r in rejected], dtype=np.int64)
+        explicit = max_pairs
         if max_pairs is None:
             max_pairs = MATCH_MEMORY_BUDGET // _BYTES_PER_PAIR_WORKING
         max_pairs = max(1, int(max_pairs))
         n_events = batch.n_events
+        whole_if_small = explicit is None      # (a stream's max_pairs holds for small batches too)
         batch = self._with_list_truth(state, batch)
         # the LIKE/MATCHES table over the whole batch, once: the slices share its strings (a table per
         # slice would evaluate a value that recurs in several slices again, and each is strings x patterns)
@@ -735,7 +757,8 @@ class Index:
         width = 0
         while first < n_events:
             if per_event is None:       # probe with a slice that fits even if every subscription matches
-                width = n_events if n_events <= 64 else max(1, min(max_pairs // max(1, len(state)), 4096))
+                small = n_events <= 64 and whole_if_small
+                width = n_events if small else max(1, min(max_pairs // max(1, len(state)), 4096))
             else:
                 # at most SLICE_GROWTH times the last slice: a quiet start (few matches an event) must not
                 # size the rest of a skewed batch as one slice

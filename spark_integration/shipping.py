@@ -259,12 +259,10 @@ def split_index(index: Index, k: int) -> list[Index]:
     Every shard keeps the whole schema (attributes, families, dictionaries),
     so all shards encode and judge an event identically.
 
-    Uses ``Index.subset(ids)``: the compiled form is copied, no expression
-    is re-parsed."""
-    if k < 1:
-        raise ValueError(f"shards must be >= 1, not {k}")
-    ids = index.ids()
-    return [index.subset(ids[positions]) for positions in np.array_split(np.arange(len(ids)), k)]
+    Uses ``Index.split``: the compiled form is copied, no expression is
+    re-parsed, and every shard is of one state of ``index`` (an update in
+    another thread lands before all or after all of them)."""
+    return index.split(k)
 
 
 # ---------------------------------------------------------------- statistics

@@ -17,6 +17,7 @@ import pytest
 
 import engine.index as index_module
 from engine import Index
+from engine.errors import BadEventError
 
 N_SUBS = 1000
 N_EVENTS = 20_000
@@ -150,3 +151,34 @@ def test_a_quiet_start_does_not_size_a_skewed_batch_as_one_slice(algorithm):
     table = pa.Table.from_batches(pieces)
     assert table.num_rows == 500 * n_subs
     assert table.equals(index.match_batch(events, output="arrow"))
+
+
+def test_match_stream_takes_its_snapshot_and_checks_at_the_call():
+    """``match_stream`` was a generator function: nothing ran until the first
+    ``next()``, so updates made in between changed its answer, and a bad
+    event or errors mode was refused only then."""
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add(1, "x = 1")
+    pieces = index.match_stream([{"x": 1}])
+    index.add(2, "x >= 1")
+    index.remove(1)
+    assert pa.Table.from_batches(list(pieces)).to_pydict() == {"event": [0], "sub_id": [1]}
+    with pytest.raises(ValueError, match="match_stream takes errors='raise' or 'null'"):
+        index.match_stream([{"x": 1}], errors="report")
+    with pytest.raises(BadEventError, match="event 1"):
+        index.match_stream([{"x": 1}, {"x": "one"}])
+    with pytest.raises(KeyError, match="id_column 'eid'"):
+        index.match_stream([{"x": 1}], id_column="eid")
+
+
+def test_match_stream_max_pairs_holds_for_small_batches_too():
+    """A batch of at most 64 events was one slice whatever ``max_pairs`` said
+    (50 events matching 200 subscriptions each: one piece of 10,000 rows);
+    ``match_batch`` without a budget of its own still takes it whole."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(range(200), [f"x = 1 OR y = {i}" for i in range(200)])
+    events = [{"x": 1}] * 50
+    pieces = list(index.match_stream(events, max_pairs=200))
+    assert [p.num_rows for p in pieces] == [200] * 50
+    assert pa.Table.from_batches(pieces).equals(index.match_batch(events, output="arrow"))
+    assert [p.num_rows for p in index.match_stream(events)] == [10_000]

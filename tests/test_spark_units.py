@@ -312,3 +312,26 @@ def test_find_java_home_prefers_the_set_one(tmp_path):
     (home / "bin" / "java").chmod(0o755)
     (home / "release").write_text('JAVA_VERSION="17.0.9"\n')
     assert find_java_home({"PATH": str(home / "bin")}) == str(home)
+
+
+def test_split_index_is_of_one_state_while_another_thread_updates(monkeypatch):
+    """The shards were ``subset`` calls one after the other: a removal in
+    another thread between two of them raised KeyError (or mixed states).
+    The removal now lands before all of them or after."""
+    import threading
+    index = Index()
+    index.add_many(range(30), [f"a = {i}" for i in range(30)])
+    started = threading.Event()
+    remover = threading.Thread(target=lambda: (started.wait(), index.remove(25)))
+    subset = Index.subset
+
+    def slow_subset(self, ids):
+        started.set()                       # the remover runs now, between this shard and the next
+        remover.join(timeout=0.3)
+        return subset(self, ids)
+    monkeypatch.setattr(Index, "subset", slow_subset)
+    remover.start()
+    shards = split_index(index, 3)
+    remover.join()
+    assert sorted(i for s in shards for i in s.ids().tolist()) == list(range(30))
+    assert 25 not in index
