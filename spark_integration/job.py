@@ -225,12 +225,32 @@ def read_events(spark, path: str):
     :data:`JSON_SUFFIXES` (Spark infers the columns over the whole file),
     else Parquet."""
     if path.lower().rstrip("/").endswith(JSON_SUFFIXES):
-        return spark.read.json(path)
+        events = spark.read.json(path)
+        if _CORRUPT_RECORD in events.columns:       # (PERMISSIVE reading: a line that is no JSON object)
+            raise JobError(f"--events {path!r}: holds lines that are not JSON objects (Spark's reader would "
+                           f"make each an event with no attributes); `bexmatch match --events {path}` names "
+                           f"the first one")
+        return events
     try:
         return spark.read.parquet(path)
     except Exception as exc:          # Spark's AnalysisException and the like: not Parquet
         raise JobError(f"--events {path!r}: not readable as Parquet ({str(exc).splitlines()[0]}); JSON Lines "
                        f"events need a name ending in {', '.join(JSON_SUFFIXES)}") from exc
+
+
+#: the column Spark's JSON reader adds for lines it cannot read (spark.sql.columnNameOfCorruptRecord)
+_CORRUPT_RECORD = "_corrupt_record"
+
+
+def _string_columns_of_other_families(events, index) -> list[str]:
+    """The columns Spark's JSON reader made strings whose attributes are
+    numeric or boolean: it gives a column one type for the whole file, so a
+    file mixing numbers and strings in one column reads every value of it
+    as a string, and each is refused as a string."""
+    from pyspark.sql.types import StringType
+    families = dict(index.schema)
+    return [f.name for f in events.schema.fields
+            if isinstance(f.dataType, StringType) and families.get(f.name) in ("numeric", "boolean")]
 
 
 def _has_scheme(path: str) -> bool:
@@ -429,6 +449,14 @@ def _run_spark(spark, args, index, events_path, summary, pq):
     # 4. match + write
     start = time.perf_counter()
     events = read_events(spark, events_path)
+    mixed = _string_columns_of_other_families(events, index) if events_path.lower().rstrip("/").endswith(
+        JSON_SUFFIXES) else []
+    if mixed:
+        print(f"bexmatch run: warning: --events {events_path!r}: Spark's JSON reader made column(s) "
+              f"{', '.join(map(repr, mixed))} strings (one type a column for the whole file: a column mixing "
+              f"numbers or booleans and strings reads as strings), and their attributes are numeric or "
+              f"boolean: such events are refused as holding strings. Give mixed-type events as Parquet, or "
+              f"to `bexmatch match`, which reads JSON Lines value by value.", file=sys.stderr)
     if args.event_id not in events.columns:
         events = events.withColumn(args.event_id, F.monotonically_increasing_id())
         summary["note"] = f"the events have no {args.event_id!r} column: ids were made up " \
@@ -460,8 +488,8 @@ def _run_spark(spark, args, index, events_path, summary, pq):
     if args.output == "pairs":
         summary["matches"] = written.count()
         summary["events"] = summary.get("events_expected") or read_events(spark, events_path).count()
-    else:
-        summary["events"] = written.count()
+    else:       # (the grouped rows leave out refused events and merge repeated ids: the input is counted)
+        summary["events"] = summary.get("events_expected") or read_events(spark, events_path).count()
         summary["matches"] = written.select(F.sum(F.size("sub_ids"))).first()[0] or 0
     summary.update(out=args.out, mode=args.mode, shards=shards, ship=ship, master=sc.master,
                    loads=stats.loads, workers=len(stats.loads_per_worker), backends=stats.backends,

@@ -110,8 +110,9 @@ class _BatchMatcher:
 
     def __init__(self, shipped: ShippedIndex, *, event_id: str, layout: str, attrs_column: str, output: str,
                  on_bad_event: str, report_bad: bool, batch_size: int | None, backend: str, gpu_fallback: bool,
-                 capacity: int, stats_acc, inject_failure):
+                 capacity: int, stats_acc, inject_failure, names: list | None = None):
         self.shipped = shipped
+        self.names = names               # the batches' column names (they travel under plain ones)
         self.event_id = event_id
         self.layout = layout
         self.attrs_column = attrs_column
@@ -136,6 +137,8 @@ class _BatchMatcher:
         fail_now = self._should_fail(context)
         n_batches = n_events = 0
         for batch in batches:
+            if self.names is not None:
+                batch = pa.RecordBatch.from_arrays(batch.columns, names=self.names)
             pieces = [batch] if not self.batch_size or batch.num_rows <= self.batch_size else \
                 [batch.slice(at, self.batch_size) for at in range(0, batch.num_rows, self.batch_size)]
             for piece in pieces:
@@ -339,7 +342,9 @@ def match_events(events_df: DataFrame, index_or_path: Index | str | os.PathLike 
     if arrow_batch_size is not None:
         spark.conf.set(ARROW_BATCH_CONF, str(int(arrow_batch_size)))
     quarantine = on_bad_event == "quarantine"
-    source = events_df.select(*[F.col(layouts.quote(c)) for c in columns])
+    # the columns travel under plain names, given back on the worker: mapInArrow resolves each column by
+    # its name unquoted, so a name with a dot ("a.b", an attribute the language allows) failed to resolve
+    source = events_df.select(*[F.col(layouts.quote(c)).alias(f"_bexmatch_{k}") for k, c in enumerate(columns)])
     schema = _output_schema(events_df, event_id, output, quarantine)
     capacity = cache_size or (1 if mode == "shard" else 2)
     stats_acc = None if stats is None else stats.accumulator
@@ -349,7 +354,7 @@ def match_events(events_df: DataFrame, index_or_path: Index | str | os.PathLike 
                              on_bad_event=on_bad_event, report_bad=(s == 0),
                              batch_size=None if arrow_batch_size is None else int(arrow_batch_size),
                              backend=backend, gpu_fallback=gpu_fallback, capacity=capacity, stats_acc=stats_acc,
-                             inject_failure=inject_failure)
+                             inject_failure=inject_failure, names=list(columns))
         if resource_profile is None:
             frames.append(source.mapInArrow(func, schema))
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -489,3 +490,41 @@ def test_job_takes_text_subscriptions_and_json_lines_events(spark, tmp_path, cap
     bad.write_text("price\n1\n")
     assert main(["--subs", str(subs), "--events", str(bad), "--out", str(tmp_path / "o2.parquet")]) != 0
     assert "JSON Lines events need a name ending in .json" in capsys.readouterr().err
+
+
+def test_json_lines_the_job_cannot_read_as_written(spark, tmp_path, capsys):
+    """A line that is no JSON object became an event with no attributes and a
+    null id, matched by every ``IS NULL`` subscription (exit 0): refused now.
+    A column mixing numbers and strings is read by Spark as strings: the job
+    says so.  The grouped summary counts the events of the input, not the
+    grouped rows (refused events left out)."""
+    from spark_integration.job import main
+
+    subs = tmp_path / "subs.txt"
+    subs.write_text("1\tx >= 1\n2\tx IS NULL\n")
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text('{"event_id": 1, "x": 1}\n{"event_id": 2, "x":\n{"event_id": 3, "x": 2}\n')
+    assert main(["--subs", str(subs), "--events", str(corrupt), "--out", str(tmp_path / "o1.parquet"),
+                 "--quiet"]) == 2
+    assert "holds lines that are not JSON objects" in capsys.readouterr().err
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"event_id": 1, "x": 1}\n{"event_id": 2, "x": "7"}\n{"event_id": 3}\n')
+    out = tmp_path / "o2.parquet"
+    assert main(["--subs", str(subs), "--events", str(mixed), "--out", str(out), "--on-bad-event", "quarantine",
+                 "--output", "grouped", "--quiet"]) == 0
+    printed = capsys.readouterr()
+    assert "Spark's JSON reader made column(s) 'x' strings" in printed.err
+    assert re.search(r"events\s+3\n", printed.out), printed.out
+
+
+def test_dotted_column_names_reach_the_engine(spark):
+    """mapInArrow resolved each column by its name unquoted: a column named
+    like a dotted attribute ("a.b", which the language allows) failed with
+    Spark's AnalysisException."""
+    from spark_integration import match_events
+
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many([1, 2], ['"a.b" = 5', '"a.b" IS NULL AND c = 1'])
+    frame = spark.createDataFrame([(1, 5, None), (2, None, 1), (3, 4, 1)], "`e.id` long, `a.b` long, c long")
+    rows = match_events(frame, index, event_id="e.id").collect()
+    assert sorted((r["e.id"], r["sub_id"]) for r in rows) == [(1, 1), (2, 2)]
