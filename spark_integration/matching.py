@@ -337,6 +337,10 @@ def match_events(events_df: DataFrame, index_or_path: Index | str | os.PathLike 
         shards = len(index_or_path)
     shipped = ship_index(spark, index_or_path, mode=mode, shards=shards, method=ship)
     parts = shipped.shards if isinstance(shipped, ShardedIndex) else [shipped]
+    repeated = sorted({c for c in events_df.columns if events_df.columns.count(c) > 1})
+    if repeated:                # (Spark's own error is an AMBIGUOUS_REFERENCE stack trace)
+        raise ValueError(f"the events have more than one column named {repeated[0]!r} (a join?): each "
+                         f"attribute is one column; rename or drop the others")
     chosen, columns = layouts.detect_layout(events_df, layout=layout, attrs_column=attrs_column,
                                             event_id=event_id, attributes=parts[0].attributes)
     if arrow_batch_size is not None:

@@ -528,3 +528,6 @@ def test_dotted_column_names_reach_the_engine(spark):
     frame = spark.createDataFrame([(1, 5, None), (2, None, 1), (3, 4, 1)], "`e.id` long, `a.b` long, c long")
     rows = match_events(frame, index, event_id="e.id").collect()
     assert sorted((r["e.id"], r["sub_id"]) for r in rows) == [(1, 1), (2, 2)]
+    joined = frame.join(spark.createDataFrame([(1, 2)], "`e.id` long, c long"), "e.id", "left")
+    with pytest.raises(ValueError, match="more than one column named 'c'"):
+        match_events(joined, index, event_id="e.id")
