@@ -80,7 +80,17 @@ class _Rows:
             if not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)):
                 raise SchemaError(f"columnar subscriptions: {name} must be a string column, not {table[name].type}")
         self.sub_id = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
+        for name in ("attr", "op"):
+            try:
+                table[name].validate(full=True)
+            except pa.ArrowInvalid as exc:      # bytes that are no UTF-8 (Parquet or IPC let them in)
+                raise SchemaError(f"columnar subscriptions: the {name} column is not valid UTF-8 ({exc})") from None
         self.attr_names, self.attr_index = _factorize(table["attr"])
+        for k, name in enumerate(self.attr_names):
+            if not name:
+                row = int(np.flatnonzero(self.attr_index == k)[0])
+                raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}): an "
+                                  f"empty attribute name")
         op_names, op_index = _factorize(table["op"])
         op_codes = []
         for i, name in enumerate(op_names):

@@ -865,9 +865,9 @@ def _literal_text(value) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"{value!r} has no literal: NaN and infinite literals are not allowed")
-        return repr(value)
+        return repr(float(value))           # (a NumPy float64 is a float whose repr is 'np.float64(...)')
     if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
+        return "'" + str(value).replace("'", "''") + "'"
     raise TypeError(f"not a literal: {value!r} ({type(value).__name__})")
 
 

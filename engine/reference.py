@@ -30,7 +30,8 @@ def matches(node: Node, event: dict) -> bool:
 def evaluate(node: Node, event: dict):
     """``True``, ``False`` or ``None`` (NULL) under SQL three-valued logic."""
     if isinstance(node, Pred):
-        return _predicate(node, event.get(node.attr))
+        truth = _predicate(node, event.get(node.attr))
+        return None if truth is None else bool(truth)      # (NumPy operands give NumPy booleans)
     if isinstance(node, Not):
         value = evaluate(node.child, event)
         return None if value is None else not value

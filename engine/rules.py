@@ -122,14 +122,42 @@ def _from_pandas(frame, id_column):
 
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"rules must be a pandas DataFrame or an Arrow Table, not {type(frame).__name__}")
+    repeated = frame.columns[frame.columns.duplicated()]
+    if len(repeated):
+        raise SchemaError(f"rules table: more than one column named {repeated[0]!r}")
+    if id_column is None and "__index__" in frame.columns:
+        raise SchemaError("rules table: a column is named '__index__', the name id_column=None gives the "
+                          "DataFrame's index: rename it, or name the id column")
     frame = frame.copy(deep=False)
     for name in frame.columns:
         if frame[name].dtype == object:   # tuples and sets are lists to a rule writer; Arrow wants lists
-            frame[name] = frame[name].map(
-                lambda v: sorted(v) if isinstance(v, (set, frozenset)) else list(v) if isinstance(v, tuple) else v)
+            frame[name] = frame[name].map(_as_list_cell)
     if id_column is None:
         frame = frame.assign(__index__=frame.index.to_numpy())
-    return pa.Table.from_pandas(frame, preserve_index=False)
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    except (pa.ArrowException, TypeError, ValueError, UnicodeError) as exc:
+        # (which column: the first that Arrow refuses alone)
+        for name in frame.columns:
+            try:
+                pa.array(frame[name].to_numpy(dtype=object) if frame[name].dtype == object else frame[name])
+            except (pa.ArrowException, TypeError, ValueError, UnicodeError) as column_exc:
+                raise SchemaError(f"rules table: column {name!r} holds cells of no one type Arrow reads (each "
+                                  f"column is numbers, strings, booleans, or lists of one of them): "
+                                  f"{column_exc}") from None
+        raise SchemaError(f"rules table: not readable as Arrow: {exc}") from None
+
+
+def _as_list_cell(value):
+    """A pandas cell as Arrow reads it: tuples and sets as lists (sets
+    sorted, for a stable order; a set mixing types that cannot be sorted as
+    it is)."""
+    if isinstance(value, (set, frozenset)):
+        try:
+            return sorted(value)
+        except TypeError:
+            return list(value)
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _attribute_and_op(column: str, how):
@@ -147,6 +175,8 @@ def _attribute_and_op(column: str, how):
 def _predicates(column: pa.Array, ids: np.ndarray, name: str, attribute: str, op: Op | None) -> pa.Table:
     """The predicate rows of one rules column (its non-null cells)."""
     kind = column.type
+    if column.null_count == len(column):         # no rule constrains it (a column of type null, often)
+        return pa.table([pa.array([], f.type) for f in COLUMNAR_SCHEMA], schema=COLUMNAR_SCHEMA)
     is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
     element = kind.value_type if is_list else kind
     if pa.types.is_dictionary(element):

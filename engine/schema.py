@@ -39,7 +39,17 @@ import pyarrow.compute as pc
 import re2
 
 from engine.errors import SchemaError
-from engine.expr import ELEMENT_OF, LIST_OF, LIST_OPS, Family, Op, PATTERN_OPS, Pred, literal_family
+from engine.expr import ELEMENT_OF, LIST_OF, LIST_OPS, Family, Op, PATTERN_OPS, Pred, literal_family, lone_surrogate
+
+def check_attribute_name(name, where: str) -> None:
+    """A SchemaError unless ``name`` is a name an expression can use: a
+    non-empty str that is valid Unicode (no lone surrogate)."""
+    if not isinstance(name, str) or not name:
+        raise SchemaError(f"{where}: an attribute name is a non-empty str, not {name!r}")
+    at = lone_surrogate(name)
+    if at is not None:
+        raise SchemaError(f"{where}: attribute name {name!r} is not valid Unicode: lone surrogate at index {at}")
+
 
 #: integers beyond this magnitude are not exact in float64, the kernels' type
 MAX_EXACT_INT = 2 ** 53
@@ -228,6 +238,7 @@ class Schema:
 
     # ---------------------------------------------------------------- attributes
     def declare(self, attr: str, family) -> None:
+        check_attribute_name(attr, "a declared attribute")
         family = parse_family(family)
         known = self.families.get(attr)
         if known is not None and known != family:

@@ -447,3 +447,31 @@ def test_columnar_decimals_are_converted_exactly():
                                                                        pa.decimal128(38, 19))}))
     with pytest.raises(SchemaError, match="rule id 9223372036854775815 does not fit|does not fit in int64"):
         rules_to_columnar(pa.table({"rule_id": pa.array([2 ** 63 + 7], pa.uint64()), "price": [1]}))
+
+
+def test_names_no_expression_can_use_are_refused_in_tables_and_declarations():
+    """An empty attribute name in the columnar form was taken (and the index
+    could not print its subscription); declarations took '', 5 and a lone
+    surrogate."""
+    index = Index(algorithm="scan", backend="cpu")
+    with pytest.raises(SchemaError, match="row 0 \\(sub_id 1\\): an empty attribute name"):
+        index.add_many(pa.table({"sub_id": [1], "attr": [""], "op": ["="], "value": [1.0]}))
+    bad = pa.array([b"\xff"], pa.binary()).view(pa.string())
+    with pytest.raises(SchemaError, match="the attr column is not valid UTF-8"):
+        index.add_many(pa.table({"sub_id": [1], "attr": bad, "op": ["="], "value": [1.0]}))
+    assert len(index) == 0
+    for name in ("", 5, "\ud800"):
+        with pytest.raises(SchemaError, match="a declared attribute"):
+            Index(schema={name: "numeric"})
+
+
+def test_numpy_literals_in_an_ast_print_and_evaluate_as_their_values():
+    """``to_text`` wrote a NumPy float64 literal as ``np.float64(1.5)``, which
+    does not parse, and the reference evaluator gave NumPy booleans."""
+    from engine.expr import Op, Pred
+    from engine.parse import parse, to_text
+    from engine.reference import evaluate
+    node = Pred("a", Op.EQ, (np.float64(1.5),))
+    assert to_text(node) == "a = 1.5" and parse(to_text(node)) == Pred("a", Op.EQ, (1.5,))
+    assert to_text(Pred("s", Op.EQ, (np.str_("x'y"),))) == "s = 'x''y'"
+    assert evaluate(node, {"a": 1.5}) is True and evaluate(node, {"a": np.float64(2.5)}) is False

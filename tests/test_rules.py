@@ -166,3 +166,36 @@ def test_the_columnar_form_takes_booleans_beside_numbers():
         with pytest.raises(SchemaError, match=message):
             idx.add_many(pa.table({"sub_id": pa.array([9] * n, pa.int64()), **bad}))
         assert len(idx) == 3
+
+
+@pytest.mark.parametrize("frame, message", [
+    (pd.DataFrame({"rule_id": [1, 2], "a": ["x", 5]}), "column 'a' holds cells of no one type"),
+    (pd.DataFrame({"rule_id": [1, 2], "a": [True, 1]}), "column 'a' holds cells of no one type"),
+    (pd.DataFrame({"rule_id": [1, 2], "a": [[1, 2], 3]}), "column 'a' holds cells of no one type"),
+    (pd.DataFrame({"rule_id": [1], "a": [{1, "x"}]}), "column 'a' holds cells of no one type"),
+    (pd.DataFrame({"rule_id": [1], "a": ["\ud800"]}), "column 'a' holds cells of no one type"),
+    (pd.DataFrame([[1, 2, 3]], columns=["rule_id", "a", "a"]), "more than one column named 'a'"),
+])
+def test_pandas_tables_arrow_cannot_read_are_schema_errors(frame, message):
+    """They raised Arrow's or Python's own exceptions (ArrowTypeError,
+    TypeError from sorting a mixed set, AttributeError for a repeated name,
+    UnicodeEncodeError)."""
+    with pytest.raises(SchemaError, match=message):
+        rules_to_columnar(frame)
+
+
+@pytest.mark.parametrize("op", ["like", "matches", "in", "not in", "="])
+def test_a_column_no_rule_fills_puts_no_constraint_whatever_its_operator(op):
+    """pandas makes a column of nulls Arrow's null type, which was taken for
+    numbers and single values: ``like`` and ``in`` refused a valid table."""
+    frame = pd.DataFrame({"rule_id": [1, 2], "a": [1, 2], "url": [None, None]})
+    index = Index()
+    index.add_many(rules_to_columnar(frame, columns={"a": None, "url": op}))
+    assert dict(index.items()) == {1: "a = 1", 2: "a = 2"}
+
+
+def test_a_column_named_like_the_index_id_is_refused_not_replaced():
+    frame = pd.DataFrame({"__index__": [5, 6], "a": [1, 2]}, index=[10, 20])
+    with pytest.raises(SchemaError, match="a column is named '__index__'"):
+        rules_to_columnar(frame, id_column=None)
+    assert rules_to_columnar(frame, id_column="__index__")["sub_id"].to_pylist() == [5, 6]
