@@ -140,6 +140,14 @@ def _dictionary_codes(name: str, dictionary, schema) -> tuple[pa.Array, np.ndarr
     """The dictionary as an Arrow string array and each entry's code under
     the index's string dictionary (through the host encoder, so that the
     rules are the same: a lone surrogate, for one, is refused)."""
+    if isinstance(dictionary, pa.ChunkedArray):
+        dictionary = dictionary.combine_chunks()
+    if isinstance(dictionary, pa.Array) and pa.types.is_dictionary(dictionary.type):
+        dictionary = dictionary.dictionary_decode()
+    if isinstance(dictionary, pa.Array) and not (pa.types.is_string(dictionary.type) or pa.types.is_large_string(
+            dictionary.type) or pa.types.is_string_view(dictionary.type) or pa.types.is_null(dictionary.type)):
+        # (a cast would make numbers, booleans or bytes strings: 1 would match s = '1')
+        raise SchemaError(f"column {name!r}: its dictionary is not a list of strings: it is {dictionary.type}")
     try:
         strings = pa.array(dictionary, pa.large_string()) if not isinstance(dictionary, pa.Array) \
             else dictionary.cast(pa.large_string())
@@ -179,6 +187,8 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
                     rejected[r] = _refuse(name, data, r, reason(r))
         return present & ~bad
 
+    if valid is not None and not isinstance(valid, Mapping):
+        raise TypeError(f"valid is a mapping of attribute -> device boolean array, not {type(valid).__name__}")
     valid = dict(valid or {})
     unknown = set(valid) - set(columns)
     if unknown:
@@ -234,10 +244,12 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
             if kind != "b":
                 raise SchemaError(f"column {name!r}: attribute {name!r} is boolean, the column is {data.dtype}")
             values = data.astype(np.float64)
+        elif family is None:        # only IS [NOT] NULL reads it: any value is taken, presence is all
+            values = xp.zeros(n_events)
         else:
-            if kind not in "iuf" and not (family is None and kind == "b"):
-                raise SchemaError(f"column {name!r}: attribute {name!r} is {family.value if family else 'untyped'}"
-                                  f", the column is {data.dtype}")
+            if kind not in "iuf":
+                raise SchemaError(f"column {name!r}: attribute {name!r} is {family.value}, the column is "
+                                  f"{data.dtype}")
             values = data.astype(np.float64)
             bad = ~xp.isfinite(values)
             if kind == "i":             # exact as float64 only within +-2**53 (compared as integers:

@@ -54,7 +54,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -211,10 +211,12 @@ class EventStream:
                     return None
                 timeout = None
                 if self._waiting and self.max_wait is not None:
-                    timeout = self._waiting[0].arrived + self.max_wait - now
+                    # (a wait longer than the platform's longest raises OverflowError: capped, and woken again)
+                    timeout = min(self._waiting[0].arrived + self.max_wait - now, threading.TIMEOUT_MAX)
                 self._lock.wait(timeout)
 
     def _run(self) -> None:
+        batch: list[_Waiting] = []
         try:
             while (taken := self._next_batch()) is not None:
                 batch, reason = taken
@@ -232,13 +234,18 @@ class EventStream:
                 left, self._waiting = list(self._waiting), deque()
                 self._finished = self._submitted
                 self._lock.notify_all()
-            for waiting in left:
-                if waiting.future.set_running_or_notify_cancel():
-                    waiting.future.set_exception(RuntimeError(f"the EventStream thread failed: {exc!r}"))
+            failure = RuntimeError(f"the EventStream thread failed: {exc!r}")
+            # the batch in flight (those not resolved yet: they are running), then those waiting; a callback
+            # that raises again must not stop the others being failed
+            for waiting in batch + [w for w in left if _claim(w.future)]:
+                try:
+                    _resolve(waiting.future, error=failure)
+                except BaseException:       # noqa: BLE001 -- a caller's done-callback
+                    logger.exception("a done-callback raised while the EventStream failed its events")
 
     def _match(self, batch: list[_Waiting]) -> None:
         """Resolve the futures of ``batch`` (cancelled ones skipped)."""
-        live = [w for w in batch if w.future.set_running_or_notify_cancel()]
+        live = [w for w in batch if _claim(w.future)]
         if not live:
             return
         events = [w.event for w in live]
@@ -263,12 +270,34 @@ class EventStream:
                 # naming it event 0 rather than its place in this batch
                 self._match_alone(waiting)
             else:
-                waiting.future.set_result(ids)
+                _resolve(waiting.future, ids)
 
     def _match_alone(self, waiting: _Waiting) -> None:
         try:
             ids = self.index.match_batch([waiting.event], errors=self.errors)[0]
         except Exception as exc:
-            waiting.future.set_exception(exc)
+            _resolve(waiting.future, error=exc)
         else:
-            waiting.future.set_result(ids)
+            _resolve(waiting.future, ids)
+
+
+def _claim(future: Future) -> bool:
+    """Mark ``future`` running: False when it was cancelled, or resolved by
+    its caller (nothing for the stream to do then)."""
+    try:
+        return future.set_running_or_notify_cancel()
+    except RuntimeError:            # already finished: its caller set it
+        return False
+
+
+def _resolve(future: Future, result=None, error: BaseException | None = None) -> None:
+    """Set ``future``'s result or exception, unless its caller set one
+    first.  An exception a done-callback raises past Future (a
+    BaseException) reaches the stream's thread, which fails the rest."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass

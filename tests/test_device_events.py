@@ -234,3 +234,35 @@ def test_a_spark_worker_on_a_gpu_executor_matches_through_device_columns(output,
     # a string column for a numeric attribute: the host encoder names each event (quarantined here)
     bad = pa.RecordBatch.from_pydict({"event_id": ["a", "b"], "price": ["cheap", "dear"]})
     assert worker.match(_index(), bad).to_pylist() == worker.match(cpu, bad).to_pylist()
+
+
+def test_an_attribute_of_no_family_takes_any_device_value():
+    """An attribute only IS [NOT] NULL reads takes any value, and only its
+    presence counts (as on the host): a device column for it was checked as
+    numbers, so NaN or 2**60 was refused (the event set aside, or its value
+    taken as absent: ``u IS NULL`` matched) and a complex column was a
+    SchemaError."""
+    index = Index(algorithm="scan", backend="cuda")
+    index.add_many([1, 2], ["u IS NULL", "u IS NOT NULL"])
+    for column in (np.array([np.nan, 1.0]), np.array([2 ** 60, 3], np.int64), np.array([1j, 2j]),
+                   np.array([True, False])):
+        for errors in ("raise", "null", "report"):
+            got = index.match_batch({"u": _to_device_input(column)}, errors=errors)
+            found, rejected = got if errors == "report" else (got, [])
+            assert [m.tolist() for m in found] == [[2], [2]] and not rejected, (column, errors)
+
+
+def test_a_dictionary_of_no_strings_is_refused_not_cast():
+    """A pyarrow dictionary of numbers, booleans or bytes was cast to strings:
+    codes into ``pa.array([1])`` matched ``s = '1'`` (a dict event with 1 is
+    refused).  A chunked dictionary of strings is read."""
+    index = Index(algorithm="scan", backend="cuda")
+    index.add_many([1, 2], ["s = '1'", "s = 'b'"])
+    codes = _to_device_input(np.array([0, 1], np.int32))
+    for dictionary in (pa.array([1, 2]), pa.array([True, False]), pa.array([b"1", b"2"])):
+        with pytest.raises(SchemaError, match="its dictionary is not a list of strings"):
+            index.match_batch({"s": (codes, dictionary)})
+    chunked = pa.chunked_array([pa.array(["1"]), pa.array(["b"])])
+    assert [m.tolist() for m in index.match_batch({"s": (codes, chunked)})] == [[1], [2]]
+    assert [m.tolist() for m in index.match_batch({"s": (codes, pa.array(["1", "b"]).dictionary_encode())})] \
+        == [[1], [2]]

@@ -250,3 +250,38 @@ def test_the_readme_example_runs_from_the_package():
     with engine.EventStream(idx, batch_size=1024, max_wait=0.005) as stream:
         futures = [stream.submit({"price": p, "color": "silver"}) for p in (550, 1500, 700)]
     assert [f.result().tolist() for f in futures] == [[1], [2], []]
+
+
+def test_a_wait_longer_than_the_platform_allows_just_waits(index):
+    """A finite max_wait past threading.TIMEOUT_MAX killed the stream's thread
+    (OverflowError) and closed it for everyone."""
+    stream = EventStream(index, batch_size=4, max_wait=1e12)
+    future = stream.submit({"a": 1})
+    time.sleep(0.2)
+    assert not stream.closed and not future.done()
+    stream.flush()
+    assert future.result(timeout=5).tolist() == index.match({"a": 1}).tolist()
+    stream.close()
+
+
+def test_no_future_waits_forever_when_a_callback_raises_past_future(index):
+    """A done-callback raising a BaseException (SystemExit) ends the stream's
+    thread: the rest of the batch in flight was never resolved (flush
+    returned, pending() said 0).  They fail now; and a future its caller
+    resolved first is skipped, not a crash of the stream."""
+    stream = EventStream(index, batch_size=10, max_wait=None)
+    futures = [stream.submit({"a": i}) for i in range(3)]
+    futures[0].add_done_callback(lambda f: (_ for _ in ()).throw(SystemExit("callback exits")))
+    stream.flush()
+    assert stream.closed
+    for future in futures[1:]:
+        with pytest.raises(RuntimeError, match="the EventStream thread failed: SystemExit"):
+            future.result(timeout=5)
+    stream = EventStream(index, batch_size=10, max_wait=None)
+    futures = [stream.submit({"a": i}) for i in range(3)]
+    futures[1].set_result("mine")
+    stream.flush()
+    assert not stream.closed and futures[1].result() == "mine"
+    assert [f.result(timeout=5).tolist() for f in (futures[0], futures[2])] == \
+        [index.match({"a": 0}).tolist(), index.match({"a": 2}).tolist()]
+    stream.close()
