@@ -262,6 +262,17 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
               "more than one of values, str_values and bool_values is set")
     rows.fail(is_list_row & ((is_list_set & has_bools) | (is_contains & has_bool)),
               "list attributes hold numbers or strings, not booleans")
+    # an operand the operator does not read is refused, not dropped (value_hi beside '=': BETWEEN meant?)
+    one_operand = has_num | has_str | has_bool
+    list_operand = has_nums | has_strs | has_bools
+    high_operand = has_num_hi | has_str_hi
+    rows.fail((is_null_test | is_empty_test) & (one_operand | list_operand | high_operand),
+              "IS [NOT] NULL and IS [NOT] EMPTY take no operand, and one is set")
+    rows.fail(is_set & (one_operand | high_operand), "IN, NOT IN and ONE/NONE/ALL OF take a list operand only "
+                                                    "(values, str_values or bool_values), and a single one is set")
+    rows.fail(~is_range & high_operand, "value_hi and str_value_hi are for BETWEEN only")
+    rows.fail(~is_set & list_operand, "values, str_values and bool_values are for IN, NOT IN and ONE/NONE/ALL OF "
+                                      "only")
 
     # the family each row fixes for its attribute: 0 value's, 1 string, 2 boolean, -1 none
     string_row = (has_str & ~is_set) | (is_set & has_strs) | is_pattern

@@ -186,6 +186,16 @@ def test_columnar_form_matches_text_form():
      "id 9223372036854775808 does not fit in int64"),
     (pa.table({"sub_id": [1], "attr": pa.array([5], pa.int64()), "op": ["="], "value": [1.0]}),
      "attr must be a string column"),
+    # operands the operator does not read were dropped without a word
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["is null"], "value": [5.0]}), "take no operand"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["in"], "value": [5.0],
+               "values": pa.array([[1.0]], pa.list_(pa.float64()))}), "take a list operand only"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["="], "value": [5.0], "value_hi": [9.0]}),
+     "value_hi and str_value_hi are for BETWEEN only"),
+    (pa.table({"sub_id": [1], "attr": ["color"], "op": ["like"], "str_value": ["x%"], "str_value_hi": ["zz"]}),
+     "for BETWEEN only"),
+    (pa.table({"sub_id": [1], "attr": ["price"], "op": ["<"], "value": [5.0],
+               "values": pa.array([[1.0]], pa.list_(pa.float64()))}), "are for IN, NOT IN"),
 ])
 def test_bad_columnar_rows_raise_and_change_nothing(index, bad_table, message):
     before = (len(index), matches(index), dict(index.schema.families))
