@@ -250,16 +250,11 @@ class MatchWriter:
 
     def write(self, table: pa.Table) -> None:
         if self.parquet:
-            if self.writer is None and self.id_field is not None:
-                if pa.types.is_null(table.schema.field(self.id_field).type):
+            if self.writer is None:
+                if self.id_field is not None and pa.types.is_null(table.schema.field(self.id_field).type):
                     self.untyped.append(table)    # (a batch of null ids only: the ids' type is not known yet)
                     return
-                self.writer = pq.ParquetWriter(self.tmp, table.schema)
-                for untyped in self.untyped:
-                    self.writer.write_table(untyped.cast(self.writer.schema))
-                self.untyped = []
-            if self.writer is None:
-                self.writer = pq.ParquetWriter(self.tmp, table.schema)
+                self._open(table.schema)
             if self.id_field is not None and table.schema != self.writer.schema:
                 ids, earlier = table.schema.field(self.id_field).type, self.writer.schema.field(self.id_field).type
                 if not pa.types.is_null(ids):       # (a batch of null ids only is of type null: it fits)
@@ -291,13 +286,18 @@ class MatchWriter:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.tmp)
 
+    def _open(self, schema: pa.Schema) -> None:
+        """The Parquet writer, once the ids' type is known: the batches held
+        back for want of it (null ids only) written first, in its type."""
+        self.writer = pq.ParquetWriter(self.tmp, schema)
+        for untyped in self.untyped:
+            self.writer.write_table(untyped.cast(schema))
+        self.untyped = []
+
     def _close(self) -> None:
         if self.parquet:
             if self.writer is None:          # --id-field and no batch, or null ids only: int64 said
-                self.writer = pq.ParquetWriter(self.tmp, pa.schema([(self.id_field, pa.int64()),
-                                                                    ("sub_id", pa.int64())]))
-                for untyped in self.untyped:
-                    self.writer.write_table(untyped.cast(self.writer.schema))
+                self._open(pa.schema([(self.id_field, pa.int64()), ("sub_id", pa.int64())]))
             self.writer.close()
         else:
             self.stream.close()
