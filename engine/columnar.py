@@ -79,12 +79,11 @@ class _Rows:
             dtype = dtype.value_type if pa.types.is_dictionary(dtype) else dtype
             if not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)):
                 raise SchemaError(f"columnar subscriptions: {name} must be a string column, not {table[name].type}")
-        self.sub_id = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
-        for name in ("attr", "op"):
             try:
                 table[name].validate(full=True)
             except pa.ArrowInvalid as exc:      # bytes that are no UTF-8 (Parquet or IPC let them in)
                 raise SchemaError(f"columnar subscriptions: the {name} column is not valid UTF-8 ({exc})") from None
+        self.sub_id = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
         self.attr_names, self.attr_index = _factorize(table["attr"])
         for k, name in enumerate(self.attr_names):
             if not name:
