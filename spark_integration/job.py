@@ -224,7 +224,7 @@ def read_events(spark, path: str):
     """The events DataFrame: JSON Lines when ``path`` ends in one of
     :data:`JSON_SUFFIXES` (Spark infers the columns over the whole file),
     else Parquet."""
-    if path.lower().rstrip("/").endswith(JSON_SUFFIXES):
+    if _is_json(path):
         events = spark.read.json(path)
         if _CORRUPT_RECORD in events.columns:       # (PERMISSIVE reading: a line that is no JSON object)
             raise JobError(f"--events {path!r}: holds lines that are not JSON objects (Spark's reader would "
@@ -236,6 +236,10 @@ def read_events(spark, path: str):
     except Exception as exc:          # Spark's AnalysisException and the like: not Parquet
         raise JobError(f"--events {path!r}: not readable as Parquet ({str(exc).splitlines()[0]}); JSON Lines "
                        f"events need a name ending in {', '.join(JSON_SUFFIXES)}") from exc
+
+
+def _is_json(path: str) -> bool:
+    return path.lower().rstrip("/").endswith(JSON_SUFFIXES)
 
 
 #: the column Spark's JSON reader adds for lines it cannot read (spark.sql.columnNameOfCorruptRecord)
@@ -449,8 +453,7 @@ def _run_spark(spark, args, index, events_path, summary, pq):
     # 4. match + write
     start = time.perf_counter()
     events = read_events(spark, events_path)
-    mixed = _string_columns_of_other_families(events, index) if events_path.lower().rstrip("/").endswith(
-        JSON_SUFFIXES) else []
+    mixed = _string_columns_of_other_families(events, index) if _is_json(events_path) else []
     if mixed:
         print(f"bexmatch run: warning: --events {events_path!r}: Spark's JSON reader made column(s) "
               f"{', '.join(map(repr, mixed))} strings (one type a column for the whole file: a column mixing "
@@ -485,11 +488,11 @@ def _run_spark(spark, args, index, events_path, summary, pq):
     stages["match+write"] = time.perf_counter() - start
 
     written = spark.read.parquet(args.out)
+    # the input's events (grouped rows leave out refused events and merge repeated ids)
+    summary["events"] = summary.get("events_expected") or read_events(spark, events_path).count()
     if args.output == "pairs":
         summary["matches"] = written.count()
-        summary["events"] = summary.get("events_expected") or read_events(spark, events_path).count()
-    else:       # (the grouped rows leave out refused events and merge repeated ids: the input is counted)
-        summary["events"] = summary.get("events_expected") or read_events(spark, events_path).count()
+    else:
         summary["matches"] = written.select(F.sum(F.size("sub_ids"))).first()[0] or 0
     summary.update(out=args.out, mode=args.mode, shards=shards, ship=ship, master=sc.master,
                    loads=stats.loads, workers=len(stats.loads_per_worker), backends=stats.backends,
