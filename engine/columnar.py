@@ -79,10 +79,7 @@ class _Rows:
             dtype = dtype.value_type if pa.types.is_dictionary(dtype) else dtype
             if not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)):
                 raise SchemaError(f"columnar subscriptions: {name} must be a string column, not {table[name].type}")
-            try:
-                table[name].validate(full=True)
-            except pa.ArrowInvalid as exc:      # bytes that are no UTF-8 (Parquet or IPC let them in)
-                raise SchemaError(f"columnar subscriptions: the {name} column is not valid UTF-8 ({exc})") from None
+            _check_utf8(table[name], name)
         self.sub_id = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
         self.attr_names, self.attr_index = _factorize(table["attr"])
         for k, name in enumerate(self.attr_names):
@@ -108,6 +105,17 @@ class _Rows:
         if mask.any():
             row = int(np.flatnonzero(mask)[0])
             raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}): {message}")
+
+
+def _check_utf8(column, name: str) -> None:
+    """Refuse a string column whose bytes are no UTF-8 (Parquet and IPC let
+    them in; reading them later raised a raw UnicodeDecodeError)."""
+    if column is None:
+        return
+    try:
+        column.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise SchemaError(f"columnar subscriptions: the {name} column is not valid UTF-8 ({exc})") from None
 
 
 def int64_ids(column, what: str) -> np.ndarray:
@@ -238,6 +246,7 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     for name in ("str_value", "str_value_hi", "str_values"):
         if _scalar_family(rows.column(name)) not in (None, Family.STRING):
             raise SchemaError(f"columnar subscriptions: {name} must hold strings")
+        _check_utf8(rows.column(name), name)
     for name in ("bool_value", "bool_values"):      # booleans beside numbers: one Arrow column has one type
         if _scalar_family(rows.column(name)) not in (None, Family.BOOLEAN):
             raise SchemaError(f"columnar subscriptions: {name} must hold booleans")

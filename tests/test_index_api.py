@@ -469,6 +469,11 @@ def test_names_no_expression_can_use_are_refused_in_tables_and_declarations():
     bad = pa.array([b"\xff"], pa.binary()).view(pa.string())
     with pytest.raises(SchemaError, match="the attr column is not valid UTF-8"):
         index.add_many(pa.table({"sub_id": [1], "attr": bad, "op": ["="], "value": [1.0]}))
+    # string operands too (they raised a raw UnicodeDecodeError)
+    for column, op, operand in (("str_value", "=", bad), ("str_value", "like", bad),
+                                ("str_values", "in", pa.ListArray.from_arrays([0, 1], bad))):
+        with pytest.raises(SchemaError, match=f"the {column} column is not valid UTF-8"):
+            index.add_many(pa.table({"sub_id": [1], "attr": ["s"], "op": [op], column: operand}))
     assert len(index) == 0
     for name in ("", 5, "\ud800"):
         with pytest.raises(SchemaError, match="a declared attribute"):
