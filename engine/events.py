@@ -524,6 +524,8 @@ def plain_value(value):
     if isinstance(value, Decimal):
         code = _decimal_code(value)
         return value if code is None else code
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind not in "mM":
+        value = value.tolist()      # as list_elements reads it: a masked array's masked elements are None
     if isinstance(value, (list, tuple, set, frozenset, np.ndarray)):
         return [plain_value(element) for element in value]
     return value
@@ -966,9 +968,11 @@ def _by_dict_rule(series, name: str, family: Family | None, refusals: _Refusals,
     if family in ELEMENT_OF:
         cells = []
         for row, value in enumerate(raw.tolist()):
-            elements = None if value is None or (isinstance(value, float) and value != value) else \
-                list_elements(value, family)
-            if elements is None and not (value is None or (isinstance(value, float) and value != value)):
+            # pandas' missing markers (None, NaN, NA, NaT, a NaN decimal) are absent, as in other columns:
+            # a null of a pyarrow list column arrives as pd.NA
+            missing = value is None or _pandas_missing(value)
+            elements = None if missing else list_elements(value, family)
+            if elements is None and not missing:
                 refusals.value(row, name, family, value, rank)
             cells.append(elements)
         element = pa.large_string() if ELEMENT_OF[family] is Family.STRING else pa.float64()

@@ -169,3 +169,15 @@ def test_numpy_and_decimal_values_are_explained_as_match_reads_them():
         assert {sub for sub in range(len(texts)) if index.explain(sub, event).matches} == matched, event
         found.append(matched)
     assert found[2] == set() and 3 in found[3] and all(found[:2]) and all(found[4:])
+
+
+def test_a_masked_array_is_explained_as_match_reads_it():
+    """``match`` drops a masked array's masked elements (as None); ``explain``
+    iterated the array and met ``numpy.ma.masked``, a 0-d array: TypeError."""
+    import numpy as np
+
+    index = Index(algorithm="scan", backend="cpu", schema={"N": "list<numeric>"})
+    index.add_many([1, 2, 3], ["N ONE OF (5)", "N IS EMPTY", "N ONE OF (6)"])
+    event = {"N": np.ma.array([5, 6], mask=[True, False])}
+    assert index.match(event).tolist() == [3]
+    assert [index.explain(sub, event).matches for sub in (1, 2, 3)] == [False, False, True]

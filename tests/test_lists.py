@@ -496,3 +496,15 @@ def test_event_lists_in_slices_match_as_one_batch():
              for e, s in zip(part.column("event").to_pylist(), part.column("sub_id").to_pylist())]
     assert sum(map(len, whole)) > 100
     assert pairs == [(e, s) for e, ids in enumerate(whole) for s in ids]
+
+
+def test_a_missing_list_in_a_dataframe_is_absent_whatever_pandas_marks_it_with():
+    """pandas' missing markers mean absent in every column, but a list column
+    took only None and NaN: ``pd.NA`` (and a null of a pyarrow list column,
+    which pandas hands over as ``pd.NA``) was refused as a wrong value."""
+    index = Index(algorithm="scan", backend="cpu", schema={"L": "list<string>", "x": "numeric"})
+    index.add_many([1, 2], ["L IS NULL", "L ONE OF ('a')"])
+    frames = [pd.DataFrame({"L": pd.Series([["a"], pd.NA, None, float("nan")], dtype=object)}),
+              pd.DataFrame({"L": pd.Series([["a"], None, None, None], dtype=pd.ArrowDtype(pa.list_(pa.string())))})]
+    for frame in frames:
+        assert [ids.tolist() for ids in index.match_batch(frame)] == [[2], [1], [1], [1]]
