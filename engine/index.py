@@ -728,11 +728,14 @@ class Index:
         names = ["event" if id_column is None else id_column, "sub_id"]
 
         def pieces() -> Iterator[pa.RecordBatch]:
-            for _, _, event_idx, sub_ids in self._match_slices(state, batch, max_pairs):
-                first = pa.array(event_idx, pa.int64())
-                if event_ids is not None:
-                    first = event_ids.take(first)
-                yield pa.RecordBatch.from_arrays([first, pa.array(sub_ids, pa.int64())], names=names)
+            for _, _, slice_events, slice_ids in self._match_slices(state, batch, max_pairs):
+                # a slice is sized by the slice before it, so a skewed batch can overshoot: cut it again
+                for start, stop in _runs_of_events(slice_events, max_pairs):
+                    first = pa.array(slice_events[start:stop], pa.int64())
+                    if event_ids is not None:
+                        first = event_ids.take(first)
+                    yield pa.RecordBatch.from_arrays([first, pa.array(slice_ids[start:stop], pa.int64())],
+                                                     names=names)
         return pieces()
 
     def _match_slices(self, state: Snapshot, batch, max_pairs: int | None = None, rejected=()):
@@ -939,6 +942,27 @@ class Index:
     def __repr__(self) -> str:
         return f"Index(algorithm={self.algorithm!r}, backend={self.backend!r}, subscriptions={len(self)})"
 
+
+
+def _runs_of_events(event_idx: np.ndarray, max_pairs: int | None) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` row ranges of ``event_idx`` (sorted), each as many
+    whole events as fit ``max_pairs`` rows, at least one event (one event's
+    matches are never split); the whole when ``max_pairs`` is None."""
+    n = len(event_idx)
+    if max_pairs is None or n <= max_pairs:
+        yield 0, n
+        return
+    max_pairs = max(1, int(max_pairs))
+    starts = np.flatnonzero(np.diff(event_idx, prepend=event_idx[0] - 1))     # each event's first row
+    bounds = np.append(starts, n)
+    start = 0
+    while start < n:
+        # the last event boundary within max_pairs rows of start; the next one if the first event is larger
+        stop = int(bounds[np.searchsorted(bounds, start + max_pairs, side="right") - 1])
+        if stop <= start:
+            stop = int(bounds[np.searchsorted(bounds, start, side="right")])
+        yield start, stop
+        start = stop
 
 
 def _list_array(counts: np.ndarray, ids: np.ndarray) -> pa.Array:

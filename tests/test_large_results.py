@@ -140,14 +140,20 @@ def test_a_quiet_start_does_not_size_a_skewed_batch_as_one_slice(algorithm):
     slices are sized by it.  A batch whose first events match nothing and
     whose later ones match every subscription made the rest of the batch one
     slice: here 100x ``max_pairs`` in one piece.  A slice now grows at most
-    SLICE_GROWTH times over the one before, so the overshoot is bounded."""
+    SLICE_GROWTH times over the one before, so the overshoot is bounded
+    (what match_batch holds at once), and match_stream cuts a slice that
+    overshoots at event boundaries (pieces of max_pairs rows at most)."""
+    from engine.events import encode_events
     from engine.index import SLICE_GROWTH
     n_subs, max_pairs = 200, 1000
     index = Index(algorithm=algorithm, backend="cpu")
     index.add_many(range(n_subs), [f"x = 1 OR y = {i}" for i in range(n_subs)])
     events = pa.table({"x": pa.array([0] * 100 + [1] * 500)})
+    state = index._state
+    slices = index._match_slices(state, encode_events(events, state.view, "raise"), max_pairs)
+    assert max(len(sub_ids) for *_, sub_ids in slices) <= SLICE_GROWTH * max_pairs
     pieces = list(index.match_stream(events, max_pairs=max_pairs))
-    assert max(p.num_rows for p in pieces) <= SLICE_GROWTH * max_pairs
+    assert max(p.num_rows for p in pieces) <= max_pairs
     table = pa.Table.from_batches(pieces)
     assert table.num_rows == 500 * n_subs
     assert table.equals(index.match_batch(events, output="arrow"))
@@ -182,3 +188,20 @@ def test_match_stream_max_pairs_holds_for_small_batches_too():
     assert [p.num_rows for p in pieces] == [200] * 50
     assert pa.Table.from_batches(pieces).equals(index.match_batch(events, output="arrow"))
     assert [p.num_rows for p in index.match_stream(events)] == [10_000]
+
+
+def test_match_stream_cuts_an_overshooting_slice_at_event_boundaries():
+    """After a run of events matching one subscription, a slice of events
+    matching 200 each came out as one piece of 2,000 rows against
+    ``max_pairs=10``: 200x the bound, 10x one event's matches.  A piece is
+    now at most ``max_pairs`` rows, or one event's matches when they are
+    more (never split)."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(0, "x >= 0")
+    index.add_many(range(1, 200), ["x >= 1"] * 199)
+    events = [{"x": 0}] * 35 + [{"x": 1}] * 64
+    pieces = list(index.match_stream(events, max_pairs=10))
+    for piece in pieces:
+        assert piece.num_rows <= 10 or len(set(piece["event"].to_pylist())) == 1, piece.num_rows
+    assert [p.num_rows for p in pieces][-64:] == [200] * 64
+    assert pa.Table.from_batches(pieces).equals(index.match_batch(events, output="arrow"))
