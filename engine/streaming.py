@@ -172,9 +172,10 @@ class EventStream:
             return self._submitted - self._finished
 
     def stats(self) -> dict:
-        """Counts so far: ``events`` and ``batches`` matched, and batches by
-        why they went: ``size`` (full), ``time`` (``max_wait``), ``flush``,
-        ``close``."""
+        """Counts so far: ``events`` and ``batches`` matched (an event
+        cancelled before its batch went is not; nor a batch of only such
+        events), and batches by why they went: ``size`` (full), ``time``
+        (``max_wait``), ``flush``, ``close``."""
         with self._lock:
             return dict(self._stats)
 
@@ -220,12 +221,13 @@ class EventStream:
         try:
             while (taken := self._next_batch()) is not None:
                 batch, reason = taken
-                self._match(batch)
+                matched = self._match(batch)
                 with self._lock:
                     self._finished += len(batch)
-                    self._stats[reason] += 1
-                    self._stats["batches"] += 1
-                    self._stats["events"] += len(batch)
+                    if matched:             # (a batch whose events were all cancelled was not matched)
+                        self._stats[reason] += 1
+                        self._stats["batches"] += 1
+                        self._stats["events"] += matched
                     self._lock.notify_all()         # flush() waits on _finished
         except BaseException as exc:                # a bug here must not leave futures waiting forever
             logger.exception("EventStream thread failed; failing the events still waiting")
@@ -243,11 +245,12 @@ class EventStream:
                 except BaseException:       # noqa: BLE001 -- a caller's done-callback
                     logger.exception("a done-callback raised while the EventStream failed its events")
 
-    def _match(self, batch: list[_Waiting]) -> None:
-        """Resolve the futures of ``batch`` (cancelled ones skipped)."""
+    def _match(self, batch: list[_Waiting]) -> int:
+        """Resolve the futures of ``batch`` (cancelled ones skipped); the
+        number of events matched."""
         live = [w for w in batch if _claim(w.future)]
         if not live:
-            return
+            return 0
         events = [w.event for w in live]
         try:
             if self.errors == "raise":
@@ -261,7 +264,7 @@ class EventStream:
                            len(live), exc)
             for waiting in live:
                 self._match_alone(waiting)
-            return
+            return len(live)
         refused = {error.event for error in rejected}
         logger.debug("matched a batch of %d events (%d refused)", len(live), len(refused))
         for position, (waiting, ids) in enumerate(zip(live, found)):
@@ -271,6 +274,7 @@ class EventStream:
                 self._match_alone(waiting)
             else:
                 _resolve(waiting.future, ids)
+        return len(live)
 
     def _match_alone(self, waiting: _Waiting) -> None:
         try:

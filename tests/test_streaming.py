@@ -197,6 +197,13 @@ def test_a_cancelled_future_is_skipped(index, events):
         dropped.result()
     assert np.array_equal(kept.result(), index.match(events[1]))
     assert spy.sizes == [1]
+    # stats count what was matched: the cancelled event was not, nor a batch of cancelled events only
+    # (they counted 2 events, then 2 batches)
+    assert (stream.stats()["events"], stream.stats()["batches"]) == (1, 1)
+    with EventStream(spy, batch_size=8, max_wait=None) as stream:
+        assert all(future.cancel() for future in [stream.submit(event) for event in events[:3]])
+        stream.flush()
+        assert stream.stats() == {"size": 0, "time": 0, "flush": 0, "close": 0, "events": 0, "batches": 0}
 
 
 def test_flush_from_a_callback_does_not_deadlock(index, events):
