@@ -43,6 +43,7 @@ from engine import events as event_batches
 from engine.algorithms import ALGORITHMS, default_algorithm, registry
 from engine.algorithms import residual as residual_split
 from engine.algorithms.base import BuildSettings
+from engine.algorithms.host_tasks import threads_for
 from engine.algorithms.options import ScanOptions
 from engine.backend import array_namespace, resolve_backend
 from engine.columnar import compile_columnar, texts_as_columns
@@ -751,10 +752,12 @@ class Index:
         max_pairs = max(1, int(max_pairs))
         n_events = batch.n_events
         whole_if_small = explicit is None      # (a stream's max_pairs holds for small batches too)
-        batch = self._with_list_truth(state, batch)
-        # the LIKE/MATCHES table over the whole batch, once: the slices share its strings (a table per
-        # slice would evaluate a value that recurs in several slices again, and each is strings x patterns)
-        truth = self._pattern_truth(state, batch)
+        state.matchers(self)        # (built first, on every core: a small batch then runs on one)
+        with threads_for(n_events, len(state)):
+            batch = self._with_list_truth(state, batch)
+            # the LIKE/MATCHES table over the whole batch, once: the slices share its strings (a table per
+            # slice would evaluate a value that recurs in several slices again, and each is strings x patterns)
+            truth = self._pattern_truth(state, batch)
         first = 0
         per_event = None
         width = 0
@@ -807,30 +810,32 @@ class Index:
         results when the caller has them (a slice of a batch whose table
         was made once)."""
         matchers = state.matchers(self)
-        if truth is None:
-            truth = self._pattern_truth(state, batch if strings is None else strings)
-        batch = self._with_list_truth(state, batch)
-        xp = array_namespace(self.backend) if device else np
-        host_batch = batch if strings is None else None
-        events, ids = [], []
-        for k, (segment, alive, matcher) in enumerate(matchers):
-            on_device = device and k == 0        # (the small delta is matched on the host)
-            given = batch
-            if matcher.backend != "cuda":        # a host matcher (the delta's scan) reads a host copy
-                if host_batch is None:
-                    host_batch = event_batches.EventBatch(
-                        *(cuda_support.to_host(getattr(batch, f)) for f in ("offsets", "attr", "value", "token")),
-                        batch.strings)
-                given = host_batch
-            e, sub_ids = matcher.match(given, truth, alive, ids=state.device_ids(xp) if on_device else segment.sub_ids,
-                                       output="device" if on_device else "numpy")
-            events.append(xp.asarray(e))
-            ids.append(xp.asarray(sub_ids))
-        if len(matchers) == 1:
-            return events[0], ids[0]
-        event_idx, sub_ids = xp.concatenate(events), xp.concatenate(ids)
-        order = xp.lexsort(xp.stack([sub_ids, event_idx]))
-        return event_idx[order], sub_ids[order]
+        with threads_for(batch.n_events, len(state)):   # (the matchers built first, on every core)
+            if truth is None:
+                truth = self._pattern_truth(state, batch if strings is None else strings)
+            batch = self._with_list_truth(state, batch)
+            xp = array_namespace(self.backend) if device else np
+            host_batch = batch if strings is None else None
+            events, ids = [], []
+            for k, (segment, alive, matcher) in enumerate(matchers):
+                on_device = device and k == 0        # (the small delta is matched on the host)
+                given = batch
+                if matcher.backend != "cuda":        # a host matcher (the delta's scan) reads a host copy
+                    if host_batch is None:
+                        host_batch = event_batches.EventBatch(
+                            *(cuda_support.to_host(getattr(batch, f))
+                              for f in ("offsets", "attr", "value", "token")), batch.strings)
+                    given = host_batch
+                e, sub_ids = matcher.match(given, truth, alive,
+                                           ids=state.device_ids(xp) if on_device else segment.sub_ids,
+                                           output="device" if on_device else "numpy")
+                events.append(xp.asarray(e))
+                ids.append(xp.asarray(sub_ids))
+            if len(matchers) == 1:
+                return events[0], ids[0]
+            event_idx, sub_ids = xp.concatenate(events), xp.concatenate(ids)
+            order = xp.lexsort(xp.stack([sub_ids, event_idx]))
+            return event_idx[order], sub_ids[order]
 
     def _match_device_columns(self, columns, valid, output: str, errors: str, id_column):
         from engine import device_events

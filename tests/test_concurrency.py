@@ -229,3 +229,44 @@ def test_schema_rollback_takes_back_only_what_no_view_saw():
     assert schema.set_csr()[1].tolist() == [1.0, 2.0, 7.0, 8.0]
     assert before.set_csr()[1].tolist() == [1.0, 2.0] and before.families.get("later") is None
     assert before.encode_strings(["https://example.com/a", "https://example.com/b"]).tolist() == [1.0, 2.0]
+
+
+def test_a_small_batch_runs_on_the_calling_thread_and_a_large_one_on_every_core(monkeypatch):
+    """A parallel kernel waits at its end for every worker; on busy cores a
+    worker off its core made each kernel of a one-event match take
+    milliseconds (the conformance suite's A-PCM life cycles ran 5x slower).
+    A batch this small now runs on the calling thread, and only that
+    thread's numba setting changes, for the match only."""
+    import numba
+
+    from engine.algorithms import host_tasks
+    from engine.algorithms.opindex import OpIndexMatcher
+
+    seen = []
+    real = OpIndexMatcher.match
+
+    def recording(self, *args, **kwargs):
+        seen.append(numba.get_num_threads())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(OpIndexMatcher, "match", recording)
+    cores = numba.get_num_threads()
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many(range(100), [f"x >= {i}" for i in range(100)])
+    index.merge()
+    events = [{"x": i} for i in range(1000)]
+    assert index.match({"x": 5}).tolist() == list(range(6))
+    assert seen.pop() == 1 and numba.get_num_threads() == cores
+    found = index.match_batch(events)          # 1,000 events x 100 subscriptions: on every core
+    assert seen.pop() == cores and [len(ids) for ids in found] == [min(i + 1, 100) for i in range(1000)]
+    # per thread: another thread's matches keep every core while this one runs on one
+    others = []
+    with host_tasks.threads_for(1, 1):
+        assert numba.get_num_threads() == 1
+        thread = threading.Thread(target=lambda: others.append(numba.get_num_threads()))
+        thread.start()
+        thread.join()
+    assert others == [cores] and numba.get_num_threads() == cores
+    monkeypatch.setattr(host_tasks, "SERIAL_WORK", 0)       # (how the conformance suite's large batch runs)
+    index.match_batch(events[:10])
+    assert seen.pop() == cores

@@ -13,12 +13,42 @@ event then position.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numba
 import numpy as np
 
 #: batches of at most this many events run on the calling thread: waking
 #: the other threads for a handful of events costs more than the events
 SERIAL_EVENTS = 4
+#: a batch whose events times subscriptions is at most this runs every
+#: kernel (the helpers too: encoding, compaction, the delta's scan) on the
+#: calling thread: see :func:`threads_for`
+SERIAL_WORK = 1 << 16
+
+
+@contextlib.contextmanager
+def threads_for(n_events: int, n_subs: int) -> Iterator[None]:
+    """numba's threads, for this thread, while a batch of ``n_events``
+    against ``n_subs`` subscriptions is matched: one when it is that small.
+
+    A parallel kernel ends at a barrier that waits for every worker.  When
+    another process holds the other cores, a worker may be off its core for
+    a scheduler quantum, and a kernel of microseconds takes milliseconds
+    (20 ms a call measured on two busy cores, 5 µs on one thread).  A small
+    batch runs a dozen such kernels; matching one event at a time, a service
+    would pay that on each.  ``numba.set_num_threads`` is per thread, so
+    other threads' matches are not affected."""
+    previous = numba.get_num_threads()
+    if previous == 1 or (n_events > SERIAL_EVENTS and n_events * max(n_subs, 1) > SERIAL_WORK):
+        yield
+        return
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
 
 
 def match_in_tasks(n_events: int, launch, estimate: float) -> tuple[np.ndarray, np.ndarray, float]:
