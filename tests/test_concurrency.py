@@ -235,8 +235,9 @@ def test_a_small_batch_runs_on_the_calling_thread_and_a_large_one_on_every_core(
     """A parallel kernel waits at its end for every worker; on busy cores a
     worker off its core made each kernel of a one-event match take
     milliseconds (the conformance suite's A-PCM life cycles ran 5x slower).
-    A batch this small now runs on the calling thread, and only that
-    thread's numba setting changes, for the match only."""
+    A batch this small (events x subscriptions) now runs on the calling
+    thread, and only that thread's numba setting changes, for the match
+    only; one event against many subscriptions keeps every core."""
     import numba
 
     from engine.algorithms import host_tasks
@@ -269,4 +270,11 @@ def test_a_small_batch_runs_on_the_calling_thread_and_a_large_one_on_every_core(
     assert others == [cores] and numba.get_num_threads() == cores
     monkeypatch.setattr(host_tasks, "SERIAL_WORK", 0)       # (how the conformance suite's large batch runs)
     index.match_batch(events[:10])
+    assert seen.pop() == cores
+    monkeypatch.undo()
+    monkeypatch.setattr(OpIndexMatcher, "match", recording)
+    # one event against more subscriptions than SERIAL_WORK keeps every core (A-PCM's parallel paths)
+    index.add_many(range(100, 100 + host_tasks.SERIAL_WORK), ["x = -1"] * host_tasks.SERIAL_WORK)
+    index.merge()
+    assert index.match({"x": -1}).tolist() == list(range(100, 100 + host_tasks.SERIAL_WORK))
     assert seen.pop() == cores
