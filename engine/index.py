@@ -612,6 +612,13 @@ class Index:
             raise TypeError(f"match takes one event as a dict, not {type(event).__name__}")
         return self.match_batch([event])[0]
 
+    def pinned(self) -> "PinnedIndex":
+        """The index as it is now, for several matches that must agree: its
+        ``match``, ``match_batch`` and ``match_stream`` read this state
+        whatever updates and merges come after (each call on the index
+        itself reads the state current at that call)."""
+        return PinnedIndex(self, self._state)
+
     def match_batch(self, events: Events | Mapping[str, Any], *, output: str = "list", errors: str = "raise",
                     id_column: str | None = None, valid: Mapping[str, Any] | None = None
                     ) -> list[np.ndarray] | pa.Table | tuple:
@@ -658,11 +665,15 @@ class Index:
         it (absent otherwise).  They are encoded on the device
         (:mod:`engine.device_events`) and matched there; ``id_column``
         does not apply."""
+        return self._match_batch(self._state, events, output, errors, id_column, valid)
+
+    def _match_batch(self, state: Snapshot, events, output: str, errors: str, id_column, valid):
+        """:meth:`match_batch` against the snapshot ``state``."""
         if output not in MATCH_OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(map(repr, MATCH_OUTPUTS))}, not {output!r}")
         from engine import device_events
         if device_events.is_device_columns(events):
-            return self._match_device_columns(events, valid, output, errors, id_column)
+            return self._match_device_columns(state, events, valid, output, errors, id_column)
         if valid is not None:
             raise ValueError("valid= goes with device columns (a mapping of attribute to device array)")
         if id_column is not None and output == "device":
@@ -673,7 +684,6 @@ class Index:
         event_ids = None
         if id_column is not None:
             events, event_ids = _split_event_ids(events, id_column)
-        state = self._state
         batch = event_batches.encode_events(events, state.view, errors)
         rejected = list(getattr(batch, "rejected", ()))
         if output == "device":
@@ -717,6 +727,10 @@ class Index:
         matched against the snapshot current when the call is made.
         ``id_column``: as in :meth:`match_batch` (the batches' first column
         is then the events' ids, named by it)."""
+        return self._match_stream(self._state, events, errors, max_pairs, id_column)
+
+    def _match_stream(self, state: Snapshot, events, errors: str, max_pairs, id_column):
+        """:meth:`match_stream` against the snapshot ``state``."""
         # (not a generator itself: the snapshot is taken, and the events checked, at the call)
         if errors == "report":
             raise ValueError("match_stream takes errors='raise' or 'null'; use match_batch(errors='report') "
@@ -724,7 +738,6 @@ class Index:
         event_ids = None
         if id_column is not None:
             events, event_ids = _split_event_ids(events, id_column)
-        state = self._state
         batch = event_batches.encode_events(events, state.view, errors)
         names = ["event" if id_column is None else id_column, "sub_id"]
 
@@ -837,14 +850,13 @@ class Index:
             order = xp.lexsort(xp.stack([sub_ids, event_idx]))
             return event_idx[order], sub_ids[order]
 
-    def _match_device_columns(self, columns, valid, output: str, errors: str, id_column):
+    def _match_device_columns(self, state: Snapshot, columns, valid, output: str, errors: str, id_column):
         from engine import device_events
         if self.backend != "cuda":
             raise ValueError("device columns need backend='cuda'; this index runs on "
                              f"{self.backend!r} (copy the columns to the host and pass a table)")
         if id_column is not None:
             raise ValueError("id_column does not apply to device columns: matches name events by position")
-        state = self._state
         batch, strings = device_events.encode_device_columns(columns, valid, state.view, errors)
         n_events = len(batch.offsets) - 1
         event_idx, sub_ids = self._match_encoded(state, batch, device=output == "device", strings=strings)
@@ -947,6 +959,37 @@ class Index:
     def __repr__(self) -> str:
         return f"Index(algorithm={self.algorithm!r}, backend={self.backend!r}, subscriptions={len(self)})"
 
+
+
+class PinnedIndex:
+    """One state of an :class:`Index` (:meth:`Index.pinned`), matched like
+    the index; it holds that state's structures alive while it is kept."""
+
+    def __init__(self, index: Index, state: Snapshot):
+        self._index = index
+        self._state = state
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def __repr__(self) -> str:
+        return f"PinnedIndex({self._index.algorithm!r}, {self._index.backend!r}, {len(self)} subscriptions)"
+
+    def match(self, event: Mapping[str, object]) -> np.ndarray:
+        """:meth:`Index.match` against this state."""
+        if not isinstance(event, dict):
+            raise TypeError(f"match takes one event as a dict, not {type(event).__name__}")
+        return self.match_batch([event])[0]
+
+    def match_batch(self, events: Events | Mapping[str, Any], *, output: str = "list", errors: str = "raise",
+                    id_column: str | None = None, valid: Mapping[str, Any] | None = None):
+        """:meth:`Index.match_batch` against this state."""
+        return self._index._match_batch(self._state, events, output, errors, id_column, valid)
+
+    def match_stream(self, events: Events, *, errors: str = "raise", max_pairs: int | None = None,
+                     id_column: str | None = None) -> Iterator[pa.RecordBatch]:
+        """:meth:`Index.match_stream` against this state."""
+        return self._index._match_stream(self._state, events, errors, max_pairs, id_column)
 
 
 def _runs_of_events(event_idx: np.ndarray, max_pairs: int | None) -> Iterator[tuple[int, int]]:
@@ -1067,4 +1110,4 @@ def _event_slice(batch, first: int, stop: int):
                                value=batch.value[lo:hi], token=batch.token[lo:hi], rejected=())
 
 
-__all__ = ["Index", "ALGORITHMS"]
+__all__ = ["Index", "PinnedIndex", "ALGORITHMS"]

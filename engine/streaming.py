@@ -29,11 +29,12 @@ next, so under load the batches fill up by themselves.  What this costs in
 latency at a given event rate is what ``bexmatch bench --arrival-delays``
 measures (:mod:`engine.bench.latency`).
 
-Each batch is matched against one snapshot of the index, like any
-``match_batch`` call: updates made while the stream runs are seen by the
-batches that start after them.  The stream needs nothing of the index but
-``match_batch(events, errors=...)``, so it works with every algorithm and
-backend.
+Each batch is matched against one snapshot of the index
+(:meth:`engine.index.Index.pinned`), its events matched alone too when they
+are: updates made while the stream runs are seen by the batches that start
+after them.  The stream needs nothing of the index but
+``match_batch(events, errors=...)`` (and ``pinned()`` where it has one),
+so it works with every algorithm and backend.
 
 Errors reach the futures, never the thread: an event the index refuses (a
 value of the wrong type, not a mapping: :class:`engine.errors.BadEventError`)
@@ -252,18 +253,20 @@ class EventStream:
         if not live:
             return 0
         events = [w.event for w in live]
+        # one state for the batch and for its events matched alone (an update between them must not show)
+        index = self.index.pinned() if callable(getattr(self.index, "pinned", None)) else self.index
         try:
             if self.errors == "raise":
-                found, rejected = self.index.match_batch(events, errors="report")
+                found, rejected = index.match_batch(events, errors="report")
             else:
-                found, rejected = self.index.match_batch(events, errors="null"), ()
+                found, rejected = index.match_batch(events, errors="null"), ()
             if len(found) != len(live):
                 raise RuntimeError(f"match_batch returned {len(found)} answers for {len(live)} events")
         except Exception as exc:
             logger.warning("match_batch failed on a batch of %d events (%r): matching them one at a time",
                            len(live), exc)
             for waiting in live:
-                self._match_alone(waiting)
+                self._match_alone(index, waiting)
             return len(live)
         refused = {error.event for error in rejected}
         logger.debug("matched a batch of %d events (%d refused)", len(live), len(refused))
@@ -271,14 +274,14 @@ class EventStream:
             if position in refused:
                 # matched alone it raises its error as index.match would,
                 # naming it event 0 rather than its place in this batch
-                self._match_alone(waiting)
+                self._match_alone(index, waiting)
             else:
                 _resolve(waiting.future, ids)
         return len(live)
 
-    def _match_alone(self, waiting: _Waiting) -> None:
+    def _match_alone(self, index, waiting: _Waiting) -> None:
         try:
-            ids = self.index.match_batch([waiting.event], errors=self.errors)[0]
+            ids = index.match_batch([waiting.event], errors=self.errors)[0]
         except Exception as exc:
             _resolve(waiting.future, error=exc)
         else:

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import CancelledError, wait
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from engine import Index
@@ -292,3 +293,50 @@ def test_no_future_waits_forever_when_a_callback_raises_past_future(index):
     assert [f.result(timeout=5).tolist() for f in (futures[0], futures[2])] == \
         [index.match({"a": 0}).tolist(), index.match({"a": 2}).tolist()]
     stream.close()
+
+
+def test_events_matched_alone_after_a_failed_batch_see_the_batchs_state():
+    """When ``match_batch`` failed on a batch, its events were matched one by
+    one against the index as it was then: an update made in between showed
+    in their answers.  They are matched against the batch's own state
+    (``Index.pinned``)."""
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add(1, "x = 1")
+
+    class UpdatedMeanwhile:
+        """An index whose batches fail after another thread's update landed."""
+
+        def pinned(self):
+            state = index.pinned()
+
+            class Failing:
+                def match_batch(self, events, **kwargs):
+                    if len(events) > 1:
+                        index.add(2, "x >= 1")          # lands between the batch and its events alone
+                        index.remove(1)
+                        raise RuntimeError("the batch failed")
+                    return state.match_batch(events, **kwargs)
+            return Failing()
+
+        def match_batch(self, events, **kwargs):
+            raise AssertionError("the stream matches through pinned()")
+
+    with EventStream(UpdatedMeanwhile(), batch_size=2, max_wait=None) as stream:
+        futures = [stream.submit({"x": 1}), stream.submit({"x": 2})]
+    assert [f.result().tolist() for f in futures] == [[1], []]
+    assert index.match({"x": 1}).tolist() == [2]
+
+
+def test_a_pinned_index_keeps_matching_its_state():
+    index = Index(algorithm="betree", backend="cpu")
+    index.add_many([1, 2], ["x = 1", "x >= 1"])
+    pinned = index.pinned()
+    index.remove(2)
+    index.add(3, "x = 1")
+    index.merge()
+    events = [{"x": 1}, {"x": 2}]
+    assert [ids.tolist() for ids in pinned.match_batch(events)] == [[1, 2], [2]]
+    assert pinned.match({"x": 1}).tolist() == [1, 2] and len(pinned) == 2
+    assert pa.Table.from_batches(list(pinned.match_stream(events))).to_pydict() == \
+        {"event": [0, 0, 1], "sub_id": [1, 2, 2]}
+    assert [ids.tolist() for ids in index.match_batch(events)] == [[1, 3], []]
