@@ -745,7 +745,8 @@ def _is_view(dtype: pa.DataType) -> bool:
 
 def _without_views(column):
     """An event column (or a map's values) in the layouts this module's
-    pyarrow kernels read: string views as large strings (no take or filter
+    pyarrow kernels read: a dictionary of lists as its lists, string views
+    as large strings (no take or filter
     kernel reads them, so neither a dictionary of them nor a map's values
     could be decoded), and list views rebuilt as large lists from their
     views' lengths and values (pyarrow's cast makes non-monotonic offsets
@@ -756,6 +757,11 @@ def _without_views(column):
         if isinstance(column, pa.ChunkedArray):
             return pa.chunked_array([_without_views(chunk) for chunk in column.chunks], pa.large_string())
         return column.dictionary.cast(pa.large_string()).take(column.indices)
+    if pa.types.is_dictionary(dtype) and _is_list_type(dtype.value_type):
+        # a dictionary of lists (each cell its dictionary entry's list): the lists themselves
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        lists = [_without_views(chunk.dictionary.take(chunk.indices)) for chunk in chunks]
+        return pa.chunked_array(lists) if isinstance(column, pa.ChunkedArray) else lists[0]
     if pa.types.is_string_view(dtype):
         return column.cast(pa.large_string())
     if not (_is_list_type(dtype) and (_is_view(dtype) or _is_view(dtype.value_type))):

@@ -508,3 +508,18 @@ def test_a_missing_list_in_a_dataframe_is_absent_whatever_pandas_marks_it_with()
               pd.DataFrame({"L": pd.Series([["a"], None, None, None], dtype=pd.ArrowDtype(pa.list_(pa.string())))})]
     for frame in frames:
         assert [ids.tolist() for ids in index.match_batch(frame)] == [[2], [1], [1], [1]]
+
+
+def test_a_dictionary_of_lists_reads_as_its_lists():
+    """A dictionary-encoded list column (each cell an entry's list) was
+    refused cell by cell: "got ['a']: a list of string values ... is
+    expected".  Plain, chunked, with null cells and null elements."""
+    index = Index(algorithm="scan", backend="cpu", schema={"L": "list<string>"})
+    index.add_many([1, 2], ["L IS NULL", "L ONE OF ('a')"])
+    first = pa.DictionaryArray.from_arrays(pa.array([0, 0]), pa.array([["a"]], pa.list_(pa.string())))
+    second = pa.DictionaryArray.from_arrays(pa.array([1, None, 0]),
+                                            pa.array([["b"], ["a", None]], pa.large_list(pa.string())).cast(
+                                                pa.list_(pa.string())))
+    want = [[2], [2], [2], [1], []]
+    assert [ids.tolist() for ids in index.match_batch(pa.table({"L": pa.chunked_array([first, second])}))] == want
+    assert [ids.tolist() for ids in index.match_batch(pa.table({"L": second}))] == want[2:]
