@@ -104,7 +104,9 @@ class _Rows:
     def fail(self, mask: np.ndarray, message: str):
         if mask.any():
             row = int(np.flatnonzero(mask)[0])
-            raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}): {message}")
+            attribute = self.attr_names[self.attr_index[row]]
+            raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}, attribute "
+                              f"{attribute!r}): {message}")
 
 
 def _check_utf8(column, name: str) -> None:

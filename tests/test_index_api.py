@@ -426,7 +426,7 @@ def test_columnar_form_refuses_an_invalid_regex_as_the_text_route_does():
     # accepted once, it made every later match of an event with that attribute raise re2's own error
     idx = Index(algorithm="scan", backend="cpu")
     bad = pa.table({"sub_id": [1, 2], "attr": ["a", "b"], "op": ["=", "matches"], "str_value": ["x", "a(b"]})
-    with pytest.raises(SchemaError, match=r"row 1 \(sub_id 2\): invalid RE2 pattern 'a\(b'"):
+    with pytest.raises(SchemaError, match=r"row 1 \(sub_id 2, attribute 'b'\): invalid RE2 pattern 'a\(b'"):
         idx.add_many(bad)
     with pytest.raises(ParseError, match="invalid RE2 pattern"):
         idx.add(2, "b MATCHES 'a(b'")
