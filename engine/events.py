@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -226,11 +227,23 @@ def _event_attr_order(event_idx: np.ndarray, attr: np.ndarray) -> np.ndarray:
 _LIST_TYPES = (list, tuple, set, frozenset)
 
 
+def _missing_element(item, element_family: Family) -> bool:
+    """Whether a list element is a missing one, dropped: None, pandas' NA
+    and NaT, and a float NaN in a list of strings (pandas' missing string;
+    in a list of numbers a NaN is a bad number, which refuses the list)."""
+    if item is None:
+        return True
+    if isinstance(item, float):
+        return item != item and element_family is Family.STRING
+    pandas = sys.modules.get("pandas")      # (never imported here: an NA exists only if pandas is)
+    return pandas is not None and (item is pandas.NA or item is pandas.NaT)
+
+
 def list_elements(raw, family: Family) -> list | None:
-    """The elements of one event list under the dict rule (None elements
-    dropped), or None when the value is not a list of the family's
-    elements: a list, tuple, set or 1-D array of numbers (not booleans) or
-    of valid strings."""
+    """The elements of one event list under the dict rule (missing elements
+    dropped: :func:`_missing_element`), or None when the value is not a
+    list of the family's elements: a list, tuple, set or 1-D array of
+    numbers (not booleans) or of valid strings."""
     if isinstance(raw, np.ndarray) and raw.ndim == 1:
         if raw.dtype.kind in "mM":      # durations and dates: tolist() would make some of them ints
             return None
@@ -240,7 +253,7 @@ def list_elements(raw, family: Family) -> list | None:
     element_family = ELEMENT_OF[family]
     elements = []
     for item in raw:
-        if item is None or (isinstance(item, float) and item != item and element_family is Family.STRING):
+        if _missing_element(item, element_family):
             continue
         code = _code(item, element_family)
         if code is None:
@@ -527,7 +540,8 @@ def plain_value(value):
     if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind not in "mM":
         value = value.tolist()      # as list_elements reads it: a masked array's masked elements are None
     if isinstance(value, (list, tuple, set, frozenset, np.ndarray)):
-        return [plain_value(element) for element in value]
+        # the missing elements the encoder drops (a list it refuses never gets here: explain checks first)
+        return [plain_value(element) for element in value if not _missing_element(element, Family.STRING)]
     return value
 
 

@@ -523,3 +523,20 @@ def test_a_dictionary_of_lists_reads_as_its_lists():
     want = [[2], [2], [2], [1], []]
     assert [ids.tolist() for ids in index.match_batch(pa.table({"L": pa.chunked_array([first, second])}))] == want
     assert [ids.tolist() for ids in index.match_batch(pa.table({"L": second}))] == want[2:]
+
+
+def test_missing_elements_are_dropped_and_explained_as_match_reads_them():
+    """pandas' NA and NaT elements refused a list (``None`` was dropped), and
+    ``explain`` raised a TypeError on a string list holding a NaN (pandas'
+    missing string), which ``match`` drops.  A NaN in a list of numbers is
+    still a bad number."""
+    index = Index(algorithm="scan", backend="cpu", schema={"L": "list<string>", "N": "list<numeric>"})
+    index.add_many([1, 2, 3, 4], ["L IS EMPTY", "L ONE OF ('a')", "N IS EMPTY", "N ALL OF (1)"])
+    for event, want in (({"L": [float("nan")]}, [1]), ({"L": [pd.NA, "a"]}, [2]), ({"N": [pd.NA, 1]}, [4]),
+                        ({"N": [pd.NaT]}, [3]), ({"N": np.array([None, 1], dtype=object)}, [4])):
+        assert index.match(event).tolist() == want, event
+        assert [sub for sub in (1, 2, 3, 4) if index.explain(sub, event).matches] == want, event
+    frame = pd.DataFrame({"L": pd.Series([[pd.NA, "a"], [float("nan")]], dtype=object)})
+    assert [ids.tolist() for ids in index.match_batch(frame)] == [[2], [1]]
+    with pytest.raises(BadEventError, match="attribute 'N' is list<numeric>"):
+        index.match({"N": [1, float("nan")]})
