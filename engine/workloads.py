@@ -688,13 +688,13 @@ def begen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 400, c
         raise ValueError(f"match_prob must be in (0, 1], not {match_prob}")
     if similarity is not None and not 0 <= similarity <= 1:
         raise ValueError(f"similarity must be None or in [0, 1], not {similarity}")
-    if zipf is not None and zipf < 0:
-        raise ValueError(f"zipf must be None or >= 0, not {zipf}")
+    if zipf is not None and not zipf >= 0 or zipf == math.inf:       # (NaN fails every comparison)
+        raise ValueError(f"zipf must be None or a finite number >= 0, not {zipf}")
     if not 0 < range_share <= 1:
         raise ValueError(f"range_share must be in (0, 1], not {range_share}")
     max_set = _positive_int(max_set, "max_set")
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, not {group_size}")
+    if not 1 <= group_size < math.inf:
+        raise ValueError(f"group_size must be a finite number >= 1, not {group_size}")
 
     spec = _Spec(dims=dims, card=card, base_size=base_size, event_size=event_size, eq_share=eq_share,
                  op_class=op_class, range_share=range_share, max_set=max_set, weights=_weights(dims, zipf),
@@ -775,8 +775,8 @@ def opindex_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 
         raise ValueError(f"gamma_max ({gamma_max}) and m ({m}) must not exceed dims ({dims})")
     if not 0 <= theta <= 1:
         raise ValueError(f"theta must be in [0, 1], not {theta}")
-    if zipf is not None and zipf < 0:
-        raise ValueError(f"zipf must be None or >= 0, not {zipf}")
+    if zipf is not None and not zipf >= 0 or zipf == math.inf:       # (NaN fails every comparison)
+        raise ValueError(f"zipf must be None or a finite number >= 0, not {zipf}")
     if event_layout not in ("map", "wide"):
         raise ValueError(f"event_layout must be 'map' or 'wide', not {event_layout!r}")
     sub_seq, event_seq = np.random.SeedSequence(seed).spawn(2)
@@ -889,12 +889,12 @@ def abe_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 1000
     if not 2 <= lo <= hi:
         raise ValueError(f"fanout must be a range 2 <= low <= high, not {fanout!r}")
     shares = np.asarray(operators, np.float64)
-    if shares.shape != (5,) or (shares < 0).any() or shares.sum() <= 0:
+    if shares.shape != (5,) or not np.isfinite(shares).all() or (shares < 0).any() or shares.sum() <= 0:
         raise ValueError(f"operators must be five non-negative shares (and, or, not, xor, xnor), not {operators!r}")
     if not (isinstance(alpha, (int, float)) and alpha >= 0):
         raise ValueError(f"alpha must be a number >= 0, not {alpha!r}")
-    if attr_zipf is not None and attr_zipf < 0:
-        raise ValueError(f"attr_zipf must be None or >= 0, not {attr_zipf}")
+    if attr_zipf is not None and not 0 <= attr_zipf < math.inf:
+        raise ValueError(f"attr_zipf must be None or a finite number >= 0, not {attr_zipf}")
     op_cdf = np.cumsum(shares / shares.sum())
     pred_ops = [op for op, _ in ABE_PREDICATE_OPS]
     pred_cdf = np.cumsum([w for _, w in ABE_PREDICATE_OPS])

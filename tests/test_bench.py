@@ -150,12 +150,56 @@ def test_help_exits_zero_with_usage(capsys):
                                   ["--option", "nope.max_cap=5"],
                                   ["--option", "betree.bogus=5"],
                                   ["--option", "betree.max_cap=0"],
-                                  ["--option", "opindex.segments=auto"]])
+                                  ["--option", "opindex.segments=auto"],
+                                  # these ran (part of) the benchmark first, then raised a raw traceback, or ran
+                                  # with the option ignored (helper-41's probe)
+                                  ["--updates", "5", "--load"],
+                                  ["--sweep", "N", "--values", "100", "--ingest"],
+                                  ["--csv", "/no/such/dir/out.csv"],
+                                  ["--plot", "out.pdf"],
+                                  ["--seed", "-1"],
+                                  ["--latency-samples", "-5"],
+                                  ["--parquet", "/no/such/workload"],
+                                  ["--workload", "W9", "--updates", "10"],
+                                  ["--workload", "W9", "--load"],
+                                  ["--updates", "1000", "--scale", "0.0005"],
+                                  ["--workload", "W5", "--scale", "0.0005", "--load"],
+                                  ["--sweep", "fixed_event_size", "--values", "maybe"]])
 def test_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_a_workload_without_events_is_refused_not_reported_correct(tmp_path, capsys):
+    """Every row said "correct yes" having compared nothing."""
+    from engine.workloads import write_parquet
+    write_parquet(standard("W1", scale=0.0005, n_events=0), tmp_path / "empty")
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--parquet", str(tmp_path / "empty"), "--quiet"])
+    assert exc.value.code == 2 and "has no events to match" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="has no events to match"):
+        measure.run_benchmark([standard("W1", scale=0.0005, n_events=0)], ["scan"], ["cpu"], progress=False)
+
+
+def test_yes_no_sweep_values_and_non_finite_generator_parameters():
+    """"no" and "off" were truthy strings to a yes/no parameter; NaN passed
+    every range check (a degenerate workload), and group_size=inf hung."""
+    from engine import workloads
+    from engine.bench.sweep import coerce_value
+    assert [coerce_value("opindex", "fixed_event_size", v) for v in ("no", "off", "0", "False", "yes", "on")] == \
+        [False, False, False, False, True, True]
+    with pytest.raises(ValueError, match="fixed_event_size is true or false"):
+        coerce_value("opindex", "fixed_event_size", "maybe")
+    for call in (lambda: workloads.opindex_gen(50, 5, zipf=math.nan), lambda: workloads.begen(50, 5, zipf=math.inf),
+                 lambda: workloads.begen(50, 5, similarity=0.5, group_size=math.inf),
+                 lambda: workloads.begen(50, 5, similarity=0.5, group_size=math.nan),
+                 lambda: workloads.abe_gen(50, 5, operators=(math.nan, 1, 1, 1, 1)),
+                 lambda: workloads.abe_gen(50, 5, attr_zipf=math.nan)):
+        with pytest.raises(ValueError, match="finite|non-negative"):
+            call()
+
 
 
 # -------------------------------------------------- scan under another name

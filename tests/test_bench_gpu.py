@@ -84,3 +84,21 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
     assert all(float(v.replace(",", "")) > 0 for v in row[4:8])
     assert header[8:10] == ["arrow_out_serial", "overlap_gain"]
     assert float(row[8].replace(",", "")) > 0 and float(row[9]) > 0
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_the_gpu_bench_exits_1_when_a_run_failed(monkeypatch, capsys):
+    """It counted only wrong answers: a run that raised left the exit status 0."""
+    from engine import workloads
+    from engine.bench import gpu, measure
+
+    def failing(workload_list, algorithms, backends, **kwargs):
+        return [measure.empty_row(workload=workload_list[0].name, algorithm="opindex", backend=backends[0],
+                                  status="error", n_subscriptions=1, n_events=1, scan_sample=1,
+                                  note="RuntimeError: boom")]
+    monkeypatch.setattr(gpu, "run_benchmark", failing)
+    monkeypatch.setattr(workloads, "standard", lambda name, scale=1.0, n_events=None: workloads.begen(
+        12, n_events, dims=4, cardinality=4, sub_size=2, event_size=3, eq_share=0.5, match_prob=0.3, name="W1-toy"))
+    assert gpu.main(["--workload", "W1", "--events", "2", "--algorithm", "opindex", "--no-copy-share",
+                     "--quiet"]) == 1

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+
+import pyarrow as pa
 
 from engine.algorithms import registry
 from engine.bench import algorithms as bench_algorithms
@@ -78,6 +81,62 @@ def _positive(kind):
     return parse
 
 
+def _non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
+    return value
+
+
+def _check_outputs(args, parser) -> None:
+    """--csv and --plot are written after the whole run: a path that cannot
+    be written is a usage error before any work, not a traceback after it."""
+    for flag, path in (("--csv", args.csv), ("--plot", args.plot)):
+        if path is None:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            parser.error(f"{flag} {path}: no directory {folder}")
+        if os.path.isdir(path):
+            parser.error(f"{flag} {path}: is a directory")
+    if args.plot is not None and not args.plot.lower().endswith(".png"):
+        parser.error(f"--plot {args.plot}: the plot is a PNG (a path ending in .png)")
+
+
+def _workloads(names, parser, mode: str | None = None, **kwargs) -> list:
+    """The standard workloads ``names``; an unknown name or bad scale is a
+    usage error, and so is an expression workload (W5) in a ``mode`` that
+    times the columnar form (--updates, --load, --ingest)."""
+    found = []
+    for name in names:
+        try:
+            workload = standard(name, **kwargs)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if mode is not None and "expression" in workload.subscriptions.column_names:
+            parser.error(f"{mode} times the columnar form of a workload's subscriptions; {name}'s are "
+                         f"expressions (ABE-Gen)")
+        found.append(workload)
+    return found
+
+
+def _parquet_workloads(paths, parser) -> list:
+    """The workload directories ``paths`` (write_parquet's); one that cannot be read is a usage error."""
+    found = []
+    for path in paths or ():
+        try:
+            workload = read_parquet(path)
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            parser.error(f"--parquet {path}: not a workload directory written by write_parquet ({exc})")
+        if workload.n_events == 0:
+            parser.error(f"--parquet {path}: the workload has no events to match")
+        found.append(workload)
+    return found
+
+
 def _rates_line(rates: dict) -> str:
     line = (f"{rates['workload']} {rates['algorithm']} ({rates['n_subscriptions']:,} subscriptions), one at a "
             f"time: Index.add {rates['api_add_per_s']:,.0f}/s ({rates['api_add_calls_per_s']:,.0f}/s the calls "
@@ -127,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="subscriptions as a share of the full-scale workload (default %(default)s)")
     what.add_argument("--events", type=_positive(int), metavar="N",
                       help="events per workload (generated workloads: generate N; Parquet: the first N)")
-    what.add_argument("--seed", type=int, default=0, help="generator seed (default %(default)s)")
+    what.add_argument("--seed", type=_non_negative_int, default=0, help="generator seed (default %(default)s)")
     what.add_argument("--algorithm", action="append", choices=(*bench_algorithms.names(), "all"),
                       help="a registered algorithm or a bench variant of one (repeatable; 'all' for every "
                            "registered algorithm, those not implemented on a backend reported as skipped there; "
@@ -141,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     how = parser.add_argument_group("how to measure")
     how.add_argument("--repeats", type=_positive(int), default=3,
                      help="timed match_batch runs after one warm-up; the median counts (default %(default)s)")
-    how.add_argument("--latency-samples", type=int, default=200, metavar="N",
+    how.add_argument("--latency-samples", type=_non_negative_int, default=200, metavar="N",
                      help="events matched one at a time for the latency percentiles (default %(default)s)")
     how.add_argument("--scan-sample", type=_scan_sample_arg, default="auto", metavar="auto|all|N",
                      help="events scan is timed and answers are checked on: 'auto' (all of them when "
@@ -214,13 +273,9 @@ def _latency(args, parser, algorithms, backends, algorithm_options) -> int:
         parser.error("--arrival-delays is a mode of its own: leave out --sweep, --updates, --ingest and --load")
     sizes = args.batch_sizes or list(latency.DEFAULT_BATCH_SIZES)
     n_events = args.events or latency.events_needed(sizes, args.repeats)
-    workloads = [read_parquet(d) for d in args.parquet or ()]
+    workloads = _parquet_workloads(args.parquet, parser)
     if args.workload or not args.parquet:
-        for name in args.workload or ["W6"]:
-            try:
-                workloads.append(standard(name, scale=args.scale, n_events=n_events, seed=args.seed))
-            except ValueError as exc:
-                parser.error(str(exc))
+        workloads += _workloads(args.workload or ["W6"], parser, scale=args.scale, n_events=n_events, seed=args.seed)
     rows = []
     for workload in workloads:
         found = latency.latency_sweep(workload, algorithms, backends, sizes, args.arrival_delays,
@@ -267,13 +322,18 @@ def main(argv=None) -> int:
                                            backends[0])
         except (TypeError, ValueError) as exc:
             parser.error(f"--option: {exc}")
+    modes = [flag for flag, given in (("--sweep", args.sweep is not None), ("--updates", args.updates),
+                                      ("--load", args.load), ("--ingest", args.ingest)) if given]
+    if len(modes) > 1:
+        parser.error(f"{' and '.join(modes)}: each is a mode of its own; give one")
+    _check_outputs(args, parser)
     if args.series is not None and args.sweep is None:
         parser.error("--series is the second axis of a --sweep")
     if args.arrival_delays is None and (args.batch_sizes or args.simulated_events):
         parser.error("--batch-sizes and --simulated-events go with --arrival-delays")
     if args.arrival_delays is not None:
         return _latency(args, parser, algorithms, backends, algorithm_options)
-    options = dict(repeats=args.repeats, latency_samples=max(args.latency_samples, 0),
+    options = dict(repeats=args.repeats, latency_samples=args.latency_samples,
                    scan_sample=args.scan_sample, progress=not args.quiet, strict=args.strict,
                    algorithm_options=algorithm_options, texts=args.texts)
 
@@ -301,8 +361,11 @@ def main(argv=None) -> int:
             parser.error("--values and --param go with --sweep")
         if args.updates:
             records = []
-            for name in args.workload or ["W1"]:
-                workload = standard(name, scale=args.scale, n_events=10, seed=args.seed)
+            for workload in _workloads(args.workload or ["W1"], parser, "--updates", scale=args.scale,
+                                       n_events=10, seed=args.seed):
+                if args.updates > workload.n_subscriptions:
+                    parser.error(f"--updates {args.updates}: {workload.name} has {workload.n_subscriptions:,} "
+                                 f"subscriptions at --scale {args.scale:g}")
                 for algorithm in algorithms or ["opindex"]:
                     chosen = bench_algorithms.options_of(algorithm, algorithm_options)
                     if algorithm in ("opindex", "pstbloom", "psthash") and not chosen:
@@ -322,8 +385,8 @@ def main(argv=None) -> int:
             return 0
         if args.load:
             records = []
-            for name in args.workload or ["W1"]:
-                workload = standard(name, scale=args.scale, n_events=100, seed=args.seed)
+            for workload in _workloads(args.workload or ["W1"], parser, "--load", scale=args.scale,
+                                       n_events=100, seed=args.seed):
                 for algorithm in algorithms or ["opindex"]:
                     cost = load_costs(workload, algorithm, backends[0], repeats=args.repeats)
                     print(f"{cost['workload']} {algorithm}/{cost['backend']} ({cost['n_subscriptions']:,} "
@@ -338,9 +401,9 @@ def main(argv=None) -> int:
             return 0
         if args.ingest:
             records = []
-            for name in args.workload or ["W1"]:
-                rates = ingest_rates(standard(name, scale=args.scale, n_events=100, seed=args.seed),
-                                     repeats=args.repeats)
+            for workload in _workloads(args.workload or ["W1"], parser, "--ingest", scale=args.scale,
+                                       n_events=100, seed=args.seed):
+                rates = ingest_rates(workload, repeats=args.repeats)
                 print(f"{rates['workload']}: parse {rates['parse_per_s']:,.0f} expressions/s "
                       f"({rates['n_texts']:,} texts, {rates['mean_predicates_per_text']:.1f} predicates each); "
                       f"add_many of those texts {rates['add_texts_per_s']:,.0f}/s "
@@ -351,15 +414,10 @@ def main(argv=None) -> int:
             if args.csv:
                 write_records(records, args.csv)
             return 0
-        workloads = []
-        if args.parquet:
-            workloads += [read_parquet(d) for d in args.parquet]
+        workloads = _parquet_workloads(args.parquet, parser)
         if args.workload or not args.parquet:
-            for name in args.workload or ["W1"]:
-                try:
-                    workloads.append(standard(name, scale=args.scale, n_events=args.events, seed=args.seed))
-                except ValueError as exc:
-                    parser.error(str(exc))
+            workloads += _workloads(args.workload or ["W1"], parser, scale=args.scale, n_events=args.events,
+                                    seed=args.seed)
         rows = run_benchmark(workloads, algorithms, backends, events_limit=args.events, **options)
 
     print(format_table(rows))

@@ -316,7 +316,8 @@ def main(argv=None) -> int:
         _print_shares(shares)
     if routes:
         _print_routes(routes)
-    bad = [r for r in rows if r.get("status") == "ok" and r.get("correct") is False]
+    # a run that failed counts as bexmatch bench counts it: a wrong answer or an error, not a skip
+    bad = [r for r in rows if r.get("status") == "error" or (r.get("status") == "ok" and r.get("correct") is False)]
     bad += [r for r in shares if r.get("sort_agrees") is False]
     bad += [r for r in routes if not r["routes_agree"]]
     return 1 if bad else 0

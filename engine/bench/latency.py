@@ -46,6 +46,7 @@ from engine.bench import algorithms as bench_algorithms
 from engine.bench.measure import _describe, _warm_up, event_dicts, scan_sample_size
 from engine.errors import BackendUnavailable
 from engine.index import Index
+from engine.workloads import add_subscriptions
 
 #: the paper's batch sizes, and 1: every event matched alone (the sequential baseline)
 DEFAULT_BATCH_SIZES = (1, 128, 256, 512, 1024)
@@ -137,7 +138,7 @@ class BatchTiming:
 def _reference(workload, events: pa.Table, k: int) -> list:
     """scan's answers on the first ``k`` events, one id array per event."""
     index = Index(algorithm="scan", backend="cpu")
-    index.add_many(workload.subscriptions)
+    add_subscriptions(index, workload.subscriptions, workload.asts)       # (ABE-Gen's are expressions)
     index.merge()
     return index.match_batch(events.slice(0, k))
 
@@ -223,7 +224,7 @@ def _time_algorithm(workload, stream, algorithm, backend, options, sizes, base, 
                     min_events, time_budget, bar) -> list[BatchTiming]:
     _warm_up(algorithm, backend, workload.subscriptions, workload.events, stream, options)
     index = bench_algorithms.new_index(algorithm, backend, options)
-    index.add_many(workload.subscriptions)
+    add_subscriptions(index, workload.subscriptions, workload.asts)
     index.merge()
     index.match_batch(stream[:1])                 # builds what the index builds lazily
     n = len(stream)

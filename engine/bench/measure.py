@@ -291,6 +291,8 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
     if events_limit is not None:
         events = events.slice(0, int(events_limit))
     n_events, n_subs = events.num_rows, workload.n_subscriptions
+    if n_events == 0:       # (nothing would be timed or checked, and every row would read "correct")
+        raise ValueError(f"workload {workload.name} has no events to match")
     k = scan_sample_size(n_subs, n_events, scan_sample, scan_budget)
     sample = events.slice(0, k)
     dicts = event_dicts(events, min(latency_samples, n_events)) if latency_samples > 0 else []

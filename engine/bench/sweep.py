@@ -68,6 +68,10 @@ def resolve_sweep_param(generator: str, param: str) -> str:
                      f"an algorithm option is written ALGORITHM.OPTION, e.g. betree.max_cap")
 
 
+_BOOLEANS = {"true": True, "yes": True, "on": True, "1": True, True: True,
+             "false": False, "no": False, "off": False, "0": False, False: False}
+
+
 def coerce_value(generator: str, param: str, value):
     """A swept value as the generator wants it: text from the command line
     becomes int, float, None or bool (``"2..6"`` a range, for ABE-Gen's
@@ -75,6 +79,11 @@ def coerce_value(generator: str, param: str, value):
     default = inspect.signature(_generator(generator)).parameters[param].default
     if isinstance(value, str) and isinstance(default, tuple) and ".." in value:
         return tuple(coerce_value(generator, "n_subs", part) for part in value.split(".."))
+    if isinstance(default, bool):       # a yes/no parameter: any other text would be a truthy string
+        low = str(value).strip().lower() if not isinstance(value, bool) else value
+        if low not in _BOOLEANS:
+            raise ValueError(f"{param} is true or false, not {value!r}")
+        return _BOOLEANS[low]
     if isinstance(value, str):
         text = value.strip()
         low = text.lower()
