@@ -416,7 +416,7 @@ def test_update_costs_time_both_merge_paths():
     assert OpIndexMatcher.REBUILD_SHARE == share
 
 
-def test_load_costs_restore_the_saved_structure(capsys):
+def test_load_costs_restore_the_saved_structure(capsys, monkeypatch):
     from engine.bench.costs import load_costs
     cost = load_costs(standard("W1", scale=0.001, n_events=100), repeats=1)
     assert cost["structure_restored"] and cost["same_answers"]
@@ -426,6 +426,18 @@ def test_load_costs_restore_the_saved_structure(capsys):
     out = capsys.readouterr().out
     assert "W1 begen-uniform opindex/cpu (1,000 subscriptions)" in out
     assert "structure restored: True; same answers: True" in out
+    # a bench variant, and options (it said "unknown algorithm 'opindex-bs'", and dropped --option)
+    made = []
+    real = bench_algorithms.new_index
+    monkeypatch.setattr(bench_algorithms, "new_index", lambda name, backend, options=None: made.append(
+        (name, options)) or real(name, backend, options))
+    assert bench.main(["--load", "--workload", "W1", "--scale", "0.001", "--repeats", "1", "--quiet",
+                       "--algorithm", "opindex-bs", "--algorithm", "betree", "--option", "betree.max_cap=5"]) == 0
+    out = capsys.readouterr().out
+    assert "opindex-bs/cpu (1,000 subscriptions)" in out and "betree/cpu (1,000" in out
+    assert out.count("same answers: True") == 2
+    assert ("betree", {"max_cap": 5}) in made and any(name == "opindex-bs" for name, _ in made)
+    assert "x faster than the build" in out or "x slower than the build" in out
 
 
 # ------------------------------------------- algorithm options (BE-Tree Table 4)

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.bench import algorithms as bench_algorithms
 from engine.bench.measure import first_subscriptions
 from engine.index import Index
 
@@ -116,13 +117,14 @@ def update_costs(workload, n: int = 1000, repeats: int = 3, algorithm: str = "op
 
 
 def load_costs(workload, algorithm: str = "opindex", backend: str = "cpu", repeats: int = 3,
-               directory=None) -> dict:
+               directory=None, options: dict | None = None) -> dict:
     """What a saved index spares a reader (every Spark worker loads one):
     the build -- ``add_many`` of the columnar subscriptions, merge, first
     match (which builds the matcher) -- against ``Index.load`` of the saved
     file up to its first match, which uses the saved structure as it is.
     Also the save itself and the file's size; answers of the first events
-    compared.  Medians of ``repeats``."""
+    compared.  Medians of ``repeats``.  ``algorithm``: a bench name (a
+    variant too), with ``options`` on top."""
     import os
     import tempfile
 
@@ -131,14 +133,14 @@ def load_costs(workload, algorithm: str = "opindex", backend: str = "cpu", repea
     build_s, save_s, load_s, first_s = [], [], [], []
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = os.path.join(tmp, "bench.bexidx")
-        warm = Index(algorithm=algorithm, backend=backend)      # kernels compiled before any timing
+        warm = bench_algorithms.new_index(algorithm, backend, options)      # kernels compiled before any timing
         warm.add_many(first_subscriptions(workload.subscriptions, 1000))
         warm.match_batch(first)
         warm.save(path)
         Index.load(path, backend=backend).match_batch(first)
         for _ in range(repeats):
             started = time.perf_counter()
-            index = Index(algorithm=algorithm, backend=backend)
+            index = bench_algorithms.new_index(algorithm, backend, options)
             index.add_many(workload.subscriptions)
             index.match_batch(first)
             build_s.append(time.perf_counter() - started)
