@@ -314,7 +314,8 @@ def test_what_runs_comes_from_the_registry(registered, tmp_path, capsys):
     _, rows = read_csv(csv_path)
     assert [r["algorithm"] for r in rows] == list(registry.names())
     assert all(r["status"] == "ok" and r["correct"] == "True" for r in rows), rows
-    assert bench.main([*argv, "--algorithm", "scan_again", "--backend", "cuda"]) == 0
+    assert bench.main([*argv, "--algorithm", "scan_again", "--backend", "cuda", "--backend", "cuda",
+                       "--workload", "W1", "--workload", "W1"]) == 0        # (repeats gave duplicate rows)
     _, rows = read_csv(csv_path)
     assert [(r["algorithm"], r["backend"], r["status"]) for r in rows] == [("scan_again", "cuda", "skipped")]
     assert "it runs on cpu" in rows[0]["note"]

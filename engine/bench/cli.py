@@ -304,7 +304,9 @@ def _report_failures(failed, where) -> int:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    backends = args.backend or ["cpu"]
+    backends = list(dict.fromkeys(args.backend or ["cpu"]))      # (a repeated one ran twice: duplicate rows)
+    if args.workload:
+        args.workload = list(dict.fromkeys(args.workload))
     algorithms = None
     if args.algorithm:
         algorithms = list(registry.names()) if "all" in args.algorithm else list(dict.fromkeys(args.algorithm))
