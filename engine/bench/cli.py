@@ -70,26 +70,17 @@ def _number_list(kind, low):
     return parse
 
 
-def _positive(kind):
+def _positive(kind, zero: bool = False):
+    """An argparse type: a finite ``kind`` above 0 (at least 0 with ``zero``)."""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+        if not (value >= 0 if zero else value > 0) or (isinstance(value, float) and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be {'>= 0' if zero else 'positive'}, not {text}")
         return value
     return parse
-
-
-def _non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
-    return value
 
 
 def _check_outputs(args, parser) -> None:
@@ -187,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="subscriptions as a share of the full-scale workload (default %(default)s)")
     what.add_argument("--events", type=_positive(int), metavar="N",
                       help="events per workload (generated workloads: generate N; Parquet: the first N)")
-    what.add_argument("--seed", type=_non_negative_int, default=0, help="generator seed (default %(default)s)")
+    what.add_argument("--seed", type=_positive(int, zero=True), default=0, help="generator seed (default %(default)s)")
     what.add_argument("--algorithm", action="append", choices=(*bench_algorithms.names(), "all"),
                       help="a registered algorithm or a bench variant of one (repeatable; 'all' for every "
                            "registered algorithm, those not implemented on a backend reported as skipped there; "
@@ -201,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     how = parser.add_argument_group("how to measure")
     how.add_argument("--repeats", type=_positive(int), default=3,
                      help="timed match_batch runs after one warm-up; the median counts (default %(default)s)")
-    how.add_argument("--latency-samples", type=_non_negative_int, default=200, metavar="N",
+    how.add_argument("--latency-samples", type=_positive(int, zero=True), default=200, metavar="N",
                      help="events matched one at a time for the latency percentiles (default %(default)s)")
     how.add_argument("--scan-sample", type=_scan_sample_arg, default="auto", metavar="auto|all|N",
                      help="events scan is timed and answers are checked on: 'auto' (all of them when "
