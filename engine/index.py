@@ -608,9 +608,7 @@ class Index:
 
     def match(self, event: Mapping[str, object]) -> np.ndarray:
         """Ids of the subscriptions TRUE on one event (dict), ascending."""
-        if not isinstance(event, dict):
-            raise TypeError(f"match takes one event as a dict, not {type(event).__name__}")
-        return self.match_batch([event])[0]
+        return self.pinned().match(event)
 
     def pinned(self) -> "PinnedIndex":
         """The index as it is now, for several matches that must agree: its
