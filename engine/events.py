@@ -760,12 +760,12 @@ def _is_view(dtype: pa.DataType) -> bool:
 def _without_views(column):
     """An event column (or a map's values) in the layouts this module's
     pyarrow kernels read: a dictionary of lists as its lists, string views
-    as large strings (no take or filter
-    kernel reads them, so neither a dictionary of them nor a map's values
-    could be decoded), and list views rebuilt as large lists from their
-    views' lengths and values (pyarrow's cast makes non-monotonic offsets
-    when an empty view sits at offset 0 -- an invalid array that reads
-    wrong without an error; tests/test_lists.py's views in any order)."""
+    as large strings (no take or filter kernel reads them, so neither a
+    dictionary of them nor a map's values could be decoded), and list
+    views rebuilt as large lists from their views' lengths and values
+    (pyarrow's cast makes non-monotonic offsets when an empty view sits at
+    offset 0 -- an invalid array that reads wrong without an error;
+    tests/test_lists.py's views in any order)."""
     dtype = column.type
     if pa.types.is_dictionary(dtype) and pa.types.is_string_view(dtype.value_type):
         if isinstance(column, pa.ChunkedArray):
