@@ -110,7 +110,7 @@ import pyarrow.parquet as pq
 
 from engine.expr import And, Not, Op, Or, Pred, Xnor, Xor
 
-__all__ = ["Workload", "begen", "opindex_gen", "abe_gen", "ads_lists", "add_subscriptions", "standard",
+__all__ = ["Workload", "begen", "opindex_gen", "abe_gen", "ads_lists", "add_subscriptions", "standard", "canonical_name",
            "STANDARD_WORKLOADS", "write_parquet", "read_parquet", "OP_CLASSES"]
 
 ATTR_PREFIX = "a"
@@ -885,9 +885,7 @@ def abe_gen(n_subs: int = 1000, n_events: int | None = None, *, dims: int = 1000
     event_size = _positive_int(event_size, "event_size")
     if event_size > dims:
         raise ValueError(f"event_size ({event_size}) must not exceed dims ({dims})")
-    lo, hi = (int(fanout[0]), int(fanout[1])) if not isinstance(fanout, (int, np.integer)) else (int(fanout),) * 2
-    if not 2 <= lo <= hi:
-        raise ValueError(f"fanout must be a range 2 <= low <= high, not {fanout!r}")
+    lo, hi = _int_range(fanout, "fanout", 2)
     shares = np.asarray(operators, np.float64)
     if shares.shape != (5,) or not np.isfinite(shares).all() or (shares < 0).any() or shares.sum() <= 0:
         raise ValueError(f"operators must be five non-negative shares (and, or, not, xor, xnor), not {operators!r}")
@@ -997,10 +995,21 @@ def ads_lists(n_subs: int = 1000, n_events: int | None = None, *, segments: int 
     ``bucket IN (...)`` (``NOT IN`` for NONE OF) of the same selectivity
     on these events, its list of ``round(rate * buckets)`` values (at
     least one)."""
+    segments = _positive_int(segments, "segments")
+    if segments < 4:                         # (an ALL OF draws 2 distinct ids, a ONE OF up to 4)
+        raise ValueError(f"segments must be at least 4, not {segments}")
+    low, high = _int_range(per_event, "per_event", 0)
+    if high > segments:
+        raise ValueError(f"per_event's high end ({high}) must not exceed segments ({segments}): "
+                         f"an event's segments are distinct")
+    if not (isinstance(zipf, (int, float)) and math.isfinite(zipf) and zipf >= 0):
+        raise ValueError(f"zipf must be a finite number >= 0, not {zipf!r}")
+    if not (isinstance(list_share, (int, float)) and 0 <= list_share <= 1):
+        raise ValueError(f"list_share must be a number in [0, 1], not {list_share!r}")
+    buckets = _positive_int(buckets, "buckets")
     base = begen(n_subs, n_events, seed=seed, name=name, **begen_kwargs)
     rng = np.random.default_rng([seed, 0x5E6])
     n_events = base.n_events
-    low, high = per_event
     sizes = rng.integers(low, high + 1, n_events)
     mat = _distinct_rows(rng, sizes, high, segments, _weights(segments, zipf))
     flat = mat[mat >= 0]                                      # row by row: each event's segments
@@ -1038,7 +1047,7 @@ def ads_lists(n_subs: int = 1000, n_events: int | None = None, *, segments: int 
                          "values": _list_of_rows(sets, np.where(contains, 0, set_sizes), mask=contains)})
     subscriptions = pa.concat_tables([subs, rows], promote_options="permissive")
     params = dict(base.params, generator="ads_lists", segments=segments, zipf_segments=zipf,
-                  per_event=list(per_event), list_share=list_share, scalar=scalar, buckets=buckets)
+                  per_event=[low, high], list_share=list_share, scalar=scalar, buckets=buckets)
     return Workload(name, subscriptions, events, _jsonable(params))
 
 
@@ -1120,7 +1129,8 @@ DEFAULT_EVENTS = 10_000
 DEFAULT_EVENTS_OF = {"W3": 1_000}
 
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
+    """The standard workload ``name`` names ("W1" for "begen-uniform"...); ValueError for an unknown one."""
     key = str(name).strip().lower().replace("_", "-").replace(" ", "-")
     for canonical, (aliases, _, _) in STANDARD_WORKLOADS.items():
         names = {canonical.lower(), *aliases, *(f"{canonical.lower()}-{a}" for a in aliases)}
@@ -1160,7 +1170,7 @@ def standard(name: str, scale: float = 1.0, n_events: int | None = None, seed: i
                                 IN of the same selectivity (what lists cost)
     ========  ================  =========================================================
     """
-    canonical = _canonical(name)
+    canonical = canonical_name(name)
     aliases, generator, kwargs = STANDARD_WORKLOADS[canonical]
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive number, not {scale!r}")
@@ -1198,6 +1208,19 @@ def read_parquet(directory) -> Workload:
 
 
 # ------------------------------------------------------------------ helpers
+def _int_range(value, name: str, least: int) -> tuple[int, int]:
+    """An inclusive range given as ``(low, high)`` or one integer (both ends), ``least <= low <= high``."""
+    given = value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (value, value)
+    if not (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value)
+            and least <= value[0] <= value[1]):
+        raise ValueError(f"{name} must be an integer or a range (low, high) of integers, "
+                         f"{least} <= low <= high, not {given!r}")
+    return int(value[0]), int(value[1])
+
+
 def _positive_int(x, name: str, zero: bool = False) -> int:
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < (0 if zero else 1):
         raise ValueError(f"{name} must be an integer >= {0 if zero else 1}, not {x!r}")

@@ -324,6 +324,29 @@ def test_begen_sparse_events_are_a_map_column_with_the_same_matches():
     assert found.num_rows > 0 and found.equals(index.match_batch(wide.events, output="arrow"))
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    # raw IndexError / TypeError from NumPy, or accepted and ignored (helper-41's probe)
+    (dict(segments=0), "segments"), (dict(segments=3), "segments"), (dict(per_event=(5, 1)), "per_event"),
+    (dict(per_event=(1, 200), segments=100), "per_event"), (dict(per_event=(1, 2, 3)), "per_event"),
+    (dict(zipf=float("nan")), "zipf"), (dict(list_share=1.5), "list_share"), (dict(buckets=0), "buckets")])
+def test_ads_lists_rejects_bad_parameters(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        W.ads_lists(30, 10, **kwargs)
+
+
+def test_ads_lists_per_event_may_be_one_number_or_start_at_zero():
+    exact = W.ads_lists(30, 10, per_event=3)
+    assert set(pc.list_value_length(exact.events[W.SEGMENTS_ATTR]).to_pylist()) == {3}
+    assert exact.params["per_event"] == [3, 3]
+    assert min(pc.list_value_length(W.ads_lists(30, 40, per_event=(0, 1)).events[W.SEGMENTS_ATTR]).to_pylist()) == 0
+
+
+@pytest.mark.parametrize("fanout", [(2, 3, 9), (1, 3), (3, 2), (2.5, 3), 1, "2..6"])
+def test_abe_gen_rejects_a_fanout_that_is_not_a_range(fanout):
+    with pytest.raises(ValueError, match="fanout"):     # (2, 3, 9) had its third element dropped silently
+        W.abe_gen(10, 5, fanout=fanout)
+
+
 def test_opindex_rejects_bad_parameters():
     for kwargs in (dict(theta=1.5), dict(gamma_max=0), dict(m=50, dims=10), dict(zipf=-0.5)):
         with pytest.raises(ValueError):
