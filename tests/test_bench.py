@@ -9,6 +9,7 @@ import csv
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from engine import Index, bench
@@ -16,7 +17,7 @@ from engine.algorithms import registry
 from engine.algorithms.options import Options, ScanOptions, option
 from engine.algorithms.scan import ScanMatcher
 from engine.bench import algorithms as bench_algorithms
-from engine.bench import measure, report
+from engine.bench import cli, measure, report
 from engine.workloads import standard
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -164,12 +165,30 @@ def test_help_exits_zero_with_usage(capsys):
                                   ["--workload", "W9", "--load"],
                                   ["--updates", "1000", "--scale", "0.0005"],
                                   ["--workload", "W5", "--scale", "0.0005", "--load"],
-                                  ["--sweep", "fixed_event_size", "--values", "maybe"]])
+                                  ["--sweep", "fixed_event_size", "--values", "maybe"],
+                                  # an option that changes nothing, or fails on the second backend only
+                                  ["--algorithm", "scan", "--option", "betree.max_cap=3"],
+                                  ["--backend", "cpu", "--backend", "cuda", "--algorithm", "apcm",
+                                   "--option", "apcm.over=opindex"],
+                                  # the first point was measured, then the second's value raised a traceback
+                                  ["--sweep", "similarity", "--values", "0.1,7", "--generator", "begen"],
+                                  ["--sweep", "fanout", "--values", "2..4,1", "--generator", "abe"],
+                                  # --events cut every point of an events sweep to itself
+                                  ["--sweep", "events", "--values", "50,100", "--events", "60",
+                                   "--generator", "begen"]])
 def test_usage_errors_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_a_workload_named_twice_runs_once():
+    """``--workload W1 --workload begen-uniform`` measured W1 twice."""
+    parser = cli.build_parser()
+    assert cli._distinct_workloads(["W1", "begen-uniform", "w1-begen-uniform", "W6", "w1"], parser) == ["W1", "W6"]
+    rows = cli._workloads(["W1", "begen_uniform"], parser, scale=0.0005, n_events=5)
+    assert [w.name for w in rows] == ["W1 begen-uniform"]
 
 
 def test_a_workload_without_events_is_refused_not_reported_correct(tmp_path, capsys):
@@ -761,6 +780,26 @@ def test_latency_rows_from_measured_batch_times():
     rows = latency.latency_sweep(workload, ["opindex"], ["cpu"], sizes, [1.0], repeats=2, min_events=32,
                                  time_budget=0, progress=False)
     assert [r["batches_timed"] for r in rows] == [2, 2, 2] and all(r["correct"] for r in rows)
+
+
+def test_latency_batches_longer_than_the_stream_are_checked_and_say_they_repeat(monkeypatch):
+    """A batch larger than the stream repeats its events: such batches were
+    not checked at all, and the note blamed the scan sample."""
+    from engine.bench import latency
+
+    workload = standard("W6", scale=0.0005, n_events=10)
+    rows = latency.time_batches(workload, ["opindex"], ["cpu"], [4, 25], repeats=1, min_events=4,
+                                time_budget=None, progress=False)
+    assert [(r.batch_size, r.correct) for r in rows] == [(4, True), (25, True)]
+    assert rows[0].note is None and rows[1].note == "a batch of 25 repeats the stream's 10 events"
+    assert rows[1].checked_events == 2 * 25         # the untimed batch and the timed one, every event
+    # a wrong answer on a repeated event is found
+    real = latency._reference
+    monkeypatch.setattr(latency, "_reference",
+                        lambda *args: [np.append(ids, -1) for ids in real(*args)])
+    bad = latency.time_batches(workload, ["opindex"], ["cpu"], [25], repeats=1, min_events=4, time_budget=None,
+                               progress=False)
+    assert bad[0].correct is False and bad[0].note.startswith("WRONG")
 
 
 def test_latency_on_the_command_line(tmp_path, capsys):

@@ -18,7 +18,7 @@ from engine.bench.measure import DEFAULT_SCALE, SCAN_BUDGET, SCAN_SAMPLE_MAX, SC
 from engine.bench.report import format_table, plot, write_csv, write_records
 from engine.bench.sweep import SWEEP_BASE, plan_sweep, sweep
 from engine.errors import BackendUnavailable
-from engine.workloads import read_parquet, standard
+from engine.workloads import canonical_name, read_parquet, standard
 
 
 def _csv_list(text: str) -> list[str]:
@@ -103,7 +103,7 @@ def _workloads(names, parser, mode: str | None = None, **kwargs) -> list:
     usage error, and so is an expression workload (W5) in a ``mode`` that
     times the columnar form (--updates, --load, --ingest)."""
     found = []
-    for name in names:
+    for name in _distinct_workloads(names, parser):
         try:
             workload = standard(name, **kwargs)
         except ValueError as exc:
@@ -113,6 +113,17 @@ def _workloads(names, parser, mode: str | None = None, **kwargs) -> list:
                          f"expressions (ABE-Gen)")
         found.append(workload)
     return found
+
+
+def _distinct_workloads(names, parser) -> list:
+    """``names`` with a workload named twice (``W1`` and its alias ``begen-uniform``) kept once."""
+    seen = {}
+    for name in names:
+        try:
+            seen.setdefault(canonical_name(name), name)
+        except ValueError as exc:
+            parser.error(str(exc))
+    return list(seen.values())
 
 
 def _parquet_workloads(paths, parser) -> list:
@@ -308,14 +319,19 @@ def main(argv=None) -> int:
         if algorithm not in bench_algorithms.names():
             parser.error(f"--option {algorithm}.*: no algorithm {algorithm!r}; "
                          f"algorithms: {', '.join(bench_algorithms.names())}")
+        # an option of an algorithm that does not run (itself or through a variant of it) would change nothing
+        if algorithms is not None and not any(algorithm in (name, bench_algorithms.base_of(name))
+                                              for name in algorithms):
+            parser.error(f"--option {algorithm}.*: {algorithm} does not run (--algorithm {', '.join(algorithms)})")
     # each algorithm's options as its index will get them: a variant's
-    # fixed ones, its algorithm's and its own together
+    # fixed ones, its algorithm's and its own together, on every backend of the run
     for algorithm in dict.fromkeys([*algorithm_options, *(algorithms or ())]):
-        try:
-            bench_algorithms.check_options(algorithm, bench_algorithms.options_of(algorithm, algorithm_options),
-                                           backends[0])
-        except (TypeError, ValueError) as exc:
-            parser.error(f"--option: {exc}")
+        for backend in backends:
+            try:
+                bench_algorithms.check_options(algorithm, bench_algorithms.options_of(algorithm, algorithm_options),
+                                               backend)
+            except (TypeError, ValueError) as exc:
+                parser.error(f"--option: {exc}" + (f" (--backend {backend})" if len(backends) > 1 else ""))
     modes = [flag for flag, given in (("--sweep", args.sweep is not None), ("--updates", args.updates),
                                       ("--load", args.load), ("--ingest", args.ingest)) if given]
     if len(modes) > 1:

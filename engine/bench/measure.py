@@ -45,9 +45,11 @@ scan_sample        the number of events ``scan`` was timed on and every
                    ``scan_sample`` events (= ``n_events`` unless scan was too
                    slow to run on all of them)
 ratio_to_scan      events_per_s / scan_events_per_s
-correct            whether the algorithm's matches on the scan sample -- batch
-                   and single-event -- equal ``scan``'s on ``cpu``; a row never
-                   reports speed without saying whether the answers were right
+correct            whether the algorithm's matches on the scan sample equal
+                   ``scan``'s on ``cpu``: those of ``match_batch``, and of
+                   ``match(dict)`` on the timed single events among them (none
+                   with ``latency_samples=0``); a row never reports speed
+                   without saying whether the answers were right
 note               why a row was skipped or failed, or what was wrong
 =================  ============================================================
 """

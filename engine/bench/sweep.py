@@ -202,6 +202,9 @@ def plan_sweep(param: str, values, generator: str = "opindex", base_params: dict
         raise ValueError(f"the sweep and its series are both {x.label}")
     algorithm_options = {name: dict(chosen) for name, chosen in (algorithm_options or {}).items()}
     axes = [a for a in (x, second) if a is not None]
+    if n_events is not None and any(a.key == "n_events" for a in axes):
+        raise ValueError("the sweep varies the number of events: leave out --events (it would cut every point to it)")
+    _check_points(generator, base, [a for a in axes if not a.is_option])
     option_axes = [a for a in axes if a.is_option]
     if algorithms is None and option_axes:
         algorithms = list(dict.fromkeys(a.algorithm for a in option_axes))
@@ -229,6 +232,32 @@ def plan_sweep(param: str, values, generator: str = "opindex", base_params: dict
                 except TypeError as exc:
                     raise ValueError(str(exc)) from None
     return SweepPlan(generator, base, x, second, algorithms, algorithm_options)
+
+
+#: the sizes :func:`_check_points` generates each point at
+_CHECK_SUBS, _CHECK_EVENTS = 16, 4
+
+
+def _check_points(generator: str, base: dict, axes: list) -> None:
+    """Every point of the generator ``axes`` generated small (at most
+    :data:`_CHECK_SUBS` subscriptions and :data:`_CHECK_EVENTS` events), so
+    that a value the generator refuses is an error before the first point
+    is measured, not after (the points before it would be lost)."""
+    generate = _generator(generator)
+    points = [{}]
+    for axis in axes:
+        points = [dict(point, **{axis.key: value}) for point in points for value in axis.values]
+    for point in points:
+        kwargs = dict(base, **point)
+        for key, small in (("n_subs", _CHECK_SUBS), ("n_events", _CHECK_EVENTS)):
+            value = kwargs.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > small:
+                kwargs[key] = small
+        try:
+            generate(**kwargs, seed=0, name="check")
+        except (TypeError, ValueError) as exc:
+            where = ", ".join(f"{key}={value!r}" for key, value in point.items())
+            raise ValueError(f"{generator} refuses the point {where}: {exc}") from None
 
 
 def sweep(param: str, values, generator: str = "opindex", base_params: dict | None = None, algorithms=None,
