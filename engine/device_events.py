@@ -12,7 +12,8 @@ device column comes here when the index runs on ``cuda``:
   columns) or DLPack from CUDA memory (``__dlpack__`` with a
   ``__dlpack_device__`` of kDLCUDA: PyTorch, JAX), one value per event --
   a host producer (a NumPy or PyArrow array, a CPU tensor) is not a
-  device column (host events come as a table);
+  device column (host events come as a table), but one among device
+  columns is copied over;
 * a string attribute arrives as its dictionary codes plus the dictionary
   (a pair ``(codes, dictionary)``; a cuDF categorical column's ``codes``
   and ``categories``): the dictionary is small and goes through the host
@@ -91,14 +92,18 @@ def is_device_column(x) -> bool:
 
 
 def is_device_columns(events) -> bool:
-    """Whether ``events`` is a mapping of attribute to device column (or to
-    a ``(codes, dictionary)`` pair with device codes)."""
+    """Whether ``events`` is a mapping of attribute to columns of which at
+    least one is a device column (or a ``(codes, dictionary)`` pair with
+    device codes): the batch is on the device, and a host array among its
+    columns is copied over -- whatever the order of the columns."""
     if not isinstance(events, Mapping) or not events:
         return False
-    first = next(iter(events.values()))
-    if isinstance(first, tuple) and len(first) == 2:
-        first = first[0]
-    return is_device_column(first)
+    for column in events.values():
+        if isinstance(column, tuple) and len(column) == 2:
+            column = column[0]
+        if is_device_column(column):
+            return True
+    return False
 
 
 def _device(x, name: str):

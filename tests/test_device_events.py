@@ -185,6 +185,24 @@ def test_refusals_are_clear_and_change_nothing():
         cpu.match_batch({"price": n})
 
 
+def test_a_host_array_among_device_columns_is_copied_over_in_any_order():
+    """With the host array first, the batch was taken for host columns and refused
+    ("match_batch takes a sequence of events"); with it second, it was matched."""
+    idx = _index()
+    prices, weights = np.array([550.0, 700.0, 120.0, -3.0]), np.array([3, 1, 7, 2 ** 53], np.int64)
+    stock = np.array([False, False, True, False])
+    want = [[5], [], [2], [5]]      # weight > 2.5 AND in_stock = FALSE; in_stock = TRUE; colour absent
+    assert [m.tolist() for m in idx.match_batch(pa.table({"price": prices, "weight": weights,
+                                                           "in_stock": stock}))] == want
+    price, in_stock = _to_device_input(prices), _to_device_input(stock)
+    for columns in ({"price": price, "weight": weights, "in_stock": in_stock},
+                    {"weight": weights, "price": price, "in_stock": in_stock},
+                    {"weight": weights, "in_stock": stock, "price": price}):
+        assert [m.tolist() for m in idx.match_batch(columns)] == want, list(columns)
+    with pytest.raises(TypeError, match="takes a sequence of events"):          # host arrays alone: not a batch
+        idx.match_batch({"weight": weights, "price": prices})
+
+
 def test_an_empty_batch_and_columns_no_subscription_reads():
     idx = _index()
     assert idx.match_batch({"price": _to_device_input(np.zeros(0))}) == []
