@@ -15,7 +15,11 @@ it.
 
 from __future__ import annotations
 
+import os
+import platform
 import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -278,3 +282,27 @@ def test_a_small_batch_runs_on_the_calling_thread_and_a_large_one_on_every_core(
     index.merge()
     assert index.match({"x": -1}).tolist() == list(range(100, 100 + host_tasks.SERIAL_WORK))
     assert seen.pop() == cores
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() == "x86_64"),
+                    reason="the tbb wheel is a dependency on Linux x86_64 only (pyproject.toml)")
+def test_kernels_run_on_numba_tbb_layer_from_the_wheel():
+    """numba finds the ``tbb`` wheel's library only once gpu_kernels has
+    loaded it (its extension has no run path); without it, numba took
+    OpenMP, whose kernels wait a scheduler quantum for a worker on a busy
+    core (gpu_kernels/threading_layer.py).  A fresh interpreter, as a user's:
+    importing engine and matching is all it takes, and the variable that
+    chooses a layer still wins."""
+    script = ("import numba; from engine import Index; i = Index(algorithm='opindex'); "
+              "i.add_many(range(50), [f'x >= {k}' for k in range(50)]); i.merge(); "
+              "assert len(i.match_batch([{'x': k} for k in range(200)])) == 200; "
+              "from gpu_kernels import threading_layer; print(numba.threading_layer(), threading_layer.LOADED)")
+    env = {key: value for key, value in os.environ.items() if key != "NUMBA_THREADING_LAYER"}
+    found = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert found.returncode == 0, found.stderr
+    layer, loaded = found.stdout.split()
+    assert layer == "tbb", found.stdout
+    assert loaded == "None" or loaded.endswith("/lib/libtbb.so.12")
+    chosen = subprocess.run([sys.executable, "-c", script], env=dict(env, NUMBA_THREADING_LAYER="omp"),
+                            capture_output=True, text=True, timeout=300)
+    assert chosen.returncode == 0 and chosen.stdout.split()[0] == "omp", chosen.stderr
