@@ -306,3 +306,42 @@ def test_kernels_run_on_numba_tbb_layer_from_the_wheel():
     chosen = subprocess.run([sys.executable, "-c", script], env=dict(env, NUMBA_THREADING_LAYER="omp"),
                             capture_output=True, text=True, timeout=300)
     assert chosen.returncode == 0 and chosen.stdout.split()[0] == "omp", chosen.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not (sys.platform.startswith("linux") and platform.machine() == "x86_64"),
+                    reason="fork after parallel kernels is safe on numba's TBB layer, a dependency on Linux x86_64")
+@pytest.mark.parametrize("algorithm", registry.names("cpu"))
+def test_a_forked_child_matches_with_the_parents_index(algorithm):
+    """A process forked after matching (multiprocessing's default start
+    method on Linux) gets the parent's index and must match with it: A-PCM's
+    clustering pool came over without its threads and the child's first
+    batch waited forever.  (Under numba's OpenMP layer no child may run a
+    parallel kernel at all: numba terminates it.)"""
+    import faulthandler
+    import warnings
+
+    index = Index(algorithm=algorithm, backend="cpu")
+    index.add_many(range(1500), [f"x >= {k} AND y < {k + 40}" for k in range(1500)])
+    index.merge()
+    events = [{"x": k, "y": k} for k in range(3000)]           # (A-PCM: three buffered batches, a wave)
+    want = [ids.tolist() for ids in index.match_batch(events)]
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)       # (3.12+: fork with threads running)
+        pid = os.fork()
+    if pid == 0:                                                   # the child: answer through the pipe, exit
+        status = 1
+        try:
+            os.close(read)
+            faulthandler.dump_traceback_later(120, exit=True)
+            found = [ids.tolist() for ids in index.match_batch(events)]
+            os.write(write, b"same" if found == want else b"different")
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        answer = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and answer == b"same", (status, answer)
+    assert [ids.tolist() for ids in index.match_batch(events)] == want      # and the parent still matches

@@ -30,6 +30,7 @@ of steady clusters from see-sawing).  The option itself goes up to
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -212,6 +213,18 @@ def _pool() -> ThreadPoolExecutor:
             _POOL = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS),
                                        thread_name_prefix="bexmatch-osr")
         return _POOL
+
+
+def _forget_pool() -> None:
+    """In a forked child: the pool object came over, its threads did not (a
+    wave handed to it waited forever), and the lock may have been held by
+    a thread that is not there either; the child makes its own."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 __all__ = ["ADAPTIVE_CEILING", "MAX_MEMBERS", "Clusters", "Reorderer", "arrival_runs", "per_event"]
