@@ -284,6 +284,53 @@ def test_a_small_batch_runs_on_the_calling_thread_and_a_large_one_on_every_core(
     assert seen.pop() == cores
 
 
+@pytest.mark.parametrize("where", ["after the change", "in the restore"])
+def test_an_interrupt_never_leaves_a_thread_on_one_core(where, monkeypatch):
+    """Ctrl-C landing just after the count went to 1 (before the ``try``) or
+    inside the ``finally`` (before the restore) left the thread on one
+    numba thread for good (helper-43's probe: 10-25 real SIGINTs); the next
+    match now restores it first.  The interrupt is placed deterministically
+    by a ``set_num_threads`` that raises it."""
+    import numba
+
+    cores = numba.config.NUMBA_NUM_THREADS
+    if cores == 1:
+        pytest.skip("NUMBA_NUM_THREADS=1: numba runs one thread, there is nothing to restore")
+    assert numba.get_num_threads() == cores          # (no test before this one left the thread on fewer)
+    real = numba.set_num_threads
+    calls = []
+
+    def interrupted(n):
+        calls.append(n)
+        if where == "after the change" and n == 1:
+            real(n)
+            raise KeyboardInterrupt
+        if where == "in the restore" and n != 1:
+            raise KeyboardInterrupt
+        real(n)
+
+    index = Index(algorithm="apcm", backend="cpu", options={"variant": "bitmap"})
+    index.add_many(range(20), [f"x >= {i}" for i in range(20)])
+    index.merge()
+    index.match({"x": 3})
+    monkeypatch.setattr(numba, "set_num_threads", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        index.match({"x": 3})
+    assert calls[0] == 1 and numba.get_num_threads() == 1           # stuck, as before the fix
+    monkeypatch.setattr(numba, "set_num_threads", real)
+    assert index.match({"x": 3}).tolist() == [0, 1, 2, 3]
+    assert numba.get_num_threads() == cores
+    assert len(index.match_batch([{"x": i} for i in range(400)])) == 400 and numba.get_num_threads() == cores
+    # A-PCM's sequential baseline inside a large batch's match: its own one-thread block, restored alike
+    from engine.algorithms import host_tasks
+    with host_tasks.one_thread():
+        assert numba.get_num_threads() == 1
+        with host_tasks.one_thread():                                   # nested: nothing to change
+            assert numba.get_num_threads() == 1
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == cores
+
+
 @pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() == "x86_64"),
                     reason="the tbb wheel is a dependency on Linux x86_64 only (pyproject.toml)")
 def test_kernels_run_on_numba_tbb_layer_from_the_wheel():

@@ -37,7 +37,7 @@ import numpy as np
 from engine.algorithms.base import BuildSettings, HostMatcher, list_truth_of
 from engine.algorithms.betree import DEFAULT_LIMIT, BETreeMatcher
 from engine.algorithms.betree import check_expression as _betree_check
-from engine.algorithms.host_tasks import SERIAL_EVENTS, match_in_tasks
+from engine.algorithms.host_tasks import SERIAL_EVENTS, match_in_tasks, one_thread
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE, APCMOptions, BETreeOptions
 from engine.algorithms.osr import Clusters, Reorderer, arrival_runs, per_event
 from engine.compile import Segment
@@ -167,12 +167,8 @@ class APCMMatcher(HostMatcher):
         if n_events == 0 or n_subs == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         if self.options.variant == "bitmap":
-            previous = numba.get_num_threads()
-            numba.set_num_threads(1)           # the sequential baseline (this thread's setting only)
-            try:
+            with one_thread():                 # the sequential baseline (this thread's setting only)
                 return self._positions(batch, pattern_truth, alive)
-            finally:
-                numba.set_num_threads(previous)
         return self._positions(batch, pattern_truth, alive)
 
     def _bit_codes(self) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ event then position.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import numba
@@ -42,16 +43,45 @@ def threads_for(n_events: int, n_subs: int) -> Iterator[None]:
     (20 ms a call measured on two busy cores, 5 µs on one thread).  A small
     batch runs a dozen such kernels; matching one event at a time, a service
     would pay that on each.  ``numba.set_num_threads`` is per thread, so
-    other threads' matches are not affected."""
-    previous = numba.get_num_threads()
-    if previous == 1 or n_events * max(n_subs, 1) > SERIAL_WORK:
+    other threads' matches are not affected.
+
+    Entered once per match, never nested (it first restores a count an
+    interrupt left behind: :func:`one_thread`)."""
+    owed = getattr(_owed, "count", None)
+    if owed is not None:
+        _owed.count = None
+        numba.set_num_threads(owed)
+    if numba.get_num_threads() == 1 or n_events * max(n_subs, 1) > SERIAL_WORK:
         yield
         return
+    with one_thread():
+        yield
+
+
+#: per thread, the numba thread count :func:`one_thread` is to restore
+_owed = threading.local()
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """This thread's numba kernels on one thread for the block; the count
+    before is restored after it, whatever ends it.  A KeyboardInterrupt
+    (Ctrl-C in a notebook) may land between any two bytecodes, also just
+    before the ``try`` or inside the ``finally``, and then the restore never
+    runs: every later match of the thread ran on one core.  So the count to
+    restore is recorded before it is changed and forgotten only once it is
+    restored, and :func:`threads_for` restores a recorded one first."""
+    previous = numba.get_num_threads()
+    if previous == 1:
+        yield
+        return
+    _owed.count = previous
     numba.set_num_threads(1)
     try:
         yield
     finally:
         numba.set_num_threads(previous)
+        _owed.count = None
 
 
 def match_in_tasks(n_events: int, launch, estimate: float) -> tuple[np.ndarray, np.ndarray, float]:
