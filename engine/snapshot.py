@@ -90,6 +90,9 @@ class Snapshot:
                 part = self._main_part
                 if part is None:
                     part = self._main_part = self._resolve(builder)
+                    # the matcher it came from is no longer needed here (successors start from this one's):
+                    # holding it kept an older matcher alive, uncounted, until the next update
+                    self.source = MatcherSource(self.source.kind)
         return part
 
     def _resolve(self, builder) -> tuple[Segment, object]:

@@ -392,3 +392,29 @@ def test_a_forked_child_matches_with_the_parents_index(algorithm):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0 and answer == b"same", (status, answer)
     assert [ids.tolist() for ids in index.match_batch(events)] == want      # and the parent still matches
+
+
+@pytest.mark.parametrize("algorithm", registry.names("cpu"))
+def test_a_snapshot_lets_go_of_the_matcher_it_was_derived_from(algorithm):
+    """Once a snapshot's matcher is made (derived, reused or recoded from an
+    older one), the older one is not held: a quiet service kept a second
+    matcher alive, counted nowhere, until its next update (helper-43)."""
+    import gc
+    import weakref
+
+    index = Index(algorithm=algorithm, backend="cpu")
+    index.add_many(range(300), [f"x >= {i} AND s = 'k{i % 7}'" for i in range(300)])
+    index.merge()
+    index.match({"x": 5, "s": "k5"})
+    for step in ("derive", "reuse"):
+        old = weakref.ref(index._state.main_part(index)[1])
+        if step == "derive":
+            index.add_many(range(300, 320), [f"x < {i}" for i in range(20)])
+            index.remove(3)
+            index.merge()
+        else:
+            index.add(999, "s = 'a brand new string'")          # (delta only: the main matcher is reused)
+        assert index.match({"x": 5, "s": "k5"}).tolist() == [5, *range(306, 320)]
+        gc.collect()
+        if step == "derive" or index._state.main_part(index)[1] is not old():
+            assert old() is None, f"{step}: the older matcher is still alive"
