@@ -274,8 +274,8 @@ class Index:
         event is checked as :meth:`match` checks it (BadEventError for a
         value the index refuses); KeyError for an unknown id."""
         from engine.explain import explain
-        if not isinstance(event, dict):
-            raise TypeError(f"explain takes one event as a dict, not {type(event).__name__}")
+        if not isinstance(event, Mapping):
+            raise TypeError(f"explain takes one event as a dict (a mapping), not {type(event).__name__}")
         state = self._state
         node = self._expression_node(state, sub_id)
         self.match_batch([event])                 # the same checks of the event as match's
@@ -721,7 +721,8 @@ class Index:
         ``(event int64, sub_id int64)``, ordered by event then id, each of
         at most about ``max_pairs`` rows (default: what
         :data:`MATCH_MEMORY_BUDGET` holds; one event's matches are never
-        split) -- for outputs larger than memory.  The whole batch is
+        split) -- for outputs larger than memory: no batch is empty, but
+        the one batch yielded when nothing matches.  The whole batch is
         matched against the snapshot current when the call is made.
         ``id_column``: as in :meth:`match_batch` (the batches' first column
         is then the events' ids, named by it)."""
@@ -733,21 +734,33 @@ class Index:
         if errors == "report":
             raise ValueError("match_stream takes errors='raise' or 'null'; use match_batch(errors='report') "
                              "to have bad events reported")
+        if max_pairs is not None and (isinstance(max_pairs, bool) or not isinstance(max_pairs, (int, np.integer))
+                                      or max_pairs < 1):
+            raise ValueError(f"max_pairs must be None or an integer >= 1, not {max_pairs!r}")
         event_ids = None
         if id_column is not None:
             events, event_ids = _split_event_ids(events, id_column)
         batch = event_batches.encode_events(events, state.view, errors)
         names = ["event" if id_column is None else id_column, "sub_id"]
 
+        def piece(event_idx: np.ndarray, sub_ids: np.ndarray) -> pa.RecordBatch:
+            first = pa.array(event_idx, pa.int64())
+            if event_ids is not None:
+                first = event_ids.take(first)
+            return pa.RecordBatch.from_arrays([first, pa.array(sub_ids, pa.int64())], names=names)
+
         def pieces() -> Iterator[pa.RecordBatch]:
+            # no empty piece for a slice without matches (how many there are depends on the slicing, not on
+            # the answer), but one when nothing matched at all: a reader always gets the columns' types
+            matched = False
             for _, _, slice_events, slice_ids in self._match_slices(state, batch, max_pairs):
                 # a slice is sized by the slice before it, so a skewed batch can overshoot: cut it again
                 for start, stop in _runs_of_events(slice_events, max_pairs):
-                    first = pa.array(slice_events[start:stop], pa.int64())
-                    if event_ids is not None:
-                        first = event_ids.take(first)
-                    yield pa.RecordBatch.from_arrays([first, pa.array(slice_ids[start:stop], pa.int64())],
-                                                     names=names)
+                    if stop > start:
+                        matched = True
+                        yield piece(slice_events[start:stop], slice_ids[start:stop])
+            if not matched:
+                yield piece(np.zeros(0, np.int64), np.zeros(0, np.int64))
         return pieces()
 
     def _match_slices(self, state: Snapshot, batch, max_pairs: int | None = None, rejected=()):
@@ -975,8 +988,8 @@ class PinnedIndex:
 
     def match(self, event: Mapping[str, object]) -> np.ndarray:
         """:meth:`Index.match` against this state."""
-        if not isinstance(event, dict):
-            raise TypeError(f"match takes one event as a dict, not {type(event).__name__}")
+        if not isinstance(event, Mapping):
+            raise TypeError(f"match takes one event as a dict (a mapping), not {type(event).__name__}")
         return self.match_batch([event])[0]
 
     def match_batch(self, events: Events | Mapping[str, Any], *, output: str = "list", errors: str = "raise",

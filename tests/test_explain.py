@@ -82,6 +82,11 @@ def test_read_back_from_main_and_delta_after_updates():
             idx.explain(missing, {})
     with pytest.raises(TypeError, match="explain takes one event as a dict"):
         idx.explain(7, [{"price": 1}])
+    # any mapping is an event, as in match_batch's lists (a read-only view was refused by match and explain)
+    from types import MappingProxyType
+    view = MappingProxyType({"price": 1})
+    assert idx.match(view).tolist() == idx.match({"price": 1}).tolist()
+    assert str(idx.explain(7, view)) == str(idx.explain(7, {"price": 1}))
     with pytest.raises(engine.BadEventError):          # the event checked as match checks it
         idx.explain(7, {"price": "cheap"})
 

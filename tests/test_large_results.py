@@ -106,7 +106,8 @@ def test_empty_batches_give_no_results():
     assert index.match_batch(pa.table({"n": pa.array([], pa.int64())})) == []
     empty = index.match_batch([], output="arrow")
     assert empty.num_rows == 0 and empty.column_names == ["event", "sub_id"]
-    assert list(index.match_stream([])) == []
+    nothing = list(index.match_stream([]))
+    assert [p.num_rows for p in nothing] == [0] and nothing[0].schema == empty.schema.remove_metadata()
 
 
 def test_arrow_lists_output_is_the_lists_in_one_list_array_within_the_bound(everyone_matches, small_budget):
@@ -205,3 +206,30 @@ def test_match_stream_cuts_an_overshooting_slice_at_event_boundaries():
         assert piece.num_rows <= 10 or len(set(piece["event"].to_pylist())) == 1, piece.num_rows
     assert [p.num_rows for p in pieces][-64:] == [200] * 64
     assert pa.Table.from_batches(pieces).equals(index.match_batch(events, output="arrow"))
+
+
+def test_match_stream_yields_no_empty_piece_but_one_when_nothing_matched():
+    """Slices without a match came out as empty batches, as many as the
+    slicing made (``[0, 0, 0, 0, 0, 0, 3000]`` for 2,000 quiet events and a
+    loud one); now a piece holds matches, and one empty batch says the
+    types when nothing matched (empty input included), so
+    ``pa.Table.from_batches`` always works."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(range(3000), ["x = 1"] * 3000)
+    events = [{"x": 0}] * 2000 + [{"x": 1}]
+    pieces = list(index.match_stream(events, max_pairs=5000))
+    assert [p.num_rows for p in pieces] == [3000] and set(pieces[0]["event"].to_pylist()) == {2000}
+    assert [p.num_rows for p in index.match_stream([{"x": 0}] * 30, max_pairs=1)] == [0]
+    ids = pa.table({"eid": pa.array(["a", "b"]), "x": pa.array([0, 0])})
+    (only,) = index.match_stream(ids, id_column="eid")
+    assert only.num_rows == 0 and only.schema.field("eid").type == pa.string()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.7, True, "10"])
+def test_match_stream_refuses_a_max_pairs_that_is_not_a_count(bad):
+    """0, 2.7 and True were read as 1 or 2; -1 raised IndexError on a slice without matches."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, "x = 1")
+    with pytest.raises(ValueError, match="max_pairs must be None or an integer >= 1"):
+        index.match_stream([{"x": 0}, {"x": 1}], max_pairs=bad)
+    assert [p.num_rows for p in index.match_stream([{"x": 1}], max_pairs=np.int64(1))] == [1]
