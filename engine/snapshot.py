@@ -156,26 +156,30 @@ class Snapshot:
 
     def kept_source(self) -> MatcherSource:
         """The matcher source of a successor with the same main segment."""
+        # (the source first: a match resolving this snapshot in between sets the part before it lets go of
+        # the source's matcher, so a source read first comes with a part whenever it has let go)
+        source = self.source
         part = self._main_part
         if part is not None:
             return MatcherSource("reuse", part[1], part[0])
-        return self.source
+        return source
 
     def merged_source(self, old_to_new: np.ndarray) -> MatcherSource:
         """The matcher source of a successor whose main segment is this
         one's merged (``old_to_new``: old position -> new, -1 removed):
         derived from this one's matcher, composing the maps of merges made
         while no match built a matcher."""
+        source = self.source                 # (first, as in kept_source)
         part = self._main_part
         if part is not None:
             matcher = part[1]
-        elif self.source.kind == "reuse":
-            matcher = self.source.matcher
-        elif self.source.kind == "derive":
-            earlier = self.source.old_to_new
+        elif source.kind == "reuse":
+            matcher = source.matcher
+        elif source.kind == "derive":
+            earlier = source.old_to_new
             composed = np.full(len(earlier), -1, dtype=np.int64)
             composed[earlier >= 0] = old_to_new[earlier[earlier >= 0]]
-            return MatcherSource("derive", self.source.matcher, old_to_new=composed)
+            return MatcherSource("derive", source.matcher, old_to_new=composed)
         else:
             return BUILD
         return MatcherSource("derive", matcher, old_to_new=old_to_new)
