@@ -49,8 +49,8 @@ def threads_for(n_events: int, n_subs: int) -> Iterator[None]:
     interrupt left behind: :func:`one_thread`)."""
     owed = getattr(_owed, "count", None)
     if owed is not None:
+        numba.set_num_threads(owed)          # (then forgotten: an interrupt in between leaves it owed still)
         _owed.count = None
-        numba.set_num_threads(owed)
     if numba.get_num_threads() == 1 or n_events * max(n_subs, 1) > SERIAL_WORK:
         yield
         return
