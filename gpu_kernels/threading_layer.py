@@ -5,7 +5,8 @@ ends at a barrier that waits for every worker thread, and each worker owns
 its share of the iterations.  When another process holds a core, the
 worker on it runs a scheduler quantum late, and so does the whole call:
 one event against 10,000 subscriptions took 64-79 ms at the 99th
-percentile with A-PCM on two busy cores, 1 ms idle (BENCHMARKS.md, "TBB").
+percentile with A-PCM on two busy cores, 1 ms idle (BENCHMARKS.md, "numba's
+TBB threading layer").
 TBB hands out work by stealing: the calling thread does what a
 descheduled worker has not started, and waits only for what was started.
 It is also the one layer numba documents as both thread- and fork-safe
@@ -41,21 +42,21 @@ def _candidates() -> list[str]:
 
 
 def load_tbb() -> str | None:
-    """Load the ``tbb`` wheel's library globally if one is installed and the
-    loader would not find it by itself; the path loaded, else None (found
-    without help, not installed, or not Linux)."""
+    """Load the ``tbb`` wheel's library globally if one is installed; the
+    path loaded, else None (not installed, or not Linux: numba then finds a
+    TBB on the loader's path by itself, or takes OpenMP).
+
+    The wheel's comes first, before anything on the loader's path: a system
+    ``libtbb.so.12`` older than numba's minimum (Ubuntu 22.04's 2021.5),
+    once loaded, is the one numba's extension binds to, and numba would
+    refuse it and take OpenMP although the wheel is there."""
     if not sys.platform.startswith("linux"):
         return None                          # (wheels for Windows and macOS put it where it is found)
-    try:
-        ctypes.CDLL(TBB_SONAME)              # on the loader's path already: numba finds it alone
-        return None
-    except OSError:
-        pass
     for path in _candidates():
         if os.path.exists(path):
             try:
                 ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-            except OSError:                   # a broken install: numba falls back to omp, as without it
+            except OSError:                   # a broken install: numba looks for itself, as without it
                 return None
             return path
     return None
