@@ -112,9 +112,15 @@ def _device(x, name: str):
     if isinstance(interface, dict) and interface.get("mask") is not None:
         raise ValueError(f"column {name!r} carries a CUDA Array Interface mask; pass the valid values as "
                          f"match_batch(columns, valid={{{name!r}: device boolean array}}) instead")
-    if not cuda_support.simulated() and not hasattr(x, "__cuda_array_interface__") and hasattr(x, "__dlpack__"):
+    if not cuda_support.simulated() and not hasattr(x, "__cuda_array_interface__") and _dlpack_on_device(x):
         import cupy
         return cupy.from_dlpack(x)
+    if isinstance(x, (pa.Array, pa.ChunkedArray)):      # a host column among device ones: copied over
+        if x.null_count:
+            raise ValueError(f"column {name!r} is a host Arrow column with nulls among device columns: put it on "
+                             f"the device with valid={{{name!r}: ...}} for its absent values, or match the "
+                             f"events as a table")
+        x = x.to_numpy(zero_copy_only=False)
     array = cuda_support.as_device(x)
     if array.ndim != 1:
         raise ValueError(f"column {name!r} must be one-dimensional (one value per event), not of shape {array.shape}")

@@ -201,6 +201,11 @@ def test_a_host_array_among_device_columns_is_copied_over_in_any_order():
         assert [m.tolist() for m in idx.match_batch(columns)] == want, list(columns)
     with pytest.raises(TypeError, match="takes a sequence of events"):          # host arrays alone: not a batch
         idx.match_batch({"weight": weights, "price": prices})
+    # a host Arrow column (DLPack from host memory) is copied over too; one with nulls is refused, unchanged
+    assert [m.tolist() for m in idx.match_batch({"price": price, "weight": pa.array(weights),
+                                                 "in_stock": in_stock})] == want
+    with pytest.raises(ValueError, match="host Arrow column with nulls among device columns"):
+        idx.match_batch({"price": price, "weight": pa.array([3, None, 7, 1])})
 
 
 def test_an_empty_batch_and_columns_no_subscription_reads():
