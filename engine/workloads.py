@@ -1002,9 +1002,11 @@ def ads_lists(n_subs: int = 1000, n_events: int | None = None, *, segments: int 
     if high > segments:
         raise ValueError(f"per_event's high end ({high}) must not exceed segments ({segments}): "
                          f"an event's segments are distinct")
-    if not (isinstance(zipf, (int, float)) and math.isfinite(zipf) and zipf >= 0):
-        raise ValueError(f"zipf must be a finite number >= 0, not {zipf!r}")
-    if not (isinstance(list_share, (int, float)) and 0 <= list_share <= 1):
+    if zipf is not None and (isinstance(zipf, bool) or not isinstance(zipf, (int, float, np.integer, np.floating))
+                             or not math.isfinite(zipf) or zipf < 0):
+        raise ValueError(f"zipf must be None (uniform) or a finite number >= 0, not {zipf!r}")
+    if isinstance(list_share, bool) or not (isinstance(list_share, (int, float, np.integer, np.floating))
+                                            and 0 <= list_share <= 1):
         raise ValueError(f"list_share must be a number in [0, 1], not {list_share!r}")
     buckets = _positive_int(buckets, "buckets")
     base = begen(n_subs, n_events, seed=seed, name=name, **begen_kwargs)

@@ -339,6 +339,8 @@ def test_ads_lists_per_event_may_be_one_number_or_start_at_zero():
     assert set(pc.list_value_length(exact.events[W.SEGMENTS_ATTR]).to_pylist()) == {3}
     assert exact.params["per_event"] == [3, 3]
     assert min(pc.list_value_length(W.ads_lists(30, 40, per_event=(0, 1)).events[W.SEGMENTS_ATTR]).to_pylist()) == 0
+    # uniform segments (zipf None) and NumPy numbers, as the other generators take them
+    assert W.ads_lists(30, 10, zipf=None).n_subscriptions == W.ads_lists(30, 10, zipf=np.float64(0.5)).n_subscriptions
 
 
 @pytest.mark.parametrize("fanout", [(2, 3, 9), (1, 3), (3, 2), (2.5, 3), 1, "2..6"])

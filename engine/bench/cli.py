@@ -324,12 +324,18 @@ def main(argv=None) -> int:
                                               for name in algorithms):
             parser.error(f"--option {algorithm}.*: {algorithm} does not run (--algorithm {', '.join(algorithms)})")
     # each algorithm's options as its index will get them: a variant's
-    # fixed ones, its algorithm's and its own together, on every backend of the run
+    # fixed ones, its algorithm's and its own together; on the other
+    # backends of the run, the options given here (a variant whose own
+    # options fit one backend only gives a skipped or failed row elsewhere,
+    # as an algorithm a backend lacks does)
     for algorithm in dict.fromkeys([*algorithm_options, *(algorithms or ())]):
+        chosen = bench_algorithms.options_of(algorithm, algorithm_options)
         for backend in backends:
             try:
-                bench_algorithms.check_options(algorithm, bench_algorithms.options_of(algorithm, algorithm_options),
-                                               backend)
+                if backend == backends[0]:
+                    bench_algorithms.check_options(algorithm, chosen, backend)
+                elif chosen:
+                    bench_algorithms.check_options(bench_algorithms.base_of(algorithm), chosen, backend)
             except (TypeError, ValueError) as exc:
                 parser.error(f"--option: {exc}" + (f" (--backend {backend})" if len(backends) > 1 else ""))
     modes = [flag for flag, given in (("--sweep", args.sweep is not None), ("--updates", args.updates),
