@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
@@ -113,6 +114,22 @@ def _parse(text: str) -> Node:
     return parse(text)
 
 
+#: every Index alive, for :func:`_after_fork`
+_INDEXES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """In a forked child, each index's update lock anew: one held at the fork
+    by an updating thread (which the child does not have) would block the
+    child's every update."""
+    for index in list(_INDEXES):
+        index._write_lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 class Index:
     """A set of subscriptions (Boolean expressions) matched against events.
 
@@ -170,6 +187,7 @@ class Index:
         for attr, family in (schema or {}).items():
             self._schema.declare(attr, family)
         self._write_lock = threading.RLock()
+        _INDEXES.add(self)
         self._state = Snapshot(self._schema.view(), Segment.empty(), np.zeros(0, np.uint8), 0, (), BUILD)
 
     # ------------------------------------------------------------------ contents

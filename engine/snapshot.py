@@ -31,12 +31,30 @@ view)``): it knows the algorithm, its settings and the residual split.
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.compile import Segment, concat_segments
+
+
+#: every snapshot alive, for :func:`_after_fork`
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """In a forked child, each snapshot's lock anew: a lock held at the fork
+    by a thread resolving a matcher (a thread the child does not have) would
+    block the child's every match of that snapshot."""
+    for snapshot in list(_LIVE):
+        snapshot._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 @dataclass(frozen=True)
@@ -58,7 +76,7 @@ class Snapshot:
     subscriptions added since the last merge, each sorted by id."""
 
     __slots__ = ("view", "main", "alive", "n_dead", "delta", "source", "_lock", "_main_part", "_delta_part",
-                 "_device_ids")
+                 "_device_ids", "__weakref__")
 
     def __init__(self, view, main: Segment, alive: np.ndarray, n_dead: int, delta: tuple, source: MatcherSource):
         alive.setflags(write=False)
@@ -69,6 +87,7 @@ class Snapshot:
         self.delta = delta
         self.source = source
         self._lock = threading.Lock()
+        _LIVE.add(self)
         self._main_part = None
         self._delta_part = None
         self._device_ids = None

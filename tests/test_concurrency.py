@@ -458,3 +458,54 @@ def test_an_update_racing_the_first_match_of_a_snapshot_keeps_its_matcher_source
     assert raced
     want = [*range(1, 31), 101] if update == "add" else list(range(2, 31))
     assert index.match({"x": 30}).tolist() == want
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_a_child_forked_while_another_thread_holds_a_lock_can_update_and_match():
+    """A lock held at the fork by another thread (an update in progress, a
+    match resolving a new snapshot's matcher) stays held in the child,
+    where that thread does not exist: the child's next update, or match of
+    that snapshot, blocked for ever.  The child makes them anew."""
+    import faulthandler
+    import warnings
+
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many(range(20), [f"x >= {i}" for i in range(20)])
+    index.merge()
+    index.add(50, "x >= 100")                          # a new snapshot, its matcher not made yet
+    index.merge()
+    state = index._state
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with index._write_lock, state._lock:
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(30)
+    read, write = os.pipe()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)     # (3.12+: fork with threads running)
+            pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                os.close(read)
+                faulthandler.dump_traceback_later(60, exit=True)
+                found = index.match({"x": 3}).tolist()           # resolves the snapshot: its lock
+                index.add(60, "x = 3")                           # the update lock
+                os.write(write, repr((found, index.match({"x": 3}).tolist())).encode())
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            answer = pipe.read().decode()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join()
+    assert os.waitstatus_to_exitcode(status) == 0 and answer == repr(([0, 1, 2, 3], [0, 1, 2, 3, 60])), answer
