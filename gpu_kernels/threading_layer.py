@@ -4,10 +4,10 @@ Why TBB and not OpenMP: a numba parallel kernel under the ``omp`` layer
 ends at a barrier that waits for every worker thread, and each worker owns
 its share of the iterations.  When another process holds a core, the
 worker on it runs a scheduler quantum late, and so does the whole call:
-one event against 10,000 subscriptions took 64-79 ms at the 99th
-percentile with A-PCM on two busy cores, 1 ms idle (BENCHMARKS.md, "numba's
-TBB threading layer").
-TBB hands out work by stealing: the calling thread does what a
+one event against 10,000 subscriptions took 56-64 ms at the 99th
+percentile with A-PCM on two busy cores, 1.4-1.6 ms under TBB and about
+1 ms idle (BENCHMARKS.md, "numba's TBB threading layer").  TBB hands out
+work by stealing: the calling thread does what a
 descheduled worker has not started, and waits only for what was started.
 It is also the one layer numba documents as both thread- and fork-safe
 (Spark forks its Python workers).
