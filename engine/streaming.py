@@ -51,8 +51,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, InvalidStateError
@@ -74,6 +76,26 @@ class _Waiting:
     future: Future
     arrived: float      # time.monotonic() at submit
     number: int         # 1-based position in the stream
+
+
+#: what a copy of a stream in a forked child says
+_FORKED = ("this EventStream was made before a fork and its matching thread stayed in the parent process: "
+           "make a new EventStream in this process")
+#: every stream alive, for :func:`_after_fork`
+_STREAMS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """In a forked child, each stream refuses work with a clear error: its
+    thread did not come over, so an event submitted (or flushed) there
+    would wait for ever; its lock, maybe held at the fork, is made anew."""
+    for stream in list(_STREAMS):
+        stream._lock = threading.Condition()
+        stream._forked = stream._closed = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class EventStream:
@@ -114,10 +136,12 @@ class EventStream:
         self._finished = 0          # of them, resolved (always a prefix of the stream: batches go in order)
         self._flush_to = 0          # flush() asked for every event up to this number to go at once
         self._closed = False
+        self._forked = False        # a copy in a forked child, whose thread stayed in the parent
         self._stats = dict.fromkeys(REASONS, 0) | {"events": 0, "batches": 0}
         # a daemon, so that a stream nobody closed does not keep the interpreter alive
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _STREAMS.add(self)
 
     # ------------------------------------------------------------ callers
     def submit(self, event: Mapping[str, Any]) -> Future:
@@ -126,6 +150,8 @@ class EventStream:
         ids.  RuntimeError once the stream is closed."""
         future = Future()
         with self._lock:
+            if self._forked:
+                raise RuntimeError(_FORKED)
             if self._closed:
                 raise RuntimeError("submit to a closed EventStream")
             self._submitted += 1
@@ -141,6 +167,8 @@ class EventStream:
         the stream's own thread -- a future's done-callback -- it only asks,
         as waiting there would wait for itself.)"""
         with self._lock:
+            if self._forked and self._finished < self._submitted:
+                raise RuntimeError(_FORKED)          # (nothing would ever resolve them here)
             target = self._submitted
             self._flush_to = max(self._flush_to, target)
             self._lock.notify_all()

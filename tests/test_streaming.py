@@ -6,6 +6,7 @@ they belong to, and several submitting threads at once."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import CancelledError, wait
@@ -340,3 +341,48 @@ def test_a_pinned_index_keeps_matching_its_state():
     assert pa.Table.from_batches(list(pinned.match_stream(events))).to_pydict() == \
         {"event": [0, 0, 1], "sub_id": [1, 2, 2]}
     assert [ids.tolist() for ids in index.match_batch(events)] == [[1, 3], []]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_a_stream_copied_into_a_forked_child_refuses_work_clearly():
+    """The stream's matching thread stays in the parent: in a forked child a
+    submitted event waited for ever.  The child's copy now refuses submit
+    and flush with a RuntimeError saying to make a stream there, and close
+    returns; the parent's stream goes on."""
+    import faulthandler
+    import warnings
+
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many(range(5), [f"x >= {i}" for i in range(5)])
+    stream = EventStream(index, batch_size=8, max_wait=30)
+    pending = stream.submit({"x": 2})                       # waiting in the parent's queue at the fork
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (3.12+: fork with threads running)
+        pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(read)
+            faulthandler.dump_traceback_later(60, exit=True)
+            said = []
+            for call in (lambda: stream.submit({"x": 1}), stream.flush):
+                try:
+                    call()
+                except RuntimeError as exc:
+                    said.append("make a new EventStream in this process" in str(exc))
+            stream.close()
+            with EventStream(index, batch_size=1) as own:       # one made in the child works
+                said.append(own.submit({"x": 1}).result(30).tolist() == [0, 1])
+            os.write(write, repr(said).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        answer = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and answer == "[True, True, True]", answer
+    stream.flush()
+    assert pending.result(30).tolist() == [0, 1, 2] and not stream.closed
+    stream.close()
