@@ -30,6 +30,7 @@ from engine import Index
 from engine.algorithms import registry
 from engine.parse import parse
 from engine.reference import matches
+from tests.forking import in_forked_child
 
 URLS = [f"https://example.com/{path}" for path in ("a", "b", "a/b", "a/b/c?x=1", "b/a", "c")]
 UUIDS = [f"123e4567-e89b-12d3-a456-4266141740{i:02d}" for i in range(6)]
@@ -364,33 +365,14 @@ def test_a_forked_child_matches_with_the_parents_index(algorithm):
     clustering pool came over without its threads and the child's first
     batch waited forever.  (Under numba's OpenMP layer no child may run a
     parallel kernel at all: numba terminates it.)"""
-    import faulthandler
-    import warnings
-
     index = Index(algorithm=algorithm, backend="cpu")
     index.add_many(range(1500), [f"x >= {k} AND y < {k + 40}" for k in range(1500)])
     index.merge()
     events = [{"x": k, "y": k} for k in range(3000)]           # (A-PCM: three buffered batches, a wave)
     want = [ids.tolist() for ids in index.match_batch(events)]
-    read, write = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)       # (3.12+: fork with threads running)
-        pid = os.fork()
-    if pid == 0:                                                   # the child: answer through the pipe, exit
-        status = 1
-        try:
-            os.close(read)
-            faulthandler.dump_traceback_later(120, exit=True)
-            found = [ids.tolist() for ids in index.match_batch(events)]
-            os.write(write, b"same" if found == want else b"different")
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        answer = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0 and answer == b"same", (status, answer)
+    status, answer = in_forked_child(
+        lambda: "same" if [ids.tolist() for ids in index.match_batch(events)] == want else "different")
+    assert status == 0 and answer == "same", (status, answer)
     assert [ids.tolist() for ids in index.match_batch(events)] == want      # and the parent still matches
 
 
@@ -466,9 +448,6 @@ def test_a_child_forked_while_another_thread_holds_a_lock_can_update_and_match()
     match resolving a new snapshot's matcher) stays held in the child,
     where that thread does not exist: the child's next update, or match of
     that snapshot, blocked for ever.  The child makes them anew."""
-    import faulthandler
-    import warnings
-
     index = Index(algorithm="opindex", backend="cpu")
     index.add_many(range(20), [f"x >= {i}" for i in range(20)])
     index.merge()
@@ -485,27 +464,14 @@ def test_a_child_forked_while_another_thread_holds_a_lock_can_update_and_match()
     thread = threading.Thread(target=holder)
     thread.start()
     assert held.wait(30)
-    read, write = os.pipe()
+    def child() -> str:
+        found = index.match({"x": 3}).tolist()               # resolves the snapshot: its lock
+        index.add(60, "x = 3")                               # the update lock
+        return repr((found, index.match({"x": 3}).tolist()))
+
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)     # (3.12+: fork with threads running)
-            pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                os.close(read)
-                faulthandler.dump_traceback_later(60, exit=True)
-                found = index.match({"x": 3}).tolist()           # resolves the snapshot: its lock
-                index.add(60, "x = 3")                           # the update lock
-                os.write(write, repr((found, index.match({"x": 3}).tolist())).encode())
-                status = 0
-            finally:
-                os._exit(status)
-        os.close(write)
-        with os.fdopen(read, "rb") as pipe:
-            answer = pipe.read().decode()
-        _, status = os.waitpid(pid, 0)
+        status, answer = in_forked_child(child, timeout_s=60)
     finally:
         release.set()
         thread.join()
-    assert os.waitstatus_to_exitcode(status) == 0 and answer == repr(([0, 1, 2, 3], [0, 1, 2, 3, 60])), answer
+    assert status == 0 and answer == repr(([0, 1, 2, 3], [0, 1, 2, 3, 60])), answer

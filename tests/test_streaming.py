@@ -20,6 +20,7 @@ from engine.bench.measure import event_dicts
 from engine.errors import BadEventError
 from engine.streaming import EventStream
 from engine.workloads import begen
+from tests.forking import in_forked_child
 
 #: a future that should resolve at once gets this long on a slow machine
 PATIENCE = 10.0
@@ -349,40 +350,24 @@ def test_a_stream_copied_into_a_forked_child_refuses_work_clearly():
     submitted event waited for ever.  The child's copy now refuses submit
     and flush with a RuntimeError saying to make a stream there, and close
     returns; the parent's stream goes on."""
-    import faulthandler
-    import warnings
-
     index = Index(algorithm="opindex", backend="cpu")
     index.add_many(range(5), [f"x >= {i}" for i in range(5)])
     stream = EventStream(index, batch_size=8, max_wait=30)
     pending = stream.submit({"x": 2})                       # waiting in the parent's queue at the fork
-    read, write = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # (3.12+: fork with threads running)
-        pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            os.close(read)
-            faulthandler.dump_traceback_later(60, exit=True)
-            said = []
-            for call in (lambda: stream.submit({"x": 1}), stream.flush):
-                try:
-                    call()
-                except RuntimeError as exc:
-                    said.append("make a new EventStream in this process" in str(exc))
-            stream.close()
-            with EventStream(index, batch_size=1) as own:       # one made in the child works
-                said.append(own.submit({"x": 1}).result(30).tolist() == [0, 1])
-            os.write(write, repr(said).encode())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        answer = pipe.read().decode()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0 and answer == "[True, True, True]", answer
+    def child() -> str:
+        said = []
+        for call in (lambda: stream.submit({"x": 1}), stream.flush):
+            try:
+                call()
+            except RuntimeError as exc:
+                said.append("make a new EventStream in this process" in str(exc))
+        stream.close()
+        with EventStream(index, batch_size=1) as own:           # one made in the child works
+            said.append(own.submit({"x": 1}).result(30).tolist() == [0, 1])
+        return repr(said)
+
+    status, answer = in_forked_child(child, timeout_s=60)
+    assert status == 0 and answer == "[True, True, True]", answer
     stream.flush()
     assert pending.result(30).tolist() == [0, 1, 2] and not stream.closed
     stream.close()
