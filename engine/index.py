@@ -33,7 +33,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
@@ -52,6 +51,7 @@ from engine.compile import (Segment, compile_expressions, concat_segments, merge
                             sorted_by_id, without_unused_predicates)
 from engine.errors import IndexFileError
 from engine.expr import AstChecks, Node, predicates
+from engine.forks import renew_after_fork
 from engine.index_file import check_saved_options, needed_depth, read_index_file, restore_contents, write_index_file
 from engine.schema import Schema
 from engine.snapshot import BUILD, MatcherSource, Snapshot
@@ -114,22 +114,6 @@ def _parse(text: str) -> Node:
     return parse(text)
 
 
-#: every Index alive, for :func:`_after_fork`
-_INDEXES: weakref.WeakSet = weakref.WeakSet()
-
-
-def _after_fork() -> None:
-    """In a forked child, each index's update lock anew: one held at the fork
-    by an updating thread (which the child does not have) would block the
-    child's every update."""
-    for index in list(_INDEXES):
-        index._write_lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
-
-
 class Index:
     """A set of subscriptions (Boolean expressions) matched against events.
 
@@ -187,8 +171,14 @@ class Index:
         for attr, family in (schema or {}).items():
             self._schema.declare(attr, family)
         self._write_lock = threading.RLock()
-        _INDEXES.add(self)
+        renew_after_fork(self, Index._after_fork)
         self._state = Snapshot(self._schema.view(), Segment.empty(), np.zeros(0, np.uint8), 0, (), BUILD)
+
+    def _after_fork(self) -> None:
+        """In a forked child, the update lock anew: one held at the fork by an
+        updating thread (which the child does not have) would block the
+        child's every update."""
+        self._write_lock = threading.RLock()
 
     # ------------------------------------------------------------------ contents
     @property

@@ -31,30 +31,13 @@ view)``): it knows the algorithm, its settings and the residual split.
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.compile import Segment, concat_segments
-
-
-#: every snapshot alive, for :func:`_after_fork`
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-def _after_fork() -> None:
-    """In a forked child, each snapshot's lock anew: a lock held at the fork
-    by a thread resolving a matcher (a thread the child does not have) would
-    block the child's every match of that snapshot."""
-    for snapshot in list(_LIVE):
-        snapshot._lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+from engine.forks import renew_after_fork
 
 
 @dataclass(frozen=True)
@@ -87,10 +70,16 @@ class Snapshot:
         self.delta = delta
         self.source = source
         self._lock = threading.Lock()
-        _LIVE.add(self)
+        renew_after_fork(self, Snapshot._after_fork)
         self._main_part = None
         self._delta_part = None
         self._device_ids = None
+
+    def _after_fork(self) -> None:
+        """In a forked child, the lock anew: one held at the fork by a thread
+        making the matcher (a thread the child does not have) would block
+        the child's every match of this snapshot."""
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.main) - self.n_dead + sum(len(s) for s in self.delta)

@@ -51,15 +51,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from engine.forks import renew_after_fork
 
 if TYPE_CHECKING:
     from engine.index import Index
@@ -81,21 +81,6 @@ class _Waiting:
 #: what a copy of a stream in a forked child says
 _FORKED = ("this EventStream was made before a fork and its matching thread stayed in the parent process: "
            "make a new EventStream in this process")
-#: every stream alive, for :func:`_after_fork`
-_STREAMS: weakref.WeakSet = weakref.WeakSet()
-
-
-def _after_fork() -> None:
-    """In a forked child, each stream refuses work with a clear error: its
-    thread did not come over, so an event submitted (or flushed) there
-    would wait for ever; its lock, maybe held at the fork, is made anew."""
-    for stream in list(_STREAMS):
-        stream._lock = threading.Condition()
-        stream._forked = stream._closed = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 class EventStream:
@@ -141,7 +126,14 @@ class EventStream:
         # a daemon, so that a stream nobody closed does not keep the interpreter alive
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
-        _STREAMS.add(self)
+        renew_after_fork(self, EventStream._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child, refuse work with a clear error: the thread did
+        not come over, so an event submitted (or flushed) there would wait
+        for ever; the lock, maybe held at the fork, is made anew."""
+        self._lock = threading.Condition()
+        self._forked = self._closed = True
 
     # ------------------------------------------------------------ callers
     def submit(self, event: Mapping[str, Any]) -> Future:
