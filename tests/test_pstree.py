@@ -179,7 +179,7 @@ def test_figure_4_psthash_two_dim_spaces_and_candidates():
     # PS-Tree_H: spaces cut by the access predicates only: (-inf, v), [v], (v, inf) per attribute
     for name in ("attr1", "attr2", "attr3"):
         assert len(spaces_of(m, index, name)) == 3
-    t = m.structure
+    t = m.unit_structure()
     assert len(t.group_off) - 1 == 3 and t.arities.tolist() == [0, 0, 1]
     sp = {n: list(spaces_of(m, index, n)) for n in ("attr1", "attr2", "attr3")}
     keys = {tuple(t.group_key[g]): t.units[t.group_off[g]:t.group_off[g + 1]].tolist()
@@ -228,7 +228,7 @@ def test_spaces_are_disjoint_cover_the_domain_and_decide_their_predicates(algori
     from engine.algorithms.pstree import predicate_spaces
     defining = m.defining
     if algorithm == "psthash":               # PS-Tree_H: cut by access predicates only
-        acc = m.structure.access
+        acc = m.unit_structure().access
         assert defining[m._pids[acc[acc >= 0]]].all() and defining.sum() < m.indexable.sum()
     else:
         assert (defining == m.indexable).all()
@@ -529,7 +529,7 @@ def check_structure(m) -> None:
     def spaces_of_row(r):
         return {g for c in range(cov_off[r], cov_off[r + 1]) for g in range(cov_first[c], cov_last[c] + 1)}
 
-    s = m.structure
+    s = m.unit_structure()
     n_units = len(m.units)
     if isinstance(m, PSTBloomMatcher):
         where = [set() for _ in range(n_units)]
@@ -562,6 +562,27 @@ def check_structure(m) -> None:
             while h != i:
                 assert s.slot_group[h] >= 0
                 h = (h + 1) % len(s.slot_group)
+        check_probe_order(m)
+
+
+def check_probe_order(m) -> None:
+    """PSTHash's table as its kernels read it is the same table with the
+    units renumbered in the order its group lists first name them: each
+    renumbered unit has the subscription, predicates and access predicates
+    of the unit it stands for."""
+    s, by_unit, order = m.structure, m.unit_structure(), m.probe_order
+    n_units = len(m.units)
+    assert sorted(order.tolist()) == list(range(n_units))
+    assert np.array_equal(order[s.units], by_unit.units) and np.array_equal(order[s.always], by_unit.always)
+    named = list(dict.fromkeys(s.units.tolist()))        # first names, in order: 0, 1, 2, ...
+    assert named == list(range(len(named)))
+    sub, offsets, pids = m._probe_units
+    units = m.units
+    for v, u in enumerate(order):
+        assert sub[v] == units.sub[u]
+        assert np.array_equal(pids[offsets[v]:offsets[v + 1]], m._pids[units.offsets[u]:units.offsets[u + 1]])
+        for j, k in zip(s.access[v], by_unit.access[u]):
+            assert (j < 0 and k < 0) or (j >= 0 and pids[j] == m._pids[k] and j - offsets[v] == k - units.offsets[u])
 
 
 @pytest.mark.parametrize("algorithm,options,seed", [
@@ -728,7 +749,7 @@ def test_keys_packed_as_enumerated_group_as_the_key_matrix_does():
     for n_access in (2, 3):
         m = matcher_of(built("psthash", standard("W2", scale=0.002, n_events=1).subscriptions,
                              {"n_access": n_access}))
-        rows, s = m.units.rows, m.structure
+        rows, s = m.units.rows, m.unit_structure()
         _, (cov_off, cov_first, cov_last), _ = predicate_spaces(rows, m.indexable, m.defining, m.n_attrs)
         args = (m.units.offsets, m._pids, s.access, m.arity, rows.attr.astype(np.int64), cov_off, cov_first,
                 cov_last, n_access)

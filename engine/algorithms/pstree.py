@@ -643,12 +643,23 @@ class _PSTreeMatcher(HostMatcher):
         return dict(zip(self.STATS, (int(x) for x in stats)))
 
     def _unit_args(self):
+        """The units as the kernels read them: subscription, offsets, predicate ids, rows."""
         u = self.units
         return u.sub, u.offsets, self._pids, u.rows
 
+    def unit_structure(self):
+        """The PSTBloom or PSTHash structure with the units' own numbers
+        (``units.sub`` order); PSTHash keeps its own in probe order."""
+        return self.structure
+
+    def _layout_arrays(self) -> list:
+        """Arrays held besides the structure and the units for the kernels' sake."""
+        return []
+
     @property
     def nbytes(self) -> int:
-        arrays = list(self.spaces) + list(self.structure) + list(self.units[:4]) + list(self.units.rows) + [self._pids]
+        arrays = list(self.spaces) + list(self.structure) + list(self.units[:4]) + list(self.units.rows) + \
+            [self._pids] + self._layout_arrays()
         return self.segment.nbytes + sum(int(a.nbytes) for a in arrays)
 
 
@@ -847,8 +858,8 @@ class PSTHashMatcher(_PSTreeMatcher):
         slot_group = K.build_hash_table(group_key, K.table_slots(len(group_key)))
         arities = np.zeros(width + 1, np.uint8)
         arities[arity[arity > 0]] = 1
-        self.structure = K.HashArrays(slot_group, group_key, group_off, owner.astype(np.int32, copy=False), acc,
-                                      arities, np.flatnonzero(arity == 0).astype(np.int32))
+        self._lay_out(K.HashArrays(slot_group, group_key, group_off, owner.astype(np.int32, copy=False), acc,
+                                   arities, np.flatnonzero(arity == 0).astype(np.int32)))
         self.arity = arity
         self._matches_per_event = 16.0
 
@@ -870,7 +881,7 @@ class PSTHashMatcher(_PSTreeMatcher):
         units, rows = self.units, self.units.rows
         n_rows, width = len(rows.op), self.n_access
         fresh, kept_old, kept_new = fx["fresh"], fx["kept_old"], fx["kept_new"]
-        ot = old.structure
+        ot = old.unit_structure()
         cut_acc = np.full((len(units), width), -1, np.int64)
         cut_acc[kept_new] = _moved(old._cut_acc[kept_old], old.units.offsets[kept_old], units.offsets[kept_new])
         cut_acc[fresh] = fx["acc"]
@@ -930,14 +941,58 @@ class PSTHashMatcher(_PSTreeMatcher):
         all_arity[fresh] = arity
         arities = np.zeros(width + 1, np.uint8)
         arities[all_arity[all_arity > 0]] = 1
-        self.structure = K.HashArrays(slot_group, group_key, group_off, key_units, access, arities,
-                                      np.flatnonzero(all_arity == 0).astype(np.int32))
+        self._lay_out(K.HashArrays(slot_group, group_key, group_off, key_units, access, arities,
+                                   np.flatnonzero(all_arity == 0).astype(np.int32)))
         self.arity = all_arity
+
+    def _lay_out(self, by_unit: K.HashArrays) -> None:
+        """Keep ``by_unit`` (the table with the units' own numbers) as the
+        kernels read it: **in probe order**.  An event probes its keys in
+        ascending order (its located spaces ascend, their combinations are
+        enumerated in lexicographic order), and the groups are numbered by
+        key, so renumbering the units in the order the group lists first
+        name them (:func:`~gpu_kernels.pstree.cpu.first_listed_order`) makes
+        an event's candidates -- their subscription, offsets, predicate ids
+        and access predicates -- be read front to back instead of at random:
+        1.6x on W2 at 1 M (BENCHMARKS.md).  ``structure`` holds the table
+        renumbered (the group lists, access predicates and always list),
+        ``probe_order[new] = unit``; ``_probe_units`` the units' subscription,
+        offsets and predicate ids in that order.  :meth:`unit_structure`
+        gives the table back in the units' own numbers (merges, tests)."""
+        units = self.units
+        order = K.first_listed_order(by_unit.units, len(units))
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        offsets = np.zeros(len(order) + 1, np.int64)
+        np.cumsum(np.diff(units.offsets)[order], out=offsets[1:])
+        pids = np.empty(offsets[-1], np.int64)
+        K.gather_units(order, units.offsets, self._pids, offsets, pids)
+        # an access predicate is a position in the predicate ids: the same place in its unit's new run
+        access = by_unit.access[order]
+        access = np.where(access >= 0, access + (offsets[:-1] - units.offsets[order])[:, None], -1)
+        self.probe_order = order
+        self._access = by_unit.access
+        self._probe_units = (units.sub[order], offsets, pids)
+        self.structure = by_unit._replace(units=K.renumber(by_unit.units, rank), access=access,
+                                          always=rank[by_unit.always].astype(np.int32))
+
+    def unit_structure(self) -> K.HashArrays:
+        """The hash table with the units' own numbers (``units.sub`` order):
+        what a merge derives the next table from."""
+        s = self.structure
+        return s._replace(units=K.renumber(s.units, self.probe_order), access=self._access,
+                          always=self.probe_order[s.always].astype(np.int32))
+
+    def _unit_args(self):
+        return (*self._probe_units, self.units.rows)
+
+    def _layout_arrays(self) -> list:
+        return [self.probe_order, self._access, *self._probe_units]
 
     def access_predicates(self) -> np.ndarray:
         """Per unit, the extended-table rows of its access predicates, best
         first (-1 padded)."""
-        acc = self.structure.access
+        acc = self._access
         return np.where(acc >= 0, self._pids[np.maximum(acc, 0)], -1)
 
     def _launcher(self, batch, pattern_truth, alive, stats):

@@ -113,7 +113,7 @@ class _PSTreeCudaMatcher(HostStructureCudaMatcher):
         made = getattr(self, "_uploaded_from", {})
         units = host.units
         sources = {"spaces": tuple(host.spaces), "structure": tuple(host.structure), "rows": tuple(units.rows),
-                   "units": (units.sub, units.offsets, host._pids)}
+                   "units": host._unit_args()[:3]}
         same = {part: part in made and len(src) == len(made[part]) and all(a is b for a, b in zip(src, made[part]))
                 for part, src in sources.items()}
         if not same["spaces"]:
@@ -124,7 +124,7 @@ class _PSTreeCudaMatcher(HostStructureCudaMatcher):
             self.rows_d = layout.to_device(units.rows)
         if not same["units"]:
             dev = cuda_support.to_device
-            self.units_d = (dev(units.sub, np.int64), dev(units.offsets, np.int64), dev(host._pids, np.int64))
+            self.units_d = tuple(dev(a, np.int64) for a in sources["units"])
         self.n_always = len(host.structure.always)
         self._uploaded_from = sources
 

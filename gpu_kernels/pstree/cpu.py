@@ -514,6 +514,50 @@ def build_hash_table(group_key, n_slots):
     return slot_group
 
 
+# ------------------------------------------------------------ probe order
+@njit(nogil=True, cache=True)
+def first_listed_order(listed, n_units):
+    """The units renumbered in the order ``listed`` (the hash table's group
+    lists, group after group) first names them, the units it never names
+    after them in their own order: ``order[new] = old``.  (A serial pass:
+    which listing comes first is the point.)"""
+    seen = np.zeros(n_units, np.uint8)
+    order = np.empty(n_units, np.int64)
+    k = 0
+    for i in range(len(listed)):
+        u = listed[i]
+        if seen[u] == 0:
+            seen[u] = 1
+            order[k] = u
+            k += 1
+    for u in range(n_units):
+        if seen[u] == 0:
+            order[k] = u
+            k += 1
+    return order
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def gather_units(order, offsets, pids, new_offsets, new_pids):
+    """``new_pids``: the rows of ``pids`` unit after unit in ``order``
+    (``new_offsets`` their CSR, made by the caller)."""
+    for v in prange(len(order)):
+        u = order[v]
+        at = new_offsets[v]
+        for j in range(offsets[u], offsets[u + 1]):
+            new_pids[at] = pids[j]
+            at += 1
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def renumber(ids, rank):
+    """``rank[ids]`` as int32, over every core (the group lists hold tens of millions of entries)."""
+    out = np.empty(len(ids), np.int32)
+    for i in prange(len(ids)):
+        out[i] = rank[ids[i]]
+    return out
+
+
 # ------------------------------------------------------------------ matching
 @njit(inline="always", nogil=True)
 def unit_true(u, skip0, skip1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth, list_truth):
