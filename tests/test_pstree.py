@@ -87,7 +87,7 @@ def test_figure_1_two_spaces_and_their_subscriptions():
     assert len(spaces) == 4                              # (-inf, 0), [0, 2), [2, 4], (4, inf)
     below, s02, s24, above = spaces
     assert located(m, index, "price", [-1, 0, 1.99, 2, 3, 4, 4.01]) == [below, s02, s02, s24, s24, s24, above]
-    lists = m.structure
+    lists = m.unit_structure()
     assert lists.units[lists.list_off[s02]:lists.list_off[s02 + 1]].tolist() == [0]
     assert lists.units[lists.list_off[s24]:lists.list_off[s24 + 1]].tolist() == [0, 1]
     assert answers(index, [{"price": 3}, {"price": 1}, {"price": 5}]) == [[0, 1], [0], []]
@@ -102,7 +102,7 @@ def test_figure_2b_five_spaces_of_two_ranges():
     s = list(spaces_of(m, index, "attr"))
     assert len(s) == 5
     assert located(m, index, "attr", [-6, -5, -1, 0, 1, 2, 5, 6]) == [s[0], s[1], s[1], s[2], s[3], s[3], s[3], s[4]]
-    b = m.structure
+    b = m.unit_structure()
     assert [b.units[b.list_off[g]:b.list_off[g + 1]].tolist() for g in s] == [[], [0], [], [1], []]
     assert answers(index, [{"attr": 2}, {"attr": -1}, {"attr": 0}]) == [[1], [0], []]
 
@@ -143,7 +143,7 @@ def test_figure_3_pstbloom_lists_and_signatures():
     a1 = list(spaces_of(m, index, "attr1"))
     a2 = list(spaces_of(m, index, "attr2"))
     assert len(a1) == 3 and len(a2) == 3
-    b = m.structure
+    b = m.unit_structure()
 
     def listed(g):
         return b.units[b.list_off[g]:b.list_off[g + 1]].tolist()
@@ -290,7 +290,7 @@ def test_access_predicates_follow_the_operator_ranking_then_the_width():
     rows = m.units.rows
     got = [None if r < 0 else (name[int(rows.attr[r])], int(rows.op[r])) for r in m.access_predicates()]
     assert got == want
-    assert m.structure.always.tolist() == [unit_of(m, 8)]
+    assert m.unit_structure().always.tolist() == [unit_of(m, 8)]
     # PSTHash: the two best on distinct attributes, fewer where fewer are indexable
     h = matcher_of(built("psthash", subs))
     got2 = [[(name[int(rows.attr[r])], int(rows.op[r])) for r in rs if r >= 0] for rs in h.access_predicates()]
@@ -369,7 +369,7 @@ def test_signatures_hold_every_unit_their_predicates_cover_and_drop_candidates()
     m = matcher_of(index)
     from engine.algorithms.pstree import predicate_spaces
     _, (cov_off, cov_first, cov_last), _ = predicate_spaces(m.units.rows, m.indexable, m.indexable, m.n_attrs)
-    b = m.structure
+    b = m.unit_structure()
     pairs = 0
     for u in range(len(m.units)):
         for j in range(m.units.offsets[u], m.units.offsets[u + 1]):
@@ -545,6 +545,7 @@ def check_structure(m) -> None:
                     for g in spaces_of_row(m._pids[k]):
                         assert K.bloom_contains(s.sig, s.sig_off[g], s.sig_off[g + 1], s.key[u], m.bloom_hashes)
         assert len(np.unique(s.key)) == n_units
+        check_probe_order(m)
     else:
         occupied = np.flatnonzero(s.slot_group >= 0)
         n_groups = len(s.group_off) - 1
@@ -566,10 +567,11 @@ def check_structure(m) -> None:
 
 
 def check_probe_order(m) -> None:
-    """PSTHash's table as its kernels read it is the same table with the
-    units renumbered in the order its group lists first name them: each
-    renumbered unit has the subscription, predicates and access predicates
-    of the unit it stands for."""
+    """PSTBloom's lists and PSTHash's table, as their kernels read them,
+    are the same structure with the units renumbered in the order the
+    (space or group) lists first name them: each renumbered unit has the
+    subscription, predicates, access predicate(s) and Bloom key of the unit
+    it stands for."""
     s, by_unit, order = m.structure, m.unit_structure(), m.probe_order
     n_units = len(m.units)
     assert sorted(order.tolist()) == list(range(n_units))
@@ -581,8 +583,10 @@ def check_probe_order(m) -> None:
     for v, u in enumerate(order):
         assert sub[v] == units.sub[u]
         assert np.array_equal(pids[offsets[v]:offsets[v + 1]], m._pids[units.offsets[u]:units.offsets[u + 1]])
-        for j, k in zip(s.access[v], by_unit.access[u]):
+        for j, k in zip(np.atleast_1d(s.access[v]), np.atleast_1d(by_unit.access[u])):
             assert (j < 0 and k < 0) or (j >= 0 and pids[j] == m._pids[k] and j - offsets[v] == k - units.offsets[u])
+        if isinstance(m, PSTBloomMatcher):
+            assert s.key[v] == by_unit.key[u]
 
 
 @pytest.mark.parametrize("algorithm,options,seed", [

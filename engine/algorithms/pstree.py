@@ -57,6 +57,12 @@ How the paper maps onto this module and :mod:`gpu_kernels.pstree.cpu`:
   keys (wide ranges multiply) drops its least selective access predicate
   until it makes at most that many or has one left -- the paper bounds
   nothing, and a few wide ranges could otherwise fill memory.
+* **Probe order** (ours; the paper does not lay out memory): the kernels
+  read the lists and the units renumbered in the order the lists first
+  name them (:meth:`_PSTreeMatcher._lay_out`), so that an event, visiting
+  its spaces and keys in ascending order, reads its candidates' units
+  front to back; :meth:`_PSTreeMatcher.unit_structure` gives the
+  structure in the units' own numbers, from which merges derive.
 * **Units with no indexable predicate** (only LIKE, MATCHES, their
   negations, IS [NOT] NULL and list operators; or no predicate at all:
   constant TRUE) are candidates for every event (an *always* list): no
@@ -642,24 +648,59 @@ class _PSTreeMatcher(HostMatcher):
                np.empty(1, np.int64), True)
         return dict(zip(self.STATS, (int(x) for x in stats)))
 
-    def _unit_args(self):
-        """The units as the kernels read them: subscription, offsets, predicate ids, rows."""
-        u = self.units
-        return u.sub, u.offsets, self._pids, u.rows
+    # ------------------------------------------------------ probe order
+    #: the structure's per-unit fields besides ``access`` (only permuted with the units)
+    _UNIT_FIELDS: tuple = ()
+
+    def _lay_out(self, by_unit) -> None:
+        """Keep ``by_unit`` (PSTBloom's lists or PSTHash's table, with the
+        units' own numbers) as the kernels read it: **in probe order**.  An
+        event visits its located spaces in ascending order -- PSTBloom their
+        lists; PSTHash their combinations' keys, enumerated in lexicographic
+        order, whose groups are numbered by key -- so renumbering the units
+        in the order the lists first name them
+        (:func:`~gpu_kernels.pstree.cpu.first_listed_order`) makes an event's
+        candidates -- their subscription, offsets, predicate ids, access
+        predicate(s) -- be read front to back instead of at random (1.6x for
+        PSTHash on W2 at 1 M: BENCHMARKS.md).  ``structure`` holds the lists,
+        the per-unit fields and the always list renumbered,
+        ``probe_order[new] = unit``, ``_probe_units`` the units' subscription,
+        offsets and predicate ids in that order; :meth:`unit_structure` gives
+        the structure back in the units' own numbers (merges, tests)."""
+        units = self.units
+        order = K.first_listed_order(by_unit.units, len(units))
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        offsets = np.zeros(len(order) + 1, np.int64)
+        np.cumsum(np.diff(units.offsets)[order], out=offsets[1:])
+        pids = np.empty(offsets[-1], np.int64)
+        K.gather_units(order, units.offsets, self._pids, offsets, pids)
+        # an access predicate is a position in the predicate ids: the same place in its unit's new run
+        shift = offsets[:-1] - units.offsets[order]
+        access = by_unit.access[order]
+        access = np.where(access >= 0, access + (shift[:, None] if access.ndim == 2 else shift), -1)
+        self.probe_order = order
+        self._by_unit = {name: getattr(by_unit, name) for name in ("access", *self._UNIT_FIELDS)}
+        self._probe_units = (units.sub[order], offsets, pids)
+        self.structure = by_unit._replace(units=K.renumber(by_unit.units, rank), access=access,
+                                          always=rank[by_unit.always].astype(np.int32),
+                                          **{name: getattr(by_unit, name)[order] for name in self._UNIT_FIELDS})
 
     def unit_structure(self):
         """The PSTBloom or PSTHash structure with the units' own numbers
-        (``units.sub`` order); PSTHash keeps its own in probe order."""
-        return self.structure
+        (``units.sub`` order): what a merge derives the next one from."""
+        s = self.structure
+        return s._replace(units=K.renumber(s.units, self.probe_order),
+                          always=self.probe_order[s.always].astype(np.int32), **self._by_unit)
 
-    def _layout_arrays(self) -> list:
-        """Arrays held besides the structure and the units for the kernels' sake."""
-        return []
+    def _unit_args(self):
+        """The units as the kernels read them (probe order): subscription, offsets, predicate ids, rows."""
+        return (*self._probe_units, self.units.rows)
 
     @property
     def nbytes(self) -> int:
         arrays = list(self.spaces) + list(self.structure) + list(self.units[:4]) + list(self.units.rows) + \
-            [self._pids] + self._layout_arrays()
+            [self._pids, self.probe_order, *self._by_unit.values(), *self._probe_units]
         return self.segment.nbytes + sum(int(a.nbytes) for a in arrays)
 
 
@@ -671,6 +712,7 @@ class PSTBloomMatcher(_PSTreeMatcher):
 
     name = "pstbloom"
     STATS = ("list_candidates", "signature_candidates", "matches")
+    _UNIT_FIELDS = ("key",)
 
     def __init__(self, segment: Segment, backend: str = "cpu", *, schema=None, dnf_limit: int = DEFAULT_LIMIT,
                  bloom_bits: int = 8, bloom_hashes: int = 3, event_log=None):
@@ -697,9 +739,9 @@ class PSTBloomMatcher(_PSTreeMatcher):
         list_off, list_units, sig_off, sig = K.build_pstbloom(
             unit_of, by_attr, attr_start, self._pids, acc, self.indexable.astype(np.uint8), cov_off, cov_first, cov_last,
             int(self.spaces.space_off[-1]), self.bloom_bits, self.bloom_hashes)
-        self.structure = K.BloomArrays(list_off, list_units, sig_off, sig, acc[:, 0].copy(),
-                                       np.flatnonzero(arity == 0).astype(np.int32), self.indexable.astype(np.uint8),
-                                       np.arange(len(units), dtype=np.int64))
+        self._lay_out(K.BloomArrays(list_off, list_units, sig_off, sig, acc[:, 0].copy(),
+                                    np.flatnonzero(arity == 0).astype(np.int32), self.indexable.astype(np.uint8),
+                                    np.arange(len(units), dtype=np.int64)))
         del self._full
         self._matches_per_event = 16.0
 
@@ -729,7 +771,7 @@ class PSTBloomMatcher(_PSTreeMatcher):
         else:
             pos, _ = _positions(offsets, units)
             owner = np.repeat(units, np.diff(offsets)[units])
-        return pos[self.indexable[self._pids[pos]] & (pos != self.structure.access[owner])]
+        return pos[self.indexable[self._pids[pos]] & (pos != self._by_unit["access"][owner])]
 
     def _signature_counts(self, positions: np.ndarray) -> np.ndarray:
         """Per space, the units of ``positions`` in its signature."""
@@ -742,7 +784,7 @@ class PSTBloomMatcher(_PSTreeMatcher):
     def _finish_derived(self, old: "PSTBloomMatcher", fx: dict) -> None:
         units, rows = self.units, self.units.rows
         fresh, kept_old, kept_new = fx["fresh"], fx["kept_old"], fx["kept_new"]
-        ob = old.structure
+        ob = old.unit_structure()
         access = np.full(len(units), -1, np.int64)
         access[kept_new] = _moved(ob.access[kept_old], old.units.offsets[kept_old], units.offsets[kept_new])
         access[fresh] = fx["acc"][:, 0]
@@ -767,9 +809,9 @@ class PSTBloomMatcher(_PSTreeMatcher):
             fx["parent"], ob.list_off, ob.units, fx["unit_map"], ob.sig_off, ob.sig, total, live,
             rec_unit.astype(np.int32), key[rec_unit], pos[idx] == access[rec_unit], s_first, s_last,
             self.bloom_bits, self.bloom_hashes, self.STALE_SHARE)
-        self.structure = K.BloomArrays(list_off, list_units, sig_off, sig, access,
-                                       np.flatnonzero(access < 0).astype(np.int32), self.indexable.astype(np.uint8),
-                                       key)
+        self._lay_out(K.BloomArrays(list_off, list_units, sig_off, sig, access,
+                                    np.flatnonzero(access < 0).astype(np.int32), self.indexable.astype(np.uint8),
+                                    key))
         if refresh.any():
             # refill the refreshed signatures from every unit whose predicates cover them
             space_attr = np.repeat(np.arange(self.n_attrs), np.diff(self.spaces.space_off))
@@ -792,7 +834,7 @@ class PSTBloomMatcher(_PSTreeMatcher):
 
     def access_predicates(self) -> np.ndarray:
         """Per unit, the extended-table row of its access predicate (-1: none)."""
-        acc = self.structure.access
+        acc = self._by_unit["access"]
         return np.where(acc >= 0, self._pids[np.maximum(acc, 0)], -1)
 
     def _launcher(self, batch, pattern_truth, alive, stats):
@@ -945,54 +987,10 @@ class PSTHashMatcher(_PSTreeMatcher):
                                    np.flatnonzero(all_arity == 0).astype(np.int32)))
         self.arity = all_arity
 
-    def _lay_out(self, by_unit: K.HashArrays) -> None:
-        """Keep ``by_unit`` (the table with the units' own numbers) as the
-        kernels read it: **in probe order**.  An event probes its keys in
-        ascending order (its located spaces ascend, their combinations are
-        enumerated in lexicographic order), and the groups are numbered by
-        key, so renumbering the units in the order the group lists first
-        name them (:func:`~gpu_kernels.pstree.cpu.first_listed_order`) makes
-        an event's candidates -- their subscription, offsets, predicate ids
-        and access predicates -- be read front to back instead of at random:
-        1.6x on W2 at 1 M (BENCHMARKS.md).  ``structure`` holds the table
-        renumbered (the group lists, access predicates and always list),
-        ``probe_order[new] = unit``; ``_probe_units`` the units' subscription,
-        offsets and predicate ids in that order.  :meth:`unit_structure`
-        gives the table back in the units' own numbers (merges, tests)."""
-        units = self.units
-        order = K.first_listed_order(by_unit.units, len(units))
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
-        offsets = np.zeros(len(order) + 1, np.int64)
-        np.cumsum(np.diff(units.offsets)[order], out=offsets[1:])
-        pids = np.empty(offsets[-1], np.int64)
-        K.gather_units(order, units.offsets, self._pids, offsets, pids)
-        # an access predicate is a position in the predicate ids: the same place in its unit's new run
-        access = by_unit.access[order]
-        access = np.where(access >= 0, access + (offsets[:-1] - units.offsets[order])[:, None], -1)
-        self.probe_order = order
-        self._access = by_unit.access
-        self._probe_units = (units.sub[order], offsets, pids)
-        self.structure = by_unit._replace(units=K.renumber(by_unit.units, rank), access=access,
-                                          always=rank[by_unit.always].astype(np.int32))
-
-    def unit_structure(self) -> K.HashArrays:
-        """The hash table with the units' own numbers (``units.sub`` order):
-        what a merge derives the next table from."""
-        s = self.structure
-        return s._replace(units=K.renumber(s.units, self.probe_order), access=self._access,
-                          always=self.probe_order[s.always].astype(np.int32))
-
-    def _unit_args(self):
-        return (*self._probe_units, self.units.rows)
-
-    def _layout_arrays(self) -> list:
-        return [self.probe_order, self._access, *self._probe_units]
-
     def access_predicates(self) -> np.ndarray:
         """Per unit, the extended-table rows of its access predicates, best
         first (-1 padded)."""
-        acc = self._access
+        acc = self._by_unit["access"]
         return np.where(acc >= 0, self._pids[np.maximum(acc, 0)], -1)
 
     def _launcher(self, batch, pattern_truth, alive, stats):
