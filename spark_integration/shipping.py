@@ -29,6 +29,7 @@ import io
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +42,7 @@ import numpy as np
 
 from engine import Index
 from engine.errors import IndexFileError
+from engine.forks import renew_after_fork
 
 if TYPE_CHECKING:       # (hints only: importing this module does not import pyspark)
     from pyspark.sql import SparkSession
@@ -362,6 +364,16 @@ _CACHE: "OrderedDict[tuple, tuple]" = OrderedDict()
 #: (digest, backend) -> loads done by this process
 LOADS: Counter = Counter()
 _CACHE_LOCK = threading.Lock()
+
+
+def _renew_locks(module) -> None:
+    """A forked child starts with fresh locks (PySpark's daemon forks its
+    workers; a lock a thread held at the fork would stay held for ever)."""
+    module._SHIP_LOCK = threading.Lock()
+    module._CACHE_LOCK = threading.Lock()
+
+
+renew_after_fork(sys.modules[__name__], _renew_locks)
 
 
 def _fetch_path(shipped: ShippedIndex, tmp: str) -> str:

@@ -335,3 +335,36 @@ def test_split_index_is_of_one_state_while_another_thread_updates(monkeypatch):
     remover.join()
     assert sorted(i for s in shards for i in s.ids().tolist()) == list(range(30))
     assert 25 not in index
+
+
+def test_a_forked_worker_starts_with_free_shipping_locks():
+    """PySpark's daemon forks its workers: a shipping or cache lock another
+    thread held at the fork must not stay held in the child (its first
+    task would wait for ever)."""
+    import threading
+
+    from spark_integration import shipping
+    from tests.forking import in_forked_child
+
+    holding, release = threading.Event(), threading.Event()
+
+    def hold():
+        with shipping._SHIP_LOCK, shipping._CACHE_LOCK:
+            holding.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert holding.wait(10)
+
+        def child() -> str:
+            free = [lock.acquire(timeout=5) for lock in (shipping._SHIP_LOCK, shipping._CACHE_LOCK)]
+            return "free" if all(free) else f"held {free}"
+
+        status, answer = in_forked_child(child, timeout_s=60)
+        assert status == 0 and answer == "free", (status, answer)
+        assert shipping._CACHE_LOCK.locked()          # the parent's own lock is untouched
+    finally:
+        release.set()
+        thread.join()
