@@ -33,8 +33,10 @@ event, as every matcher expects.  Nothing of the batch visits the host
 except one flag per check (whether any value is refused; the first refused
 one's position when one is).  Values follow the host encoder's rules:
 numbers must be finite and, for integer columns, within +-2**53 (float64
-holds them exactly); a boolean attribute takes a boolean column; an
-attribute the index has never seen is left out (no subscription reads it).
+holds them exactly); a boolean attribute takes a boolean column, a
+numeric one a column of numbers (a column of another kind has each of its
+values refused, as the host encoder refuses such a value); an attribute
+the index has never seen is left out (no subscription reads it).
 ``errors="raise"`` names the first refused value's event and attribute,
 ``errors="null"`` treats refused values as absent, ``errors="report"``
 sets the events holding one aside (the batch's ``rejected``: one
@@ -135,14 +137,14 @@ def _first_bad(xp, bad, valid) -> int | None:
     return int(xp.argmax(bad))
 
 
-def _refuse(name: str, column, row: int, reason: str | None) -> BadEventError:
+def _refuse(name: str, column, row: int, reason: str | None, family: Family = Family.NUMERIC) -> BadEventError:
     """The error for the value at ``row``: in the host encoder's words for a
-    number (``reason`` None), so that a quarantine reads the same whichever
-    executor matched."""
+    value of the attribute's ``family`` (``reason`` None), so that a
+    quarantine reads the same whichever executor matched."""
     value = cuda_support.to_host(column[row:row + 1])[0]
     value = value.item() if hasattr(value, "item") else value
     if reason is None:
-        return _value_error(row, name, Family.NUMERIC, value)
+        return _value_error(row, name, family, value)
     return BadEventError(row, name, value, f"attribute {name!r} {reason}",
                          " (pass errors='null' to treat such values as absent)")
 
@@ -183,19 +185,19 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
         raise ValueError(f"errors must be 'raise', 'null' or 'report', not {errors!r}")
     rejected: dict[int, BadEventError] = {}
 
-    def refused(name: str, data, bad, present, reason) -> object:
+    def refused(name: str, data, bad, present, reason, family: Family = Family.NUMERIC) -> object:
         """``present`` without the refused values, after raising (errors=
         "raise") or recording them (errors="report": first column first)."""
         row = _first_bad(xp, bad, present)
         if row is None:
             return present
         if errors == "raise":
-            raise _refuse(name, data, row, reason(row))
+            raise _refuse(name, data, row, reason(row), family)
         if errors == "report":
             rows = cuda_support.to_host(xp.flatnonzero(bad & present)).tolist()
             for r in rows:
                 if r not in rejected:
-                    rejected[r] = _refuse(name, data, r, reason(r))
+                    rejected[r] = _refuse(name, data, r, reason(r), family)
         return present & ~bad
 
     if valid is not None and not isinstance(valid, Mapping):
@@ -251,16 +253,16 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
         elif family in (Family.NUMERIC_LIST, Family.STRING_LIST):
             raise SchemaError(f"column {name!r}: {name!r} is a list attribute ({family.value}), which device "
                               f"columns cannot carry; pass its events as an Arrow table or dicts")
-        elif family is Family.BOOLEAN:
-            if kind != "b":
-                raise SchemaError(f"column {name!r}: attribute {name!r} is boolean, the column is {data.dtype}")
-            values = data.astype(np.float64)
         elif family is None:        # only IS [NOT] NULL reads it: any value is taken, presence is all
             values = xp.zeros(n_events)
+        elif (family is Family.BOOLEAN) != (kind == "b") or kind not in "biuf":
+            # a column of the wrong kind (numbers for a boolean attribute, booleans for a numeric one): each
+            # value is refused as the host encoder refuses it -- per event, by the errors mode -- not the batch
+            present = refused(name, data, xp.ones(n_events, dtype=bool), present, lambda row: None, family)
+            values = xp.zeros(n_events)
+        elif family is Family.BOOLEAN:
+            values = data.astype(np.float64)
         else:
-            if kind not in "iuf":
-                raise SchemaError(f"column {name!r}: attribute {name!r} is {family.value}, the column is "
-                                  f"{data.dtype}")
             values = data.astype(np.float64)
             bad = ~xp.isfinite(values)
             if kind == "i":             # exact as float64 only within +-2**53 (compared as integers:
