@@ -575,10 +575,15 @@ def check_probe_order(m) -> None:
     s, by_unit, order = m.structure, m.unit_structure(), m.probe_order
     n_units = len(m.units)
     assert sorted(order.tolist()) == list(range(n_units))
-    assert np.array_equal(order[s.units], by_unit.units) and np.array_equal(order[s.always], by_unit.always)
     named = list(dict.fromkeys(s.units.tolist()))        # first names, in order: 0, 1, 2, ...
     assert named == list(range(len(named)))
+    unnamed = order[len(named):].tolist()                # then the units no list names, in their own order
+    assert unnamed == sorted(set(range(n_units)) - set(by_unit.units.tolist()))
+    # the always list: the units without an access predicate, in either numbering
+    no_access = np.flatnonzero((by_unit.access < 0).all(axis=-1) if by_unit.access.ndim == 2 else by_unit.access < 0)
+    assert by_unit.always.tolist() == no_access.tolist() == sorted(order[s.always].tolist())
     sub, offsets, pids = m._probe_units
+    assert all(a is b for a, b in zip(m._unit_args(), (sub, offsets, pids, m.units.rows)))   # what kernels read
     units = m.units
     for v, u in enumerate(order):
         assert sub[v] == units.sub[u]

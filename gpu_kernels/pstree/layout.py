@@ -58,7 +58,13 @@ class SpaceTable(NamedTuple):
 
 
 class BloomArrays(NamedTuple):
-    """PSTBloom's structure besides the PS-Trees (§5.1)."""
+    """PSTBloom's structure besides the PS-Trees (§5.1).  Units are numbered
+    either as the matcher's units are (``unit_structure()``: what merges
+    derive from) or, in the ``structure`` the kernels read, in *probe
+    order* (``engine.algorithms.pstree._PSTreeMatcher._lay_out``): then
+    ``access`` is a position in the probe-ordered predicate ids the kernels
+    are given beside it, and ``units``, ``always`` and ``key`` follow the
+    probe numbering.  The same holds for :class:`HashArrays`."""
 
     list_off: np.ndarray     # int64 [n_spaces + 1]: CSR of the subscription lists (units)
     units: np.ndarray        # int32
@@ -68,8 +74,9 @@ class BloomArrays(NamedTuple):
     always: np.ndarray       # int32: units without an indexable predicate, candidates for every event
     indexable: np.ndarray    # uint8 per predicate row: its spaces are in the PS-Trees
     key: np.ndarray          # int64 [n_units]: the id a unit's Bloom bits are hashed from -- its unit id
-    #                          at a build; a merge renumbers units but keeps their keys, so that the
-    #                          signatures it copies over still hold them (engine.algorithms.pstree)
+    #                          at a build (its own number, not the probe order's); a merge renumbers
+    #                          units but keeps their keys, so that the signatures it copies over still
+    #                          hold them (engine.algorithms.pstree)
 
 
 class HashArrays(NamedTuple):
