@@ -681,6 +681,38 @@ def test_merges_rebuild_past_the_churn_share():
     assert matcher_of(index).merges == 0
 
 
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
+def test_a_dnf_survivor_keeps_its_units_places(algorithm):
+    """A subscription of several units (a DNF) that survives a merge keeps
+    each unit whose predicates are those of the unit in the same rank: it
+    is not counted as removed and added.  (It was, at every merge: with a
+    sixth of the subscriptions ORs, one added subscription passed the churn
+    share and every merge rebuilt -- helper-46.)  Replaced subscriptions
+    go out and come in with all their units, and every answer stays the
+    scan's."""
+    subs = [f"a = {i % 97} OR b = {i % 89}" if i % 6 == 0 else f"a = {i % 97} AND b < {i % 89}"
+            for i in range(1000)]
+    index = built(algorithm, subs)
+    built_units = len(matcher_of(index).units)
+    index.add(5000, "a = 3 OR (b = 4 AND c > 1)")
+    index.merge()
+    m = matcher_of(index)
+    assert m.merges == 1 and m._churn == 2 and len(m.units) == built_units + 2
+    check_structure(m)
+    for sub_id in (0, 6):                                 # replaced: out with their units, in with new ones
+        index.remove(sub_id)
+    index.add_many([0, 6], ["b = 0 OR a = 0", "a = 6 OR b = 7"])
+    index.merge()
+    m = matcher_of(index)
+    assert m.merges == 2 and m._churn == 2 + 4 + 4
+    check_structure(m)
+    subs[0], subs[6] = "b = 0 OR a = 0", "a = 6 OR b = 7"
+    events = [{"a": a, "b": b, "c": 2} for a in range(0, 100, 3) for b in (0, 4, 6, 7, 88)]
+    want = answers(built("scan", subs), events)
+    extra = [{5000} if e["a"] == 3 or (e["b"] == 4 and e["c"] > 1) else set() for e in events]
+    assert answers(index, events) == [sorted(set(w) | x) for w, x in zip(want, extra)]
+
+
 def test_psthash_keeps_its_table_when_no_space_changes(monkeypatch):
     """Adds whose endpoints are all boundaries already and removals that
     leave every boundary cut change no space: the hash table is the old

@@ -102,8 +102,10 @@ How the paper maps onto this module and :mod:`gpu_kernels.pstree.cpu`:
   using the new space ID"): every old key goes to the combinations of its
   spaces' pieces with its surviving units, then the added units' keys;
   when no space split or merged, the table itself is kept and only its
-  groups refilled.  A survivor whose codes moved (a grown string
-  dictionary) or a DNF of several units is re-inserted like an added one.
+  groups refilled.  A survivor's unit is kept when the unit of the same
+  rank in its new DNF has the same predicates (the DNF of an unchanged
+  expression comes in the same order); one whose codes moved (a grown
+  string dictionary) is re-inserted like an added one.
   Past :attr:`REBUILD_SHARE` of the built units added and removed (the
   survivors' ranking ages, and removed units leave stale bits and empty
   keys), the merge rebuilds; so does :meth:`recoded` (a grown string
@@ -496,8 +498,8 @@ class _PSTreeMatcher(HostMatcher):
         spaces they fall in (their lists, signatures and keys copied to the
         pieces) and the added units go where their access predicates --
         ranked as a build ranks them, against these spaces -- cover.
-        Survivors keep their access predicates (a survivor whose codes moved,
-        or of several units, is re-inserted).  Rebuilt instead when the
+        Survivors keep their access predicates (a survivor's unit whose codes
+        moved is re-inserted).  Rebuilt instead when the
         churn since the last build passes :attr:`REBUILD_SHARE`.  This
         matcher is unchanged; ``merges`` counts derivations since the build."""
         schema = self.schema if schema is None else schema
@@ -531,13 +533,14 @@ class _PSTreeMatcher(HostMatcher):
         old, old_rows = self.units, self.units.rows
         units = dnf_units(segment, self.dnf_limit)
         rows = units.rows
-        # ---- survivors: a subscription kept with one unit of the same predicates keeps its unit's places
-        # (a DNF of several is re-inserted: its conjunctions' order is to_dnf's, not a key)
+        # ---- survivors: a subscription kept with as many units keeps the places of each unit whose
+        # predicates are the same as the unit's in the same rank (a DNF's conjunctions come in to_dnf's
+        # order, the same for the same expression; a unit that differs is re-inserted like an added one)
         new_sub = old_to_new[old.sub] if len(old) else np.zeros(0, np.int64)
-        single = (np.diff(old.first)[old.sub] == 1) & (new_sub >= 0)
-        single[single] = np.diff(units.first)[new_sub[single]] == 1
-        cand_old = np.flatnonzero(single)
-        cand_new = units.first[new_sub[cand_old]].astype(np.int64)
+        paired = new_sub >= 0
+        paired[paired] = np.diff(units.first)[new_sub[paired]] == np.diff(old.first)[old.sub[paired]]
+        cand_old = np.flatnonzero(paired)
+        cand_new = (units.first[new_sub[cand_old]] + cand_old - old.first[old.sub[cand_old]]).astype(np.int64)
         same = K.same_units(old.offsets, old.pids, old_rows.attr, old_rows.op, old_rows.lo, old_rows.hi,
                             old_rows.set_offsets, old_rows.set_values, units.offsets, units.pids, rows.attr, rows.op,
                             rows.lo, rows.hi, rows.set_offsets, rows.set_values, cand_old, cand_new)
