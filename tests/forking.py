@@ -3,10 +3,12 @@ default start method does on Linux), for the tests of what survives a fork."""
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 def in_forked_child(work: Callable[[], str], timeout_s: int = 120) -> tuple[int, str]:
@@ -33,3 +35,27 @@ def in_forked_child(work: Callable[[], str], timeout_s: int = 120) -> tuple[int,
         text = pipe.read().decode()
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), text
+
+
+@contextlib.contextmanager
+def held_by_another_thread(*locks) -> Iterator[None]:
+    """The block runs while another thread holds ``locks`` (entered in
+    order), as when a process forks in the middle of an update; they are
+    released after it."""
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(30), "the holding thread did not get the locks"
+        yield
+    finally:
+        release.set()
+        thread.join()

@@ -30,7 +30,7 @@ from engine import Index
 from engine.algorithms import registry
 from engine.parse import parse
 from engine.reference import matches
-from tests.forking import in_forked_child
+from tests.forking import held_by_another_thread, in_forked_child
 
 URLS = [f"https://example.com/{path}" for path in ("a", "b", "a/b", "a/b/c?x=1", "b/a", "c")]
 UUIDS = [f"123e4567-e89b-12d3-a456-4266141740{i:02d}" for i in range(6)]
@@ -453,25 +453,12 @@ def test_a_child_forked_while_another_thread_holds_a_lock_can_update_and_match()
     index.merge()
     index.add(50, "x >= 100")                          # a new snapshot, its matcher not made yet
     index.merge()
-    state = index._state
-    held, release = threading.Event(), threading.Event()
 
-    def holder():
-        with index._write_lock, state._lock:
-            held.set()
-            release.wait(60)
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert held.wait(30)
     def child() -> str:
         found = index.match({"x": 3}).tolist()               # resolves the snapshot: its lock
         index.add(60, "x = 3")                               # the update lock
         return repr((found, index.match({"x": 3}).tolist()))
 
-    try:
+    with held_by_another_thread(index._write_lock, index._state._lock):
         status, answer = in_forked_child(child, timeout_s=60)
-    finally:
-        release.set()
-        thread.join()
     assert status == 0 and answer == repr(([0, 1, 2, 3], [0, 1, 2, 3, 60])), answer

@@ -341,30 +341,14 @@ def test_a_forked_worker_starts_with_free_shipping_locks():
     """PySpark's daemon forks its workers: a shipping or cache lock another
     thread held at the fork must not stay held in the child (its first
     task would wait for ever)."""
-    import threading
-
     from spark_integration import shipping
-    from tests.forking import in_forked_child
+    from tests.forking import held_by_another_thread, in_forked_child
 
-    holding, release = threading.Event(), threading.Event()
+    def child() -> str:
+        free = [lock.acquire(timeout=5) for lock in (shipping._SHIP_LOCK, shipping._CACHE_LOCK)]
+        return "free" if all(free) else f"held {free}"
 
-    def hold():
-        with shipping._SHIP_LOCK, shipping._CACHE_LOCK:
-            holding.set()
-            release.wait(60)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert holding.wait(10)
-
-        def child() -> str:
-            free = [lock.acquire(timeout=5) for lock in (shipping._SHIP_LOCK, shipping._CACHE_LOCK)]
-            return "free" if all(free) else f"held {free}"
-
+    with held_by_another_thread(shipping._SHIP_LOCK, shipping._CACHE_LOCK):
         status, answer = in_forked_child(child, timeout_s=60)
-        assert status == 0 and answer == "free", (status, answer)
         assert shipping._CACHE_LOCK.locked()          # the parent's own lock is untouched
-    finally:
-        release.set()
-        thread.join()
+    assert status == 0 and answer == "free", (status, answer)
