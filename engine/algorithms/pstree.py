@@ -674,10 +674,8 @@ class _PSTreeMatcher(HostMatcher):
         order = K.first_listed_order(by_unit.units, len(units))
         rank = np.empty_like(order)
         rank[order] = np.arange(len(order))
-        offsets = np.zeros(len(order) + 1, np.int64)
-        np.cumsum(np.diff(units.offsets)[order], out=offsets[1:])
-        pids = np.empty(offsets[-1], np.int64)
-        K.gather_units(order, units.offsets, self._pids, offsets, pids)
+        positions, offsets = _positions(units.offsets, order)
+        pids = self._pids[positions]
         # an access predicate is a position in the predicate ids: the same place in its unit's new run
         shift = offsets[:-1] - units.offsets[order]
         access = by_unit.access[order]

@@ -538,18 +538,6 @@ def first_listed_order(listed, n_units):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def gather_units(order, offsets, pids, new_offsets, new_pids):
-    """``new_pids``: the rows of ``pids`` unit after unit in ``order``
-    (``new_offsets`` their CSR, made by the caller)."""
-    for v in prange(len(order)):
-        u = order[v]
-        at = new_offsets[v]
-        for j in range(offsets[u], offsets[u + 1]):
-            new_pids[at] = pids[j]
-            at += 1
-
-
-@njit(parallel=True, nogil=True, cache=True)
 def renumber(ids, rank):
     """``rank[ids]`` as int32, over every core (the group lists hold tens of millions of entries)."""
     out = np.empty(len(ids), np.int32)
