@@ -255,7 +255,7 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
                               f"columns cannot carry; pass its events as an Arrow table or dicts")
         elif family is None:        # only IS [NOT] NULL reads it: any value is taken, presence is all
             values = xp.zeros(n_events)
-        elif (family is Family.BOOLEAN) != (kind == "b") or kind not in "biuf":
+        elif kind not in ("b" if family is Family.BOOLEAN else "iuf"):
             # a column of the wrong kind (numbers for a boolean attribute, booleans for a numeric one): each
             # value is refused as the host encoder refuses it -- per event, by the errors mode -- not the batch
             present = refused(name, data, xp.ones(n_events, dtype=bool), present, lambda row: None, family)
