@@ -25,8 +25,9 @@ from engine.algorithms.options import ATreeOptions
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import abe_gen, add_subscriptions
 from gpu_kernels.atree.cpu import IN_KEYS, N_CLASSES
-from gpu_kernels.atree.dag import PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, program_expression
-from gpu_kernels.opcodes import AND, LEAF, OR
+from gpu_kernels.atree.dag import (PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, program_expression,
+                                   subexpression_starts)
+from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
 
 OPTIONS = [{}, {"sharing": False}, {"reorganize": False}, {"self_adjust": False}, {"binary": True},
            {"zero_suppression": False}, {"on_demand": False}]
@@ -809,3 +810,69 @@ def test_the_reported_size_is_what_the_matcher_keeps(workload):
     assert len(matcher.dag) > 10_000 and matcher.segment is segment       # (the index's: not counted here)
     estimate = matcher.nbytes - segment.nbytes
     assert 0.8 < estimate / kept < 1.2, (estimate, kept)
+
+
+def _postfix(rng, depth: int) -> tuple[list, list, list]:
+    """A random postfix program of depth <= ``depth`` and, per instruction,
+    the first instruction of the subexpression it ends (built alongside)."""
+    kinds, args, first = [], [], []
+
+    def grow(d):
+        begin = len(kinds)
+        if d == 0 or rng.random() < 0.3:
+            kinds.append(LEAF), args.append(int(rng.integers(0, 50))), first.append(begin)
+            return
+        op = int(rng.choice([AND, OR, XOR, XNOR]))
+        n = int(rng.integers(1, 6)) if op in (AND, OR) else 2
+        for _ in range(n):
+            grow(d - 1)
+        kinds.append(op), args.append(n if op in (AND, OR) else 0), first.append(begin)
+    grow(depth)
+    return kinds, args, first
+
+
+def test_subexpression_starts_per_program_and_malformed_ones_marked():
+    """The compiled walk that finds each postfix instruction's subexpression:
+    every well-formed program's starts as built, each malformed one (an
+    operator short of operands, operands left over, an empty program)
+    marked at its first instruction, its neighbours unaffected; and
+    ``insert_programs`` refuses a malformed program."""
+    rng = np.random.default_rng(7)
+    programs, expected = [], []
+    for i in range(400):
+        kinds, args, first = _postfix(rng, int(rng.integers(0, 5)))
+        if i % 5 == 1:                                   # an operator with one operand too many
+            at = next((j for j, k in enumerate(kinds) if k in (AND, OR)), None)
+            if at is not None:
+                args[at] += len(kinds)
+                first = None
+        elif i % 5 == 2:                                 # two whole programs side by side: two results
+            more, more_args, _ = _postfix(rng, 2)
+            kinds, args, first = kinds + more, args + more_args, None
+        elif i % 5 == 3 and len(kinds) > 1:              # the root dropped: operands left over
+            one = kinds[-1] in (AND, OR) and args[-1] == 1    # (unless it had one: its operand is a program)
+            kinds, args, first = kinds[:-1], args[:-1], first[:-1] if one else None
+        elif i % 50 == 4:
+            kinds, args, first = [], [], None
+        programs.append((kinds, args))
+        expected.append(first)
+    offsets = np.cumsum([0] + [len(k) for k, _ in programs]).astype(np.int64)
+    kinds = np.array([x for k, _ in programs for x in k], np.int64)
+    args = np.array([x for _, a in programs for x in a], np.int64)
+    starts = subexpression_starts(offsets, kinds, args)
+    n_bad = 0
+    for p, first in enumerate(expected):
+        got = starts[offsets[p]:offsets[p + 1]]
+        if first is None:
+            n_bad += 1
+            assert len(got) == 0 or got[0] < 0
+        else:
+            assert (got - offsets[p]).tolist() == first
+    assert 0 < n_bad < len(programs)
+    bad = next(p for p, first in enumerate(expected) if first is None and offsets[p + 1] > offsets[p])
+    dag = ATreeDag()
+    with pytest.raises(ValueError, match="malformed postfix program"):
+        dag.insert_programs([bad], offsets, kinds, args, lambda pid: pid)
+    with pytest.raises(ValueError, match="malformed postfix program"):
+        dag.insert_programs([next(p for p in range(len(programs)) if offsets[p + 1] == offsets[p])], offsets,
+                            kinds, args, lambda pid: pid)
