@@ -107,22 +107,35 @@ def exact_nodes(kind, child_off, child_idx):
     return needs3
 
 
+#: A node's result this event is one int32, ``state[node] = cur << 2 | value``
+#: (``cur`` the event's stamp): a result and the stamp that says it is this
+#: event's are read in one load -- kept in two arrays they cost two cache
+#: misses a child read (BENCHMARKS.md).  Stamps wrap below 2**29.
+STAMP_LIMIT = (1 << 29) - 1
+
+
+@njit(inline="always", nogil=True)
+def _result(state, node, cur):
+    """``node``'s result this event, NULL when it was not touched."""
+    s = state[node]
+    return s & 3 if (s >> 2) == cur else NULL
+
+
 @njit(nogil=True)
-def _propagate(node, value, par_off, par_idx, needs3, stamp, val, queued, cur):
+def _propagate(node, value, par_off, par_idx, needs3, state, queued, cur):
     """``node``'s result to the parents it reaches: each, the first time
     this event, is stamped NULL (not evaluated yet) and queued -- a bit
     in ``queued``, which stage 2 reads level by level in id order."""
     for k in range(par_off[node], par_off[node + 1]):
         p = par_idx[k]
         if value == TRUE or (needs3[p] and value != NULL):
-            if stamp[p] != cur:
-                stamp[p] = cur
-                val[p] = NULL
+            if (state[p] >> 2) != cur:
+                state[p] = (cur << 2) | NULL
                 queued[p >> 6] |= np.uint64(1) << np.uint64(p & 63)
 
 
 @njit(nogil=True)
-def _evaluate(node, kind, needs3, child_off, child_idx, stamp, val, cur):
+def _evaluate(node, kind, needs3, child_off, child_idx, state, cur):
     op = kind[node]
     c0 = child_off[node]
     c1 = child_off[node + 1]
@@ -130,17 +143,16 @@ def _evaluate(node, kind, needs3, child_off, child_idx, stamp, val, cur):
         # TRUE is all that counts here; an OR is only reached by a TRUE child
         if op == OR:
             return TRUE
+        true_now = (cur << 2) | TRUE
         for k in range(c0, c1):
-            c = child_idx[k]
-            if stamp[c] != cur or val[c] != TRUE:
+            if state[child_idx[k]] != true_now:
                 return FALSE
         return TRUE
     if op == AND or op == OR:
         decisive = FALSE if op == AND else TRUE
         result = TRUE if op == AND else FALSE
         for k in range(c0, c1):
-            c = child_idx[k]
-            v = val[c] if stamp[c] == cur else NULL      # an untouched exact child is NULL
+            v = _result(state, child_idx[k], cur)      # an untouched exact child is NULL
             if v == decisive:
                 return decisive
             if v == NULL:
@@ -148,8 +160,8 @@ def _evaluate(node, kind, needs3, child_off, child_idx, stamp, val, cur):
         return result
     a = child_idx[c0]
     b = child_idx[c0 + 1]
-    va = val[a] if stamp[a] == cur else NULL
-    vb = val[b] if stamp[b] == cur else NULL
+    va = _result(state, a, cur)
+    vb = _result(state, b, cur)
     if va == NULL or vb == NULL:
         return NULL
     if op == XOR:
@@ -224,7 +236,7 @@ _key_run = njit(nogil=True)(make_key_run(_first_not_below, _first_above))
 
 
 @njit(nogil=True)
-def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3, stamp, val,
+def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3, state,
                queued, cur):
     """A keyed leaf located TRUE: what evaluating it to TRUE does (a
     ``quiet`` one, no r-node and linking no parent, only records it).  A
@@ -232,21 +244,19 @@ def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found
     never two equal ones, but an attribute twice in one event meets it
     twice)."""
     if quiet:
-        stamp[leaf] = cur
-        val[leaf] = TRUE
+        state[leaf] = (cur << 2) | TRUE
         return found
-    if stamp[leaf] == cur:
+    if (state[leaf] >> 2) == cur:
         return found
-    stamp[leaf] = cur
-    val[leaf] = TRUE
+    state[leaf] = (cur << 2) | TRUE
     found = _finish(leaf, TRUE, sub_off, sub_pos, alive, out, write_at, limit, found)
-    _propagate(leaf, TRUE, par_off, par_idx, needs3, stamp, val, queued, cur)
+    _propagate(leaf, TRUE, par_off, par_idx, needs3, state, queued, cur)
     return found
 
 
 @njit(nogil=True)
 def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off, sub_pos, alive, out,
-                  write_at, limit, found, par_off, par_idx, needs3, stamp, val, queued, cur):
+                  write_at, limit, found, par_off, par_idx, needs3, state, queued, cur):
     """The TRUE leaves of attribute ``g // N_CLASSES`` and key class ``g %
     N_CLASSES`` on value ``v`` (not NaN): the class's run of keys
     (:func:`make_key_run`); returns (found, leaves located)."""
@@ -260,11 +270,11 @@ def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, su
         for k in range(a, b):
             if v <= key_hi[k]:
                 found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, out, write_at, limit, found,
-                                   par_off, par_idx, needs3, stamp, val, queued, cur)
+                                   par_off, par_idx, needs3, state, queued, cur)
         return found, b - a
     for k in range(a, b):
         found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, out, write_at, limit, found, par_off,
-                           par_idx, needs3, stamp, val, queued, cur)
+                           par_idx, needs3, state, queued, cur)
     return found, b - a
 
 
@@ -272,7 +282,7 @@ def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, su
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
                list_truth, alive, kind, level_start, child_off, child_idx, par_off, par_idx, needs3, leaf_pred,
                scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, sub_off, sub_pos,
-               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, stamp, val, queued, result):
+               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, state, queued, result):
     """Events ``[e_first, e_last)``; ``result``: the first event that did
     not fit (``e_last`` when all did), its count, and the leaves touched
     by the events that fit (evaluated, or located in the index)."""
@@ -286,8 +296,8 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
     cur = 0
     for e in range(e_first, e_last):
         cur += 1
-        if cur == 2147483647:              # stamps wrap: start afresh
-            stamp[:] = 0
+        if cur == STAMP_LIMIT:             # stamps wrap: start afresh
+            state[:] = 0
             cur = 1
         s0 = ev_offsets[e]
         s1 = ev_offsets[e + 1]
@@ -305,18 +315,17 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 for g in range(a * N_CLASSES, (a + 1) * N_CLASSES):
                     found, n = _keyed_leaves(g, value, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off,
                                              sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3,
-                                             stamp, val, queued, cur)
+                                             state, queued, cur)
                     touched += n
             touched += scan_off[a + 1] - scan_off[a]
             for k in range(scan_off[a], scan_off[a + 1]):
                 leaf = scan_leaf[k]
                 v = entry_truth(leaf_pred[leaf], at, ev_value, ev_token, pred_op, pred_lo, pred_hi,
                                 set_offsets, set_values, pred_aux, pattern_truth, list_truth)
-                stamp[leaf] = cur
-                val[leaf] = v
+                state[leaf] = (cur << 2) | v
                 if v == TRUE:
                     found = _finish(leaf, v, sub_off, sub_pos, alive, out, write_at, limit, found)
-                _propagate(leaf, v, par_off, par_idx, needs3, stamp, val, queued, cur)
+                _propagate(leaf, v, par_off, par_idx, needs3, state, queued, cur)
         # ... and those that are not NULL on an absent attribute
         for k in range(len(absent_leaf)):
             leaf = absent_leaf[k]
@@ -326,11 +335,10 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             touched += 1
             v = entry_truth(pid, -1, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values,
                             pred_aux, pattern_truth, list_truth)
-            stamp[leaf] = cur
-            val[leaf] = v
+            state[leaf] = (cur << 2) | v
             if v == TRUE:
                 found = _finish(leaf, v, sub_off, sub_pos, alive, out, write_at, limit, found)
-            _propagate(leaf, v, par_off, par_idx, needs3, stamp, val, queued, cur)
+            _propagate(leaf, v, par_off, par_idx, needs3, state, queued, cur)
         # 2. expression matching, lowest level first (Algorithm 6)
         # A level's queued nodes are taken in id order from the bitmap: they
         # are neighbours in every node array, so they are read in few cache
@@ -354,12 +362,12 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     low = bits & (~bits + np.uint64(1))
                     bits ^= low
                     node = first + popcount64(low - np.uint64(1))
-                    v = _evaluate(node, kind, needs3, child_off, child_idx, stamp, val, cur)
-                    val[node] = v
+                    v = _evaluate(node, kind, needs3, child_off, child_idx, state, cur)
+                    state[node] = (cur << 2) | v
                     if v == TRUE:
                         found = _finish(node, v, sub_off, sub_pos, alive, out, write_at, limit, found)
                     if v != NULL:
-                        _propagate(node, v, par_off, par_idx, needs3, stamp, val, queued, cur)
+                        _propagate(node, v, par_off, par_idx, needs3, state, queued, cur)
         if write_at + found > limit:
             result[0] = e
             result[1] = found
@@ -382,15 +390,14 @@ def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, 
     ``task_leaves[t]``: the leaves its finished events touched."""
     n_nodes = len(kind)
     for t in prange(len(task_first)):
-        stamp = np.zeros(n_nodes, np.int32)
-        val = np.empty(n_nodes, np.int8)
+        state = np.zeros(n_nodes, np.int32)
         queued = np.zeros((n_nodes + 63) >> 6, np.uint64)
         result = np.empty(3, np.int64)
         match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
                    pattern_truth, list_truth, alive, kind, level_start, child_off, child_idx, par_off, par_idx,
                    needs3, leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet,
                    absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
-                   pred_aux, stamp, val, queued, result)
+                   pred_aux, state, queued, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
         task_leaves[t] = result[2]
