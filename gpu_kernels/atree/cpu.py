@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from gpu_kernels.compaction import popcount64
+from gpu_kernels.compaction import emit_marked, popcount64
 from gpu_kernels.opcodes import AND, FALSE, NULL, OR, TRUE, XOR
 from gpu_kernels.predicates import entry_truth, find_attribute
 from gpu_kernels.twins import parallel_and_serial
@@ -170,14 +170,19 @@ def _evaluate(node, kind, needs3, child_off, child_idx, state, cur):
 
 
 @njit(nogil=True)
-def _finish(node, value, sub_off, sub_pos, alive, out, write_at, limit, found):
-    """A TRUE r-node's subscription positions (alive ones) to ``out``
-    while they fit below ``limit``; returns how many there were."""
+def _finish(node, sub_off, sub_pos, alive, bm0, bm1, found):
+    """A TRUE r-node's subscription positions (alive ones) marked in the
+    event's two-level bitmap (``bm0`` a bit a position, ``bm1`` a bit a
+    non-zero word of it; :func:`~gpu_kernels.compaction.emit_marked`
+    writes them out ascending); returns how many there were.  (Written out
+    as they came, level by level, the positions were sorted per event
+    after: 48 K of them an event on W5 at 1 M.)"""
     for k in range(sub_off[node], sub_off[node + 1]):
         pos = sub_pos[k]
         if alive[pos]:
-            if write_at + found < limit:
-                out[write_at + found] = pos
+            w = pos >> 6
+            bm0[w] |= np.uint64(1) << np.uint64(pos & 63)
+            bm1[w >> 6] |= np.uint64(1) << np.uint64(w & 63)
             found += 1
     return found
 
@@ -236,7 +241,7 @@ _key_run = njit(nogil=True)(make_key_run(_first_not_below, _first_above))
 
 
 @njit(nogil=True)
-def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3, state,
+def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, bm0, bm1, found, par_off, par_idx, needs3, state,
                queued, cur):
     """A keyed leaf located TRUE: what evaluating it to TRUE does (a
     ``quiet`` one, no r-node and linking no parent, only records it).  A
@@ -249,14 +254,14 @@ def _true_leaf(leaf, quiet, sub_off, sub_pos, alive, out, write_at, limit, found
     if (state[leaf] >> 2) == cur:
         return found
     state[leaf] = (cur << 2) | TRUE
-    found = _finish(leaf, TRUE, sub_off, sub_pos, alive, out, write_at, limit, found)
+    found = _finish(leaf, sub_off, sub_pos, alive, bm0, bm1, found)
     _propagate(leaf, TRUE, par_off, par_idx, needs3, state, queued, cur)
     return found
 
 
 @njit(nogil=True)
-def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off, sub_pos, alive, out,
-                  write_at, limit, found, par_off, par_idx, needs3, state, queued, cur):
+def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off, sub_pos, alive, bm0, bm1,
+                  found, par_off, par_idx, needs3, state, queued, cur):
     """The TRUE leaves of attribute ``g // N_CLASSES`` and key class ``g %
     N_CLASSES`` on value ``v`` (not NaN): the class's run of keys
     (:func:`make_key_run`); returns (found, leaves located)."""
@@ -269,11 +274,11 @@ def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, su
     if c == BETWEEN_KEYS:                        # each high checked
         for k in range(a, b):
             if v <= key_hi[k]:
-                found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, out, write_at, limit, found,
+                found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, bm0, bm1, found,
                                    par_off, par_idx, needs3, state, queued, cur)
         return found, b - a
     for k in range(a, b):
-        found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, out, write_at, limit, found, par_off,
+        found = _true_leaf(key_leaf[k], key_quiet[k], sub_off, sub_pos, alive, bm0, bm1, found, par_off,
                            par_idx, needs3, state, queued, cur)
     return found, b - a
 
@@ -282,7 +287,8 @@ def _keyed_leaves(g, v, key_off, key, key_hi, key_reach, key_leaf, key_quiet, su
 def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, pattern_truth,
                list_truth, alive, kind, level_start, child_off, child_idx, par_off, par_idx, needs3, leaf_pred,
                scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, sub_off, sub_pos,
-               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, state, queued, result):
+               pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, state, queued, bm0, bm1,
+               result):
     """Events ``[e_first, e_last)``; ``result``: the first event that did
     not fit (``e_last`` when all did), its count, and the leaves touched
     by the events that fit (evaluated, or located in the index)."""
@@ -303,7 +309,6 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
         s1 = ev_offsets[e + 1]
         found = 0
         touched = 0
-        write_at = base + used
         # 1. predicate matching: the leaves of the event's attributes, the
         # keyed ones through the index (only their TRUE ones are touched) ...
         for at in range(s0, s1):
@@ -314,7 +319,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
             if value == value:                   # NaN: no comparison holds, no keyed leaf is TRUE
                 for g in range(a * N_CLASSES, (a + 1) * N_CLASSES):
                     found, n = _keyed_leaves(g, value, key_off, key, key_hi, key_reach, key_leaf, key_quiet, sub_off,
-                                             sub_pos, alive, out, write_at, limit, found, par_off, par_idx, needs3,
+                                             sub_pos, alive, bm0, bm1, found, par_off, par_idx, needs3,
                                              state, queued, cur)
                     touched += n
             touched += scan_off[a + 1] - scan_off[a]
@@ -324,7 +329,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                                 set_offsets, set_values, pred_aux, pattern_truth, list_truth)
                 state[leaf] = (cur << 2) | v
                 if v == TRUE:
-                    found = _finish(leaf, v, sub_off, sub_pos, alive, out, write_at, limit, found)
+                    found = _finish(leaf, sub_off, sub_pos, alive, bm0, bm1, found)
                 _propagate(leaf, v, par_off, par_idx, needs3, state, queued, cur)
         # ... and those that are not NULL on an absent attribute
         for k in range(len(absent_leaf)):
@@ -337,7 +342,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                             pred_aux, pattern_truth, list_truth)
             state[leaf] = (cur << 2) | v
             if v == TRUE:
-                found = _finish(leaf, v, sub_off, sub_pos, alive, out, write_at, limit, found)
+                found = _finish(leaf, sub_off, sub_pos, alive, bm0, bm1, found)
             _propagate(leaf, v, par_off, par_idx, needs3, state, queued, cur)
         # 2. expression matching, lowest level first (Algorithm 6)
         # A level's queued nodes are taken in id order from the bitmap: they
@@ -365,15 +370,15 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     v = _evaluate(node, kind, needs3, child_off, child_idx, state, cur)
                     state[node] = (cur << 2) | v
                     if v == TRUE:
-                        found = _finish(node, v, sub_off, sub_pos, alive, out, write_at, limit, found)
+                        found = _finish(node, sub_off, sub_pos, alive, bm0, bm1, found)
                     if v != NULL:
                         _propagate(node, v, par_off, par_idx, needs3, state, queued, cur)
-        if write_at + found > limit:
+        write = base + used + found <= limit
+        emit_marked(bm0, bm1, out, base + used, write)
+        if not write:
             result[0] = e
             result[1] = found
             return
-        if found > 1:
-            out[write_at:write_at + found].sort()        # r-nodes come level by level: positions ascend per event
         used += found
         ev_count[e] = found
         result[2] += touched
@@ -386,18 +391,21 @@ def atree_match_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, 
                           absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
                           pred_aux):
     """Events ``[task_first[t], task_last[t])`` of every task ``t`` in
-    parallel, each with its own scratch (stamps, results, the queue bitmap);
+    parallel, each with its own scratch (results, the queue bitmap, the matches' bitmap);
     ``task_leaves[t]``: the leaves its finished events touched."""
     n_nodes = len(kind)
+    n_words = (len(alive) + 63) >> 6
     for t in prange(len(task_first)):
         state = np.zeros(n_nodes, np.int32)
         queued = np.zeros((n_nodes + 63) >> 6, np.uint64)
+        bm0 = np.zeros(max(n_words, 1), np.uint64)
+        bm1 = np.zeros(max((n_words + 63) >> 6, 1), np.uint64)
         result = np.empty(3, np.int64)
         match_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
                    pattern_truth, list_truth, alive, kind, level_start, child_off, child_idx, par_off, par_idx,
                    needs3, leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet,
                    absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values,
-                   pred_aux, state, queued, result)
+                   pred_aux, state, queued, bm0, bm1, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
         task_leaves[t] = result[2]
