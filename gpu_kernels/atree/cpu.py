@@ -121,7 +121,9 @@ def _result(state, node, cur):
     return s & 3 if (s >> 2) == cur else NULL
 
 
-@njit(nogil=True)
+# _propagate, _evaluate and _finish run for every node an event reaches: inlined, not called (a numba call
+# passes each array argument with its reference counting; the serial kernel 1.35-1.5x faster, BENCHMARKS.md)
+@njit(inline="always", nogil=True)
 def _propagate(node, value, par_off, par_idx, needs3, state, queued, cur):
     """``node``'s result to the parents it reaches: each, the first time
     this event, is stamped NULL (not evaluated yet) and queued -- a bit
@@ -134,7 +136,7 @@ def _propagate(node, value, par_off, par_idx, needs3, state, queued, cur):
                 queued[p >> 6] |= np.uint64(1) << np.uint64(p & 63)
 
 
-@njit(nogil=True)
+@njit(inline="always", nogil=True)
 def _evaluate(node, kind, needs3, child_off, child_idx, state, cur):
     op = kind[node]
     c0 = child_off[node]
@@ -169,7 +171,7 @@ def _evaluate(node, kind, needs3, child_off, child_idx, state, cur):
     return TRUE if va == vb else FALSE
 
 
-@njit(nogil=True)
+@njit(inline="always", nogil=True)
 def _finish(node, sub_off, sub_pos, alive, bm0, bm1, found):
     """A TRUE r-node's subscription positions (alive ones) marked in the
     event's two-level bitmap (``bm0`` a bit a position, ``bm1`` a bit a
