@@ -841,7 +841,7 @@ def test_subexpression_starts_per_program_and_malformed_ones_marked():
     programs, expected = [], []
     for i in range(400):
         kinds, args, first = _postfix(rng, int(rng.integers(0, 5)))
-        if i % 5 == 1:                                   # an operator with one operand too many
+        if i % 5 == 1:                                   # an operator asking more operands than there are
             at = next((j for j, k in enumerate(kinds) if k in (AND, OR)), None)
             if at is not None:
                 args[at] += len(kinds)
