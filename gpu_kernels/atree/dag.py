@@ -303,8 +303,9 @@ class ATreeDag:
         slices seen and an interning that removed a node is not remembered.
         Without sharing every insertion makes new nodes: nothing is remembered."""
         kinds, args = np.asarray(kinds), np.asarray(args)
-        code = (args.astype(np.int64) << 3) | kinds.astype(np.int64)    # one 8-byte word per instruction
-        starts = subexpression_starts(np.asarray(offsets, np.int64), kinds.astype(np.int64), args.astype(np.int64))
+        kinds64, args64 = kinds.astype(np.int64), args.astype(np.int64)
+        code = (args64 << 3) | kinds64       # one 8-byte word per instruction
+        starts = subexpression_starts(np.asarray(offsets, np.int64), kinds64, args64)
         seen: dict = {}                      # slice bytes -> node
         removed = [self.n_removed]           # n_removed when ``seen`` was last valid
 
