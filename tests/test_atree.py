@@ -25,6 +25,7 @@ from engine.algorithms.options import ATreeOptions
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import abe_gen, add_subscriptions
 from gpu_kernels.atree.cpu import IN_KEYS, N_CLASSES
+from gpu_kernels.atree.build import ArrayDag
 from gpu_kernels.atree.dag import (PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, program_expression,
                                    subexpression_starts)
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
@@ -870,9 +871,63 @@ def test_subexpression_starts_per_program_and_malformed_ones_marked():
             assert (got - offsets[p]).tolist() == first
     assert 0 < n_bad < len(programs)
     bad = next(p for p, first in enumerate(expected) if first is None and offsets[p + 1] > offsets[p])
-    dag = ATreeDag()
-    with pytest.raises(ValueError, match="malformed postfix program"):
-        dag.insert_programs([bad], offsets, kinds, args, lambda pid: pid)
-    with pytest.raises(ValueError, match="malformed postfix program"):
-        dag.insert_programs([next(p for p in range(len(programs)) if offsets[p + 1] == offsets[p])], offsets,
-                            kinds, args, lambda pid: pid)
+    for dag in (ATreeDag(), ArrayDag()):
+        with pytest.raises(ValueError, match="malformed postfix program"):
+            dag.insert_programs([bad], offsets, kinds, args, lambda pid: pid)
+        with pytest.raises(ValueError, match="malformed postfix program"):
+            dag.insert_programs([next(p for p in range(len(programs)) if offsets[p + 1] == offsets[p])], offsets,
+                                kinds, args, lambda pid: pid)
+        assert len(dag) == 0
+
+
+def _programs(rng, count: int):
+    """``count`` random postfix programs over 60 predicates (one-operand
+    ANDs, XORs of a node with itself, shared subexpressions), with wide
+    ANDs and ORs among them: of 3 to 8 children (every sub-set looked up),
+    12 (pairs) and beyond PAIR_ENUMERATION (none); as (offsets, kinds, args)."""
+    programs = [_postfix(rng, int(rng.integers(1, 5)))[:2] for _ in range(count)]
+    for width in (3, 4, 5, 8, 12, PAIR_ENUMERATION + 5):
+        for _ in range(4):
+            leaves = rng.choice(60, width, replace=False).tolist()
+            op = AND if rng.random() < 0.5 else OR
+            programs.insert(int(rng.integers(0, len(programs))), ([LEAF] * width + [op], leaves + [width]))
+            if width > 3:                                    # a part of it, later: reused or adopting
+                part = leaves[:int(rng.integers(2, width))]
+                programs.append(([LEAF] * len(part) + [op], part + [len(part)]))
+    offsets = np.cumsum([0] + [len(k) for k, _ in programs]).astype(np.int64)
+    return (offsets, np.array([x for k, _ in programs for x in k], np.int64),
+            np.array([x for _, a in programs for x in a], np.int64))
+
+
+@pytest.mark.parametrize("reorganize, self_adjust", list(product((True, False), repeat=2)))
+def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch):
+    """``ArrayDag`` (the compiled build) against ``ATreeDag``: node for
+    node, id for id, after inserting random programs in chunks of 7 into
+    arrays that start at 4 nodes and must grow many times; after releasing
+    half of the expressions (Algorithm 5); compacted; and with all of
+    them inserted again."""
+    monkeypatch.setattr(ArrayDag, "CHUNK", 7)
+    rng = np.random.default_rng(11)
+    offsets, kinds, args = _programs(rng, 300)
+    n = len(offsets) - 1
+    key = lambda pid: ("predicate", pid)                  # noqa: E731
+    python, compiled = ATreeDag(True, reorganize, self_adjust), ArrayDag(reorganize, self_adjust, capacity=4)
+    told = []
+    roots_p = python.insert_programs(range(n), offsets, kinds, args, key)
+    roots_c = compiled.insert_programs(np.arange(n), offsets, kinds, args, key, progress=told.append)
+    assert sum(told) == n and max(told) <= 7
+    assert dag_state(compiled, roots_c) == dag_state(python, roots_p)
+    if reorganize or self_adjust:                         # (the algorithms did link other than the flat sets)
+        assert any(k is not None and k[0] != "L" and tuple(sorted(set(c))) != k[1]
+                   for k, c in zip(python.key, python.children))
+    gone = rng.choice(n, n // 2, replace=False)
+    python.release_all(np.asarray(roots_p)[gone].tolist())
+    compiled.release_all(np.asarray(roots_c)[gone])
+    assert dag_state(compiled, roots_c) == dag_state(python, roots_p) and python.n_removed > 0
+    kept = np.setdiff1d(np.arange(n), gone)
+    python, roots_p = python.compacted(np.asarray(roots_p)[kept].tolist())
+    compiled, roots_c = compiled.compacted(np.asarray(roots_c)[kept].tolist())
+    assert dag_state(compiled, roots_c) == dag_state(python, roots_p) and compiled.n_removed == 0
+    roots_p = python.insert_programs(range(n), offsets, kinds, args, key)
+    roots_c = compiled.insert_programs(np.arange(n), offsets, kinds, args, key)
+    assert dag_state(compiled, roots_c) == dag_state(python, roots_p)

@@ -66,14 +66,20 @@ def test_text_add_many_shows_progress_on_request_only(capsys, monkeypatch):
 
 
 def test_a_long_a_tree_build_shows_progress_on_a_terminal(capsys, monkeypatch):
-    # the A-Tree inserts node by node in Python: minutes at a million expressions, so a bar appears once a
-    # second has gone by -- on a terminal (tqdm's rule; pytest's capture is none, so it is forced here)
+    # the A-Tree's insertion takes seconds at a million expressions (minutes in the Python DAG of the
+    # ablations), so a bar appears once a second has gone by -- on a terminal (tqdm's rule; pytest's capture
+    # is none, so it is forced here)
     import tqdm as tqdm_module
     from engine.algorithms import atree
     monkeypatch.setattr(index_module, "PROGRESS_AFTER_S", 0.0)
     shown = tqdm_module.tqdm
     monkeypatch.setattr(tqdm_module, "tqdm", lambda *args, **kwargs: shown(*args, **{**kwargs, "disable": False}))
     idx = Index(algorithm="atree")
+    idx.add_many(list(range(40)), [f"a = {i} OR b = {i}" for i in range(40)], progress=False)
+    idx.merge()
+    idx.match({})
+    assert "A-Tree insert" in capsys.readouterr().err
+    idx = Index(algorithm="atree", options={"binary": True})        # (the Python DAG's insertion)
     idx.add_many(list(range(40)), [f"a = {i} OR b = {i}" for i in range(40)], progress=False)
     idx.merge()
     idx.match({})

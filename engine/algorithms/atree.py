@@ -6,12 +6,15 @@ How the paper maps onto this module and :mod:`gpu_kernels.atree`:
 * **Expressions** (§3): every expression is native -- the compiler's
   postfix programs (negation normal form: NOT folded into predicates, as
   the zero suppression filter of §5.2.1 wants) are read back as n-ary
-  trees (:meth:`gpu_kernels.atree.dag.ATreeDag.insert_programs`), AND in
+  trees (:meth:`gpu_kernels.atree.build.ArrayDag.insert_programs`), AND in
   AND and OR in OR flattened.
 * **The A-Tree** (§4.1-§4.2): unique l-, i- and r-nodes through
   order-insensitive expression ids, expression reorganisation by greedy
   set cover, self-adjustment, use counts, insertion and deletion --
-  :class:`gpu_kernels.atree.dag.ATreeDag`, built on the host.
+  :class:`gpu_kernels.atree.build.ArrayDag`, arrays changed by compiled
+  code on the host; :class:`gpu_kernels.atree.dag.ATreeDag`, the same in
+  Python, is its reference and makes the ablations ``sharing=False`` and
+  ``binary``.
 * **Levels and flattening** (§4.1, §5): :func:`gpu_kernels.atree.layout.flatten`.
 * **Predicate matching** (§5: any predicate index will do): the
   non-exact l-nodes with ``=``, ``IN``, ``<``, ``<=``, ``>``, ``>=``,
@@ -41,6 +44,7 @@ from engine.algorithms.base import HostMatcher, list_truth_of
 from engine.algorithms.host_tasks import match_in_tasks
 from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
+from gpu_kernels.atree.build import ArrayDag
 from gpu_kernels.atree.dag import ATreeDag
 from gpu_kernels.atree.layout import flatten, leaf_index
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
@@ -78,9 +82,11 @@ class ATreeMatcher(HostMatcher):
         self.schema = schema
         self.segment = self._coded(segment)
         self.zero_suppression, self.on_demand = zero_suppression, on_demand
-        self.dag = ATreeDag(sharing, reorganize, self_adjust, binary)
+        # the compiled DAG makes what the Python one does; the Python one also makes the ablations
+        self.dag = ArrayDag(reorganize, self_adjust) if sharing and not binary else \
+            ATreeDag(sharing, reorganize, self_adjust, binary)
         keys = _predicate_keys(self.segment)
-        self.roots = np.array(self._insert(self.segment, _progress(range(len(self.segment))), keys), np.int64)
+        self.roots = np.array(self._insert(self.segment, np.arange(len(self.segment)), keys), np.int64)
         self.merges = 0
         self._flatten(keys)
 
@@ -93,8 +99,11 @@ class ATreeMatcher(HostMatcher):
 
     def _insert(self, segment: Segment, positions, keys: list) -> list:
         """Algorithm 4 for the subscriptions at ``positions``: their r-nodes."""
-        return self.dag.insert_programs(positions, segment.prog_offsets, segment.prog_kind, segment.prog_arg,
-                                        keys.__getitem__)
+        program = (segment.prog_offsets, segment.prog_kind, segment.prog_arg, keys.__getitem__)
+        if isinstance(self.dag, ATreeDag):
+            return self.dag.insert_programs(_progress(positions.tolist()), *program)
+        with _progress(None, total=len(positions)) as bar:
+            return self.dag.insert_programs(positions, *program, progress=bar.update)
 
     def _flatten(self, keys: list) -> None:
         table = self.segment.predicates
@@ -121,14 +130,13 @@ class ATreeMatcher(HostMatcher):
         new.schema = schema if schema is not None else self.schema
         new.segment = new._coded(segment)
         dag = self.dag.copy()
-        for root in self.roots[old_to_new < 0].tolist():
-            dag.release(root)
+        dag.release_all(self.roots[old_to_new < 0].tolist())
         roots = np.full(len(segment), -1, np.int64)
         kept = old_to_new >= 0
         roots[old_to_new[kept]] = self.roots[kept]
         new.dag = dag
         keys = _predicate_keys(new.segment)
-        roots[added] = new._insert(new.segment, _progress(added.tolist()), keys)
+        roots[added] = new._insert(new.segment, added, keys)
         if (roots < 0).any():
             raise ValueError("merged: a position of the new segment is neither kept nor added")
         if dag.n_removed > len(dag):           # ids of removed nodes outnumber the live ones: renumber
@@ -193,6 +201,10 @@ class ATreeMatcher(HostMatcher):
         made, which a rebuild might not reproduce."""
         dag, roots = self.dag.compacted(self.roots.tolist())
         pid_of_key = {key: pid for pid, key in enumerate(_predicate_keys(self.segment))}
+        meta = {"format": self.SAVED_FORMAT, "merges": self.merges,
+                **{name: getattr(self.dag, name) for name in self._SHAPE}}
+        if isinstance(dag, ArrayDag):
+            return meta, {**dag.saved(pid_of_key), "roots": np.array(roots, np.int64)}
         kind = np.array(dag.kind, np.int8)
         child_len = np.fromiter((len(c) for c in dag.children), np.int64, len(kind))
         key_len = np.fromiter((-1 if k is None else 0 if k[0] == "L" else len(k[1]) for k in dag.key), np.int64,
@@ -205,8 +217,6 @@ class ATreeMatcher(HostMatcher):
                   "key_idx": np.fromiter((c for k in dag.key if k is not None and k[0] != "L" for c in k[1]),
                                          np.int64, int(key_len[key_len > 0].sum())),
                   "roots": np.array(roots, np.int64)}
-        meta = {"format": self.SAVED_FORMAT, "merges": self.merges,
-                **{name: getattr(self.dag, name) for name in self._SHAPE}}
         return meta, arrays
 
     @classmethod
@@ -249,11 +259,17 @@ class ATreeMatcher(HostMatcher):
     #: cost more than a merge
     DAG_BYTES_PER_NODE = 560
     DAG_BYTES_PER_LINK = 40
+    #: host bytes of a compiled DAG's leaf class beside its arrays (its entry in ``class_of_key`` and
+    #: ``class_keys``, and the predicate key tuple they hold)
+    LEAF_CLASS_BYTES = 200
 
     @property
     def nbytes(self) -> int:
         """The segment, the flat arrays and the leaves' index, and an estimate of the host DAG."""
-        dag = len(self.dag) * self.DAG_BYTES_PER_NODE + len(self.arrays.child_idx) * self.DAG_BYTES_PER_LINK
+        if isinstance(self.dag, ArrayDag):
+            dag = self.dag.nbytes + len(self.dag.class_keys) * self.LEAF_CLASS_BYTES
+        else:
+            dag = len(self.dag) * self.DAG_BYTES_PER_NODE + len(self.arrays.child_idx) * self.DAG_BYTES_PER_LINK
         return self.segment.nbytes + self.arrays.nbytes + self.leaf_index.nbytes + int(self.roots.nbytes) + dag
 
     def statistics(self) -> dict:
@@ -274,15 +290,16 @@ class ATreeMatcher(HostMatcher):
                 f"zero_suppression={self.zero_suppression}, on_demand={self.on_demand})")
 
 
-def _progress(positions):
+def _progress(positions, total=None):
     """``positions``, with a progress bar on a terminal once inserting has
-    taken a second (the DAG is built in Python, node by node: a million
-    expressions take minutes)."""
+    taken a second (a million expressions take seconds compiled, minutes
+    in the Python DAG of the ablations); or, with ``positions`` None, a
+    bar of ``total`` to update."""
     from tqdm import tqdm
 
     from engine.index import PROGRESS_AFTER_S
-    return tqdm(positions, desc="A-Tree insert", unit="expression", file=sys.stderr, delay=PROGRESS_AFTER_S,
-                disable=None, leave=False)
+    return tqdm(positions, total=total, desc="A-Tree insert", unit="expression", file=sys.stderr,
+                delay=PROGRESS_AFTER_S, disable=None, leave=False)
 
 
 #: the arrays of a saved A-Tree (:meth:`ATreeMatcher.to_arrays`)
@@ -340,8 +357,8 @@ def sharing_statistics(dag: ATreeDag, arrays, roots) -> dict:
     the l-nodes (a predicate's sharing) and of the i-nodes -- operator
     nodes that are no subscription's whole expression (a subexpression's);
     r-nodes are the subscriptions' distinct expressions."""
-    kind = np.array(dag.kind, np.int8)
-    uses = np.array(dag.uses, np.int64)
+    kind = dag.kinds()
+    uses = dag.use_counts()
     is_root = np.zeros(len(kind), bool)
     is_root[np.asarray(roots, np.int64)] = True
     leaf = kind == 0

@@ -52,7 +52,7 @@ the old one, never this).
 
 from __future__ import annotations
 
-from itertools import combinations, repeat
+from itertools import chain, combinations, repeat
 
 import numpy as np
 from numba import njit
@@ -361,7 +361,29 @@ class ATreeDag:
             self.uses[roots[-1]] += 1
         return roots
 
+    # ----------------------------------------------------------- reading it
+    def csr(self, pid_of_key: dict):
+        """Per node (removed ones included): kind (int8), number of
+        children, the children concatenated, and a leaf's predicate id by
+        ``pid_of_key`` (-1 for an operator, or a predicate not in it)."""
+        kinds = np.array(self.kind, np.int8)
+        counts = np.fromiter(map(len, self.children), np.int64, len(kinds))
+        child_idx = np.fromiter(chain.from_iterable(self.children), np.int64, int(counts.sum()))
+        host_pid = np.fromiter((-1 if p is None else pid_of_key.get(p, -1) for p in self.pred), np.int64, len(kinds))
+        return kinds, counts, child_idx, host_pid
+
+    def kinds(self) -> np.ndarray:
+        return np.array(self.kind, np.int8)
+
+    def use_counts(self) -> np.ndarray:
+        return np.array(self.uses, np.int64)
+
     # ------------------------------------------------------------- deletion
+    def release_all(self, nodes) -> None:
+        """:meth:`release` of each of ``nodes``."""
+        for node in nodes:
+            self.release(node)
+
     def release(self, node: int) -> None:
         """Algorithm 5: one use less; at zero the node goes, and with it one
         use of each of its children."""

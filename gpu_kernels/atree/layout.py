@@ -17,7 +17,6 @@ evaluated one by one.
 
 from __future__ import annotations
 
-from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -115,7 +114,8 @@ def _links(kind, child_off, child_idx, needs3, leaf_estimate, on_demand):
 
 def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, pid_of_key: dict, *,
             zero_suppression: bool = True, on_demand: bool = True, pred_lo: np.ndarray | None = None) -> ATreeArrays:
-    """The level-ordered arrays of ``dag`` whose subscription at position
+    """The level-ordered arrays of ``dag`` (an :class:`~gpu_kernels.atree.dag.ATreeDag` or
+    :class:`~gpu_kernels.atree.build.ArrayDag`: what its ``csr`` gives) whose subscription at position
     ``p`` is r-node ``roots[p]`` (a host node id); ``pid_of_key`` maps a
     leaf's predicate key to its predicate id in the segment.  With
     ``pred_lo`` (the coded bounds) the leaves are numbered by (attribute,
@@ -128,19 +128,17 @@ def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, 
     FALSE propagates as TRUE does -- every evaluated node reaches all its
     parents; ``on_demand=False`` links every child of an AND, not its
     access child alone.  Neither changes a result."""
-    kinds = np.array(dag.kind, dtype=np.int8)
+    kinds, counts, child_idx, host_pid = dag.csr(pid_of_key)
     n_all = len(kinds)
-    counts = np.fromiter((len(c) for c in dag.children), np.int64, n_all)
     child_off = np.zeros(n_all + 1, np.int64)
     np.cumsum(counts, out=child_off[1:])
-    child_idx = np.fromiter(chain.from_iterable(dag.children), np.int64, int(child_off[-1]))
     level, settled = node_levels(child_off, child_idx)
     if not settled:
         raise AssertionError("A-Tree: the DAG has a cycle")
     live = np.flatnonzero(kinds >= 0)
     host_leaves = np.flatnonzero(kinds == LEAF)
-    host_pid = np.full(n_all, -1, np.int64)
-    host_pid[host_leaves] = [pid_of_key[dag.pred[h]] for h in host_leaves.tolist()]
+    if (host_pid[host_leaves] < 0).any():
+        raise AssertionError("A-Tree: a leaf's predicate is not in the segment")
     by = [level[live]]                                                 # (level, creation order) ...
     if pred_lo is not None:                                            # ... leaves by attribute, operator, bound
         attr_of, op_of, lo_of = np.zeros(n_all, np.int64), np.zeros(n_all, np.int64), np.zeros(n_all, np.float64)

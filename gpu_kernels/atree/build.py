@@ -1,0 +1,820 @@
+"""The A-Tree built by compiled code: :class:`ArrayDag`, the DAG of
+:mod:`gpu_kernels.atree.dag` held in arrays and changed by numba kernels.
+
+:class:`gpu_kernels.atree.dag.ATreeDag` builds the DAG in Python, a
+dictionary lookup and a tuple per node: W5's million expressions took over
+a minute there (BENCHMARKS.md, "W5's build from ASTs").  ``ArrayDag``
+makes the same DAG, node for node and id for id (tests/test_atree.py
+compares the two and the paper's one-by-one insertion), with the same
+algorithms run by :func:`insert_programs_kernel`:
+
+* **nodes** are rows of one int64 matrix (kind, use count, children and
+  expression id as slices of two pools, leaf class, the sizes of the
+  expression ids the node is a child in, its parent list);
+* **expression ids** (§4.2.1) live in an open-addressing hash table of
+  node ids, hashed and compared by (operator, sorted child ids); a leaf's
+  id is its *leaf class* (one per distinct predicate key, numbered here,
+  so that a merged segment's renumbered predicates find their leaves);
+* **Algorithm 2** (reorganisation) enumerates the sub-sets of a new
+  AND/OR's children as bitmasks over them, **Algorithm 3**
+  (self-adjustment) walks the parent list of the child with the fewest
+  parents; a parent list is only ever appended to, an entry that no
+  longer holds (the parent let the child go) being skipped by the check
+  that a parent still links all the children, which the paper makes anyway;
+* **Algorithms 4 and 5** (use counts, insertion, deletion) as in the
+  Python DAG.
+
+The Python DAG stays the reference, and makes the ablations this one does
+not (``sharing=False`` and ``binary``).  :meth:`ArrayDag.python` gives an
+``ArrayDag``'s Python twin (for tests and inspection; slow at a million
+nodes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from gpu_kernels.atree.dag import PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, subexpression_starts
+from gpu_kernels.opcodes import AND, LEAF, OR
+
+# the columns of a node's row
+KIND, USES, C_START, C_LEN, LEAF_CLASS, K_START, K_LEN, MEMBERS, P_HEAD, P_COUNT = range(10)
+N_COLUMNS = 10
+# the counters (``ctr``)
+N_NODES, C_USED, K_USED, P_USED, T_FILLED, N_REMOVED = range(6)
+N_COUNTERS = 6
+EMPTY, TOMBSTONE = -1, -2
+_MIX = -7046029254386353131          # 0x9E3779B97F4A7C15 as an int64 (Fibonacci hashing)
+
+
+@njit(cache=True, inline="always")
+def _hash(op, keys, start, n):
+    h = op * _MIX + n
+    for i in range(start, start + n):
+        h = (h ^ keys[i]) * _MIX
+        h ^= h >> 29
+    return h
+
+
+@njit(cache=True)
+def _find(op, buf, n, nodes, key_pool, slots):
+    """The node whose expression id is (``op``, ``buf[:n]``), or -1."""
+    mask = len(slots) - 1
+    at = _hash(op, buf, 0, n) & mask
+    while True:
+        s = slots[at]
+        if s == EMPTY:
+            return -1
+        if s >= 0 and nodes[s, KIND] == op and nodes[s, K_LEN] == n:
+            k0 = nodes[s, K_START]
+            same = True
+            for i in range(n):
+                if key_pool[k0 + i] != buf[i]:
+                    same = False
+                    break
+            if same:
+                return s
+        at = (at + 1) & mask
+
+
+@njit(cache=True)
+def _table_put(node, nodes, key_pool, slots, ctr):
+    mask = len(slots) - 1
+    at = _hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN]) & mask
+    while slots[at] >= 0:
+        at = (at + 1) & mask
+    if slots[at] == EMPTY:
+        ctr[T_FILLED] += 1
+    slots[at] = node
+
+
+@njit(cache=True)
+def _table_drop(node, nodes, key_pool, slots):
+    mask = len(slots) - 1
+    at = _hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN]) & mask
+    while slots[at] != EMPTY:
+        if slots[at] == node:
+            slots[at] = TOMBSTONE
+            return
+        at = (at + 1) & mask
+
+
+@njit(cache=True)
+def rehashed(nodes, key_pool, n_nodes, size):
+    """A table of ``size`` slots (a power of two) holding every operator
+    node of the first ``n_nodes`` with an expression id; and its fill."""
+    slots = np.full(size, EMPTY, np.int64)
+    mask = size - 1
+    filled = 0
+    for node in range(n_nodes):
+        if nodes[node, KIND] > LEAF and nodes[node, K_LEN] >= 0:
+            at = _hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN]) & mask
+            while slots[at] >= 0:
+                at = (at + 1) & mask
+            slots[at] = node
+            filled += 1
+    return slots, filled
+
+
+@njit(cache=True, inline="always")
+def _member_bit(op, size):
+    return (1 << size) << (0 if op == AND else 16)
+
+
+@njit(cache=True)
+def _add_parent(child, parent, nodes, par_pool, ctr):
+    e = ctr[P_USED]
+    ctr[P_USED] = e + 1
+    par_pool[e, 0] = parent
+    par_pool[e, 1] = nodes[child, P_HEAD]
+    nodes[child, P_HEAD] = e
+    nodes[child, P_COUNT] += 1
+
+
+@njit(cache=True)
+def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, key_pool, par_pool, slots, ctr,
+         leaf_node):
+    """A new node (``_new`` of the Python DAG): ``children[:nc]`` linked,
+    keyed by ``key[:nk]`` (a leaf by its class)."""
+    node = ctr[N_NODES]
+    ctr[N_NODES] = node + 1
+    nodes[node, KIND] = op
+    nodes[node, USES] = 0
+    c0 = ctr[C_USED]
+    for i in range(nc):
+        child_pool[c0 + i] = children[i]
+    ctr[C_USED] = c0 + nc
+    nodes[node, C_START] = c0
+    nodes[node, C_LEN] = nc
+    nodes[node, LEAF_CLASS] = leaf_class
+    nodes[node, MEMBERS] = 0
+    nodes[node, P_HEAD] = -1
+    nodes[node, P_COUNT] = 0
+    if op == LEAF:
+        nodes[node, K_START] = 0
+        nodes[node, K_LEN] = 0
+        leaf_node[leaf_class] = node
+    else:
+        k0 = ctr[K_USED]
+        for i in range(nk):
+            key_pool[k0 + i] = key[i]
+        ctr[K_USED] = k0 + nk
+        nodes[node, K_START] = k0
+        nodes[node, K_LEN] = nk
+        _table_put(node, nodes, key_pool, slots, ctr)
+        if (op == AND or op == OR) and 2 <= nk < SUBSET_ENUMERATION:
+            bit = _member_bit(op, nk)
+            for i in range(nk):
+                nodes[key[i], MEMBERS] |= bit
+    for i in range(nc):
+        nodes[children[i], USES] += 1
+    if self_adjust:
+        for i in range(nc):
+            repeated = False
+            for j in range(i):
+                if children[j] == children[i]:
+                    repeated = True
+                    break
+            if not repeated:
+                _add_parent(children[i], node, nodes, par_pool, ctr)
+    return node
+
+
+@njit(cache=True)
+def _forget(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node):
+    """The node removed (``_forget``): out of the table, its links to its children gone."""
+    c0, nc = nodes[node, C_START], nodes[node, C_LEN]
+    if self_adjust:
+        for i in range(nc):
+            repeated = False
+            for j in range(i):
+                if child_pool[c0 + j] == child_pool[c0 + i]:
+                    repeated = True
+                    break
+            if not repeated:
+                nodes[child_pool[c0 + i], P_COUNT] -= 1      # (its entry stays in the list: see the module doc)
+    if nodes[node, K_LEN] >= 0:
+        if nodes[node, KIND] == LEAF:
+            if leaf_node[nodes[node, LEAF_CLASS]] == node:
+                leaf_node[nodes[node, LEAF_CLASS]] = -1
+        else:
+            _table_drop(node, nodes, key_pool, slots)
+    nodes[node, KIND] = REMOVED
+    nodes[node, C_LEN] = 0
+    nodes[node, K_LEN] = -1
+    nodes[node, LEAF_CLASS] = -1
+    nodes[node, P_HEAD] = -1
+    nodes[node, P_COUNT] = 0
+    ctr[N_REMOVED] += 1
+
+
+@njit(cache=True)
+def release(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node):
+    """Algorithm 5: one use less; at zero the node goes, and with it one use of each of its children."""
+    stack = np.empty(64, np.int64)
+    stack[0] = node
+    depth = 1
+    while depth:
+        depth -= 1
+        n = stack[depth]
+        nodes[n, USES] -= 1
+        if nodes[n, USES] == 0:
+            c0, nc = nodes[n, C_START], nodes[n, C_LEN]
+            if depth + nc > len(stack):
+                grown = np.empty(2 * (depth + nc), np.int64)
+                grown[:depth] = stack[:depth]
+                stack = grown
+            for i in range(nc):
+                stack[depth] = child_pool[c0 + i]
+                depth += 1
+            _forget(n, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+
+
+@njit(cache=True)
+def release_all(roots, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node):
+    for root in roots:
+        release(root, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+
+
+@njit(cache=True)
+def _remove(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node):
+    """``_remove``: the node forgotten, then one use of each of its children released."""
+    c0, nc = nodes[node, C_START], nodes[node, C_LEN]
+    _forget(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+    for i in range(nc):                 # (the pool keeps the slice: forgetting only cut its length)
+        release(child_pool[c0 + i], self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+
+
+@njit(cache=True)
+def _sort(buf, start, n):
+    """``buf[start:start + n]`` sorted in place (insertion sort: a node has few children)."""
+    for i in range(start + 1, start + n):
+        v = buf[i]
+        j = i - 1
+        while j >= start and buf[j] > v:
+            buf[j + 1] = buf[j]
+            j -= 1
+        buf[j + 1] = v
+
+
+@njit(cache=True)
+def _popcount(x):
+    count = 0
+    while x:
+        x &= x - 1
+        count += 1
+    return count
+
+
+@njit(cache=True)
+def _reorganized(op, flat, n, out, nodes, key_pool, slots, elig, idx, sub, cand_node, cand_mask):
+    """Algorithm 2 (``ATreeDag._reorganized``): existing ``op`` nodes over
+    sub-sets of ``flat[:n]`` (sorted) picked greedily, most children still
+    uncovered first, the first found among equals; the new children into
+    ``out`` (the chosen nodes sorted, then the uncovered children sorted)
+    and their number, or -1 when nothing is reused."""
+    if n <= SUBSET_ENUMERATION:
+        largest = n - 1
+    elif n <= PAIR_ENUMERATION:
+        largest = 2
+    else:
+        return -1
+    n_cand = 0
+    for size in range(largest, 1, -1):
+        bit = _member_bit(op, size)
+        n_elig = 0
+        for i in range(n):              # only children in some expression id of this size can be found
+            if nodes[flat[i], MEMBERS] & bit:
+                elig[n_elig] = i
+                n_elig += 1
+        if n_elig < size:
+            continue
+        for j in range(size):           # the combinations in itertools' order
+            idx[j] = j
+        while True:
+            for j in range(size):
+                sub[j] = flat[elig[idx[j]]]
+            found = _find(op, sub, size, nodes, key_pool, slots)
+            if found >= 0:
+                mask = 0
+                for j in range(size):
+                    mask |= 1 << elig[idx[j]]
+                cand_node[n_cand] = found
+                cand_mask[n_cand] = mask
+                n_cand += 1
+            j = size - 1
+            while j >= 0 and idx[j] == n_elig - size + j:
+                j -= 1
+            if j < 0:
+                break
+            idx[j] += 1
+            for t in range(j + 1, size):
+                idx[t] = idx[t - 1] + 1
+    if n_cand == 0:
+        return -1
+    uncovered = (1 << n) - 1
+    n_out = 0
+    while uncovered:
+        best, best_gain = -1, 0
+        for c in range(n_cand):
+            gain = _popcount(cand_mask[c] & uncovered)
+            if gain > best_gain:
+                best, best_gain = c, gain
+        if best < 0:
+            break
+        out[n_out] = cand_node[best]
+        n_out += 1
+        uncovered &= ~cand_mask[best]
+    _sort(out, 0, n_out)
+    for i in range(n):
+        if (uncovered >> i) & 1:
+            out[n_out] = flat[i]
+            n_out += 1
+    return n_out
+
+
+@njit(cache=True)
+def _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr):
+    """Algorithm 3 at one node (``ATreeDag._take_place``): ``parent``, an
+    ``op`` node linking all of ``flat[:n]`` and more, links ``node`` in
+    their place."""
+    if parent == node or nodes[parent, KIND] != op:
+        return
+    c0, nc = nodes[parent, C_START], nodes[parent, C_LEN]
+    if nc <= n:
+        return
+    for i in range(n):
+        linked = False
+        for k in range(c0, c0 + nc):
+            if child_pool[k] == flat[i]:
+                linked = True
+                break
+        if not linked:
+            return
+    m = 0                               # (fewer than before: the new children fit where the old ones were)
+    for k in range(c0, c0 + nc):
+        c = child_pool[k]
+        wanted = False
+        for i in range(n):
+            if flat[i] == c:
+                wanted = True
+                break
+        if not wanted:
+            child_pool[c0 + m] = c
+            m += 1
+    child_pool[c0 + m] = node
+    m += 1
+    _sort(child_pool, c0, m)
+    nodes[parent, C_LEN] = m
+    nodes[node, USES] += 1
+    _add_parent(node, parent, nodes, par_pool, ctr)
+    for i in range(n):
+        nodes[flat[i], P_COUNT] -= 1
+        nodes[flat[i], USES] -= 1
+
+
+@njit(cache=True)
+def _adjusted(node, op, flat, n, nodes, child_pool, par_pool, ctr, reserve):
+    """Algorithm 3 (``ATreeDag._adjusted``): the parents of the child of
+    ``flat[:n]`` with the fewest, each checked to link all of ``flat``.
+    Returns the parent lists' pool, grown so that ``reserve`` entries stay free."""
+    if n == 0:
+        return par_pool
+    pivot = flat[0]
+    for i in range(1, n):
+        if nodes[flat[i], P_COUNT] < nodes[pivot, P_COUNT]:
+            pivot = flat[i]
+    e = nodes[pivot, P_HEAD]
+    while e >= 0:
+        if ctr[P_USED] + reserve + 1 > len(par_pool):
+            grown = np.empty((2 * len(par_pool) + reserve, 2), np.int64)
+            grown[:len(par_pool)] = par_pool
+            par_pool = grown
+        _take_place(par_pool[e, 0], node, op, flat, n, nodes, child_pool, par_pool, ctr)
+        e = par_pool[e, 1]
+    return par_pool
+
+
+@njit(cache=True)
+def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_class_of_pid, reorganize, self_adjust,
+                           nodes, child_pool, key_pool, par_pool, slots, ctr, leaf_node, roots):
+    """Algorithm 4 for the postfix program of each of ``positions[begin:end]``
+    (well formed: :func:`subexpression_starts` checked them): its r-node
+    into ``roots``.  Stops before a program the arrays might not hold
+    (nodes, pools, the table at half full); returns how far it got and
+    the parent lists' pool (grown here when it fills)."""
+    longest = 1
+    for i in range(begin, end):
+        longest = max(longest, offsets[positions[i] + 1] - offsets[positions[i]])
+    width = max(longest, PAIR_ENUMERATION) + 2
+    parent_op = np.empty(longest, np.int64)
+    operands = np.empty(longest + 1, np.int64)    # instruction ids, to find each one's parent
+    vals = np.empty(longest + 1, np.int64)        # nodes of the operands not consumed yet (flattened runs kept)
+    entry = np.empty(longest + 1, np.int64)       # where each operand's nodes start in ``vals``
+    flat = np.empty(width, np.int64)
+    out = np.empty(width, np.int64)
+    elig = np.empty(width, np.int64)
+    idx = np.empty(width, np.int64)
+    sub = np.empty(width, np.int64)
+    cand_node = np.empty(2048, np.int64)
+    cand_mask = np.empty(2048, np.int64)
+    for i in range(begin, end):
+        p = positions[i]
+        start, stop = offsets[p], offsets[p + 1]
+        length = stop - start
+        if ctr[N_NODES] + length > len(nodes) or ctr[C_USED] + length > len(child_pool) \
+                or ctr[K_USED] + length > len(key_pool) or ctr[P_USED] + length > len(par_pool) \
+                or 2 * (ctr[T_FILLED] + length) > len(slots):
+            return i, par_pool
+        # each instruction's parent operator: an AND in an AND (OR in OR) is flattened, not interned
+        depth = 0
+        for at in range(length):
+            kind = kinds[start + at]
+            parent_op[at] = -1
+            if kind != LEAF:
+                arity = args[start + at] if kind == AND or kind == OR else 2
+                for k in range(depth - arity, depth):
+                    parent_op[operands[k]] = kind
+                depth -= arity
+            operands[depth] = at
+            depth += 1
+        depth = 0
+        top = 0
+        for at in range(length):
+            kind = kinds[start + at]
+            if kind == LEAF:
+                cls = leaf_class_of_pid[args[start + at]]
+                node = leaf_node[cls]
+                if node < 0:
+                    node = _new(LEAF, flat, 0, flat, 0, cls, self_adjust, nodes, child_pool, key_pool, par_pool,
+                                slots, ctr, leaf_node)
+                entry[depth] = top
+                vals[top] = node
+                top += 1
+                depth += 1
+                continue
+            arity = args[start + at] if kind == AND or kind == OR else 2
+            s = entry[depth - arity] if arity > 0 else top
+            depth -= arity
+            if (kind == AND or kind == OR) and parent_op[at] == kind:
+                entry[depth] = s                      # its operands become its parent's
+                depth += 1
+                continue
+            # _combined: the children sorted (AND/OR: once each; a lone one is the node itself)
+            n = 0
+            for k in range(s, top):
+                flat[n] = vals[k]
+                n += 1
+            _sort(flat, 0, n)
+            if kind == AND or kind == OR:
+                m = 0
+                for k in range(n):
+                    if m == 0 or flat[k] != flat[m - 1]:
+                        flat[m] = flat[k]
+                        m += 1
+                n = m
+            if (kind == AND or kind == OR) and n == 1:
+                node = flat[0]
+            else:
+                # _operator
+                node = _find(kind, flat, n, nodes, key_pool, slots)
+                if node < 0:
+                    n_out = -1
+                    if reorganize and (kind == AND or kind == OR) and n > 2:
+                        n_out = _reorganized(kind, flat, n, out, nodes, key_pool, slots, elig, idx, sub,
+                                             cand_node, cand_mask)
+                    if n_out < 0:
+                        node = _new(kind, flat, n, flat, n, -1, self_adjust, nodes, child_pool, key_pool,
+                                    par_pool, slots, ctr, leaf_node)
+                    else:
+                        node = _new(kind, out, n_out, flat, n, -1, self_adjust, nodes, child_pool, key_pool,
+                                    par_pool, slots, ctr, leaf_node)
+                        for k in range(n):      # _drop_unused: children covered and used by nothing else
+                            c = flat[k]
+                            linked = False
+                            for j in range(n_out):
+                                if out[j] == c:
+                                    linked = True
+                                    break
+                            if not linked and nodes[c, USES] == 0:
+                                _remove(c, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+                    if self_adjust and (kind == AND or kind == OR):
+                        par_pool = _adjusted(node, kind, flat, n, nodes, child_pool, par_pool, ctr, length)
+            top = s
+            entry[depth] = top
+            vals[top] = node
+            top += 1
+            depth += 1
+        root = vals[0]
+        nodes[root, USES] += 1
+        roots[i] = root
+    return end, par_pool
+
+
+@njit(cache=True)
+def relinked_parents(nodes, child_pool, n_nodes, par_pool):
+    """Every node's parent list made again from the links (after a
+    compaction or a load): returns the pool's fill."""
+    used = 0
+    for node in range(n_nodes):
+        nodes[node, P_HEAD] = -1
+        nodes[node, P_COUNT] = 0
+    for node in range(n_nodes):
+        if nodes[node, KIND] == REMOVED:
+            continue
+        c0, nc = nodes[node, C_START], nodes[node, C_LEN]
+        for i in range(nc):
+            child = child_pool[c0 + i]
+            repeated = False
+            for j in range(i):
+                if child_pool[c0 + j] == child:
+                    repeated = True
+                    break
+            if not repeated:
+                par_pool[used, 0] = node
+                par_pool[used, 1] = nodes[child, P_HEAD]
+                nodes[child, P_HEAD] = used
+                nodes[child, P_COUNT] += 1
+                used += 1
+    return used
+
+
+@njit(cache=True)
+def key_members(nodes, key_pool, n_nodes):
+    """Each node's MEMBERS bits again from the expression ids (after a compaction or a load)."""
+    for node in range(n_nodes):
+        nodes[node, MEMBERS] = 0
+    for node in range(n_nodes):
+        op, nk = nodes[node, KIND], nodes[node, K_LEN]
+        if (op == AND or op == OR) and 2 <= nk < SUBSET_ENUMERATION:
+            bit = _member_bit(op, nk)
+            k0 = nodes[node, K_START]
+            for i in range(nk):
+                nodes[key_pool[k0 + i], MEMBERS] |= bit
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(4, int(n - 1).bit_length())
+
+
+def _grown(array: np.ndarray, needed: int, fill=None) -> np.ndarray:
+    """``array`` with room for ``needed`` rows (doubled until it fits)."""
+    size = max(len(array), 16)
+    while size < needed:
+        size *= 2
+    if size == len(array):
+        return array
+    new = np.empty((size,) + array.shape[1:], array.dtype) if fill is None else \
+        np.full((size,) + array.shape[1:], fill, array.dtype)
+    new[:len(array)] = array
+    return new
+
+
+class ArrayDag:
+    """The A-Tree DAG in arrays (see the module docstring): the same
+    interface as :class:`gpu_kernels.atree.dag.ATreeDag` for what a
+    matcher does with it -- :meth:`insert_programs`, :meth:`release`,
+    :meth:`copy`, :meth:`compacted`, ``n_removed`` and ``len`` -- and its
+    Python twin by :meth:`python` (or the same attributes: ``kind``,
+    ``children``, ``pred``, ``uses``, ``key``, ``table``, ``parents``).
+    Always shares nodes and never makes binary chains."""
+
+    sharing = True
+    binary = False
+
+    def __init__(self, reorganize: bool = True, self_adjust: bool = True, capacity: int = 1024):
+        """``capacity``: nodes to start with (the arrays grow as needed)."""
+        self.reorganize = bool(reorganize)
+        self.self_adjust = bool(self_adjust)
+        self.nodes = np.zeros((capacity, N_COLUMNS), np.int64)
+        self.child_pool = np.zeros(4 * capacity, np.int64)
+        self.key_pool = np.zeros(4 * capacity, np.int64)
+        self.par_pool = np.zeros((4 * capacity, 2), np.int64)
+        self.slots = np.full(_pow2(2 * capacity), EMPTY, np.int64)
+        self.ctr = np.zeros(N_COUNTERS, np.int64)
+        self.leaf_node = np.full(0, -1, np.int64)
+        #: leaf classes: a predicate key's class, and each class's key
+        self.class_of_key: dict = {}
+        self.class_keys: list = []
+        self._python: ATreeDag | None = None
+
+    def copy(self) -> "ArrayDag":
+        new = object.__new__(type(self))
+        new.reorganize, new.self_adjust = self.reorganize, self.self_adjust
+        for name in ("nodes", "child_pool", "key_pool", "par_pool", "slots", "ctr", "leaf_node"):
+            setattr(new, name, getattr(self, name).copy())
+        new.class_of_key, new.class_keys = dict(self.class_of_key), list(self.class_keys)
+        new._python = None
+        return new
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.ctr[N_NODES])
+
+    @property
+    def n_removed(self) -> int:
+        return int(self.ctr[N_REMOVED])
+
+    def __len__(self) -> int:
+        return self.n_nodes - self.n_removed
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(getattr(self, name).nbytes) for name in
+                   ("nodes", "child_pool", "key_pool", "par_pool", "slots", "ctr", "leaf_node"))
+
+    # ------------------------------------------------------------ insertion
+    def _leaf_classes(self, pids: np.ndarray, leaf_key) -> np.ndarray:
+        """Per predicate id (up to the largest of ``pids``), its leaf class (-1 where not asked for)."""
+        classes = np.full(int(pids.max(initial=-1)) + 1, -1, np.int64)
+        for pid in pids.tolist():
+            key = leaf_key(pid)
+            cls = self.class_of_key.get(key)
+            if cls is None:
+                cls = self.class_of_key[key] = len(self.class_keys)
+                self.class_keys.append(key)
+            classes[pid] = cls
+        self.leaf_node = _grown(self.leaf_node, len(self.class_keys), fill=-1)
+        return classes
+
+    #: programs inserted by one kernel call (between two calls of ``progress``)
+    CHUNK = 1 << 16
+
+    def insert_programs(self, positions, offsets, kinds, args, leaf_key, progress=None) -> list:
+        """:meth:`ATreeDag.insert_programs`, compiled: each position's
+        postfix program inserted in order; their r-nodes.  ``progress(k)``
+        is told each time k more are in."""
+        positions = np.asarray(list(positions) if not isinstance(positions, np.ndarray) else positions, np.int64)
+        offsets = np.asarray(offsets, np.int64)
+        kinds, args = np.asarray(kinds, np.int64), np.asarray(args, np.int64)
+        if len(positions) == 0:
+            return []
+        starts = subexpression_starts(offsets, kinds, args)
+        first, last = offsets[positions], offsets[positions + 1]
+        if (last <= first).any() or (starts[np.minimum(first, len(starts) - 1)] < 0).any():
+            raise ValueError("malformed postfix program")
+        used = np.concatenate([np.arange(a, b) for a, b in zip(first.tolist(), last.tolist())]) \
+            if len(positions) < 64 else np.flatnonzero(np.repeat(np.bincount(positions, minlength=len(offsets) - 1)
+                                                                 > 0, np.diff(offsets)))
+        leaf_args = args[used[kinds[used] == LEAF]]
+        classes = self._leaf_classes(np.unique(leaf_args), leaf_key)
+        roots = np.empty(len(positions), np.int64)
+        self._python = None
+        done = 0
+        while done < len(positions):
+            end = min(done + self.CHUNK, len(positions))
+            reached, self.par_pool = insert_programs_kernel(
+                positions, done, end, offsets, kinds, args, classes, self.reorganize, self.self_adjust, self.nodes,
+                self.child_pool, self.key_pool, self.par_pool, self.slots, self.ctr, self.leaf_node, roots)
+            if progress is not None and reached > done:
+                progress(reached - done)
+            done = reached
+            if done == end:
+                continue
+            need = int(last[done] - first[done])
+            self.nodes = _grown(self.nodes, self.n_nodes + need)
+            self.child_pool = _grown(self.child_pool, int(self.ctr[C_USED]) + need)
+            self.key_pool = _grown(self.key_pool, int(self.ctr[K_USED]) + need)
+            self.par_pool = _grown(self.par_pool, int(self.ctr[P_USED]) + need)
+            if 2 * (int(self.ctr[T_FILLED]) + need) > len(self.slots):
+                live = len(self) + need
+                self.slots, filled = rehashed(self.nodes, self.key_pool, self.n_nodes, _pow2(4 * live))
+                self.ctr[T_FILLED] = filled
+        return roots.tolist()
+
+    # ------------------------------------------------------------- deletion
+    def release(self, node: int) -> None:
+        self.release_all([node])
+
+    def release_all(self, roots) -> None:
+        """Algorithm 5 for each of ``roots``."""
+        self._python = None
+        release_all(np.asarray(roots, np.int64), self.self_adjust, self.nodes, self.child_pool, self.key_pool,
+                    self.slots, self.ctr, self.leaf_node)
+
+    # ------------------------------------------------------------ compaction
+    def compacted(self, roots):
+        """Node ids renumbered without the removed ones (in their order),
+        as :meth:`ATreeDag.compacted`; returns ``(dag, new root ids)``."""
+        n = self.n_nodes
+        nodes = self.nodes[:n]
+        live = np.flatnonzero(nodes[:, KIND] != REMOVED)
+        old_to_new = np.full(n, -1, np.int64)
+        old_to_new[live] = np.arange(len(live))
+        new = object.__new__(type(self))
+        new.reorganize, new.self_adjust = self.reorganize, self.self_adjust
+        new.class_of_key, new.class_keys = dict(self.class_of_key), list(self.class_keys)
+        new._python = None
+        rows = nodes[live].copy()
+        c_len, k_len = rows[:, C_LEN], rows[:, K_LEN]
+        child_idx = old_to_new[_gathered(self.child_pool, rows[:, C_START], c_len)]
+        key_idx = old_to_new[_gathered(self.key_pool, rows[:, K_START], np.maximum(k_len, 0))]
+        # a reorganised node is keyed by its flat child set, whose unlinked members may be gone: such a key
+        # names nodes no insertion can produce again, so it is dropped (as the Python DAG does)
+        k_off = np.concatenate(([0], np.cumsum(np.maximum(k_len, 0))))
+        gone = np.add.reduceat((key_idx < 0).astype(np.int64), k_off[:-1].clip(max=max(len(key_idx) - 1, 0))) \
+            if len(key_idx) else np.zeros(len(rows), np.int64)
+        gone = np.where(k_len > 0, gone, 0)
+        rows[:, C_START] = np.concatenate(([0], np.cumsum(c_len)))[:-1]
+        rows[:, K_START] = k_off[:-1]
+        rows[gone > 0, K_LEN] = -1
+        new.nodes = _grown(rows, len(rows) + 1)
+        new.child_pool = _grown(child_idx, len(child_idx) + 1)
+        new.key_pool = _grown(np.where(key_idx < 0, 0, key_idx), len(key_idx) + 1)
+        new.ctr = np.zeros(N_COUNTERS, np.int64)
+        new.ctr[N_NODES], new.ctr[C_USED], new.ctr[K_USED] = len(rows), len(child_idx), len(key_idx)
+        new.leaf_node = np.full(len(self.leaf_node), -1, np.int64)
+        leaves = np.flatnonzero((rows[:, KIND] == LEAF) & (rows[:, K_LEN] >= 0))
+        new.leaf_node[rows[leaves, LEAF_CLASS]] = leaves
+        new.slots, filled = rehashed(new.nodes, new.key_pool, len(rows), _pow2(4 * len(rows)))
+        new.ctr[T_FILLED] = filled
+        key_members(new.nodes, new.key_pool, len(rows))
+        new.nodes[:, P_HEAD], new.nodes[:, P_COUNT] = -1, 0
+        new.par_pool = np.zeros((max(2 * len(child_idx), 16), 2), np.int64)
+        new.ctr[P_USED] = relinked_parents(new.nodes, new.child_pool, len(rows), new.par_pool) \
+            if self.self_adjust else 0
+        return new, old_to_new[np.asarray(roots, np.int64)].tolist()
+
+    # ----------------------------------------------------------- reading it
+    def csr(self, pid_of_key: dict | None = None):
+        """Per node (removed ones included): kind (int8), number of
+        children, the children concatenated, and a leaf's predicate id by
+        ``pid_of_key`` (-1 for an operator, or a predicate not in it; the
+        leaf class without ``pid_of_key``)."""
+        nodes = self.nodes[:self.n_nodes]
+        counts = nodes[:, C_LEN].copy()
+        leaf = nodes[:, LEAF_CLASS].copy()
+        if pid_of_key is not None:
+            pid_of_class = np.fromiter((pid_of_key.get(key, -1) for key in self.class_keys), np.int64,
+                                       len(self.class_keys))
+            leaf = np.where(leaf >= 0, pid_of_class[leaf.clip(min=0)] if len(pid_of_class) else -1, -1)
+        return (nodes[:, KIND].astype(np.int8), counts, _gathered(self.child_pool, nodes[:, C_START], counts), leaf)
+
+    def kinds(self) -> np.ndarray:
+        return self.nodes[:self.n_nodes, KIND].astype(np.int8)
+
+    def use_counts(self) -> np.ndarray:
+        return self.nodes[:self.n_nodes, USES].copy()
+
+    def saved(self, pid_of_key: dict) -> dict:
+        """The arrays :meth:`engine.algorithms.atree.ATreeMatcher.to_arrays`
+        saves (of a compacted DAG: no removed node): per node its kind,
+        uses, leaf predicate id, children (CSR) and expression id's
+        children (CSR; ``key_len`` -1 without one, 0 for a leaf)."""
+        kind, child_len, child_idx, leaf_pid = self.csr(pid_of_key)
+        nodes = self.nodes[:self.n_nodes]
+        key_len = nodes[:, K_LEN].copy()
+        return {"kind": kind, "uses": self.use_counts(), "leaf_pid": leaf_pid, "child_len": child_len,
+                "child_idx": child_idx, "key_len": key_len,
+                "key_idx": _gathered(self.key_pool, nodes[:, K_START], np.maximum(key_len, 0))}
+
+    def python(self) -> ATreeDag:
+        """The Python twin of this DAG: the same nodes, ids, children,
+        keys, use counts and parent sets (made on first use, and again
+        after a change)."""
+        if self._python is not None:
+            return self._python
+        kind, counts, child_idx, leaf_class = self.csr()
+        nodes = self.nodes[:self.n_nodes]
+        dag = ATreeDag(True, self.reorganize, self.self_adjust, False)
+        at = np.concatenate(([0], np.cumsum(counts))).tolist()
+        kids = child_idx.tolist()
+        k_len = nodes[:, K_LEN]
+        keys = _gathered(self.key_pool, nodes[:, K_START], np.maximum(k_len, 0)).tolist()
+        k_at = np.concatenate(([0], np.cumsum(np.maximum(k_len, 0)))).tolist()
+        dag.kind = kind.astype(np.int64).tolist()
+        dag.children = [tuple(kids[at[i]:at[i + 1]]) for i in range(len(kind))]
+        dag.pred = [self.class_keys[c] if c >= 0 else None for c in leaf_class.tolist()]
+        dag.uses = self.use_counts().tolist()
+        dag.key = [None if kl < 0 else ("L", dag.pred[i]) if dag.kind[i] == LEAF else
+                   (dag.kind[i], tuple(keys[k_at[i]:k_at[i + 1]])) for i, kl in enumerate(k_len.tolist())]
+        dag.table = {key: i for i, key in enumerate(dag.key) if key is not None}
+        dag.n_removed = self.n_removed
+        if self.self_adjust:
+            for parent, children in enumerate(dag.children):
+                for child in set(children):
+                    dag._parent_set(child).add(parent)
+        self._python = dag
+        return dag
+
+    kind = property(lambda self: self.python().kind)
+    children = property(lambda self: self.python().children)
+    pred = property(lambda self: self.python().pred)
+    uses = property(lambda self: self.python().uses)
+    key = property(lambda self: self.python().key)
+    table = property(lambda self: self.python().table)
+    parents = property(lambda self: self.python().parents)
+
+
+def _gathered(pool: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """``pool[start[i]:start[i] + length[i]]`` for every i, concatenated."""
+    length = np.asarray(length, np.int64)
+    total = int(length.sum())
+    if total == 0:
+        return np.zeros(0, pool.dtype)
+    offsets = np.concatenate(([0], np.cumsum(length)))[:-1]
+    return pool[np.repeat(np.asarray(start, np.int64) - offsets, length) + np.arange(total)]
+
+
+__all__ = ["ArrayDag"]
