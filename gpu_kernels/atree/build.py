@@ -46,6 +46,12 @@ N_NODES, C_USED, K_USED, P_USED, T_FILLED, N_REMOVED = range(6)
 N_COUNTERS = 6
 EMPTY, TOMBSTONE = -1, -2
 _MIX = -7046029254386353131          # 0x9E3779B97F4A7C15 as an int64 (Fibonacci hashing)
+# a table slot holds a node id in its low 32 bits and 31 more bits of its key's hash above them, so that
+# a probe passes other keys without reading their nodes (a cache miss each at a million nodes); a parent
+# list entry holds the parent's id and, above it, its kind, so that Algorithm 3 passes parents of another
+# operator alike
+LOW = (1 << 32) - 1
+TAG = (1 << 31) - 1
 
 
 @njit(cache=True, inline="always")
@@ -61,32 +67,37 @@ def _hash(op, keys, start, n):
 def _find(op, buf, n, nodes, key_pool, slots):
     """The node whose expression id is (``op``, ``buf[:n]``), or -1."""
     mask = len(slots) - 1
-    at = _hash(op, buf, 0, n) & mask
+    h = _hash(op, buf, 0, n)
+    tag = (h >> 32) & TAG
+    at = h & mask
     while True:
         s = slots[at]
         if s == EMPTY:
             return -1
-        if s >= 0 and nodes[s, KIND] == op and nodes[s, K_LEN] == n:
-            k0 = nodes[s, K_START]
-            same = True
-            for i in range(n):
-                if key_pool[k0 + i] != buf[i]:
-                    same = False
-                    break
-            if same:
-                return s
+        if s >= 0 and (s >> 32) == tag:
+            node = s & LOW
+            if nodes[node, KIND] == op and nodes[node, K_LEN] == n:
+                k0 = nodes[node, K_START]
+                same = True
+                for i in range(n):
+                    if key_pool[k0 + i] != buf[i]:
+                        same = False
+                        break
+                if same:
+                    return node
         at = (at + 1) & mask
 
 
 @njit(cache=True)
 def _table_put(node, nodes, key_pool, slots, ctr):
     mask = len(slots) - 1
-    at = _hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN]) & mask
+    h = _hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN])
+    at = h & mask
     while slots[at] >= 0:
         at = (at + 1) & mask
     if slots[at] == EMPTY:
         ctr[T_FILLED] += 1
-    slots[at] = node
+    slots[at] = ((h >> 32) & TAG) << 32 | node
 
 
 @njit(cache=True)
@@ -94,7 +105,7 @@ def _table_drop(node, nodes, key_pool, slots):
     mask = len(slots) - 1
     at = _hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN]) & mask
     while slots[at] != EMPTY:
-        if slots[at] == node:
+        if slots[at] >= 0 and slots[at] & LOW == node:
             slots[at] = TOMBSTONE
             return
         at = (at + 1) & mask
@@ -109,10 +120,11 @@ def rehashed(nodes, key_pool, n_nodes, size):
     filled = 0
     for node in range(n_nodes):
         if nodes[node, KIND] > LEAF and nodes[node, K_LEN] >= 0:
-            at = _hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN]) & mask
+            h = _hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN])
+            at = h & mask
             while slots[at] >= 0:
                 at = (at + 1) & mask
-            slots[at] = node
+            slots[at] = ((h >> 32) & TAG) << 32 | node
             filled += 1
     return slots, filled
 
@@ -123,10 +135,10 @@ def _member_bit(op, size):
 
 
 @njit(cache=True)
-def _add_parent(child, parent, nodes, par_pool, ctr):
+def _add_parent(child, parent, kind, nodes, par_pool, ctr):
     e = ctr[P_USED]
     ctr[P_USED] = e + 1
-    par_pool[e, 0] = parent
+    par_pool[e, 0] = kind << 32 | parent
     par_pool[e, 1] = nodes[child, P_HEAD]
     nodes[child, P_HEAD] = e
     nodes[child, P_COUNT] += 1
@@ -177,7 +189,7 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, 
                     repeated = True
                     break
             if not repeated:
-                _add_parent(children[i], node, nodes, par_pool, ctr)
+                _add_parent(children[i], node, op, nodes, par_pool, ctr)
     return node
 
 
@@ -368,7 +380,7 @@ def _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr):
     _sort(child_pool, c0, m)
     nodes[parent, C_LEN] = m
     nodes[node, USES] += 1
-    _add_parent(node, parent, nodes, par_pool, ctr)
+    _add_parent(node, parent, op, nodes, par_pool, ctr)
     for i in range(n):
         nodes[flat[i], P_COUNT] -= 1
         nodes[flat[i], USES] -= 1
@@ -391,7 +403,8 @@ def _adjusted(node, op, flat, n, nodes, child_pool, par_pool, ctr, reserve):
             grown = np.empty((2 * len(par_pool) + reserve, 2), np.int64)
             grown[:len(par_pool)] = par_pool
             par_pool = grown
-        _take_place(par_pool[e, 0], node, op, flat, n, nodes, child_pool, par_pool, ctr)
+        if par_pool[e, 0] >> 32 == op:
+            _take_place(par_pool[e, 0] & LOW, node, op, flat, n, nodes, child_pool, par_pool, ctr)
         e = par_pool[e, 1]
     return par_pool
 
@@ -532,7 +545,7 @@ def relinked_parents(nodes, child_pool, n_nodes, par_pool):
                     repeated = True
                     break
             if not repeated:
-                par_pool[used, 0] = node
+                par_pool[used, 0] = nodes[node, KIND] << 32 | node
                 par_pool[used, 1] = nodes[child, P_HEAD]
                 nodes[child, P_HEAD] = used
                 nodes[child, P_COUNT] += 1
@@ -552,6 +565,22 @@ def key_members(nodes, key_pool, n_nodes):
             k0 = nodes[node, K_START]
             for i in range(nk):
                 nodes[key_pool[k0 + i], MEMBERS] |= bit
+
+
+@njit(cache=True)
+def leaf_pids_used(positions, offsets, kinds, args):
+    """Per predicate id (up to the largest met), whether a leaf of the programs at ``positions`` reads it."""
+    top = -1
+    for p in positions:
+        for at in range(offsets[p], offsets[p + 1]):
+            if kinds[at] == LEAF and args[at] > top:
+                top = args[at]
+    used = np.zeros(top + 1, np.bool_)
+    for p in positions:
+        for at in range(offsets[p], offsets[p + 1]):
+            if kinds[at] == LEAF:
+                used[args[at]] = True
+    return used
 
 
 def _pow2(n: int) -> int:
@@ -646,19 +675,14 @@ class ArrayDag:
         postfix program inserted in order; their r-nodes.  ``progress(k)``
         is told each time k more are in."""
         positions = np.asarray(list(positions) if not isinstance(positions, np.ndarray) else positions, np.int64)
-        offsets = np.asarray(offsets, np.int64)
-        kinds, args = np.asarray(kinds, np.int64), np.asarray(args, np.int64)
+        offsets, kinds, args = np.asarray(offsets, np.int64), np.asarray(kinds), np.asarray(args)
         if len(positions) == 0:
             return []
         starts = subexpression_starts(offsets, kinds, args)
         first, last = offsets[positions], offsets[positions + 1]
         if (last <= first).any() or (starts[np.minimum(first, len(starts) - 1)] < 0).any():
             raise ValueError("malformed postfix program")
-        used = np.concatenate([np.arange(a, b) for a, b in zip(first.tolist(), last.tolist())]) \
-            if len(positions) < 64 else np.flatnonzero(np.repeat(np.bincount(positions, minlength=len(offsets) - 1)
-                                                                 > 0, np.diff(offsets)))
-        leaf_args = args[used[kinds[used] == LEAF]]
-        classes = self._leaf_classes(np.unique(leaf_args), leaf_key)
+        classes = self._leaf_classes(np.flatnonzero(leaf_pids_used(positions, offsets, kinds, args)), leaf_key)
         roots = np.empty(len(positions), np.int64)
         self._python = None
         done = 0
