@@ -595,10 +595,13 @@ def test_the_saved_dag_is_loaded_as_it_was_built(tmp_path, monkeypatch):
     path = tmp_path / "atree.bexidx"
     index.save(path)
     with monkeypatch.context() as no_insertion:           # restored, not built: no insertion replayed
-        no_insertion.setattr(ATreeDag, "insert", lambda *_: pytest.fail("the load inserted expressions"))
+        for dag in (ATreeDag, ArrayDag):
+            no_insertion.setattr(dag, "insert_programs", lambda *_: pytest.fail("the load inserted expressions"))
         loaded = Index.load(path)
         after = atree_of(loaded)
     before = atree_of(index)
+    assert isinstance(after.dag, ArrayDag)                # (the compiled DAG, as a build makes it)
+    assert dag_state(after.dag, after.roots) == dag_state(*before.dag.compacted(before.roots.tolist()))
     assert after.statistics() == before.statistics() and after.merges == before.merges
     assert np.array_equal(after.arrays.child_idx, before.arrays.child_idx)
     events = [random_event(rng) for _ in range(200)]
@@ -928,6 +931,18 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
     python, roots_p = python.compacted(np.asarray(roots_p)[kept].tolist())
     compiled, roots_c = compiled.compacted(np.asarray(roots_c)[kept].tolist())
     assert dag_state(compiled, roots_c) == dag_state(python, roots_p) and compiled.n_removed == 0
+    # saved and restored (a load): the same DAG; two operators given one expression id are refused
+    keys = [key(pid) for pid in range(60)]
+    saved = compiled.saved({k: pid for pid, k in enumerate(keys)})
+    fields = [saved[name] for name in ("kind", "uses", "leaf_pid")] + [keys] + \
+        [saved[name] for name in ("child_len", "child_idx", "key_len", "key_idx")]
+    assert dag_state(ArrayDag.restored(reorganize, self_adjust, *fields), roots_c) == dag_state(python, roots_p)
+    k_at = np.concatenate(([0], np.cumsum(np.maximum(saved["key_len"], 0))))
+    a, b = [node for node in range(len(saved["kind"])) if saved["kind"][node] == AND and saved["key_len"][node] == 2][:2]
+    key_idx = saved["key_idx"].copy()
+    key_idx[k_at[b]:k_at[b + 1]] = key_idx[k_at[a]:k_at[a + 1]]
+    with pytest.raises(ValueError, match="two nodes with one expression id"):
+        ArrayDag.restored(reorganize, self_adjust, *fields[:-1], key_idx)
     roots_p = python.insert_programs(range(n), offsets, kinds, args, key)
     roots_c = compiled.insert_programs(np.arange(n), offsets, kinds, args, key)
     assert dag_state(compiled, roots_c) == dag_state(python, roots_p)

@@ -306,10 +306,12 @@ def _progress(positions, total=None):
 SAVED_ARRAYS = ("kind", "uses", "leaf_pid", "child_len", "child_idx", "key_len", "key_idx", "roots")
 
 
-def _restored_dag(meta: dict, arrays: dict, keys: list) -> ATreeDag:
-    """:meth:`ATreeMatcher.from_arrays`'s DAG: the lists rebuilt from the
-    arrays, the expression table and the parent sets derived, every count
-    checked against what the links and r-nodes give."""
+def _restored_dag(meta: dict, arrays: dict, keys: list):
+    """:meth:`ATreeMatcher.from_arrays`'s DAG, every array checked (ranges,
+    one expression id a node, use counts against what the links and
+    r-nodes give): an :class:`ArrayDag` for the shapes it makes, else the
+    Python DAG, its lists rebuilt from the arrays, the expression table and
+    the parent sets derived."""
     kind = np.asarray(arrays["kind"], np.int64)
     n = len(kind)
     sizes = {name: len(arrays[name]) for name in ("uses", "leaf_pid", "child_len", "key_len")}
@@ -326,6 +328,14 @@ def _restored_dag(meta: dict, arrays: dict, keys: list) -> ATreeDag:
             or (leaf != (child_len == 0)).any() or (leaf != (leaf_pid >= 0)).any() \
             or (leaf_pid.size and leaf_pid.max() >= len(keys)) or (leaf & (key_len > 0)).any():
         raise ValueError("saved A-Tree: a node's kind, children, key or predicate is out of range")
+    if n:
+        roots = np.asarray(arrays["roots"], np.int64).clip(0, n - 1)
+        uses = np.bincount(child_idx, minlength=n) + np.bincount(roots, minlength=n)
+        if not np.array_equal(uses, np.asarray(arrays["uses"], np.int64)):
+            raise ValueError("saved A-Tree: use counts differ from the links and r-nodes")
+    if meta["sharing"] and not meta["binary"]:
+        return ArrayDag.restored(meta["reorganize"], meta["self_adjust"], kind, np.asarray(arrays["uses"], np.int64),
+                                 leaf_pid, keys, child_len, child_idx, key_len, key_idx)
     dag = ATreeDag(meta["sharing"], meta["reorganize"], meta["self_adjust"], meta["binary"])
     c_at = np.concatenate(([0], np.cumsum(child_len))).tolist()
     k_at = np.concatenate(([0], np.cumsum(np.maximum(key_len, 0)))).tolist()
@@ -339,11 +349,6 @@ def _restored_dag(meta: dict, arrays: dict, keys: list) -> ATreeDag:
     dag.table = {key: i for i, key in enumerate(dag.key) if key is not None}
     if len(dag.table) != int((key_len >= 0).sum()):
         raise ValueError("saved A-Tree: two nodes with one expression id")
-    if n:
-        roots = np.asarray(arrays["roots"], np.int64).clip(0, n - 1)
-        uses = np.bincount(child_idx, minlength=n) + np.bincount(roots, minlength=n)
-    if n and not np.array_equal(uses, np.asarray(arrays["uses"], np.int64)):
-        raise ValueError("saved A-Tree: use counts differ from the links and r-nodes")
     if dag.self_adjust:
         for parent, kids in enumerate(dag.children):
             for child in set(kids):

@@ -554,6 +554,24 @@ def relinked_parents(nodes, child_pool, n_nodes, par_pool):
 
 
 @njit(cache=True)
+def duplicate_keys(nodes, key_pool, n_nodes, slots):
+    """How many keyed operator nodes a lookup of their own key does not find (another node has it)."""
+    buf = np.empty(16, np.int64)
+    count = 0
+    for node in range(n_nodes):
+        op, nk = nodes[node, KIND], nodes[node, K_LEN]
+        if op > LEAF and nk >= 0:
+            if nk > len(buf):
+                buf = np.empty(2 * nk, np.int64)
+            k0 = nodes[node, K_START]
+            for i in range(nk):
+                buf[i] = key_pool[k0 + i]
+            if _find(op, buf, nk, nodes, key_pool, slots) != node:
+                count += 1
+    return count
+
+
+@njit(cache=True)
 def key_members(nodes, key_pool, n_nodes):
     """Each node's MEMBERS bits again from the expression ids (after a compaction or a load)."""
     for node in range(n_nodes):
@@ -759,6 +777,43 @@ class ArrayDag:
         new.ctr[P_USED] = relinked_parents(new.nodes, new.child_pool, len(rows), new.par_pool) \
             if self.self_adjust else 0
         return new, old_to_new[np.asarray(roots, np.int64)].tolist()
+
+    @classmethod
+    def restored(cls, reorganize: bool, self_adjust: bool, kind, uses, leaf_pid, keys, child_len, child_idx,
+                 key_len, key_idx) -> "ArrayDag":
+        """A saved DAG (:meth:`saved`'s arrays, ``leaf_pid`` read through
+        ``keys``, the predicate keys by id), its ranges and use counts
+        checked by the caller: the table, the leaf classes, the members
+        bits and the parent lists made again.  ValueError when two nodes
+        have one expression id."""
+        n = len(kind)
+        new = cls(reorganize, self_adjust, capacity=n + 1)
+        nodes = new.nodes
+        nodes[:n, KIND], nodes[:n, USES] = kind, uses
+        nodes[:n, C_LEN], nodes[:n, K_LEN] = child_len, key_len
+        nodes[:n, C_START] = np.concatenate(([0], np.cumsum(child_len)))[:-1]
+        nodes[:n, K_START] = np.concatenate(([0], np.cumsum(np.maximum(key_len, 0))))[:-1]
+        leaf = np.flatnonzero(np.asarray(kind) == LEAF)
+        classes = new._leaf_classes(np.unique(leaf_pid[leaf]), keys.__getitem__)
+        nodes[:n, LEAF_CLASS] = -1
+        nodes[leaf, LEAF_CLASS] = classes[leaf_pid[leaf]]
+        keyed = leaf[np.asarray(key_len)[leaf] >= 0]
+        if len(np.unique(nodes[keyed, LEAF_CLASS])) != len(keyed):
+            raise ValueError("saved A-Tree: two nodes with one expression id")
+        new.leaf_node[nodes[keyed, LEAF_CLASS]] = keyed
+        new.child_pool = _grown(np.asarray(child_idx, np.int64), len(child_idx) + 1)
+        new.key_pool = _grown(np.asarray(key_idx, np.int64), len(key_idx) + 1)
+        new.ctr[N_NODES], new.ctr[C_USED], new.ctr[K_USED] = n, len(child_idx), len(key_idx)
+        new.ctr[N_REMOVED] = int((np.asarray(kind) == REMOVED).sum())
+        new.slots, new.ctr[T_FILLED] = rehashed(new.nodes, new.key_pool, n, _pow2(4 * n))
+        if duplicate_keys(new.nodes, new.key_pool, n, new.slots):
+            raise ValueError("saved A-Tree: two nodes with one expression id")
+        key_members(new.nodes, new.key_pool, n)
+        new.nodes[:, P_HEAD], new.nodes[:, P_COUNT] = -1, 0
+        new.par_pool = np.zeros((max(2 * len(child_idx), 16), 2), np.int64)
+        if self_adjust:
+            new.ctr[P_USED] = relinked_parents(new.nodes, new.child_pool, n, new.par_pool)
+        return new
 
     # ----------------------------------------------------------- reading it
     def csr(self, pid_of_key: dict | None = None):
