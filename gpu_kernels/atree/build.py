@@ -638,6 +638,8 @@ class ArrayDag:
         self.child_pool = np.zeros(4 * capacity, np.int64)
         self.key_pool = np.zeros(4 * capacity, np.int64)
         self.par_pool = np.zeros((4 * capacity, 2), np.int64)
+        #: whether ``par_pool`` holds the parent lists (dropped after each insertion, made again before the next)
+        self.parent_lists = True
         self.slots = np.full(_pow2(2 * capacity), EMPTY, np.int64)
         self.ctr = np.zeros(N_COUNTERS, np.int64)
         self.leaf_node = np.full(0, -1, np.int64)
@@ -652,6 +654,7 @@ class ArrayDag:
         for name in ("nodes", "child_pool", "key_pool", "par_pool", "slots", "ctr", "leaf_node"):
             setattr(new, name, getattr(self, name).copy())
         new.class_of_key, new.class_keys = dict(self.class_of_key), list(self.class_keys)
+        new.parent_lists = self.parent_lists
         new._python = None
         return new
 
@@ -703,6 +706,10 @@ class ArrayDag:
         classes = self._leaf_classes(np.flatnonzero(leaf_pids_used(positions, offsets, kinds, args)), leaf_key)
         roots = np.empty(len(positions), np.int64)
         self._python = None
+        if self.self_adjust and not self.parent_lists:
+            self.par_pool = np.zeros((2 * int(self.ctr[C_USED]) + 16, 2), np.int64)
+            self.ctr[P_USED] = relinked_parents(self.nodes, self.child_pool, self.n_nodes, self.par_pool)
+            self.parent_lists = True
         done = 0
         while done < len(positions):
             end = min(done + self.CHUNK, len(positions))
@@ -723,7 +730,21 @@ class ArrayDag:
                 live = len(self) + need
                 self.slots, filled = rehashed(self.nodes, self.key_pool, self.n_nodes, _pow2(4 * live))
                 self.ctr[T_FILLED] = filled
+        self._trim()
         return roots.tolist()
+
+    def _trim(self) -> None:
+        """The arrays cut to what they hold (they doubled as they grew),
+        and the parent lists dropped: matching never reads the DAG, and
+        only Algorithm 3 reads the lists, which the next insertion makes
+        again from the links (:func:`relinked_parents`, one pass).  At a
+        million expressions the lists are the DAG's largest array."""
+        self.nodes = self.nodes[:self.n_nodes + 1].copy()
+        self.child_pool = self.child_pool[:int(self.ctr[C_USED]) + 1].copy()
+        self.key_pool = self.key_pool[:int(self.ctr[K_USED]) + 1].copy()
+        self.par_pool = np.zeros((0, 2), np.int64)
+        self.ctr[P_USED] = 0
+        self.parent_lists = False
 
     # ------------------------------------------------------------- deletion
     def release(self, node: int) -> None:
@@ -772,10 +793,7 @@ class ArrayDag:
         new.slots, filled = rehashed(new.nodes, new.key_pool, len(rows), _pow2(4 * len(rows)))
         new.ctr[T_FILLED] = filled
         key_members(new.nodes, new.key_pool, len(rows))
-        new.nodes[:, P_HEAD], new.nodes[:, P_COUNT] = -1, 0
-        new.par_pool = np.zeros((max(2 * len(child_idx), 16), 2), np.int64)
-        new.ctr[P_USED] = relinked_parents(new.nodes, new.child_pool, len(rows), new.par_pool) \
-            if self.self_adjust else 0
+        new.par_pool, new.parent_lists = np.zeros((0, 2), np.int64), False      # (made by the next insertion)
         return new, old_to_new[np.asarray(roots, np.int64)].tolist()
 
     @classmethod
@@ -809,10 +827,7 @@ class ArrayDag:
         if duplicate_keys(new.nodes, new.key_pool, n, new.slots):
             raise ValueError("saved A-Tree: two nodes with one expression id")
         key_members(new.nodes, new.key_pool, n)
-        new.nodes[:, P_HEAD], new.nodes[:, P_COUNT] = -1, 0
-        new.par_pool = np.zeros((max(2 * len(child_idx), 16), 2), np.int64)
-        if self_adjust:
-            new.ctr[P_USED] = relinked_parents(new.nodes, new.child_pool, n, new.par_pool)
+        new.par_pool, new.parent_lists = np.zeros((0, 2), np.int64), False      # (made by the next insertion)
         return new
 
     # ----------------------------------------------------------- reading it
