@@ -498,6 +498,15 @@ def predicate_key(pred: Pred, schema: Schema) -> tuple:
 
 
 _LEAF_CODES = [opcodes.LEAF]
+_NODE_CLASSES = frozenset((Pred, Not, And, Or, Xor, Xnor))
+
+
+def _node_class(node) -> type:
+    """The expression class ``node`` is an instance of (a subclass's base)."""
+    for cls in (Pred, Not, And, Or, Xor, Xnor):
+        if isinstance(node, cls):
+            return cls
+    raise TypeError(f"not an expression node: {node!r}")
 
 
 def compile_expressions(ids, nodes, schema: Schema, shared: bool = False) -> Segment:
@@ -516,10 +525,10 @@ def compile_expressions(ids, nodes, schema: Schema, shared: bool = False) -> Seg
     args: list[int] = []
     offsets = [0]
     max_depth = 0
-    # (id of a node, negated) -> its leaf's predicate id, or its program's span and stack depth; the ASTs
-    # are alive (``nodes``) while this runs, so an id names one node
-    leaf_of: dict[tuple, int] = {}
-    span_of: dict[tuple, tuple] = {}
+    # per polarity (index: negated), the id of a node -> its leaf's predicate id, or its program's span and
+    # stack depth; the ASTs are alive (``nodes``) while this runs, so an id names one node
+    leaf_of: tuple[dict, dict] = ({}, {})
+    span_of: tuple[dict, dict] = ({}, {})
 
     def leaf(pred: Pred) -> int:
         k = predicate_key(pred, schema)
@@ -531,38 +540,45 @@ def compile_expressions(ids, nodes, schema: Schema, shared: bool = False) -> Seg
 
     def emit(node, negated: bool) -> int:
         """Append the postfix code of ``node`` (of ``NOT node`` when
-        ``negated``) in NNF; return the stack depth it needs."""
-        key = (id(node), negated)
-        if isinstance(node, Pred):
-            pid = leaf_of.get(key)
+        ``negated``) in NNF; return the stack depth it needs.  (Called per
+        node of a million ASTs: classes compared by identity, loops
+        written out.)"""
+        cls = node.__class__
+        if cls not in _NODE_CLASSES:
+            cls = _node_class(node)
+        if cls is Pred:
+            memo = leaf_of[negated]
+            pid = memo.get(id(node))
             if pid is None:
                 pid = leaf(negate(node) if negated else node)
                 if shared:
-                    leaf_of[key] = pid
+                    memo[id(node)] = pid
             kinds.append(opcodes.LEAF)
             args.append(pid)
             return 1
-        span = span_of.get(key)
+        span = span_of[negated].get(id(node))
         if span is not None:
             start, stop, depth = span
             kinds.extend(kinds[start:stop])
             args.extend(args[start:stop])
             return depth
         start = len(kinds)
-        if isinstance(node, Not):
+        if cls is Not:
             depth = emit(node.child, not negated)
-        elif isinstance(node, (And, Or)):          # De Morgan under a negation
-            depth = max(i + emit(child, negated) for i, child in enumerate(node.children))
-            kinds.append(opcodes.AND if isinstance(node, And) != negated else opcodes.OR)
+        elif cls is And or cls is Or:              # De Morgan under a negation
+            depth = 0
+            for i, child in enumerate(node.children):
+                need = i + emit(child, negated)
+                if need > depth:
+                    depth = need
+            kinds.append(opcodes.AND if (cls is And) != negated else opcodes.OR)
             args.append(len(node.children))
-        elif isinstance(node, (Xor, Xnor)):        # NOT (x XOR y) is x XNOR y; the operands stay as they are
+        else:                                      # NOT (x XOR y) is x XNOR y; the operands stay as they are
             depth = max(emit(node.left, False), 1 + emit(node.right, False))
-            kinds.append(opcodes.XOR if isinstance(node, Xor) != negated else opcodes.XNOR)
+            kinds.append(opcodes.XOR if (cls is Xor) != negated else opcodes.XNOR)
             args.append(2)
-        else:
-            raise TypeError(f"not an expression node: {node!r}")
         if shared:
-            span_of[key] = (start, len(kinds), depth)
+            span_of[negated][id(node)] = (start, len(kinds), depth)
         return depth
 
     for node in nodes:

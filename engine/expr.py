@@ -626,7 +626,12 @@ class AstChecks:
     def __call__(self, node: Node) -> list:
         if not isinstance(node, (Pred, Not, And, Or, Xor, Xnor)):
             raise TypeError(f"an expression is text or an engine.expr node, not {type(node).__name__}")
-        nodes = _distinct_nodes(node, self.done)
+        done = self.done
+        if id(node) not in done and (node.__class__ is And or node.__class__ is Or) \
+                and isinstance(node.children, tuple) and all(id(child) in done for child in node.children):
+            nodes = [node]              # the common case of shared ASTs: a new root over known nodes
+        else:
+            nodes = _distinct_nodes(node, done)
         try:
             _check_nesting(node, nodes, self.depths, self.sizes)
             _check_shape(nodes)
