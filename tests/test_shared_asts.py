@@ -183,3 +183,27 @@ def test_a_family_clash_across_expressions_reads_as_two_adds_word_it(share):
     assert type(in_one_call.value) is type(in_two_calls.value)
     assert str(in_one_call.value) == str(in_two_calls.value) == \
         "subscription 1: 'x' is numeric, but = compares it with a string literal 'a'"
+
+
+def test_subclasses_of_the_node_classes_compile_as_their_bases():
+    # the compiler tells node classes apart by identity (fast), falling back to isinstance for a subclass an
+    # application defines: the program must be its base class's, shared or not
+    class Rule(And):
+        pass
+
+    class Either(Or):
+        pass
+
+    class Flag(Pred):
+        pass
+
+    shared = Either((Flag("a", Op.EQ, (1,)), Not(Flag("b", Op.GT, (2,)))))
+    asts = [Rule((shared, Pred("c", Op.EQ, (3,)))), Rule((Pred("c", Op.EQ, (3,)), shared)),
+            Xor(shared, Flag("d", Op.LT, (4,)))]
+    texts = ["(a = 1 OR NOT b > 2) AND c = 3", "c = 3 AND (a = 1 OR NOT b > 2)", "(a = 1 OR NOT b > 2) XOR (d < 4)"]
+    got, want = Index(algorithm="scan"), Index(algorithm="scan")
+    got.add_many(range(3), asts)
+    want.add_many(range(3), [parse(t) for t in texts])
+    _same_segment(_segment(got), _segment(want))
+    events = [{"a": 1, "c": 3}, {"b": 1, "c": 3, "d": 5}, {"a": 0, "b": 3, "d": 1}, {"a": 1, "d": 1}]
+    assert [m.tolist() for m in got.match_batch(events)] == [m.tolist() for m in want.match_batch(events)]
