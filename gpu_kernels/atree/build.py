@@ -20,7 +20,9 @@ algorithms run by :func:`insert_programs_kernel`:
   (self-adjustment) walks the parent list of the child with the fewest
   parents; a parent list is only ever appended to, an entry that no
   longer holds (the parent let the child go) being skipped by the check
-  that a parent still links all the children, which the paper makes anyway;
+  that a parent still links all the children, which the paper makes
+  anyway.  The lists are dropped after an insertion (matching never
+  reads them) and made again from the links before the next;
 * **Algorithms 4 and 5** (use counts, insertion, deletion) as in the
   Python DAG.
 
