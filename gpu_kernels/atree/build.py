@@ -38,6 +38,7 @@ import numpy as np
 from numba import njit
 
 from gpu_kernels.atree.dag import PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, subexpression_starts
+from gpu_kernels.combinations import first_combination, next_combination
 from gpu_kernels.opcodes import AND, LEAF, OR
 
 # the columns of a node's row
@@ -304,8 +305,7 @@ def _reorganized(op, flat, n, out, nodes, key_pool, slots, elig, idx, sub, cand_
                 n_elig += 1
         if n_elig < size:
             continue
-        for j in range(size):           # the combinations in itertools' order
-            idx[j] = j
+        first_combination(idx, size)    # the combinations in itertools' order
         while True:
             for j in range(size):
                 sub[j] = flat[elig[idx[j]]]
@@ -317,14 +317,8 @@ def _reorganized(op, flat, n, out, nodes, key_pool, slots, elig, idx, sub, cand_
                 cand_node[n_cand] = found
                 cand_mask[n_cand] = mask
                 n_cand += 1
-            j = size - 1
-            while j >= 0 and idx[j] == n_elig - size + j:
-                j -= 1
-            if j < 0:
+            if not next_combination(idx, size, n_elig):
                 break
-            idx[j] += 1
-            for t in range(j + 1, size):
-                idx[t] = idx[t - 1] + 1
     if n_cand == 0:
         return -1
     uncovered = (1 << n) - 1

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from gpu_kernels.combinations import first_combination, next_combination
 from gpu_kernels.compaction import emit_marked
 from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, IN, LE, LT, NE, NOT_BETWEEN, NOT_IN, TRUE
 from gpu_kernels.predicates import entry_truth
@@ -717,8 +718,7 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
         for r in range(1, width + 1):
             if table.arities[r] == 0 or r > k:
                 continue
-            for q in range(r):
-                idx[q] = q
+            first_combination(idx, r)
             while True:
                 for q in range(width):
                     key[0, q] = loc[idx[q]] if q < r else -1
@@ -744,15 +744,8 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
                             bm0[word] |= mask
                             bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
                             found += 1
-                # the next combination of r of the k located spaces
-                q = r - 1
-                while q >= 0 and idx[q] == k - r + q:
-                    q -= 1
-                if q < 0:
+                if not next_combination(idx, r, k):    # (of r of the k located spaces)
                     break
-                idx[q] += 1
-                for p in range(q + 1, r):
-                    idx[p] = idx[p - 1] + 1
         for i in range(len(table.always)):
             u = table.always[i]
             pos = unit_sub[u]
