@@ -787,12 +787,15 @@ def test_the_build_from_the_programs_is_the_papers_insertion_one_by_one(shape, m
 
 
 @pytest.mark.parametrize("workload", ["W1", "W5"])
-def test_the_reported_size_is_what_the_matcher_keeps(workload):
+@pytest.mark.parametrize("options", [{}, {"binary": True}], ids=["compiled", "python"])
+def test_the_reported_size_is_what_the_matcher_keeps(workload, options):
     """``nbytes`` (the bench's index column, and issue 15's "memory ≤
-    scan's") estimates the Python DAG per node and link: beside the
-    segment it shares with the index, it must stay within 20 % of what
-    tracemalloc counts the built matcher keeping -- the DAG's objects and
-    the flat arrays -- on conjunctions (1.5 links a node) and on ABEs (5)."""
+    scan's") counts the compiled DAG's arrays and estimates its leaf
+    classes' keys: beside the segment it shares with the index, it must
+    stay within 20 % of what tracemalloc counts the built matcher keeping
+    -- the DAG and the flat arrays -- on conjunctions (1.5 links a node)
+    and on ABEs (5); and the Python DAG of the ablations by its objects
+    per node and link."""
     import gc
     import tracemalloc
 
@@ -802,11 +805,11 @@ def test_the_reported_size_is_what_the_matcher_keeps(workload):
     add_subscriptions(index, w.subscriptions, w.asts)
     index.merge()
     segment, schema = index._state.main, index._schema
-    ATreeMatcher(segment, schema=schema)           # compiled and cached before counting
+    ATreeMatcher(segment, schema=schema, **options)           # compiled and cached before counting
     gc.collect()
     tracemalloc.start()
     try:
-        matcher = ATreeMatcher(segment, schema=schema)
+        matcher = ATreeMatcher(segment, schema=schema, **options)
         gc.collect()
         kept, _ = tracemalloc.get_traced_memory()
     finally:

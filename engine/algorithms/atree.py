@@ -265,7 +265,8 @@ class ATreeMatcher(HostMatcher):
 
     @property
     def nbytes(self) -> int:
-        """The segment, the flat arrays and the leaves' index, and an estimate of the host DAG."""
+        """The segment, the flat arrays and the leaves' index, and the host DAG (the compiled one's arrays
+        and an estimate of its leaf classes' keys; an estimate of the Python one's objects)."""
         if isinstance(self.dag, ArrayDag):
             dag = self.dag.nbytes + len(self.dag.class_keys) * self.LEAF_CLASS_BYTES
         else:
