@@ -16,7 +16,8 @@ algorithms run by :func:`insert_programs_kernel`:
   id is its *leaf class* (one per distinct predicate key, numbered here,
   so that a merged segment's renumbered predicates find their leaves);
 * **Algorithm 2** (reorganisation) enumerates the sub-sets of a new
-  AND/OR's children as bitmasks over them, **Algorithm 3**
+  AND/OR's children as bitmasks over them, asking a Bloom filter of the
+  expression ids before the table (most sub-sets are in neither), **Algorithm 3**
   (self-adjustment) walks the parent list of the child with the fewest
   parents; a parent list is only ever appended to, an entry that no
   longer holds (the parent let the child go) being skipped by the check
@@ -112,6 +113,36 @@ def _table_drop(node, nodes, key_pool, slots):
             slots[at] = TOMBSTONE
             return
         at = (at + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _bloom_bits(h, n_bits):
+    """The two bits of a key's hash in a Bloom filter of ``n_bits`` (a power of two)."""
+    return (h >> 13) & (n_bits - 1), ((h >> 41) ^ (h >> 3)) & (n_bits - 1)
+
+
+@njit(cache=True)
+def _bloom_add(bloom, op, key, n):
+    b1, b2 = _bloom_bits(_hash(op, key, 0, n), 64 * len(bloom))
+    bloom[b1 >> 6] |= 1 << (b1 & 63)
+    bloom[b2 >> 6] |= 1 << (b2 & 63)
+
+
+@njit(cache=True)
+def bloom_of(nodes, key_pool, n_nodes, n_words):
+    """A Bloom filter over the expression ids of every keyed operator node:
+    Algorithm 2 asks it before the table, and most of its sub-sets are in
+    neither (the table does not fit a cache at a million nodes; two bits
+    per key of this do).  A removed node's bits stay: a false positive
+    only costs the table's lookup."""
+    bloom = np.zeros(n_words, np.int64)
+    for node in range(n_nodes):
+        if nodes[node, KIND] > LEAF and nodes[node, K_LEN] >= 0:
+            b1, b2 = _bloom_bits(_hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN]),
+                                 64 * n_words)
+            bloom[b1 >> 6] |= 1 << (b1 & 63)
+            bloom[b2 >> 6] |= 1 << (b2 & 63)
+    return bloom
 
 
 @njit(cache=True)
@@ -283,7 +314,7 @@ def _popcount(x):
 
 
 @njit(cache=True)
-def _reorganized(op, flat, n, out, nodes, key_pool, slots, elig, idx, sub, cand_node, cand_mask):
+def _reorganized(op, flat, n, out, nodes, key_pool, slots, bloom, elig, idx, sub, cand_node, cand_mask):
     """Algorithm 2 (``ATreeDag._reorganized``): existing ``op`` nodes over
     sub-sets of ``flat[:n]`` (sorted) picked greedily, most children still
     uncovered first, the first found among equals; the new children into
@@ -296,6 +327,7 @@ def _reorganized(op, flat, n, out, nodes, key_pool, slots, elig, idx, sub, cand_
     else:
         return -1
     n_cand = 0
+    n_bits = 64 * len(bloom)
     for size in range(largest, 1, -1):
         bit = _member_bit(op, size)
         n_elig = 0
@@ -309,7 +341,11 @@ def _reorganized(op, flat, n, out, nodes, key_pool, slots, elig, idx, sub, cand_
         while True:
             for j in range(size):
                 sub[j] = flat[elig[idx[j]]]
-            found = _find(op, sub, size, nodes, key_pool, slots)
+            b1, b2 = _bloom_bits(_hash(op, sub, 0, size), n_bits)
+            if (bloom[b1 >> 6] >> (b1 & 63)) & 1 == 0 or (bloom[b2 >> 6] >> (b2 & 63)) & 1 == 0:
+                found = -1
+            else:
+                found = _find(op, sub, size, nodes, key_pool, slots)
             if found >= 0:
                 mask = 0
                 for j in range(size):
@@ -407,7 +443,7 @@ def _adjusted(node, op, flat, n, nodes, child_pool, par_pool, ctr, reserve):
 
 @njit(cache=True)
 def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_class_of_pid, reorganize, self_adjust,
-                           nodes, child_pool, key_pool, par_pool, slots, ctr, leaf_node, roots):
+                           nodes, child_pool, key_pool, par_pool, slots, bloom, ctr, leaf_node, roots):
     """Algorithm 4 for the postfix program of each of ``positions[begin:end]``
     (well formed: :func:`subexpression_starts` checked them): its r-node
     into ``roots``.  Stops before a program the arrays might not hold
@@ -491,7 +527,7 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
                 if node < 0:
                     n_out = -1
                     if reorganize and (kind == AND or kind == OR) and n > 2:
-                        n_out = _reorganized(kind, flat, n, out, nodes, key_pool, slots, elig, idx, sub,
+                        n_out = _reorganized(kind, flat, n, out, nodes, key_pool, slots, bloom, elig, idx, sub,
                                              cand_node, cand_mask)
                     if n_out < 0:
                         node = _new(kind, flat, n, flat, n, -1, self_adjust, nodes, child_pool, key_pool,
@@ -508,6 +544,7 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
                                     break
                             if not linked and nodes[c, USES] == 0:
                                 _remove(c, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+                    _bloom_add(bloom, kind, flat, n)
                     if self_adjust and (kind == AND or kind == OR):
                         par_pool = _adjusted(node, kind, flat, n, nodes, child_pool, par_pool, ctr, length)
             top = s
@@ -597,6 +634,12 @@ def leaf_pids_used(positions, offsets, kinds, args):
     return used
 
 
+def _bloom_words(n_slots: int) -> int:
+    """The Bloom filter's size for a table of ``n_slots``: two bits a slot (8 a key after a rehash, 4 when
+    the table is half full), a power of two."""
+    return max(1, n_slots // 32)
+
+
 def _pow2(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
 
@@ -637,6 +680,9 @@ class ArrayDag:
         #: whether ``par_pool`` holds the parent lists (dropped after each insertion, made again before the next)
         self.parent_lists = True
         self.slots = np.full(_pow2(2 * capacity), EMPTY, np.int64)
+        #: the Bloom filter of the expression ids (:func:`bloom_of`), two bits a table slot; None (after a
+        #: compaction or a load) until the next insertion makes it
+        self.bloom = np.zeros(_bloom_words(len(self.slots)), np.int64)
         self.ctr = np.zeros(N_COUNTERS, np.int64)
         self.leaf_node = np.full(0, -1, np.int64)
         #: leaf classes: a predicate key's class, and each class's key
@@ -649,6 +695,7 @@ class ArrayDag:
         new.reorganize, new.self_adjust = self.reorganize, self.self_adjust
         for name in ("nodes", "child_pool", "key_pool", "par_pool", "slots", "ctr", "leaf_node"):
             setattr(new, name, getattr(self, name).copy())
+        new.bloom = None if self.bloom is None else self.bloom.copy()
         new.class_of_key, new.class_keys = dict(self.class_of_key), list(self.class_keys)
         new.parent_lists = self.parent_lists
         new._python = None
@@ -668,7 +715,8 @@ class ArrayDag:
     @property
     def nbytes(self) -> int:
         return sum(int(getattr(self, name).nbytes) for name in
-                   ("nodes", "child_pool", "key_pool", "par_pool", "slots", "ctr", "leaf_node"))
+                   ("nodes", "child_pool", "key_pool", "par_pool", "slots", "ctr", "leaf_node")) + \
+            (0 if self.bloom is None else int(self.bloom.nbytes))
 
     # ------------------------------------------------------------ insertion
     def _leaf_classes(self, pids: np.ndarray, leaf_key) -> np.ndarray:
@@ -702,6 +750,8 @@ class ArrayDag:
         classes = self._leaf_classes(np.flatnonzero(leaf_pids_used(positions, offsets, kinds, args)), leaf_key)
         roots = np.empty(len(positions), np.int64)
         self._python = None
+        if self.bloom is None or len(self.bloom) != _bloom_words(len(self.slots)):
+            self.bloom = bloom_of(self.nodes, self.key_pool, self.n_nodes, _bloom_words(len(self.slots)))
         if self.self_adjust and not self.parent_lists:
             self.par_pool = np.zeros((2 * int(self.ctr[C_USED]) + 16, 2), np.int64)
             self.ctr[P_USED] = relinked_parents(self.nodes, self.child_pool, self.n_nodes, self.par_pool)
@@ -711,7 +761,7 @@ class ArrayDag:
             end = min(done + self.CHUNK, len(positions))
             reached, self.par_pool = insert_programs_kernel(
                 positions, done, end, offsets, kinds, args, classes, self.reorganize, self.self_adjust, self.nodes,
-                self.child_pool, self.key_pool, self.par_pool, self.slots, self.ctr, self.leaf_node, roots)
+                self.child_pool, self.key_pool, self.par_pool, self.slots, self.bloom, self.ctr, self.leaf_node, roots)
             if progress is not None and reached > done:
                 progress(reached - done)
             done = reached
@@ -726,6 +776,7 @@ class ArrayDag:
                 live = len(self) + need
                 self.slots, filled = rehashed(self.nodes, self.key_pool, self.n_nodes, _pow2(4 * live))
                 self.ctr[T_FILLED] = filled
+                self.bloom = bloom_of(self.nodes, self.key_pool, self.n_nodes, _bloom_words(len(self.slots)))
         self._trim()
         return roots.tolist()
 
@@ -790,6 +841,7 @@ class ArrayDag:
         new.ctr[T_FILLED] = filled
         key_members(new.nodes, new.key_pool, len(rows))
         new.par_pool, new.parent_lists = np.zeros((0, 2), np.int64), False      # (made by the next insertion)
+        new.bloom = None
         return new, old_to_new[np.asarray(roots, np.int64)].tolist()
 
     @classmethod
@@ -824,6 +876,7 @@ class ArrayDag:
             raise ValueError("saved A-Tree: two nodes with one expression id")
         key_members(new.nodes, new.key_pool, n)
         new.par_pool, new.parent_lists = np.zeros((0, 2), np.int64), False      # (made by the next insertion)
+        new.bloom = None
         return new
 
     # ----------------------------------------------------------- reading it
