@@ -121,35 +121,24 @@ def _bloom_bits(h, n_bits):
     return (h >> 13) & (n_bits - 1), ((h >> 41) ^ (h >> 3)) & (n_bits - 1)
 
 
-@njit(cache=True)
-def _bloom_add(bloom, op, key, n):
-    b1, b2 = _bloom_bits(_hash(op, key, 0, n), 64 * len(bloom))
+@njit(cache=True, inline="always")
+def _bloom_set(bloom, h):
+    b1, b2 = _bloom_bits(h, 64 * len(bloom))
     bloom[b1 >> 6] |= 1 << (b1 & 63)
     bloom[b2 >> 6] |= 1 << (b2 & 63)
 
 
 @njit(cache=True)
-def bloom_of(nodes, key_pool, n_nodes, n_words):
-    """A Bloom filter over the expression ids of every keyed operator node:
-    Algorithm 2 asks it before the table, and most of its sub-sets are in
-    neither (the table does not fit a cache at a million nodes; two bits
-    per key of this do).  A removed node's bits stay: a false positive
-    only costs the table's lookup."""
-    bloom = np.zeros(n_words, np.int64)
-    for node in range(n_nodes):
-        if nodes[node, KIND] > LEAF and nodes[node, K_LEN] >= 0:
-            b1, b2 = _bloom_bits(_hash(nodes[node, KIND], key_pool, nodes[node, K_START], nodes[node, K_LEN]),
-                                 64 * n_words)
-            bloom[b1 >> 6] |= 1 << (b1 & 63)
-            bloom[b2 >> 6] |= 1 << (b2 & 63)
-    return bloom
-
-
-@njit(cache=True)
 def rehashed(nodes, key_pool, n_nodes, size):
     """A table of ``size`` slots (a power of two) holding every operator
-    node of the first ``n_nodes`` with an expression id; and its fill."""
+    node of the first ``n_nodes`` with an expression id; its fill; and
+    the Bloom filter of those ids, two bits a slot.  Algorithm 2 asks the
+    filter before the table, since most of its sub-sets are in neither
+    (the table does not fit a cache at a million nodes, the filter does).
+    A removed node's bits stay: a false positive only costs the table's
+    lookup."""
     slots = np.full(size, EMPTY, np.int64)
+    bloom = np.zeros(max(1, size // 32), np.int64)
     mask = size - 1
     filled = 0
     for node in range(n_nodes):
@@ -160,7 +149,17 @@ def rehashed(nodes, key_pool, n_nodes, size):
                 at = (at + 1) & mask
             slots[at] = ((h >> 32) & TAG) << 32 | node
             filled += 1
-    return slots, filled
+            _bloom_set(bloom, h)
+    return slots, filled, bloom
+
+
+@njit(cache=True, inline="always")
+def _holds(buf, start, n, value):
+    """Whether ``value`` is among ``buf[start:start + n]`` (a node's children: a few)."""
+    for k in range(start, start + n):
+        if buf[k] == value:
+            return True
+    return False
 
 
 @njit(cache=True, inline="always")
@@ -217,12 +216,7 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, 
         nodes[children[i], USES] += 1
     if self_adjust:
         for i in range(nc):
-            repeated = False
-            for j in range(i):
-                if children[j] == children[i]:
-                    repeated = True
-                    break
-            if not repeated:
+            if not _holds(children, 0, i, children[i]):     # (a child twice, as in x XOR x: one parent entry)
                 _add_parent(children[i], node, op, nodes, par_pool, ctr)
     return node
 
@@ -233,12 +227,7 @@ def _forget(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_nod
     c0, nc = nodes[node, C_START], nodes[node, C_LEN]
     if self_adjust:
         for i in range(nc):
-            repeated = False
-            for j in range(i):
-                if child_pool[c0 + j] == child_pool[c0 + i]:
-                    repeated = True
-                    break
-            if not repeated:
+            if not _holds(child_pool, c0, i, child_pool[c0 + i]):
                 nodes[child_pool[c0 + i], P_COUNT] -= 1      # (its entry stays in the list: see the module doc)
     if nodes[node, K_LEN] >= 0:
         if nodes[node, KIND] == LEAF:
@@ -389,22 +378,12 @@ def _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr):
     if nc <= n:
         return
     for i in range(n):
-        linked = False
-        for k in range(c0, c0 + nc):
-            if child_pool[k] == flat[i]:
-                linked = True
-                break
-        if not linked:
+        if not _holds(child_pool, c0, nc, flat[i]):
             return
     m = 0                               # (fewer than before: the new children fit where the old ones were)
     for k in range(c0, c0 + nc):
         c = child_pool[k]
-        wanted = False
-        for i in range(n):
-            if flat[i] == c:
-                wanted = True
-                break
-        if not wanted:
+        if not _holds(flat, 0, n, c):
             child_pool[c0 + m] = c
             m += 1
     child_pool[c0 + m] = node
@@ -537,14 +516,9 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
                                     par_pool, slots, ctr, leaf_node)
                         for k in range(n):      # _drop_unused: children covered and used by nothing else
                             c = flat[k]
-                            linked = False
-                            for j in range(n_out):
-                                if out[j] == c:
-                                    linked = True
-                                    break
-                            if not linked and nodes[c, USES] == 0:
+                            if not _holds(out, 0, n_out, c) and nodes[c, USES] == 0:
                                 _remove(c, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
-                    _bloom_add(bloom, kind, flat, n)
+                    _bloom_set(bloom, _hash(kind, flat, 0, n))
                     if self_adjust and (kind == AND or kind == OR):
                         par_pool = _adjusted(node, kind, flat, n, nodes, child_pool, par_pool, ctr, length)
             top = s
@@ -572,12 +546,7 @@ def relinked_parents(nodes, child_pool, n_nodes, par_pool):
         c0, nc = nodes[node, C_START], nodes[node, C_LEN]
         for i in range(nc):
             child = child_pool[c0 + i]
-            repeated = False
-            for j in range(i):
-                if child_pool[c0 + j] == child:
-                    repeated = True
-                    break
-            if not repeated:
+            if not _holds(child_pool, c0, i, child):
                 par_pool[used, 0] = nodes[node, KIND] << 32 | node
                 par_pool[used, 1] = nodes[child, P_HEAD]
                 nodes[child, P_HEAD] = used
@@ -634,12 +603,6 @@ def leaf_pids_used(positions, offsets, kinds, args):
     return used
 
 
-def _bloom_words(n_slots: int) -> int:
-    """The Bloom filter's size for a table of ``n_slots``: two bits a slot (8 a key after a rehash, 4 when
-    the table is half full), a power of two."""
-    return max(1, n_slots // 32)
-
-
 def _pow2(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
 
@@ -679,10 +642,8 @@ class ArrayDag:
         self.par_pool = np.zeros((4 * capacity, 2), np.int64)
         #: whether ``par_pool`` holds the parent lists (dropped after each insertion, made again before the next)
         self.parent_lists = True
-        self.slots = np.full(_pow2(2 * capacity), EMPTY, np.int64)
-        #: the Bloom filter of the expression ids (:func:`bloom_of`), two bits a table slot; None (after a
-        #: compaction or a load) until the next insertion makes it
-        self.bloom = np.zeros(_bloom_words(len(self.slots)), np.int64)
+        #: the expression ids' table and its Bloom filter (:func:`rehashed`)
+        self.slots, _, self.bloom = rehashed(self.nodes, self.key_pool, 0, _pow2(2 * capacity))
         self.ctr = np.zeros(N_COUNTERS, np.int64)
         self.leaf_node = np.full(0, -1, np.int64)
         #: leaf classes: a predicate key's class, and each class's key
@@ -693,9 +654,8 @@ class ArrayDag:
     def copy(self) -> "ArrayDag":
         new = object.__new__(type(self))
         new.reorganize, new.self_adjust = self.reorganize, self.self_adjust
-        for name in ("nodes", "child_pool", "key_pool", "par_pool", "slots", "ctr", "leaf_node"):
+        for name in ("nodes", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node"):
             setattr(new, name, getattr(self, name).copy())
-        new.bloom = None if self.bloom is None else self.bloom.copy()
         new.class_of_key, new.class_keys = dict(self.class_of_key), list(self.class_keys)
         new.parent_lists = self.parent_lists
         new._python = None
@@ -715,8 +675,7 @@ class ArrayDag:
     @property
     def nbytes(self) -> int:
         return sum(int(getattr(self, name).nbytes) for name in
-                   ("nodes", "child_pool", "key_pool", "par_pool", "slots", "ctr", "leaf_node")) + \
-            (0 if self.bloom is None else int(self.bloom.nbytes))
+                   ("nodes", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node"))
 
     # ------------------------------------------------------------ insertion
     def _leaf_classes(self, pids: np.ndarray, leaf_key) -> np.ndarray:
@@ -750,8 +709,6 @@ class ArrayDag:
         classes = self._leaf_classes(np.flatnonzero(leaf_pids_used(positions, offsets, kinds, args)), leaf_key)
         roots = np.empty(len(positions), np.int64)
         self._python = None
-        if self.bloom is None or len(self.bloom) != _bloom_words(len(self.slots)):
-            self.bloom = bloom_of(self.nodes, self.key_pool, self.n_nodes, _bloom_words(len(self.slots)))
         if self.self_adjust and not self.parent_lists:
             self.par_pool = np.zeros((2 * int(self.ctr[C_USED]) + 16, 2), np.int64)
             self.ctr[P_USED] = relinked_parents(self.nodes, self.child_pool, self.n_nodes, self.par_pool)
@@ -774,9 +731,8 @@ class ArrayDag:
             self.par_pool = _grown(self.par_pool, int(self.ctr[P_USED]) + need)
             if 2 * (int(self.ctr[T_FILLED]) + need) > len(self.slots):
                 live = len(self) + need
-                self.slots, filled = rehashed(self.nodes, self.key_pool, self.n_nodes, _pow2(4 * live))
-                self.ctr[T_FILLED] = filled
-                self.bloom = bloom_of(self.nodes, self.key_pool, self.n_nodes, _bloom_words(len(self.slots)))
+                self.slots, self.ctr[T_FILLED], self.bloom = rehashed(self.nodes, self.key_pool, self.n_nodes,
+                                                                      _pow2(4 * live))
         self._trim()
         return roots.tolist()
 
@@ -837,11 +793,10 @@ class ArrayDag:
         new.leaf_node = np.full(len(self.leaf_node), -1, np.int64)
         leaves = np.flatnonzero((rows[:, KIND] == LEAF) & (rows[:, K_LEN] >= 0))
         new.leaf_node[rows[leaves, LEAF_CLASS]] = leaves
-        new.slots, filled = rehashed(new.nodes, new.key_pool, len(rows), _pow2(4 * len(rows)))
+        new.slots, filled, new.bloom = rehashed(new.nodes, new.key_pool, len(rows), _pow2(4 * len(rows)))
         new.ctr[T_FILLED] = filled
         key_members(new.nodes, new.key_pool, len(rows))
         new.par_pool, new.parent_lists = np.zeros((0, 2), np.int64), False      # (made by the next insertion)
-        new.bloom = None
         return new, old_to_new[np.asarray(roots, np.int64)].tolist()
 
     @classmethod
@@ -849,9 +804,9 @@ class ArrayDag:
                  key_len, key_idx) -> "ArrayDag":
         """A saved DAG (:meth:`saved`'s arrays, ``leaf_pid`` read through
         ``keys``, the predicate keys by id), its ranges and use counts
-        checked by the caller: the table, the leaf classes, the members
-        bits and the parent lists made again.  ValueError when two nodes
-        have one expression id."""
+        checked by the caller: the table and its filter, the leaf classes
+        and the members bits made again (the parent lists by the next
+        insertion).  ValueError when two nodes have one expression id."""
         n = len(kind)
         new = cls(reorganize, self_adjust, capacity=n + 1)
         nodes = new.nodes
@@ -871,12 +826,11 @@ class ArrayDag:
         new.key_pool = _grown(np.asarray(key_idx, np.int64), len(key_idx) + 1)
         new.ctr[N_NODES], new.ctr[C_USED], new.ctr[K_USED] = n, len(child_idx), len(key_idx)
         new.ctr[N_REMOVED] = int((np.asarray(kind) == REMOVED).sum())
-        new.slots, new.ctr[T_FILLED] = rehashed(new.nodes, new.key_pool, n, _pow2(4 * n))
+        new.slots, new.ctr[T_FILLED], new.bloom = rehashed(new.nodes, new.key_pool, n, _pow2(4 * n))
         if duplicate_keys(new.nodes, new.key_pool, n, new.slots):
             raise ValueError("saved A-Tree: two nodes with one expression id")
         key_members(new.nodes, new.key_pool, n)
         new.par_pool, new.parent_lists = np.zeros((0, 2), np.int64), False      # (made by the next insertion)
-        new.bloom = None
         return new
 
     # ----------------------------------------------------------- reading it
