@@ -937,6 +937,8 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
     # saved and restored (a load): the same DAG; two operators given one expression id are refused
     keys = [key(pid) for pid in range(60)]
     saved = compiled.saved({k: pid for pid, k in enumerate(keys)})
+    python_saved = python.saved({k: pid for pid, k in enumerate(keys)})
+    assert all(np.array_equal(saved[name], python_saved[name]) for name in saved) and saved.keys() == python_saved.keys()
     fields = [saved[name] for name in ("kind", "uses", "leaf_pid")] + [keys] + \
         [saved[name] for name in ("child_len", "child_idx", "key_len", "key_idx")]
     assert dag_state(ArrayDag.restored(reorganize, self_adjust, *fields), roots_c) == dag_state(python, roots_p)

@@ -203,21 +203,7 @@ class ATreeMatcher(HostMatcher):
         pid_of_key = {key: pid for pid, key in enumerate(_predicate_keys(self.segment))}
         meta = {"format": self.SAVED_FORMAT, "merges": self.merges,
                 **{name: getattr(self.dag, name) for name in self._SHAPE}}
-        if isinstance(dag, ArrayDag):
-            return meta, {**dag.saved(pid_of_key), "roots": np.array(roots, np.int64)}
-        kind = np.array(dag.kind, np.int8)
-        child_len = np.fromiter((len(c) for c in dag.children), np.int64, len(kind))
-        key_len = np.fromiter((-1 if k is None else 0 if k[0] == "L" else len(k[1]) for k in dag.key), np.int64,
-                              len(kind))
-        arrays = {"kind": kind, "uses": np.array(dag.uses, np.int64),
-                  "leaf_pid": np.array([pid_of_key[p] if p is not None else -1 for p in dag.pred], np.int64),
-                  "child_len": child_len,
-                  "child_idx": np.fromiter((c for cs in dag.children for c in cs), np.int64, int(child_len.sum())),
-                  "key_len": key_len,
-                  "key_idx": np.fromiter((c for k in dag.key if k is not None and k[0] != "L" for c in k[1]),
-                                         np.int64, int(key_len[key_len > 0].sum())),
-                  "roots": np.array(roots, np.int64)}
-        return meta, arrays
+        return meta, {**dag.saved(pid_of_key), "roots": np.array(roots, np.int64)}
 
     @classmethod
     def from_arrays(cls, segment: Segment, settings, meta: dict, arrays: dict) -> "ATreeMatcher":

@@ -375,6 +375,16 @@ class ATreeDag:
     def kinds(self) -> np.ndarray:
         return np.array(self.kind, np.int8)
 
+    def saved(self, pid_of_key: dict) -> dict:
+        """What :meth:`gpu_kernels.atree.build.ArrayDag.saved` gives, from the lists (of a compacted DAG)."""
+        kind, child_len, child_idx, leaf_pid = self.csr(pid_of_key)
+        key_len = np.fromiter((-1 if k is None else 0 if k[0] == "L" else len(k[1]) for k in self.key), np.int64,
+                              len(kind))
+        key_idx = np.fromiter(chain.from_iterable(k[1] for k in self.key if k is not None and k[0] != "L"),
+                              np.int64, int(key_len[key_len > 0].sum()))
+        return {"kind": kind, "uses": self.use_counts(), "leaf_pid": leaf_pid, "child_len": child_len,
+                "child_idx": child_idx, "key_len": key_len, "key_idx": key_idx}
+
     def use_counts(self) -> np.ndarray:
         return np.array(self.uses, np.int64)
 
