@@ -938,12 +938,14 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
     keys = [key(pid) for pid in range(60)]
     saved = compiled.saved({k: pid for pid, k in enumerate(keys)})
     python_saved = python.saved({k: pid for pid, k in enumerate(keys)})
-    assert all(np.array_equal(saved[name], python_saved[name]) for name in saved) and saved.keys() == python_saved.keys()
+    assert saved.keys() == python_saved.keys()
+    assert all(np.array_equal(saved[name], python_saved[name]) for name in saved)
     fields = [saved[name] for name in ("kind", "uses", "leaf_pid")] + [keys] + \
         [saved[name] for name in ("child_len", "child_idx", "key_len", "key_idx")]
     assert dag_state(ArrayDag.restored(reorganize, self_adjust, *fields), roots_c) == dag_state(python, roots_p)
     k_at = np.concatenate(([0], np.cumsum(np.maximum(saved["key_len"], 0))))
-    a, b = [node for node in range(len(saved["kind"])) if saved["kind"][node] == AND and saved["key_len"][node] == 2][:2]
+    a, b = [node for node in range(len(saved["kind"]))
+            if saved["kind"][node] == AND and saved["key_len"][node] == 2][:2]
     key_idx = saved["key_idx"].copy()
     key_idx[k_at[b]:k_at[b + 1]] = key_idx[k_at[a]:k_at[a + 1]]
     with pytest.raises(ValueError, match="two nodes with one expression id"):
