@@ -623,7 +623,7 @@ def _grown(array: np.ndarray, needed: int, fill=None) -> np.ndarray:
 class ArrayDag:
     """The A-Tree DAG in arrays (see the module docstring): the same
     interface as :class:`gpu_kernels.atree.dag.ATreeDag` for what a
-    matcher does with it -- :meth:`insert_programs`, :meth:`release`,
+    matcher does with it -- :meth:`insert_programs`, :meth:`release_all`,
     :meth:`copy`, :meth:`compacted`, ``n_removed`` and ``len`` -- and its
     Python twin by :meth:`python` (or the same attributes: ``kind``,
     ``children``, ``pred``, ``uses``, ``key``, ``table``, ``parents``).
@@ -750,9 +750,6 @@ class ArrayDag:
         self.parent_lists = False
 
     # ------------------------------------------------------------- deletion
-    def release(self, node: int) -> None:
-        self.release_all([node])
-
     def release_all(self, roots) -> None:
         """Algorithm 5 for each of ``roots``."""
         self._python = None
