@@ -31,9 +31,9 @@ from gpu_kernels.atree.dag import (PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
 
 OPTIONS = [{}, {"sharing": False}, {"reorganize": False}, {"self_adjust": False}, {"binary": True},
-           {"zero_suppression": False}, {"on_demand": False}]
+           {"zero_suppression": False}, {"on_demand": False}, {"lanes": 1}]
 OPTION_IDS = ["default", "no-sharing", "no-reorganize", "no-self-adjust", "binary", "no-zero-suppression",
-              "no-on-demand"]
+              "no-on-demand", "one-event-at-a-time"]
 
 
 def atree_of(index: Index) -> ATreeMatcher:
@@ -247,6 +247,9 @@ def test_table_2_three_valued_cases(options):
     for i, (text, event, expected) in enumerate(THREE_VALUED):
         got = i in index.match(event).tolist()
         assert got == expected == (i in scan.match(event).tolist()), (text, event)
+    # the same events as one batch (64 lanes a node word with the default lanes), each case's event in its lane
+    batch = index.match_batch([event for _, event, _ in THREE_VALUED])
+    assert [i in batch[i].tolist() for i in range(len(THREE_VALUED))] == [want for _, _, want in THREE_VALUED]
 
 
 STRINGS = ["p" * 40 + "a", "p" * 40 + "b", "p" * 40 + "\x00", "p" * 40 + "é", "p" * 39, "日本語", "", "q\x00q"]
@@ -361,6 +364,64 @@ def test_abe_gen_workload_equals_scan_under_every_option():
     # sharing: fewer nodes than without it; reorganisation: no more links than without it
     assert shared["nodes"] < unshared["nodes"] and shared["predicate_sharing"] > unshared["predicate_sharing"] == 1
     assert shared["links"] <= flat["links"]
+
+
+@pytest.mark.parametrize("n_events", [4, 63, 64, 65, 130, 300])
+def test_64_events_a_word_equal_one_event_at_a_time(n_events, monkeypatch):
+    """The batch kernel (gpu_kernels.atree.sliced: a bit an event in each
+    node's word) against the one-event kernel and scan: groups full and
+    partial, tasks resumed in the middle of a group (the slabs start at
+    1,024 positions, a group of 64 events matches more), removed
+    subscriptions not yet merged."""
+    import engine.algorithms.atree as atree_module
+
+    rng = np.random.default_rng(n_events)
+    texts = [random_expression(rng, int(rng.integers(1, 5))) for _ in range(500)]
+    events = [random_event(rng) for _ in range(n_events)]
+    launches = []
+
+    def counted(n, launch, estimate, per_task=1):
+        def counting(*args):
+            launches.append((per_task, args[-1]))
+            return launch(*args)
+        return match_in_tasks(n, counting, estimate, per_task)
+
+    from engine.algorithms.host_tasks import match_in_tasks
+    monkeypatch.setattr(atree_module, "match_in_tasks", counted)
+    indexes = {lanes: Index(algorithm="atree", backend="cpu", options={"lanes": lanes}) for lanes in (64, 1)}
+    scan = Index(algorithm="scan", backend="cpu")
+    for target in (*indexes.values(), scan):
+        target.add_many(range(500), texts)
+        target.merge()
+        for i in range(0, 500, 7):
+            target.remove(i)                     # alive = 0 in the matcher until the next merge
+    want = scan.match_batch(events, output="arrow")
+    assert want.num_rows > 3 * n_events
+    for lanes, index in indexes.items():
+        launches.clear()
+        assert index.match_batch(events, output="arrow").equals(want), lanes
+        assert {per_task for per_task, _ in launches} == {64 if lanes == 64 else 1}
+    if n_events >= 64:
+        assert len(launches) > 1                 # (the one-event run's) a task resumed for room ...
+        launches.clear()
+        atree_of(indexes[64])._matches_per_event = 1.0
+        assert indexes[64].match_batch(events, output="arrow").equals(want)
+        assert len(launches) > 1                 # ... and the batch kernel's, inside a group
+    if n_events >= 130:
+        # a slab that holds the first group exactly: the task stops at the second group's first event
+        counts = np.bincount(np.asarray(want["event"]), minlength=n_events)
+        cap = int(counts[:64].sum())
+
+        def one_task(n, launch, estimate, per_task=1):
+            out, ev_count = np.empty(cap, np.int32), np.zeros(n, np.int64)
+            stop, need = np.empty(1, np.int64), np.empty(1, np.int64)
+            launch(np.array([0]), np.array([n]), out, cap, ev_count, stop, need, True)
+            assert (stop[0], need[0]) == (64, counts[64]) and (ev_count[:64] == counts[:64]).all()
+            return np.repeat(np.arange(64), counts[:64]), out.astype(np.int64), estimate
+
+        monkeypatch.setattr(atree_module, "match_in_tasks", one_task)
+        got = indexes[64].match_batch(events[:n_events], output="arrow")
+        assert got.equals(want.slice(0, cap))
 
 
 # ------------------------------------------ the predicate index of the l-nodes

@@ -23,7 +23,10 @@ How the paper maps onto this module and :mod:`gpu_kernels.atree`:
   are touched; the other l-nodes are evaluated one by one.
 * **Matching** (§5, Algorithm 6 with §5.2's zero suppression and
   propagation on demand, exact under SQL's three-valued logic):
-  :mod:`gpu_kernels.atree.cpu`, events over all cores.
+  :mod:`gpu_kernels.atree.cpu`, events over all cores; by default a
+  batch's events 64 at a time, a bit each in every node's word
+  (:mod:`gpu_kernels.atree.sliced`: each node read once for 64 events,
+  not once for each).
 
 Updates (docs/architecture.md#the-index-life-cycle): a merge derives the
 next matcher from this one (:meth:`ATreeMatcher.merged`): a copy of the
@@ -44,10 +47,17 @@ from engine.algorithms.base import HostMatcher, list_truth_of
 from engine.algorithms.host_tasks import match_in_tasks
 from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
+from gpu_kernels.atree import sliced as S
 from gpu_kernels.atree.build import ArrayDag
 from gpu_kernels.atree.dag import ATreeDag
 from gpu_kernels.atree.layout import flatten, leaf_index
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
+
+
+#: batches of fewer events go one event at a time even with ``lanes=64``:
+#: at 4 events the two kernels were even (W5 at 300 K, machine C3), at
+#: one the words' scratch made the batch kernel 1.7x slower
+SLICED_FROM = 4
 
 
 def _predicate_keys(segment: Segment) -> list:
@@ -63,7 +73,9 @@ class ATreeMatcher(HostMatcher):
     nodes for shared predicates and subexpressions), ``reorganize``
     (Algorithm 2), ``self_adjust`` (Algorithm 3), and the paper's
     ablations ``binary`` (Figure 8's binary tree), ``zero_suppression`` and
-    ``on_demand`` (Figure 10's matching optimisations)."""
+    ``on_demand`` (Figure 10's matching optimisations); ``lanes``: 64
+    events matched together (:mod:`gpu_kernels.atree.sliced`) or 1 (the
+    paper's one event at a time, :mod:`gpu_kernels.atree.cpu`)."""
 
     name = "atree"
 
@@ -73,13 +85,14 @@ class ATreeMatcher(HostMatcher):
 
     def __init__(self, segment: Segment, backend: str = "cpu", *, schema=None, sharing: bool = True,
                  reorganize: bool = True, self_adjust: bool = True, binary: bool = False,
-                 zero_suppression: bool = True, on_demand: bool = True):
+                 zero_suppression: bool = True, on_demand: bool = True, lanes: int = 64):
         if backend != "cpu":
             raise ValueError(f"ATreeMatcher runs on backend 'cpu', not {backend!r}")
         from engine.algorithms.options import ATreeOptions
         ATreeOptions(sharing=sharing, reorganize=reorganize, self_adjust=self_adjust, binary=binary,
-                     zero_suppression=zero_suppression, on_demand=on_demand)      # the values' checks
+                     zero_suppression=zero_suppression, on_demand=on_demand, lanes=lanes)   # the values' checks
         self.schema = schema
+        self.lanes = lanes
         self.segment = self._coded(segment)
         self.zero_suppression, self.on_demand = zero_suppression, on_demand
         # the compiled DAG makes what the Python one does; the Python one also makes the ablations
@@ -170,9 +183,15 @@ class ATreeMatcher(HostMatcher):
         list_truth = list_truth_of(batch)
         a, x, preds = self.arrays, self.leaf_index, self.segment.predicates
         touched = [0]
+        # a few events: one at a time (the words' scratch costs more than it saves below SLICED_FROM)
+        sliced = self.lanes > 1 and n_events >= SLICED_FROM
+        if sliced:
+            serial_kernel, parallel_kernel = S.atree_sliced_serial, S.atree_sliced_kernel
+        else:
+            serial_kernel, parallel_kernel = K.atree_match_serial, K.atree_match_kernel
 
         def launch(first, last, out, cap, ev_count, stop, need, serial):
-            kernel = K.atree_match_serial if serial else K.atree_match_kernel
+            kernel = serial_kernel if serial else parallel_kernel
             task_leaves = np.zeros(len(first), np.int64)
             kernel(first, last, out, cap, ev_count, stop, need, task_leaves, batch.offsets, batch.attr, batch.value,
                    batch.token, pattern_truth, list_truth, alive, a.kind, a.level_start, a.child_off,
@@ -180,7 +199,8 @@ class ATreeMatcher(HostMatcher):
                    x.key_hi, x.key_reach, x.key_leaf, x.key_quiet, a.absent_leaf, a.sub_off, a.sub_pos,
                    preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux)
             touched[0] += int(task_leaves.sum())       # finished events only: a resumed task counts the rest
-        events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
+        events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event,
+                                                                    per_task=S.LANES if sliced else 1)
         self.leaf_work = (touched[0], n_events)
         return events, positions
 
@@ -226,6 +246,7 @@ class ATreeMatcher(HostMatcher):
         new.schema = settings.schema
         new.segment = new._coded(segment)
         new.zero_suppression, new.on_demand = options["zero_suppression"], options["on_demand"]
+        new.lanes = options["lanes"]
         new.dag = _restored_dag(meta, arrays, _predicate_keys(new.segment))
         roots = np.asarray(arrays["roots"], np.int64)
         if len(roots) != len(new.segment) or (len(roots) and (roots.min() < 0 or roots.max() >= len(new.dag.kind))):

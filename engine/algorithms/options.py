@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 BOTH = ("cpu", "cuda")
+CPU = ("cpu",)
 CUDA = ("cuda",)
 
 
@@ -374,6 +375,10 @@ class ATreeOptions(Options):
                                               "XOR/XNOR subtrees; False (the Figure 10 ablation): FALSE too")
     on_demand: bool = option(True, doc="propagation on demand (§5.2.2): an AND is reached from one access child "
                                        "and reads the others; False (the Figure 10 ablation): from every child")
+    lanes: int = option(64, backends=CPU, structural=False,
+                        doc="cpu matching: events evaluated together, one bit each in a node's word (64: a "
+                            "batch's events 64 at a time, gpu_kernels.atree.sliced); 1: one event at a time, "
+                            "Algorithm 6 as the paper runs it")
     kernel: str = option("levels", backends=CUDA, structural=False,
                          doc="cuda matching: 'levels' (one launch per level of the DAG) or 'persistent' (one "
                              "launch, a block per event walking the levels); not measured on a GPU yet")
@@ -384,6 +389,8 @@ class ATreeOptions(Options):
         for name in ("sharing", "reorganize", "self_adjust", "binary", "zero_suppression", "on_demand"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        if not _is_int(self.lanes) or self.lanes not in (1, 64):
+            raise ValueError(f"lanes must be 1 or 64, not {self.lanes!r}")
         if self.kernel not in ATREE_KERNELS:
             raise ValueError(f"kernel must be one of {', '.join(map(repr, ATREE_KERNELS))}, not {self.kernel!r}")
         check_launch(self.launch)

@@ -48,6 +48,7 @@ VARIANTS = {
     "atree-nozs": ("atree", {"zero_suppression": False}),
     "atree-nopod": ("atree", {"on_demand": False}),
     "atree-noopt": ("atree", {"zero_suppression": False, "on_demand": False}),
+    "atree-perevent": ("atree", {"lanes": 1}),
 }
 #: what each variant is, for ``bexmatch bench --help``
 VARIANT_TITLES = {
@@ -69,6 +70,7 @@ VARIANT_TITLES = {
     "atree-nozs": "A-Tree Fig. 10: without the zero suppression filter (FALSE propagates too)",
     "atree-nopod": "A-Tree Fig. 10: without propagation on demand (an AND reached from every child)",
     "atree-noopt": "A-Tree Fig. 10: neither matching optimisation",
+    "atree-perevent": "A-Tree one event at a time (Algorithm 6 as the paper runs it), not 64 events a node word",
 }
 #: an option value chosen per workload from its generating parameters
 AUTO = "auto"
