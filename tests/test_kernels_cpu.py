@@ -20,6 +20,19 @@ def test_parallel_and_serial_compaction_agree_with_nonzero():
     assert small_rows.tolist() == want_rows.tolist() and small_cols.tolist() == want_cols.tolist()
 
 
+def test_transpose64_is_the_bit_matrix_transpose():
+    from numba import njit
+
+    transposed = njit(lambda a: compaction.transpose64(a))
+    rng = np.random.default_rng(7)
+    for density in (0.0, 0.03, 0.5, 1.0):
+        bits = rng.random((64, 64)) < density          # bits[r, c]: row r, column c
+        words = np.packbits(bits[:, ::-1], axis=1).view(">u8").astype(np.uint64).ravel()
+        transposed(words)
+        got = np.unpackbits(words.astype(">u8").view(np.uint8).reshape(64, 8), axis=1)[:, ::-1].astype(bool)
+        assert (got == bits.T).all(), density
+
+
 def test_parallel_predicate_dedup_equals_the_serial_one():
     """Predicate de-duplication on every core (hash partitions) gives the
     serial table's exact answer: distinct rows numbered by first

@@ -9,9 +9,10 @@ takes the events of a task 64 at a time -- a *group* -- and gives each
 node two words, ``TRUE`` and ``FALSE`` (bit ``j``: the group's event
 ``j``; neither bit: NULL).  Each stage of Algorithm 6 runs once per group:
 
-1. **Predicate matching**, per event as in the one-event kernel (the
-   keyed leaves through the predicate index, the others evaluated), sets
-   the event's bit in the leaves' words;
+1. **Predicate matching** sets each event's bit in the leaves' words:
+   the keyed leaves through the predicate index, event by event (a binary
+   search a value); the evaluated ones attribute by attribute, a leaf's
+   row read once for the group's events that carry its attribute;
 2. **expression matching**, level by level over the union of what the
    group's events reach: a node is queued when a child's word becomes
    non-zero (TRUE for every linked parent, FALSE for ``needs3`` ones --
@@ -19,9 +20,10 @@ node two words, ``TRUE`` and ``FALSE`` (bit ``j``: the group's event
    evaluated once for the 64 events with word operations: Kleene's AND
    (TRUE: every child TRUE; FALSE: some child FALSE), OR dually, XOR and
    XNOR on the children's known bits;
-3. a TRUE r-node's subscription positions are marked in the bitmaps of
-   the events its word holds, written out per event ascending
-   (:func:`~gpu_kernels.compaction.emit_marked`).
+3. a TRUE r-node gives its word to its subscription positions; each block
+   of 64 positions holding one, a 64 x 64 bit matrix (position, event),
+   is transposed into a word an event, and the events' positions are
+   written out ascending.
 
 The words of the nodes a group wrote are cleared after it (a list of
 them), so a word read is one load, with no stamp.  Results follow the
@@ -35,7 +37,7 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.atree.cpu import BETWEEN_KEYS, N_CLASSES, _key_run
-from gpu_kernels.compaction import emit_marked, popcount64
+from gpu_kernels.compaction import popcount64, transpose64
 from gpu_kernels.opcodes import AND, FALSE, OR, TRUE, XOR
 from gpu_kernels.predicates import entry_truth, find_attribute
 from gpu_kernels.twins import parallel_and_serial
@@ -58,46 +60,80 @@ def _queue_parents(node, became_true, became_false, par_off, par_idx, needs3, qu
 
 
 @njit(inline="always", nogil=True)
-def _set_leaf(leaf, v, bit, true_w, false_w, written, n_written, par_off, par_idx, needs3, queued):
-    """Event ``bit``'s value ``v`` of ``leaf`` into its words; returns the
-    new count of written nodes (NULL writes nothing)."""
-    if v != TRUE and v != FALSE:
-        return n_written
-    t = true_w[leaf]
-    f = false_w[leaf]
-    if t == ZERO and f == ZERO:
+def _set_words(leaf, t, f, true_w, false_w, written, n_written, par_off, par_idx, needs3, queued):
+    """TRUE bits ``t`` and FALSE bits ``f`` of some events added to
+    ``leaf``'s words, the parents queued that now have something to read;
+    returns the new count of written nodes."""
+    t0 = true_w[leaf]
+    f0 = false_w[leaf]
+    if t0 == ZERO and f0 == ZERO and (t != ZERO or f != ZERO):
         written[n_written] = leaf
         n_written += 1
-    if v == TRUE:
-        true_w[leaf] = t | bit
-        if t == ZERO:
-            _queue_parents(leaf, True, False, par_off, par_idx, needs3, queued)
-    elif v == FALSE:
-        false_w[leaf] = f | bit
-        if f == ZERO:
-            _queue_parents(leaf, False, True, par_off, par_idx, needs3, queued)
+    true_w[leaf] = t0 | t
+    false_w[leaf] = f0 | f
+    became_true = t0 == ZERO and t != ZERO
+    became_false = f0 == ZERO and f != ZERO
+    if became_true or became_false:
+        _queue_parents(leaf, became_true, became_false, par_off, par_idx, needs3, queued)
     return n_written
 
 
 @njit(inline="always", nogil=True)
-def _mark(node, t, sub_off, sub_pos, alive, bm0, bm1, found):
-    """A TRUE word of an r-node: its alive positions marked for every event
-    whose bit is set."""
+def _scatter(node, t, sub_off, sub_pos, alive, pos_t, pos_words):
+    """A TRUE word of an r-node: given to its alive positions (``pos_t``:
+    a word a position, the events it matches; ``pos_words``: a bit a
+    64-position block holding one)."""
     for k in range(sub_off[node], sub_off[node + 1]):
         pos = sub_pos[k]
-        if not alive[pos]:
-            continue
-        w = pos >> 6
-        b0 = ONE << np.uint64(pos & 63)
-        b1 = ONE << np.uint64(w & 63)
-        bits = t
-        while bits:
-            low = bits & (~bits + ONE)
-            bits ^= low
-            j = popcount64(low - ONE)
-            bm0[j, w] |= b0
-            bm1[j, w >> 6] |= b1
-            found[j] += 1
+        if alive[pos]:
+            pos_t[pos] = t
+            w = pos >> 6
+            pos_words[w >> 6] |= ONE << np.uint64(w & 63)
+
+
+@njit(inline="always", nogil=True)
+def _positions_to_events(pos_t, pos_words, n_lanes, blocks, found):
+    """Each 64-position block of ``pos_t`` that holds a match (a word a
+    position, a bit an event) transposed into ``blocks[w]`` (a word an
+    event, a bit a position), the events' counts added up; ``pos_t`` left
+    zero.  A block costs the same whatever its matches, where marking them
+    one by one cost each a write into one of 64 bitmaps (W5 at 300 K:
+    14 K matches an event, 40 % of the kernel)."""
+    for w1 in range(len(pos_words)):
+        y1 = pos_words[w1]
+        while y1 != 0:
+            low = y1 & (~y1 + ONE)
+            y1 ^= low
+            w = w1 * 64 + popcount64(low - ONE)
+            for p in range(64):
+                blocks[w, p] = pos_t[w * 64 + p]
+                pos_t[w * 64 + p] = ZERO
+            transpose64(blocks[w])
+            for j in range(n_lanes):
+                found[j] += popcount64(blocks[w, j])
+
+
+@njit(inline="always", nogil=True)
+def _write_out(pos_words, n_lanes, blocks, cursor, out):
+    """The positions of the first ``n_lanes`` events, ascending, from the
+    blocks :func:`_positions_to_events` made: event ``j``'s from
+    ``out[cursor[j]]`` on; ``pos_words`` left zero."""
+    for w1 in range(len(pos_words)):
+        y1 = pos_words[w1]
+        pos_words[w1] = ZERO
+        while y1 != 0:
+            low = y1 & (~y1 + ONE)
+            y1 ^= low
+            w = w1 * 64 + popcount64(low - ONE)
+            for j in range(n_lanes):
+                row = blocks[w, j]
+                at = cursor[j]
+                while row != ZERO:
+                    lb = row & (~row + ONE)
+                    row ^= lb
+                    out[at] = w * 64 + popcount64(lb - ONE)
+                    at += 1
+                cursor[j] = at
 
 
 @njit(nogil=True)
@@ -105,7 +141,7 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                 list_truth, alive, kind, level_start, child_off, child_idx, par_off, par_idx, needs3, leaf_pred,
                 scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf, key_quiet, absent_leaf, sub_off,
                 sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets, set_values, pred_aux, true_w, false_w,
-                written, queued, bm0, bm1, found, result):
+                written, queued, pos_t, pos_words, blocks, found, cursor, result):
     """Events ``[e_first, e_last)`` in groups of :data:`LANES`; ``result``
     as :func:`gpu_kernels.atree.cpu.match_task`'s: the first event that
     did not fit (``e_last`` when all did), its count, and the leaves
@@ -122,7 +158,7 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
         lanes = np.uint64(0xFFFFFFFFFFFFFFFF) if g1 - g0 == LANES else (ONE << np.uint64(g1 - g0)) - ONE
         n_written = 0
         touched = 0
-        # 1. predicate matching, event by event: each sets its bit
+        # 1. predicate matching: the keyed leaves event by event (a binary search a value), each event its bit ...
         for e in range(g0, g1):
             bit = ONE << np.uint64(e - g0)
             s0 = ev_offsets[e]
@@ -151,16 +187,9 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                                     n_written += 1
                                 true_w[leaf] |= bit
                             else:
-                                n_written = _set_leaf(leaf, TRUE, bit, true_w, false_w, written, n_written,
-                                                      par_off, par_idx, needs3, queued)
-                touched += scan_off[a + 1] - scan_off[a]
-                for k in range(scan_off[a], scan_off[a + 1]):
-                    leaf = scan_leaf[k]
-                    v = entry_truth(leaf_pred[leaf], at, ev_value, ev_token, pred_op, pred_lo, pred_hi,
-                                    set_offsets, set_values, pred_aux, pattern_truth, list_truth)
-                    n_written = _set_leaf(leaf, v, bit, true_w, false_w, written, n_written, par_off, par_idx,
-                                          needs3, queued)
-            for k in range(len(absent_leaf)):
+                                n_written = _set_words(leaf, bit, ZERO, true_w, false_w, written, n_written,
+                                                       par_off, par_idx, needs3, queued)
+            for k in range(len(absent_leaf)):       # ... the absent list too
                 leaf = absent_leaf[k]
                 pid = leaf_pred[leaf]
                 if find_attribute(ev_attr, s0, s1, pred_attr[pid]) >= 0:
@@ -168,13 +197,48 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                 touched += 1
                 v = entry_truth(pid, -1, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values,
                                 pred_aux, pattern_truth, list_truth)
-                n_written = _set_leaf(leaf, v, bit, true_w, false_w, written, n_written, par_off, par_idx,
-                                      needs3, queued)
+                n_written = _set_words(leaf, bit if v == TRUE else ZERO, bit if v == FALSE else ZERO, true_w,
+                                       false_w, written, n_written, par_off, par_idx, needs3, queued)
+        # ... and the evaluated leaves attribute by attribute: a leaf's row is read
+        # once for the group's events that carry its attribute, its parents queued once
+        s_lo = ev_offsets[g0]
+        n_entries = ev_offsets[g1] - s_lo
+        entry_attr = np.empty(n_entries, np.int64)
+        entry_lane = np.empty(n_entries, np.int64)
+        for e in range(g0, g1):
+            for at in range(ev_offsets[e], ev_offsets[e + 1]):
+                a = ev_attr[at]
+                entry_attr[at - s_lo] = a if 0 <= a < n_attr else n_attr
+                entry_lane[at - s_lo] = e - g0
+        order = np.argsort(entry_attr, kind="mergesort")
+        r0 = 0
+        while r0 < n_entries:
+            a = entry_attr[order[r0]]
+            r1 = r0 + 1
+            while r1 < n_entries and entry_attr[order[r1]] == a:
+                r1 += 1
+            if a < n_attr:
+                touched += (scan_off[a + 1] - scan_off[a]) * (r1 - r0)
+                for k in range(scan_off[a], scan_off[a + 1]):
+                    leaf = scan_leaf[k]
+                    pid = leaf_pred[leaf]
+                    t = ZERO
+                    f = ZERO
+                    for r in range(r0, r1):
+                        v = entry_truth(pid, s_lo + order[r], ev_value, ev_token, pred_op, pred_lo, pred_hi,
+                                        set_offsets, set_values, pred_aux, pattern_truth, list_truth)
+                        if v == TRUE:
+                            t |= ONE << np.uint64(entry_lane[order[r]])
+                        elif v == FALSE:
+                            f |= ONE << np.uint64(entry_lane[order[r]])
+                    n_written = _set_words(leaf, t, f, true_w, false_w, written, n_written, par_off, par_idx,
+                                           needs3, queued)
+            r0 = r1
         for i in range(n_written):                   # the TRUE leaves that are r-nodes
             leaf = written[i]
             t = true_w[leaf]
             if t != ZERO and sub_off[leaf + 1] > sub_off[leaf]:
-                _mark(leaf, t, sub_off, sub_pos, alive, bm0, bm1, found)
+                _scatter(leaf, t, sub_off, sub_pos, alive, pos_t, pos_words)
         # 2. expression matching, lowest level first, once for the group
         for lv in range(2, n_levels):
             lo = level_start[lv]
@@ -239,21 +303,24 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                     n_written += 1
                     _queue_parents(node, t != ZERO, f != ZERO, par_off, par_idx, needs3, queued)
                     if t != ZERO and sub_off[node + 1] > sub_off[node]:
-                        _mark(node, t, sub_off, sub_pos, alive, bm0, bm1, found)
+                        _scatter(node, t, sub_off, sub_pos, alive, pos_t, pos_words)
         for i in range(n_written):
             true_w[written[i]] = ZERO
             false_w[written[i]] = ZERO
-        # 3. each event's positions, ascending
-        for j in range(g1 - g0):
-            write = base + used + found[j] <= limit
-            emit_marked(bm0[j], bm1[j], out, base + used, write)
-            if not write:
-                result[0] = g0 + j
-                result[1] = found[j]
-                return
-            used += found[j]
-            ev_count[g0 + j] = found[j]
-            found[j] = 0
+        # 3. each event's positions, ascending, for the events that fit
+        _positions_to_events(pos_t, pos_words, g1 - g0, blocks, found)
+        n_fit = 0
+        while n_fit < g1 - g0 and base + used + found[n_fit] <= limit:
+            cursor[n_fit] = base + used
+            used += found[n_fit]
+            ev_count[g0 + n_fit] = found[n_fit]
+            n_fit += 1
+        _write_out(pos_words, n_fit, blocks, cursor, out)
+        if n_fit < g1 - g0:
+            result[0] = g0 + n_fit
+            result[1] = found[n_fit]
+            return
+        found[:] = 0
         result[2] += touched
 
 
@@ -265,26 +332,26 @@ def atree_sliced_kernel_py(task_first, task_last, out, cap, ev_count, task_stop,
                            set_values, pred_aux):
     """Tasks in parallel, as :func:`gpu_kernels.atree.cpu.atree_match_kernel_py`,
     each with its scratch: the nodes' two words, the list of those written,
-    the queue bitmap, a matches' bitmap and count per lane."""
+    the queue bitmap, the positions' words and their blocks transposed."""
     n_nodes = len(kind)
     n_words = max((len(alive) + 63) >> 6, 1)
-    lanes = 1
-    for t in range(len(task_first)):
-        lanes = max(lanes, min(LANES, task_last[t] - task_first[t]))
     for t in prange(len(task_first)):
         true_w = np.zeros(n_nodes, np.uint64)
         false_w = np.zeros(n_nodes, np.uint64)
         written = np.empty(n_nodes, np.int32)
         queued = np.zeros((n_nodes + 63) >> 6, np.uint64)
-        bm0 = np.zeros((lanes, n_words), np.uint64)          # (rows only for the lanes a group can fill)
-        bm1 = np.zeros((lanes, max((n_words + 63) >> 6, 1)), np.uint64)
-        found = np.zeros(lanes, np.int64)
+        pos_t = np.zeros(n_words * 64, np.uint64)
+        pos_words = np.zeros(max((n_words + 63) >> 6, 1), np.uint64)
+        blocks = np.empty((n_words, 64), np.uint64)    # (a block is read only once written)
+        found = np.zeros(64, np.int64)
+        cursor = np.empty(64, np.int64)
         result = np.empty(3, np.int64)
         sliced_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
                     ev_token, pattern_truth, list_truth, alive, kind, level_start, child_off, child_idx, par_off,
                     par_idx, needs3, leaf_pred, scan_off, scan_leaf, key_off, key, key_hi, key_reach, key_leaf,
                     key_quiet, absent_leaf, sub_off, sub_pos, pred_attr, pred_op, pred_lo, pred_hi, set_offsets,
-                    set_values, pred_aux, true_w, false_w, written, queued, bm0, bm1, found, result)
+                    set_values, pred_aux, true_w, false_w, written, queued, pos_t, pos_words, blocks, found, cursor,
+                    result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
         task_leaves[t] = result[2]
