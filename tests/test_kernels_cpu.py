@@ -142,3 +142,26 @@ def test_every_cached_kernel_has_its_own_cache_entry():
                             value.py_func.__code__.co_code
                         pairs += 1
     assert pairs >= 6
+
+
+def test_tasks_take_per_task_events_but_never_leave_a_thread_idle():
+    import numba
+
+    from engine.algorithms.host_tasks import match_in_tasks
+
+    threads = numba.get_num_threads()
+    for n_events in (3, 24, 200, 1000):
+        spans = []
+
+        def launch(first, last, out, cap, ev_count, stop, need, serial):
+            spans.append((last - first).tolist())
+            stop[:] = last
+
+        match_in_tasks(n_events, launch, 1.0, per_task=64)
+        (tasks,) = spans
+        assert sum(tasks) == n_events and min(tasks) >= 1
+        if n_events <= 4 or threads == 1:
+            assert len(tasks) == 1
+        else:
+            assert min(threads, n_events) <= len(tasks) <= 4 * threads
+            assert len(tasks) <= max(threads, -(-n_events // 64))      # as few as 64 events a task allows

@@ -88,11 +88,12 @@ def match_in_tasks(n_events: int, launch, estimate: float, per_task: int = 1) ->
     """``launch(first, last, out, cap, ev_count, stop, need, serial)`` runs
     the kernel (``serial``: one task, on the calling thread); tasks of at
     least ``per_task`` events where there are enough (a kernel that takes
-    its events that many at a time).  Returns (events, positions, the
-    updated matches-per-event estimate)."""
+    its events that many at a time), but never fewer tasks than threads
+    (an event slice of 24 ran on one core).  Returns (events, positions,
+    the updated matches-per-event estimate)."""
     threads = numba.get_num_threads()
     n_tasks = 1 if n_events <= SERIAL_EVENTS or threads == 1 else \
-        int(max(1, min(-(-n_events // per_task), 4 * threads)))
+        int(min(n_events, max(threads, min(-(-n_events // per_task), 4 * threads))))
     bounds = np.linspace(0, n_events, n_tasks + 1).round().astype(np.int64)
     first, last = bounds[:-1].copy(), bounds[1:].copy()
     ev_count = np.zeros(n_events, np.int64)
