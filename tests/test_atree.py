@@ -209,6 +209,9 @@ def test_options_are_checked():
         ATreeOptions(sharing=1)
     with pytest.raises(TypeError, match="takes no option"):
         Index(algorithm="atree", backend="cpu", options={"fanout": 4})
+    for lanes in (0, 2, 32, 64.0, True):
+        with pytest.raises(ValueError, match="lanes must be 1 or 64"):
+            ATreeOptions(lanes=lanes)
 
 
 # ------------------------------------------------------------- matching (§5)
@@ -422,6 +425,29 @@ def test_64_events_a_word_equal_one_event_at_a_time(n_events, monkeypatch):
         monkeypatch.setattr(atree_module, "match_in_tasks", one_task)
         got = indexes[64].match_batch(events[:n_events], output="arrow")
         assert got.equals(want.slice(0, cap))
+
+
+def test_64_events_a_word_on_conjunctions_queue_level_2():
+    """Conjunctions: each AND is reached from its access child alone, so a
+    group's leaves never have more links than level 2 has nodes, and the
+    batch kernel queues level 2 as it queues the others (on the random
+    expressions above, leaves of many parents, it evaluates level 2
+    whole): equal to the one-event kernel and scan."""
+    rng = np.random.default_rng(5)
+    texts = [f"c{i % 7} = {i % 5} AND d{i % 11} < {i % 9} AND e{i % 3} != {i % 4}" for i in range(600)]
+    events = [{**{f"c{k}": int(rng.integers(0, 5)) for k in range(7) if rng.random() < 0.7},
+               **{f"d{k}": int(rng.integers(0, 9)) for k in range(11) if rng.random() < 0.7},
+               **{f"e{k}": int(rng.integers(0, 4)) for k in range(3)}} for _ in range(200)]
+    scan = Index(algorithm="scan", backend="cpu")
+    scan.add_many(range(600), texts)
+    want = scan.match_batch(events, output="arrow")
+    assert want.num_rows > 1000
+    for lanes in (64, 1):
+        index = index_of(dict(zip(range(600), texts)), lanes=lanes)
+        arrays = atree_of(index).arrays
+        leaves = arrays.level_start[2]
+        assert arrays.par_off[leaves] <= arrays.level_start[3] - arrays.level_start[2]   # never more links
+        assert index.match_batch(events, output="arrow").equals(want), lanes
 
 
 # ------------------------------------------ the predicate index of the l-nodes

@@ -19,7 +19,10 @@ node two words, ``TRUE`` and ``FALSE`` (bit ``j``: the group's event
    the same zero suppression and propagation on demand, one word wide),
    evaluated once for the 64 events with word operations: Kleene's AND
    (TRUE: every child TRUE; FALSE: some child FALSE), OR dually, XOR and
-   XNOR on the children's known bits;
+   XNOR on the children's known bits.  Where the leaves a group wrote have
+   more parent links than level 2 has nodes, level 2 is evaluated whole
+   instead (a node no child reached reads zero words: NULL), and only the
+   links above it are followed;
 3. a TRUE r-node gives its word to its subscription positions; each block
    of 64 positions holding one, a 64 x 64 bit matrix (position, event),
    is transposed into a word an event, and the events' positions are
@@ -47,6 +50,7 @@ LANES = 64
 
 ONE = np.uint64(1)
 ZERO = np.uint64(0)
+ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 @njit(inline="always", nogil=True)
@@ -60,10 +64,9 @@ def _queue_parents(node, became_true, became_false, par_off, par_idx, needs3, qu
 
 
 @njit(inline="always", nogil=True)
-def _set_words(leaf, t, f, true_w, false_w, written, n_written, par_off, par_idx, needs3, queued):
+def _set_words(leaf, t, f, true_w, false_w, written, n_written):
     """TRUE bits ``t`` and FALSE bits ``f`` of some events added to
-    ``leaf``'s words, the parents queued that now have something to read;
-    returns the new count of written nodes."""
+    ``leaf``'s words; returns the new count of written nodes."""
     t0 = true_w[leaf]
     f0 = false_w[leaf]
     if t0 == ZERO and f0 == ZERO and (t != ZERO or f != ZERO):
@@ -71,10 +74,6 @@ def _set_words(leaf, t, f, true_w, false_w, written, n_written, par_off, par_idx
         n_written += 1
     true_w[leaf] = t0 | t
     false_w[leaf] = f0 | f
-    became_true = t0 == ZERO and t != ZERO
-    became_false = f0 == ZERO and f != ZERO
-    if became_true or became_false:
-        _queue_parents(leaf, became_true, became_false, par_off, par_idx, needs3, queued)
     return n_written
 
 
@@ -155,7 +154,7 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
     result[2] = 0
     for g0 in range(e_first, e_last, LANES):
         g1 = min(g0 + LANES, e_last)
-        lanes = np.uint64(0xFFFFFFFFFFFFFFFF) if g1 - g0 == LANES else (ONE << np.uint64(g1 - g0)) - ONE
+        lanes = ALL if g1 - g0 == LANES else (ONE << np.uint64(g1 - g0)) - ONE
         n_written = 0
         touched = 0
         # 1. predicate matching: the keyed leaves event by event (a binary search a value), each event its bit ...
@@ -187,8 +186,7 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                                     n_written += 1
                                 true_w[leaf] |= bit
                             else:
-                                n_written = _set_words(leaf, bit, ZERO, true_w, false_w, written, n_written,
-                                                       par_off, par_idx, needs3, queued)
+                                n_written = _set_words(leaf, bit, ZERO, true_w, false_w, written, n_written)
             for k in range(len(absent_leaf)):       # ... the absent list too
                 leaf = absent_leaf[k]
                 pid = leaf_pred[leaf]
@@ -198,7 +196,7 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                 v = entry_truth(pid, -1, ev_value, ev_token, pred_op, pred_lo, pred_hi, set_offsets, set_values,
                                 pred_aux, pattern_truth, list_truth)
                 n_written = _set_words(leaf, bit if v == TRUE else ZERO, bit if v == FALSE else ZERO, true_w,
-                                       false_w, written, n_written, par_off, par_idx, needs3, queued)
+                                       false_w, written, n_written)
         # ... and the evaluated leaves attribute by attribute: a leaf's row is read
         # once for the group's events that carry its attribute, its parents queued once
         s_lo = ev_offsets[g0]
@@ -231,20 +229,35 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                             t |= ONE << np.uint64(entry_lane[order[r]])
                         elif v == FALSE:
                             f |= ONE << np.uint64(entry_lane[order[r]])
-                    n_written = _set_words(leaf, t, f, true_w, false_w, written, n_written, par_off, par_idx,
-                                           needs3, queued)
+                    n_written = _set_words(leaf, t, f, true_w, false_w, written, n_written)
             r0 = r1
-        for i in range(n_written):                   # the TRUE leaves that are r-nodes
+        # The written leaves' parents queued -- unless following their links would
+        # set more bits than level 2 has nodes: then level 2 is evaluated whole,
+        # and only the links above it are followed (W5: 26 parents a leaf; not on
+        # W1, whose ANDs are reached from one access child each)
+        links = 0
+        for i in range(n_written):
+            links += par_off[written[i] + 1] - par_off[written[i]]
+        dense = n_levels > 2 and links > level_start[3] - level_start[2]
+        above = level_start[3] if dense else 0
+        for i in range(n_written):
             leaf = written[i]
             t = true_w[leaf]
-            if t != ZERO and sub_off[leaf + 1] > sub_off[leaf]:
+            f = false_w[leaf]
+            if t != ZERO and sub_off[leaf + 1] > sub_off[leaf]:     # a TRUE leaf that is an r-node
                 _scatter(leaf, t, sub_off, sub_pos, alive, pos_t, pos_words)
+            k = par_off[leaf + 1] - 1
+            while k >= par_off[leaf] and par_idx[k] >= above:        # (a leaf's parents ascending)
+                p = par_idx[k]
+                if t != ZERO or needs3[p]:
+                    queued[p >> 6] |= ONE << np.uint64(p & 63)
+                k -= 1
         # 2. expression matching, lowest level first, once for the group
         for lv in range(2, n_levels):
             lo = level_start[lv]
             hi = level_start[lv + 1]
             for w in range(lo >> 6, (hi + 63) >> 6):
-                bits = queued[w]
+                bits = ALL if dense and lv == 2 else queued[w]
                 if bits == 0:
                     continue
                 first = w << 6
@@ -252,7 +265,7 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                     bits &= ~((ONE << np.uint64(lo - first)) - ONE)
                 if hi - first < 64:
                     bits &= (ONE << np.uint64(hi - first)) - ONE
-                queued[w] ^= bits
+                queued[w] &= ~bits
                 while bits:
                     low = bits & (~bits + ONE)
                     bits ^= low
