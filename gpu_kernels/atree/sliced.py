@@ -20,7 +20,7 @@ node two words, ``TRUE`` and ``FALSE`` (bit ``j``: the group's event
    evaluated once for the 64 events with word operations: Kleene's AND
    (TRUE: every child TRUE; FALSE: some child FALSE), OR dually, XOR and
    XNOR on the children's known bits.  Where the leaves a group wrote have
-   more parent links than level 2 has nodes, level 2 is evaluated whole
+   many more parent links than level 2 has nodes, level 2 is evaluated whole
    instead (a node no child reached reads zero words: NULL), and only the
    links above it are followed;
 3. a TRUE r-node gives its word to its subscription positions; each block
@@ -47,6 +47,10 @@ from gpu_kernels.twins import parallel_and_serial
 
 #: events a group: the bits of a word
 LANES = 64
+#: level 2 is evaluated whole when the leaves a group wrote have this many
+#: times its nodes in parent links (W5, serial: at 4.7 times, a full group,
+#: 1.3x at 300 K and even at 1 M; at 1.7 times, 8 events, 10 % slower at 1 M)
+DENSE_LINKS = 4
 
 ONE = np.uint64(1)
 ZERO = np.uint64(0)
@@ -231,14 +235,14 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                             f |= ONE << np.uint64(entry_lane[order[r]])
                     n_written = _set_words(leaf, t, f, true_w, false_w, written, n_written)
             r0 = r1
-        # The written leaves' parents queued -- unless following their links would
-        # set more bits than level 2 has nodes: then level 2 is evaluated whole,
-        # and only the links above it are followed (W5: 26 parents a leaf; not on
-        # W1, whose ANDs are reached from one access child each)
+        # The written leaves' parents queued -- unless their links outnumber level
+        # 2's nodes DENSE_LINKS times: then level 2 is evaluated whole, and only
+        # the links above it are followed (W5: 26 parents a leaf; never on
+        # conjunctions, whose ANDs are reached from one access child each)
         links = 0
         for i in range(n_written):
             links += par_off[written[i] + 1] - par_off[written[i]]
-        dense = n_levels > 2 and links > level_start[3] - level_start[2]
+        dense = n_levels > 2 and links > DENSE_LINKS * (level_start[3] - level_start[2])
         above = level_start[3] if dense else 0
         for i in range(n_written):
             leaf = written[i]
