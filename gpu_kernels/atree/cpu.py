@@ -190,6 +190,17 @@ def _finish(node, sub_off, sub_pos, alive, bm0, bm1, found):
     return found
 
 
+@njit(inline="always", nogil=True)
+def in_level(bits, first, lo, hi):
+    """The bits of a queue word (node ids from ``first``) that lie in the
+    level ``[lo, hi)``: a word at a level's edge holds its neighbours' bits too."""
+    if first < lo:
+        bits &= ~((np.uint64(1) << np.uint64(lo - first)) - np.uint64(1))
+    if hi - first < 64:
+        bits &= (np.uint64(1) << np.uint64(hi - first)) - np.uint64(1)
+    return bits
+
+
 @njit(nogil=True)
 def _first_not_below(key, lo, hi, v):
     """First ``k`` in ``[lo, hi)`` with ``not key[k] < v`` (keys ascending)."""
@@ -361,10 +372,7 @@ def match_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 if bits == 0:
                     continue
                 first = w << 6
-                if first < lo:                   # a word at a level's edge holds its neighbours' bits too
-                    bits &= ~((np.uint64(1) << np.uint64(lo - first)) - np.uint64(1))
-                if hi - first < 64:
-                    bits &= (np.uint64(1) << np.uint64(hi - first)) - np.uint64(1)
+                bits = in_level(bits, first, lo, hi)
                 queued[w] ^= bits
                 while bits:
                     low = bits & (~bits + np.uint64(1))

@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from gpu_kernels.atree.cpu import BETWEEN_KEYS, N_CLASSES, _key_run
+from gpu_kernels.atree.cpu import BETWEEN_KEYS, N_CLASSES, _key_run, in_level
 from gpu_kernels.compaction import popcount64, transpose64
 from gpu_kernels.opcodes import AND, FALSE, OR, TRUE, XOR
 from gpu_kernels.predicates import entry_truth, find_attribute
@@ -58,13 +58,16 @@ ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 @njit(inline="always", nogil=True)
-def _queue_parents(node, became_true, became_false, par_off, par_idx, needs3, queued):
-    """``node``'s word just became non-zero: its linked parents queued
-    (those that read FALSE too when only FALSE bits are new)."""
-    for k in range(par_off[node], par_off[node + 1]):
+def _queue_parents(node, true_now, false_now, above, par_off, par_idx, needs3, queued):
+    """``node``'s linked parents from id ``above`` on (a node's parents are
+    ascending), queued: all when its TRUE word is non-zero, else those
+    that read FALSE too when its FALSE word is."""
+    k = par_off[node + 1] - 1
+    while k >= par_off[node] and par_idx[k] >= above:
         p = par_idx[k]
-        if became_true or (became_false and needs3[p]):
+        if true_now or (false_now and needs3[p]):
             queued[p >> 6] |= ONE << np.uint64(p & 63)
+        k -= 1
 
 
 @njit(inline="always", nogil=True)
@@ -250,12 +253,7 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
             f = false_w[leaf]
             if t != ZERO and sub_off[leaf + 1] > sub_off[leaf]:     # a TRUE leaf that is an r-node
                 _scatter(leaf, t, sub_off, sub_pos, alive, pos_t, pos_words)
-            k = par_off[leaf + 1] - 1
-            while k >= par_off[leaf] and par_idx[k] >= above:        # (a leaf's parents ascending)
-                p = par_idx[k]
-                if t != ZERO or needs3[p]:
-                    queued[p >> 6] |= ONE << np.uint64(p & 63)
-                k -= 1
+            _queue_parents(leaf, t != ZERO, f != ZERO, above, par_off, par_idx, needs3, queued)
         # 2. expression matching, lowest level first, once for the group
         for lv in range(2, n_levels):
             lo = level_start[lv]
@@ -265,10 +263,7 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                 if bits == 0:
                     continue
                 first = w << 6
-                if first < lo:                   # a word at a level's edge holds its neighbours' bits too
-                    bits &= ~((ONE << np.uint64(lo - first)) - ONE)
-                if hi - first < 64:
-                    bits &= (ONE << np.uint64(hi - first)) - ONE
+                bits = in_level(bits, first, lo, hi)
                 queued[w] &= ~bits
                 while bits:
                     low = bits & (~bits + ONE)
@@ -318,7 +313,7 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
                     false_w[node] = f
                     written[n_written] = node
                     n_written += 1
-                    _queue_parents(node, t != ZERO, f != ZERO, par_off, par_idx, needs3, queued)
+                    _queue_parents(node, t != ZERO, f != ZERO, 0, par_off, par_idx, needs3, queued)
                     if t != ZERO and sub_off[node + 1] > sub_off[node]:
                         _scatter(node, t, sub_off, sub_pos, alive, pos_t, pos_words)
         for i in range(n_written):
