@@ -92,6 +92,20 @@ _BYTES_PER_PAIR_WORKING = 80
 SLICE_GROWTH = 4
 
 
+def _slice_width(left: int, max_pairs: int, per_event: float, last: int) -> int:
+    """The width of the next event slice, ``left`` events to go, after a
+    slice ``last`` events wide that had at most ``per_event`` matches an
+    event: what the budget holds, at most SLICE_GROWTH times ``last`` (a
+    quiet start, few matches an event, must not size the rest of a skewed
+    batch as one slice).  Where the budget sets it, the events left go in
+    equal slices: 85 and 85, not 85, 82 and 3 (a short slice costs a
+    64-lane A-Tree task a whole group)."""
+    fits = max(1, int(max_pairs / max(per_event, 1e-9)))
+    if fits >= SLICE_GROWTH * last:
+        return SLICE_GROWTH * last
+    return -(-left // -(-left // fits))
+
+
 def _as_id(sub_id) -> int:
     if isinstance(sub_id, (bool, np.bool_)) or not isinstance(sub_id, (int, np.integer)):
         raise TypeError(f"subscription ids are int64, not {type(sub_id).__name__} {sub_id!r}")
@@ -171,6 +185,9 @@ class Index:
         for attr, family in (schema or {}).items():
             self._schema.declare(attr, family)
         self._write_lock = threading.RLock()
+        #: the most matches an event the last sliced batch measured: the next batch's first slice starts from it
+        #: (None before any)
+        self._per_event_hint: float | None = None
         renew_after_fork(self, Index._after_fork)
         self._state = Snapshot(self._schema.view(), Segment.empty(), np.zeros(0, np.uint8), 0, (), BUILD)
 
@@ -776,7 +793,12 @@ class Index:
         ``[first, stop)`` of ``batch``, sized so that a slice's pairs fit
         the working-memory budget; each slice measures the most matches an
         event had, which sizes the next (growing at most SLICE_GROWTH
-        times).  The pairs of ``rejected`` events are dropped."""
+        times), and the events left are cut into slices of one width (no
+        short last slice).  The first slice of a batch is the one that fits
+        if every subscription matches, or, once a batch before measured its
+        matches, as wide as that measure allows up to SLICE_GROWTH times it
+        (the bound a probe before it would have set).  The pairs of
+        ``rejected`` events are dropped."""
         bad = np.array([r.event for r in rejected], dtype=np.int64)
         explicit = max_pairs
         if max_pairs is None:
@@ -797,10 +819,12 @@ class Index:
             if per_event is None:       # probe with a slice that fits even if every subscription matches
                 small = n_events <= 64 and whole_if_small
                 width = n_events if small else max(1, min(max_pairs // max(1, len(state)), 4096))
+                if not small and self._per_event_hint is not None:
+                    # a batch before measured its matches: a service's next batch starts where a probe of this
+                    # one would have taken it (W5 at 1 M: 6 events, and a 64-lane A-Tree task of 3)
+                    width = max(width, _slice_width(n_events - first, max_pairs, self._per_event_hint, width))
             else:
-                # at most SLICE_GROWTH times the last slice: a quiet start (few matches an event) must not
-                # size the rest of a skewed batch as one slice
-                width = max(1, min(int(max_pairs / max(per_event, 1e-9)), SLICE_GROWTH * width))
+                width = _slice_width(n_events - first, max_pairs, per_event, width)
             stop = min(n_events, first + width)
             part = batch if (first, stop) == (0, n_events) else _event_slice(batch, first, stop)
             event_idx, sub_ids = self._match_encoded(state, part, truth=truth)
@@ -813,6 +837,7 @@ class Index:
             # match far more than its first (a skewed batch) sizes the next one by those
             measured = float(np.bincount(event_idx - first).max()) if len(event_idx) else 0.0
             per_event = measured if per_event is None else max(0.5 * per_event + 0.5 * measured, measured)
+            self._per_event_hint = per_event
             yield first, stop, event_idx, sub_ids
             first = stop
 

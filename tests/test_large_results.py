@@ -160,6 +160,50 @@ def test_a_quiet_start_does_not_size_a_skewed_batch_as_one_slice(algorithm):
     assert table.equals(index.match_batch(events, output="arrow"))
 
 
+def _slice_widths(index, events, max_pairs):
+    from engine.events import encode_events
+    state = index._state
+    batch = encode_events(events, state.view, "raise")
+    return [(stop - first, len(sub_ids)) for first, stop, _, sub_ids in index._match_slices(state, batch, max_pairs)]
+
+
+def test_slices_the_budget_sets_are_equal_not_a_short_last_one():
+    """W5 at 1 M cut 200 events into 6, 24, 85, 82 and 3: the last 3 cost the
+    64-lane A-Tree a group of their own.  Where the budget sets the width,
+    the events left now go in slices one event apart at most."""
+    n_subs, max_pairs = 200, 1000                      # 5 events a slice when all 200 match
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(range(n_subs), ["n >= 0"] * n_subs)
+    widths = [width for width, _ in _slice_widths(index, pa.table({"n": pa.array([1] * 47)}), max_pairs)]
+    assert widths[0] == 5 and sum(widths) == 47
+    assert max(widths[1:]) <= 5 and max(widths[1:]) - min(widths[1:]) <= 1, widths
+
+
+def test_a_batch_starts_from_the_matches_the_batch_before_measured():
+    """A service's batches each began with a probe that fits if every
+    subscription matches (6 events on W5 at 1 M).  Once a batch has been
+    matched, the next starts as wide as its measure allows, up to
+    SLICE_GROWTH times the probe: the bound the growth after a probe sets,
+    so a batch matching everything after a quiet one still holds at most
+    SLICE_GROWTH x max_pairs in its first slice."""
+    from engine.index import SLICE_GROWTH
+    n_subs, max_pairs = 200, 1000
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(range(n_subs), [f"x = 1 OR y = {i}" for i in range(n_subs)])
+    quiet = pa.table({"x": pa.array([0] * 600), "y": pa.array(np.arange(600) % n_subs)})     # one match each
+    first = _slice_widths(index, quiet, max_pairs)
+    assert first[0] == (max_pairs // n_subs, 5)
+    again = _slice_widths(index, quiet, max_pairs)
+    assert again[0] == (SLICE_GROWTH * max_pairs // n_subs, 20)
+    loud = pa.table({"x": pa.array([1] * 600)})
+    after_quiet = _slice_widths(index, loud, max_pairs)
+    assert after_quiet[0] == (SLICE_GROWTH * max_pairs // n_subs, SLICE_GROWTH * max_pairs)
+    assert max(pairs for _, pairs in after_quiet) <= SLICE_GROWTH * max_pairs
+    assert sum(width for width, _ in after_quiet) == 600
+    table = index.match_batch(loud, output="arrow")
+    assert table.num_rows == 600 * n_subs
+
+
 def test_match_stream_takes_its_snapshot_and_checks_at_the_call():
     """``match_stream`` was a generator function: nothing ran until the first
     ``next()``, so updates made in between changed its answer, and a bad
