@@ -18,12 +18,23 @@ str_value_hi  string BETWEEN high end
 str_values  list of string operands (IN, NOT IN)
 bool_value  boolean operand (beside numeric ``value`` in one table)
 bool_values list of boolean operands (IN, NOT IN)
+arity       int operands of a connective row
 ========== ========================================================
 
 Only ``sub_id``, ``attr`` and ``op`` are required; operand columns may be
 left out when no row needs them.  Millions of rows never pass through the
 expression parser: everything but IN lists is handled with array
 operations.
+
+**Connective rows** make any expression: ``op`` 'and', 'or', 'not', 'xor'
+or 'xnor', ``attr`` null, ``arity`` the number of expressions before it
+that it takes (NOT 1, XOR and XNOR 2: ``arity`` may be null for them).  A
+subscription with one has its rows, in the table's order, as its expression
+in postfix; one numba pass checks the shape (:func:`_postfix_shape`) and
+folds the NOTs into the predicates' operators and the connectives (De
+Morgan, XOR/XNOR), and another writes the programs
+(:func:`_postfix_programs`).  :func:`expressions_as_columns` writes ASTs
+out in this form.
 """
 
 from __future__ import annotations
@@ -37,10 +48,10 @@ import pyarrow.compute as pc
 import re2
 from numba import njit
 
-from engine.compile import OPCODE, PredicateTable, Segment, distinct_rows, mix64
+from engine.compile import OP_OF_CODE, OPCODE, PredicateTable, Segment, distinct_rows, mix64, node_class
 from engine.errors import SchemaError
 from engine.events import exact_floats
-from engine.expr import Family, Op
+from engine.expr import LIST_SET_OPS, MAX_NESTING, MAX_NODES, NEGATED_OP, And, Family, Not, Op, Or, Pred, Xnor, Xor
 from engine.schema import Schema
 from gpu_kernels import opcodes
 
@@ -52,7 +63,20 @@ OP_NAMES = {"=": Op.EQ, "==": Op.EQ, "!=": Op.NE, "<>": Op.NE, "<": Op.LT, "<=":
             "not all of": Op.NOT_ALL_OF, "contains": Op.CONTAINS, "not contains": Op.NOT_CONTAINS,
             "is empty": Op.IS_EMPTY, "is not empty": Op.IS_NOT_EMPTY}
 COLUMNS = ("sub_id", "attr", "op", "value", "value_hi", "values", "str_value", "str_value_hi", "str_values",
-           "bool_value", "bool_values")
+           "bool_value", "bool_values", "arity")
+#: connective rows (``attr`` null, ``arity`` operands): a subscription with
+#: one has its rows in postfix order, each connective applying to the
+#: ``arity`` expressions before it (AND and OR one or more, NOT one, XOR and
+#: XNOR two; ``arity`` may be left null for the last three)
+_PREDICATE_ROW, _AND_ROW, _OR_ROW, _NOT_ROW, _XOR_ROW, _XNOR_ROW = range(6)
+CONNECTIVES = {"and": _AND_ROW, "or": _OR_ROW, "not": _NOT_ROW, "xor": _XOR_ROW, "xnor": _XNOR_ROW}
+_FIXED_ARITY = {_NOT_ROW: 1, _XOR_ROW: 2, _XNOR_ROW: 2}
+#: the program instruction of a connective row, and of it under a negation
+#: (De Morgan; NOT (x XOR y) is x XNOR y); NOT rows fold into the predicates
+_CODE_OF_ROW = np.array([opcodes.LEAF, opcodes.AND, opcodes.OR, -1, opcodes.XOR, opcodes.XNOR], np.int8)
+_NEGATED_CODE_OF_ROW = np.array([opcodes.LEAF, opcodes.OR, opcodes.AND, -1, opcodes.XNOR, opcodes.XOR], np.int8)
+#: each predicate operator code's negation, as engine.expr.negate folds a NOT
+_NEGATED_OPCODE = np.array([OPCODE[NEGATED_OP[OP_OF_CODE[code]]] for code in range(opcodes.N_OPS)], np.int8)
 
 _SCALAR = np.array([op in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) for op in Op])
 
@@ -60,43 +84,37 @@ _SCALAR = np.array([op in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) for op in O
 class _Rows:
     """Validated per-row arrays of a columnar table."""
 
-    def __init__(self, table: pa.Table):
-        unknown = set(table.column_names) - set(COLUMNS)
-        if unknown:
-            raise SchemaError(f"columnar subscriptions: unknown column(s) {sorted(unknown)}; columns are {COLUMNS}")
-        for name in ("sub_id", "attr", "op"):
-            if name not in table.column_names:
-                raise SchemaError(f"columnar subscriptions: missing column {name!r}")
-            if table[name].null_count:
-                row = int(np.flatnonzero(~table[name].is_valid().to_numpy(zero_copy_only=False))[0])
-                raise SchemaError(f"columnar subscriptions: row {row} has a null {name}")
+    def __init__(self, table: pa.Table, row_numbers: np.ndarray | None = None):
+        # row_numbers: the rows' numbers in the table the user gave, when these are its predicate rows only
+        self.row_numbers = row_numbers
+        _check_columns(table, ("sub_id", "attr", "op"), self.number)
         self.table = table
         self.n = table.num_rows
-        if not pa.types.is_integer(table["sub_id"].type):
-            raise SchemaError(f"columnar subscriptions: sub_id must be an integer column, not {table['sub_id'].type}")
-        for name in ("attr", "op"):
-            dtype = table[name].type
-            dtype = dtype.value_type if pa.types.is_dictionary(dtype) else dtype
-            if not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)):
-                raise SchemaError(f"columnar subscriptions: {name} must be a string column, not {table[name].type}")
-            _check_utf8(table[name], name)
+        _check_utf8(table["attr"], "attr")
         self.sub_id = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
         self.attr_names, self.attr_index = _factorize(table["attr"])
         for k, name in enumerate(self.attr_names):
             if not name:
                 row = int(np.flatnonzero(self.attr_index == k)[0])
-                raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}): an "
-                                  f"empty attribute name")
+                raise SchemaError(f"columnar subscriptions: row {self.number(row)} (sub_id "
+                                  f"{int(self.sub_id[row])}): an empty attribute name")
         op_names, op_index = _factorize(table["op"])
         op_codes = []
+        used = np.bincount(op_index, minlength=len(op_names)) > 0
         for i, name in enumerate(op_names):
-            op = OP_NAMES.get(" ".join(str(name).lower().split()))
+            op = OP_NAMES.get(_op_name(name))
+            if op is None and not used[i]:      # (a dictionary's entry that no row uses)
+                op = Op.EQ
             if op is None:
                 row = int(np.flatnonzero(op_index == i)[0])
-                raise SchemaError(f"columnar subscriptions: row {row} has unknown operator {name!r}; "
-                                  f"operators are {sorted(set(OP_NAMES))}")
+                raise SchemaError(f"columnar subscriptions: row {self.number(row)} has unknown operator {name!r}; "
+                                  f"operators are {sorted(set(OP_NAMES) | set(CONNECTIVES))}")
             op_codes.append(OPCODE[op])
         self.op = np.array(op_codes, dtype=np.int8)[op_index] if self.n else np.zeros(0, np.int8)
+
+    def number(self, row: int) -> int:
+        """The number, in the table given, of row ``row`` of these rows."""
+        return row if self.row_numbers is None else int(self.row_numbers[row])
 
     def column(self, name):
         return self.table[name] if name in self.table.column_names else None
@@ -105,8 +123,36 @@ class _Rows:
         if mask.any():
             row = int(np.flatnonzero(mask)[0])
             attribute = self.attr_names[self.attr_index[row]]
-            raise SchemaError(f"columnar subscriptions: row {row} (sub_id {int(self.sub_id[row])}, attribute "
-                              f"{attribute!r}): {message}")
+            raise SchemaError(f"columnar subscriptions: row {self.number(row)} (sub_id {int(self.sub_id[row])}, "
+                              f"attribute {attribute!r}): {message}")
+
+
+def _op_name(name) -> str:
+    """An operator's name as the tables' names are matched: lower case, single spaces."""
+    return " ".join(str(name).lower().split())
+
+
+def _check_columns(table: pa.Table, names, number=int) -> None:
+    """Refuse unknown columns, and a missing, null or mistyped ``sub_id``,
+    ``op`` or other column of ``names`` (``number``: a row's number in the
+    table given)."""
+    unknown = set(table.column_names) - set(COLUMNS)
+    if unknown:
+        raise SchemaError(f"columnar subscriptions: unknown column(s) {sorted(unknown)}; columns are {COLUMNS}")
+    for name in names:
+        if name not in table.column_names:
+            raise SchemaError(f"columnar subscriptions: missing column {name!r}")
+        if table[name].null_count:
+            row = int(np.flatnonzero(~table[name].is_valid().to_numpy(zero_copy_only=False))[0])
+            raise SchemaError(f"columnar subscriptions: row {number(row)} has a null {name}")
+    if not pa.types.is_integer(table["sub_id"].type):
+        raise SchemaError(f"columnar subscriptions: sub_id must be an integer column, not {table['sub_id'].type}")
+    for name in ("attr", "op"):
+        dtype = table[name].type
+        dtype = dtype.value_type if pa.types.is_dictionary(dtype) else dtype
+        if not (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)):
+            raise SchemaError(f"columnar subscriptions: {name} must be a string column, not {table[name].type}")
+    _check_utf8(table["op"], "op")
 
 
 def _check_utf8(column, name: str) -> None:
@@ -212,6 +258,185 @@ for _class, _codes in ((_SET_OPERAND, (opcodes.IN, opcodes.NOT_IN)),
     _OPERAND_OF[list(_codes)] = _class
 
 
+class _Postfix:
+    """The connective rows of a table, checked: ``row`` (per row: a
+    predicate, or which connective), ``arity``, and once :func:`_postfix_shape`
+    has run, ``negated`` (per row: under an odd number of NOTs, De Morgan
+    applied) and ``depth`` (the most operands a program holds at once)."""
+
+    def __init__(self, table: pa.Table, op_names: list, op_index: np.ndarray):
+        n = table.num_rows
+        self.sub_ids = table["sub_id"]
+        codes = np.array([CONNECTIVES.get(_op_name(name), _PREDICATE_ROW) for name in op_names], np.int8)
+        self.row = codes[op_index] if n else np.zeros(0, np.int8)
+        used = np.bincount(op_index, minlength=len(op_names)) > 0
+        for i, name in enumerate(op_names):        # (before the arity checks: 'nand' is no connective)
+            if used[i] and _op_name(name) not in OP_NAMES and _op_name(name) not in CONNECTIVES:
+                self._fail(op_index == i, f"unknown operator {name!r}; operators are "
+                                          f"{sorted(set(OP_NAMES) | set(CONNECTIVES))}")
+        connective = self.row != _PREDICATE_ROW
+        arity_column = table["arity"] if "arity" in table.column_names else None
+        if arity_column is not None and not pa.types.is_integer(arity_column.type):
+            raise SchemaError(f"columnar subscriptions: arity must be an integer column, not {arity_column.type}")
+        has_arity = _valid(arity_column, n)
+        self.arity = np.full(n, -1, np.int64)
+        if has_arity.any():
+            self.arity[has_arity] = arity_column.to_numpy(zero_copy_only=False)[has_arity]
+        self._fail(~connective & has_arity, "arity is for connective rows (and, or, not, xor, xnor) only")
+        self._fail(connective & _valid(table["attr"] if "attr" in table.column_names else None, n),
+                   "a connective row has no attribute (attr null)")
+        for name in COLUMNS[3:-1]:
+            self._fail(connective & _valid(table[name] if name in table.column_names else None, n),
+                       f"a connective row takes no operand, and {name} is set")
+        for code, wanted in _FIXED_ARITY.items():
+            mine = self.row == code
+            self._fail(mine & has_arity & (self.arity != wanted), f"{_connective_name(code)} takes {wanted} "
+                                                                   f"operand(s)")
+            self.arity[mine] = wanted
+        self._fail(connective & (self.arity < 1), "AND and OR need an arity of 1 or more")
+
+    def _fail(self, mask: np.ndarray, message: str) -> None:
+        if mask.any():
+            row = int(np.flatnonzero(mask)[0])
+            raise SchemaError(f"columnar subscriptions: row {row} (sub_id {self.sub_ids[row].as_py()}): {message}")
+
+
+def _postfix_error(why: int, row: int, arity: int) -> str:
+    """What :func:`_postfix_shape`'s code ``why`` means, at a row of kind ``row``."""
+    if why == 1:
+        return (f"{_connective_name(row)} needs {arity} operand(s) before it, and the subscription's rows "
+                f"before it leave fewer (rows are in postfix order)")
+    if why == 2:
+        return f"the expression is nested more than {MAX_NESTING} connectives deep"
+    if why == 3:
+        return ("the subscription's rows leave more than one expression (rows are in postfix order: a "
+                "connective must join them)")
+    return f"the subscription has more than {MAX_NODES} rows"
+
+
+def _connective_name(code: int) -> str:
+    return next(name for name, c in CONNECTIVES.items() if c == code).upper()
+
+
+def _connectives(table: pa.Table) -> _Postfix | None:
+    """The table's connective rows, checked, or None when it has none (the
+    plain form: each subscription the AND of its rows)."""
+    if "op" not in table.column_names:
+        return None                                     # (_Rows says what is missing)
+    if "arity" not in table.column_names and not any(
+            _op_name(name) in CONNECTIVES for name in _distinct_op_names(table["op"])):
+        return None
+    _check_columns(table, ("sub_id", "op"))
+    op_names, op_index = _factorize(table["op"])
+    postfix = _Postfix(table, op_names, op_index)
+    return postfix if (postfix.row != _PREDICATE_ROW).any() else None
+
+
+def _distinct_op_names(column) -> list:
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_dictionary(array.type):     # (the entries some row uses)
+        return array.dictionary.take(pc.unique(array.indices)).to_pylist()
+    return pc.unique(array).to_pylist()
+
+
+@njit(cache=True, nogil=True)
+def _postfix_shape(order, starts, ends, row, arity, max_nesting, max_nodes):
+    """Check each subscription's rows (``order[starts[s]:ends[s]]``, in the
+    table's order) as a postfix expression when one is a connective row,
+    and fold its NOTs: per row, whether it stands under an odd number of
+    NOTs (AND and OR pass their polarity down, NOT flips it, XOR and XNOR
+    take their operands as they are).  Returns (negated per row, the most
+    operands any program holds at once, the first bad row or -1, why: 1
+    too few operands, 2 nested too deep, 3 more than one expression left,
+    4 too many rows)."""
+    n = len(row)
+    negated = np.zeros(n, np.bool_)
+    parent = np.full(n, -1, np.int64)
+    height = np.zeros(n, np.int64)
+    stack = np.empty(n, np.int64)
+    deepest = 0
+    for s in range(len(starts)):
+        a0 = starts[s]
+        a1 = ends[s]
+        plain = True
+        for p in range(a0, a1):
+            if row[order[p]] != 0:
+                plain = False
+                break
+        if plain:                       # the AND of its rows, as many operands as rows
+            deepest = max(deepest, a1 - a0)
+            continue
+        if a1 - a0 > max_nodes:
+            return negated, deepest, order[a0], 4
+        top = 0
+        for p in range(a0, a1):
+            r = order[p]
+            if row[r] == 0:
+                height[r] = 0
+            else:
+                k = arity[r]
+                if k > top:
+                    return negated, deepest, r, 1
+                h = 0
+                for q in range(top - k, top):
+                    parent[stack[q]] = r
+                    h = max(h, height[stack[q]])
+                height[r] = h + 1
+                if h + 1 > max_nesting:
+                    return negated, deepest, r, 2
+                top -= k
+            stack[top] = r
+            top += 1
+            deepest = max(deepest, top)
+        if top != 1:
+            return negated, deepest, order[a1 - 1], 3
+        for p in range(a1 - 2, a0 - 1, -1):       # parents after their operands: the root's polarity first
+            r = order[p]
+            up = parent[r]
+            c = row[up]
+            negated[r] = (not negated[up]) if c == 3 else (negated[up] if c == 1 or c == 2 else False)
+    return negated, deepest, -1, 0
+
+
+@njit(cache=True, nogil=True)
+def _postfix_programs(order, starts, ends, row, arity, negated, pred_of_row, code_of_row, negated_code_of_row):
+    """The programs of the subscriptions (as :func:`_postfix_shape` reads
+    them): a plain one the LEAFs of its rows and one AND; one with
+    connectives its rows in order, NOTs left out (folded into the
+    predicates), AND/OR and XOR/XNOR swapped where negated."""
+    n_subs = len(starts)
+    offsets = np.zeros(n_subs + 1, np.int64)
+    for s in range(n_subs):
+        size = ends[s] - starts[s]
+        plain = True
+        for p in range(starts[s], ends[s]):
+            r = order[p]
+            if row[r] != 0:
+                plain = False
+                if row[r] == 3:
+                    size -= 1
+        offsets[s + 1] = offsets[s] + (size + 1 if plain else size)
+    kinds = np.empty(offsets[-1], np.int8)
+    args = np.empty(offsets[-1], np.int32)
+    for s in range(n_subs):
+        at = offsets[s]
+        plain = True
+        for p in range(starts[s], ends[s]):
+            r = order[p]
+            c = row[r]
+            if c == 3:
+                continue
+            if c != 0:
+                plain = False
+            kinds[at] = negated_code_of_row[c] if negated[r] else code_of_row[c]
+            args[at] = pred_of_row[r] if c == 0 else arity[r]
+            at += 1
+        if plain:
+            kinds[at] = code_of_row[1]
+            args[at] = ends[s] - starts[s]
+    return offsets, kinds, args
+
+
 def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, dict[str, Family]]:
     """Validate a columnar table against ``schema`` and compile it.
 
@@ -221,7 +446,14 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     segment and the schema changes it made."""
     if not isinstance(table, pa.Table):
         table = pa.table(table)
-    rows = _Rows(table)
+    postfix = _connectives(table)
+    if postfix is None:
+        rows = _Rows(table)
+    else:       # the predicate rows go the plain way; the connectives shape the programs
+        is_predicate = postfix.row == _PREDICATE_ROW
+        predicate_rows = np.flatnonzero(is_predicate)
+        kept = table.filter(pa.array(is_predicate))
+        rows = _Rows(kept.drop_columns(["arity"]) if "arity" in table.column_names else kept, predicate_rows)
     n, op = rows.n, rows.op
     operand = _OPERAND_OF[op]       # (one gather, not a pass over the rows per class)
     is_set = operand == _SET_OPERAND
@@ -330,6 +562,17 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     bool_lists = _list_column(rows, in_set & has_bools, "bool_values")
     str_in_lists = _list_column(rows, is_set & has_strs, "str_values")
 
+    if postfix is not None:
+        # the programs' shape is checked before anything is registered: the rows of every subscription, in
+        # the table's order (a stable sort by id)
+        all_ids = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
+        full_order = np.argsort(all_ids, kind="stable")
+        full_starts, full_ends = _runs(all_ids[full_order])
+        negated, depth, bad, why = _postfix_shape(full_order, full_starts, full_ends, postfix.row, postfix.arity,
+                                                  MAX_NESTING, MAX_NODES)
+        if bad >= 0:
+            raise SchemaError(f"columnar subscriptions: row {bad} (sub_id {int(all_ids[bad])}): "
+                              + _postfix_error(why, int(postfix.row[bad]), int(postfix.arity[bad])))
     order = np.argsort(rows.sub_id, kind="stable")
     sub_sorted = rows.sub_id[order]
     starts = np.flatnonzero(np.concatenate(([True], sub_sorted[1:] != sub_sorted[:-1]))) if n else np.zeros(0, np.int64)
@@ -366,6 +609,16 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
         aux[set_rows] = set_ids
     lo[contains_rows] = 0.0
 
+    if postfix is not None:         # a NOT over a predicate is its negated operator (NOT a < 5: a >= 5)
+        op = np.where(negated[predicate_rows], _NEGATED_OPCODE[op], op).astype(np.int8)
+        first, inverse = distinct_rows((attr, op, lo, hi, aux))
+        pred_of_row = np.full(table.num_rows, -1, np.int64)
+        pred_of_row[predicate_rows] = inverse
+        offsets, kinds, args = _postfix_programs(full_order, full_starts, full_ends, postfix.row, postfix.arity,
+                                                 negated, pred_of_row, _CODE_OF_ROW, _NEGATED_CODE_OF_ROW)
+        table_ = PredicateTable(attr[first], op[first], lo[first], hi[first], aux[first])
+        return Segment(sub_ids, offsets, kinds, args, table_, int(depth)), fixed
+
     # ---- distinct predicates and one AND program per subscription
     first, inverse = distinct_rows((attr, op, lo, hi, aux))
     table_ = PredicateTable(attr[first], op[first], lo[first], hi[first], aux[first])
@@ -379,6 +632,14 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     leaf_at = np.repeat(offsets[:-1] - starts, sizes) + np.arange(n)
     args[leaf_at] = inverse[order]
     return Segment(sub_ids, offsets, kinds, args, table_, int(sizes.max()) if n else 0), fixed
+
+
+def _runs(sorted_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of each run of equal ids in ``sorted_ids``."""
+    if not len(sorted_ids):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+    return starts, np.append(starts[1:], len(sorted_ids))
 
 
 def _list_column(rows: _Rows, mask: np.ndarray, name: str):
@@ -525,14 +786,15 @@ _CLASS_CODE = {int: 0, float: 0, str: 1, bool: 2}
 _SCALAR_COLUMN = {int: "value", float: "value", str: "str_value", bool: "bool_value"}
 _SET_COLUMN = {int: "values", float: "values", str: "str_values", bool: "bool_values"}
 _HIGH_COLUMN = {int: "value_hi", float: "value_hi", str: "str_value_hi"}
-_OP_INDEX = {op: i for i, op in enumerate(Op)}
+#: the op column's dictionary: the operators, then the connectives (rows of `expressions_as_columns`)
+_OP_INDEX = {**{op: i for i, op in enumerate(Op)}, **{name: len(Op) + i for i, name in enumerate(CONNECTIVES)}}
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
 _chain = itertools.chain.from_iterable
 #: what an operator's operands are: one literal (comparisons, patterns), a list, two ends, none
 _ONE, _SET, _RANGE, _NONE = range(4)
-_KIND_OF = {op: _SET if op in _SET_OPS else _RANGE if op in _RANGE_OPS else
-            _NONE if op in (Op.IS_NULL, Op.IS_NOT_NULL) else _ONE for op in Op}
-_OP_TEXTS = pa.array([op.value for op in Op], pa.string())
+_KIND_OF = {op: _SET if op in _SET_OPS or op in LIST_SET_OPS else _RANGE if op in _RANGE_OPS else
+            _NONE if op in (Op.IS_NULL, Op.IS_NOT_NULL, Op.IS_EMPTY, Op.IS_NOT_EMPTY) else _ONE for op in Op}
+_OP_TEXTS = pa.array([op.value for op in Op] + list(CONNECTIVES), pa.string())
 _COLUMN_TYPE = {"value": pa.float64(), "value_hi": pa.float64(), "str_value": pa.string(),
                 "str_value_hi": pa.string(), "bool_value": pa.bool_(), "values": pa.list_(pa.float64()),
                 "str_values": pa.list_(pa.string()), "bool_values": pa.list_(pa.bool_())}
@@ -555,6 +817,102 @@ class _ColumnsByClass(dict):
             made = self.columns[name] = [None] * self.n
         self[cls] = made
         return made
+
+
+def _operand_columns(terms: list) -> tuple[dict, list]:
+    """The operand columns of rows ``(attr, op, operands, ...)`` (a predicate's
+    :class:`engine.expr.Op`, or a connective's name with no operand), a
+    column per operand kind and only where a row uses it; and the rows the
+    form cannot hold (an IN list or BETWEEN mixing literal types, a boolean
+    BETWEEN: the form has no boolean high end)."""
+    n = len(terms)
+    columns: dict[str, list] = {}
+    scalar_of = _ColumnsByClass(_SCALAR_COLUMN, columns, n)
+    set_of = _ColumnsByClass(_SET_COLUMN, columns, n)
+    high_of = _ColumnsByClass(_HIGH_COLUMN, columns, n)
+    class_code, kind_of = _CLASS_CODE, _KIND_OF
+    unusable = []
+    for row, term in enumerate(terms):
+        op, values = term[1], term[2]
+        kind = kind_of.get(op, _NONE)
+        if kind == _ONE:
+            value = values[0]
+            scalar_of[value.__class__][row] = value
+        elif kind == _SET:
+            classes = set(map(type, values))
+            if len(classes) > 1 and len(set(map(class_code.__getitem__, classes))) > 1:
+                unusable.append(row)     # a mixed list: the text route refuses it
+            else:
+                set_of[values[0].__class__][row] = values
+        elif kind == _RANGE:
+            low, high = values
+            cls = low.__class__
+            if cls is bool or class_code[cls] != class_code[high.__class__]:
+                unusable.append(row)     # boolean or mixed ends
+            else:
+                scalar_of[cls][row] = low
+                high_of[cls][row] = high
+        # _NONE, IS [NOT] NULL and the connectives: no operand
+    return columns, unusable
+
+
+#: a connective node's row name and arity (None: its number of children)
+_CONNECTIVE_ROW = {Not: ("not", 1), And: ("and", None), Or: ("or", None), Xor: ("xor", 2), Xnor: ("xnor", 2)}
+
+
+def expressions_as_columns(ids, nodes) -> pa.Table:
+    """The columnar form of expressions (ASTs, `engine.expr` nodes): each
+    subscription's rows in postfix order, its predicates as the plain form
+    has them and a connective row (``attr`` null, ``op`` 'and', 'or',
+    'not', 'xor' or 'xnor', ``arity``) after its operands; a subtree that
+    several parents share is written out under each.  For storing
+    arbitrary expressions without text (Parquet) and adding them with
+    ``Index.add_many(table)``, which compiles them with array operations.
+    ValueError for what the form cannot hold (an IN list or BETWEEN mixing
+    literal types, a boolean BETWEEN): add that one as an AST or text."""
+    ids = list(ids)
+    nodes = list(nodes)
+    if len(ids) != len(nodes):
+        raise ValueError(f"{len(ids)} ids for {len(nodes)} expressions")
+    terms: list = []
+    sub_of_row: list = []
+    connective_row = _CONNECTIVE_ROW
+    for sub_id, node in zip(ids, nodes):
+        start = len(terms)
+        stack = [(node, False)]
+        while stack:
+            current, expanded = stack.pop()
+            cls = current.__class__
+            if cls is Pred:
+                terms.append((current.attr, current.op, current.values, None))
+                continue
+            name, arity = connective_row.get(cls) or connective_row[node_class(current)]
+            if expanded:
+                terms.append((None, name, (), len(current.children) if arity is None else arity))
+                continue
+            stack.append((current, True))
+            children = (current.child,) if name == "not" else \
+                (current.left, current.right) if arity == 2 else current.children
+            stack.extend((child, False) for child in reversed(children))
+            if len(terms) - start + len(stack) > MAX_NODES:
+                raise ValueError(f"subscription {sub_id}: more than {MAX_NODES} nodes once shared subtrees "
+                                 f"are written out (or the expression contains itself)")
+        sub_of_row.extend([sub_id] * (len(terms) - start))
+    columns, unusable = _operand_columns(terms)
+    if unusable:
+        attr, op, values, _ = terms[unusable[0]]
+        raise ValueError(f"subscription {sub_of_row[unusable[0]]}: the columnar form cannot hold "
+                         f"{attr} {op.value} {values!r} (mixed or boolean operands): add it as an AST or text")
+    arity = [term[3] for term in terms]
+    return pa.table({
+        "sub_id": pa.array(sub_of_row, pa.int64()),
+        "attr": pa.array([term[0] for term in terms], pa.string()),
+        "op": pa.DictionaryArray.from_arrays(
+            pa.array(np.fromiter(map(_OP_INDEX.__getitem__, map(_second, terms)), np.int8, len(terms))),
+            _OP_TEXTS),
+        **{name: pa.array(values, _COLUMN_TYPE[name]) for name, values in columns.items()},
+        **({"arity": pa.array(arity, pa.int64())} if any(a is not None for a in arity) else {}),
+    })
 
 
 def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
@@ -582,32 +940,7 @@ def texts_as_columns(ids, texts) -> tuple[pa.Table, list[int]]:
     terms = list(_chain(read))
 
     n = len(terms)
-    columns: dict[str, list] = {}
-    scalar_of = _ColumnsByClass(_SCALAR_COLUMN, columns, n)
-    set_of = _ColumnsByClass(_SET_COLUMN, columns, n)
-    high_of = _ColumnsByClass(_HIGH_COLUMN, columns, n)
-    class_code, kind_of = _CLASS_CODE, _KIND_OF
-    unusable = []
-    for row, (_, op, values) in enumerate(terms):
-        kind = kind_of[op]
-        if kind == _ONE:
-            value = values[0]
-            scalar_of[value.__class__][row] = value
-        elif kind == _SET:
-            classes = set(map(type, values))
-            if len(classes) > 1 and len(set(map(class_code.__getitem__, classes))) > 1:
-                unusable.append(row)     # a mixed list: the text route refuses it
-            else:
-                set_of[values[0].__class__][row] = values
-        elif kind == _RANGE:
-            low, high = values
-            cls = low.__class__
-            if cls is bool or class_code[cls] != class_code[high.__class__]:
-                unusable.append(row)     # boolean or mixed ends
-            else:
-                scalar_of[cls][row] = low
-                high_of[cls][row] = high
-        # _NONE, IS [NOT] NULL: no operand
+    columns, unusable = _operand_columns(terms)
     op_index = np.fromiter(map(_OP_INDEX.__getitem__, map(_second, terms)), np.int8, n)
     usable = np.ones(n, dtype=bool)
     usable[unusable] = False

@@ -501,7 +501,7 @@ _LEAF_CODES = [opcodes.LEAF]
 _NODE_CLASSES = frozenset((Pred, Not, And, Or, Xor, Xnor))
 
 
-def _node_class(node) -> type:
+def node_class(node) -> type:
     """The expression class ``node`` is an instance of (a subclass's base)."""
     for cls in (Pred, Not, And, Or, Xor, Xnor):
         if isinstance(node, cls):
@@ -545,7 +545,7 @@ def compile_expressions(ids, nodes, schema: Schema, shared: bool = False) -> Seg
         written out.)"""
         cls = node.__class__
         if cls not in _NODE_CLASSES:
-            cls = _node_class(node)
+            cls = node_class(node)
         if cls is Pred:
             memo = leaf_of[negated]
             pid = memo.get(id(node))

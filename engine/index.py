@@ -106,6 +106,16 @@ def _slice_width(left: int, max_pairs: int, per_event: float, last: int) -> int:
     return -(-left // -(-left // fits))
 
 
+def _conjunction_programs(segment: Segment) -> np.ndarray:
+    """Per subscription, whether its program is one predicate or an AND of
+    predicates (no other instruction)."""
+    offsets, kind = segment.prog_offsets, segment.prog_kind
+    if not len(segment):
+        return np.zeros(0, dtype=bool)
+    others = np.add.reduceat((kind != opcodes.LEAF).astype(np.int64), offsets[:-1])
+    return (others == 0) | ((others == 1) & (kind[offsets[1:] - 1] == opcodes.AND))
+
+
 def _as_id(sub_id) -> int:
     if isinstance(sub_id, (bool, np.bool_)) or not isinstance(sub_id, (int, np.integer)):
         raise TypeError(f"subscription ids are int64, not {type(sub_id).__name__} {sub_id!r}")
@@ -499,8 +509,17 @@ class Index:
         if not isinstance(table, pa.Table):
             table = pa.table(table)
         segment, _ = compile_columnar(table, self._schema, check_ids=self._refuse_present)
-        # conjunctions, native to every algorithm: residual only when too deep for a device thread
-        return self._finish(segment, np.zeros(len(segment), dtype=bool))
+        # conjunctions are native to every algorithm; an expression of connective rows is checked, as an
+        # AST is, by an algorithm with a limit (OpIndex's DNF/CNF size...): residual, or refused when strict
+        residual = np.zeros(len(segment), dtype=bool)
+        if self._algorithm.limit_check is not None:
+            view = self._schema.view()
+            for position in np.flatnonzero(~_conjunction_programs(segment)):
+                refusal = self._algorithm.limit_error(segment.expression(int(position), view), self.dnf_limit)
+                if refusal is not None and self.strict:
+                    raise refusal
+                residual[position] = refusal is not None
+        return self._finish(segment, residual)
 
     def _check_new_ids(self, ids: np.ndarray) -> None:
         unique, counts = np.unique(ids, return_counts=True)

@@ -1,0 +1,247 @@
+"""Arbitrary expressions in the columnar form: connective rows (``attr``
+null, ``op`` 'and', 'or', 'not', 'xor' or 'xnor', ``arity``) after their
+operands, a subscription's rows in postfix order
+(``engine.columnar``).  They are compiled with array operations and give
+what the same expressions give as ASTs or texts: the same texts read
+back, the same matches, the same refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import engine.columnar as columnar
+from engine import ExpressionTooLarge, Index
+from engine.columnar import expressions_as_columns
+from engine.errors import SchemaError
+from engine.expr import MAX_NESTING, And, Not, Op, Or, Pred, Xnor, Xor
+from engine.parse import parse
+from tests.strategies import SCHEMA, deep_expressions, events
+
+
+def rows_table(rows, **types) -> pa.Table:
+    """A columnar table from ``(sub_id, attr, op, value, values, arity)`` rows."""
+    return pa.table({
+        "sub_id": pa.array([r[0] for r in rows], pa.int64()),
+        "attr": pa.array([r[1] for r in rows], pa.string()),
+        "op": pa.array([r[2] for r in rows], pa.string()),
+        "value": pa.array([r[3] for r in rows], types.get("value", pa.int64())),
+        "values": pa.array([r[4] for r in rows], pa.list_(pa.int64())),
+        "arity": pa.array([r[5] for r in rows], types.get("arity", pa.int64())),
+    })
+
+
+def as_texts(index: Index, ids) -> list[str]:
+    return [index.expression(i) for i in ids]
+
+
+def matches(index: Index, batch) -> list[list[int]]:
+    return [sorted(found.tolist()) for found in index.match_batch(batch)]
+
+
+#: (a < 5 OR NOT (b = 1 AND c IN (1, 2))) XOR d IS NULL; a >= 3 AND b != 2 (plain); NOT a > 1; rows interleaved
+ROWS = [
+    (1, "a", "<", 5, None, None), (1, "b", "=", 1, None, None), (2, "a", ">=", 3, None, None),
+    (1, "c", "in", None, [1, 2], None), (1, None, "and", None, None, 2), (3, "a", ">", 1, None, None),
+    (1, None, "not", None, None, None), (2, "b", "!=", 2, None, None), (1, None, "OR", None, None, 2),
+    (1, "d", "is null", None, None, None), (3, None, "Not", None, None, 1), (1, None, "xor", None, None, None),
+]
+TEXTS = {1: "(a < 5 OR NOT (b = 1 AND c IN (1, 2))) XOR d IS NULL", 2: "a >= 3 AND b != 2", 3: "NOT a > 1"}
+EVENTS = [{"a": a, "b": b, "c": c, "d": d} for a in (0, 1, 3, 5, 7, None) for b in (1, 2, None)
+          for c in (1, 3, None) for d in (None, 1)]
+
+
+@pytest.mark.parametrize("algorithm", ["scan", "opindex", "betree", "atree", "psthash"])
+def test_postfix_rows_read_back_and_match_as_their_texts(algorithm):
+    index = Index(algorithm=algorithm, backend="cpu")
+    index.add_many(rows_table(ROWS))
+    texts = Index(algorithm="scan", backend="cpu")
+    texts.add_many(list(TEXTS), list(TEXTS.values()))
+    assert as_texts(index, TEXTS) == as_texts(texts, TEXTS)
+    assert index.expression(1) == "(a < 5 OR (b != 1 OR c NOT IN (1, 2))) XOR d IS NULL"     # NOT folded
+    assert index.expression(3) == "a <= 1"
+    assert matches(index, EVENTS) == matches(texts, EVENTS)
+    assert sum(map(len, matches(index, EVENTS))) > 20
+
+
+def test_not_folds_into_every_operator_and_through_every_connective():
+    """NOT over each predicate kind is its negated operator; over AND/OR,
+    De Morgan; over XOR, XNOR (and back); two NOTs cancel."""
+    cases = [
+        ("NOT x IN (1, 2)", [("x", "in", None, [1, 2], None), (None, "not", None, None, None)]),
+        ("NOT x BETWEEN 1 AND 3", None),
+        ("NOT s LIKE 'a%'", None),
+        ("NOT x IS NULL", [("x", "is null", None, None, None), (None, "not", None, None, 1)]),
+        ("NOT NOT x = 1", [("x", "=", 1, None, None), (None, "not", None, None, None),
+                           (None, "not", None, None, None)]),
+        ("NOT (x = 1 XOR y = 2)", [("x", "=", 1, None, None), ("y", "=", 2, None, None),
+                                   (None, "xor", None, None, 2), (None, "not", None, None, None)]),
+        ("NOT (x = 1 XNOR NOT y = 2)", [("x", "=", 1, None, None), ("y", "=", 2, None, None),
+                                        (None, "not", None, None, None), (None, "xnor", None, None, None),
+                                        (None, "not", None, None, None)]),
+        ("NOT (x = 1 OR NOT (y = 2 AND x < 0))", [
+            ("x", "=", 1, None, None), ("y", "=", 2, None, None), ("x", "<", 0, None, None),
+            (None, "and", None, None, 2), (None, "not", None, None, None), (None, "or", None, None, 2),
+            (None, "not", None, None, None)]),
+    ]
+    for text, rows in cases:
+        node = parse(text)
+        table = expressions_as_columns([7], [node]) if rows is None else \
+            rows_table([(7,) + row for row in rows])
+        got = Index(algorithm="scan", backend="cpu")
+        got.add_many(table)
+        want = Index(algorithm="scan", backend="cpu")
+        want.add(7, text)
+        assert got.expression(7) == want.expression(7), text
+        batch = [{"x": x, "y": y, "s": s} for x in (-1, 1, 2, 3, None) for y in (2, 5, None) for s in ("ab", "b")]
+        assert matches(got, batch) == matches(want, batch), text
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.lists(deep_expressions(with_not_matches=True), min_size=1, max_size=8), st.lists(events(), max_size=6))
+def test_random_expressions_as_columns_equal_their_asts(nodes, batch):
+    """Deep and wide random ASTs (every operator and connective), written
+    out as postfix rows, read back and match as the ASTs do -- on `scan`,
+    on the A-Tree (no limit) and on OpIndex (residual past its DNF limit)."""
+    ids = list(range(100, 100 + len(nodes)))
+    try:
+        table = expressions_as_columns(ids, nodes)
+    except ValueError as error:         # what the form cannot hold: a boolean BETWEEN
+        assert "cannot hold" in str(error)
+        return
+    for algorithm in ("scan", "atree", "opindex"):
+        from_columns = Index(algorithm=algorithm, backend="cpu", dnf_limit=8, schema=SCHEMA)
+        from_columns.add_many(table)
+        from_asts = Index(algorithm=algorithm, backend="cpu", dnf_limit=8, schema=SCHEMA)
+        from_asts.add_many(ids, nodes)
+        assert as_texts(from_columns, ids) == as_texts(from_asts, ids)
+        assert from_columns.statistics()["residual"] == from_asts.statistics()["residual"]
+        assert matches(from_columns, batch) == matches(from_asts, batch)
+
+
+def test_a_shared_subtree_is_written_out_under_each_parent():
+    shared = Or((Pred("x", Op.EQ, (1,)), Pred("y", Op.GT, (2,))))
+    nodes = [And((shared, Pred("z", Op.LT, (3,)))), Not(shared), Xor(shared, shared)]
+    table = expressions_as_columns([1, 2, 3], nodes)
+    assert table["sub_id"].to_pylist() == [1] * 5 + [2] * 4 + [3] * 7
+    assert table["op"].to_pylist()[:5] == ["=", ">", "or", "<", "and"]
+    index = Index(algorithm="atree", backend="cpu")
+    index.add_many(table)
+    assert as_texts(index, [1, 2, 3]) == ["(x = 1 OR y > 2) AND z < 3", "x != 1 AND y <= 2",
+                                          "(x = 1 OR y > 2) XOR (x = 1 OR y > 2)"]
+
+
+def test_what_the_form_cannot_hold_is_refused_by_name():
+    with pytest.raises(ValueError, match="subscription 5: the columnar form cannot hold"):
+        expressions_as_columns([4, 5], [parse("x = 1"), Not(Pred("x", Op.IN, (1, "a")))])
+    with pytest.raises(ValueError, match="2 ids for 1 expressions"):
+        expressions_as_columns([1, 2], [parse("x = 1")])
+
+
+BAD = [
+    ([(1, "a", "=", 1, None, None), (1, None, "and", None, None, 2)],
+     "row 1 .*AND needs 2 operand\\(s\\) before it"),
+    ([(1, "a", "=", 1, None, None), (1, "b", "=", 1, None, None), (1, None, "not", None, None, None)],
+     "row 2 .*leave more than one expression"),
+    ([(1, None, "not", None, None, None), (1, "a", "=", 1, None, None)], "row 0 .*NOT needs 1 operand"),
+    ([(1, "a", "=", 1, None, 1)], "row 0 .*arity is for connective rows"),
+    ([(1, "a", "=", 1, None, None), (1, "b", "=", 1, None, None), (1, "a", "and", None, None, 2)],
+     "row 2 .*a connective row has no attribute"),
+    ([(1, "a", "=", 1, None, None), (1, None, "not", 3, None, None)], "row 1 .*takes no operand, and value"),
+    ([(1, "a", "=", 1, None, None), (1, None, "not", None, None, 2)], "row 1 .*NOT takes 1 operand"),
+    ([(1, "a", "=", 1, None, None), (1, "b", "=", 1, None, None), (1, None, "xor", None, None, 3)],
+     "row 2 .*XOR takes 2 operand"),
+    ([(1, "a", "=", 1, None, None), (1, None, "or", None, None, None)], "row 1 .*arity of 1 or more"),
+    ([(1, "a", "=", 1, None, None), (1, None, "and", None, None, 0)], "row 1 .*arity of 1 or more"),
+    ([(1, "a", "=", 1, None, None), (2, None, "nand", None, None, 2)], "row 1 .*unknown operator .nand.*xnor"),
+    ([(1, "a", "=", 1, None, None), (1, "b", "=", None, None, None), (1, None, "and", None, None, 2)],
+     "row 1 .*attribute 'b'.*needs value"),          # a predicate row's own checks name its row in the table
+    ([(1, "a", "=", 1, None, None), (1, "a", "=", "x", None, None), (1, None, "or", None, None, 2)], None),
+]
+
+
+@pytest.mark.parametrize("rows, message", BAD)
+def test_bad_connective_rows_are_refused_and_change_nothing(rows, message):
+    index = Index(algorithm="atree", backend="cpu")
+    index.add(9, "keep = 1")
+    types = {"value": pa.string()} if any(isinstance(r[3], str) for r in rows) else {}
+    if types:       # one column holds one type: a string where a number was expected is a family clash
+        rows = [r if isinstance(r[3], str) or r[3] is None else r[:3] + (str(r[3]),) + r[4:] for r in rows]
+    with pytest.raises(SchemaError, match=message or "columnar subscriptions"):
+        index.add_many(rows_table(rows, **types))
+    assert len(index) == 1 and dict(index.schema.items()) == {"keep": "numeric"}
+    assert index.match({"keep": 1, "a": 1, "b": 1}).tolist() == [9]
+
+
+def test_an_arity_column_must_hold_integers():
+    table = rows_table([(1, "a", "=", 1, None, None), (1, None, "not", None, None, None)]).set_column(
+        5, "arity", pa.array([None, 1.0], pa.float64()))
+    with pytest.raises(SchemaError, match="arity must be an integer column"):
+        Index(algorithm="scan", backend="cpu").add_many(table)
+
+
+def test_nesting_past_the_limit_is_refused_as_an_ast_is(monkeypatch):
+    deep = [(1, "a", "=", 1, None, None)] + [(1, None, "not", None, None, None)] * (MAX_NESTING + 1)
+    with pytest.raises(SchemaError, match=f"nested more than {MAX_NESTING} connectives deep"):
+        Index(algorithm="scan", backend="cpu").add_many(rows_table(deep))
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many(rows_table(deep[:-1]))           # exactly at the limit: 200 NOTs, an even number
+    assert index.expression(1) == "a = 1"
+    monkeypatch.setattr(columnar, "MAX_NODES", 5)
+    with pytest.raises(SchemaError, match="more than 5 rows"):
+        Index(algorithm="scan", backend="cpu").add_many(rows_table(deep[:7]))
+
+
+def test_a_limited_algorithm_flags_or_refuses_what_it_would_flag_or_refuse_as_an_ast():
+    """OpIndex indexes an expression through its DNF/CNF: past ``dnf_limit``
+    it is residual (matched beside), or refused with ``strict=True`` --
+    the same whether it came as an AST or as rows; a refusal changes
+    nothing."""
+    wide = And(tuple(Or((Pred(f"a{i}", Op.EQ, (1,)), Pred(f"b{i}", Op.EQ, (1,)))) for i in range(5)))  # 32 x 5
+    table = expressions_as_columns([1, 2], [wide, parse("x = 1 OR y = 2")])
+    flagged = Index(algorithm="opindex", backend="cpu", dnf_limit=4)
+    flagged.add_many(table)
+    assert flagged.statistics()["residual"] == 1
+    event = {**{f"a{i}": 1 for i in range(5)}, "x": 1}
+    assert flagged.match(event).tolist() == [1, 2]
+    strict = Index(algorithm="opindex", backend="cpu", dnf_limit=4, strict=True)
+    strict.add(3, "z = 1")
+    with pytest.raises(ExpressionTooLarge):
+        strict.add_many(table)
+    assert len(strict) == 1 and dict(strict.schema.items()) == {"z": "numeric"}
+
+
+def test_plain_tables_and_unused_dictionary_entries_keep_the_plain_form():
+    """A table without connective rows is the AND of each subscription's
+    rows, as before -- also when its op column is a dictionary that holds
+    connective names no row uses, or it has an arity column all null."""
+    table = expressions_as_columns([1, 2], [parse("a = 1 AND b < 2"), parse("a = 2")])
+    assert "and" in table["op"].combine_chunks().dictionary.to_pylist()
+    plain = table.filter(pa.compute.is_valid(table["attr"])).drop_columns(["arity"])
+    for given in (plain, plain.append_column("arity", pa.array([None] * plain.num_rows, pa.int64()))):
+        index = Index(algorithm="scan", backend="cpu")
+        index.add_many(given)
+        assert as_texts(index, [1, 2]) == ["a = 1 AND b < 2", "a = 2"]
+        assert index._state.main.prog_kind.tolist()[-2:] == [0, 1]       # a plain one-row subscription: LEAF, AND
+
+
+def test_abe_gen_as_columns_matches_its_asts():
+    """ABE-Gen's shared ASTs (W5's generator) written out as rows."""
+    from engine.workloads import abe_gen
+    w = abe_gen(400, 30, seed=3)
+    ids = w.subscriptions["sub_id"].to_pylist()
+    table = expressions_as_columns(ids, w.asts)
+    assert set(pa.compute.unique(table["op"]).to_pylist()) >= {"and", "or", "not", "xor", "xnor"}
+    from_columns = Index(algorithm="atree", backend="cpu")
+    from_columns.add_many(table)
+    from_asts = Index(algorithm="atree", backend="cpu")
+    from_asts.add_many(ids, w.asts)
+    assert as_texts(from_columns, ids) == as_texts(from_asts, ids)
+    from_columns.merge()
+    from_asts.merge()
+    got, want = matches(from_columns, w.events), matches(from_asts, w.events)
+    assert got == want and sum(map(len, got)) > 100
+    np.testing.assert_array_equal(from_columns._state.main.sub_ids, from_asts._state.main.sub_ids)
