@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from engine import Index, bench
@@ -938,3 +940,22 @@ def test_abe_workloads_are_built_from_their_asts_unless_texts_are_asked_for(text
     warm_ups, timed = added[0::2], added[1::2]      # each build is preceded by its untimed warm-up (texts)
     assert all(kinds == {"str"} for kinds in warm_ups)
     assert all(("str" in kinds) == texts and len(kinds) >= 1 for kinds in timed), added
+
+
+def test_abe_workloads_are_built_from_connective_rows_when_columns_are_asked_for(monkeypatch):
+    added = []
+    add_many = Index.add_many
+
+    def recording(self, ids, expressions=None, **kwargs):
+        added.append(ids if expressions is None else None)
+        return add_many(self, ids, expressions, **kwargs)
+
+    monkeypatch.setattr(Index, "add_many", recording)
+    rows = measure.run_benchmark(["W5"], ["scan", "atree"], scale=0.0003, events_limit=40, repeats=1,
+                                 latency_samples=0, progress=False, columns=True)
+    assert all(r["status"] == "ok" and r["correct"] for r in rows), rows
+    assert rows[1]["matches_per_event"] > 0 and rows[0]["n_predicates"] == rows[1]["n_predicates"]
+    assert len(added) == 4 and all(isinstance(table, pa.Table) for table in added)     # warm-ups and builds
+    assert {"and", "or", "not"} <= set(pc.unique(added[1]["op"]).to_pylist())
+    with pytest.raises(ValueError, match="two ways in"):
+        measure.run_benchmark(["W5"], ["scan"], scale=0.0003, texts=True, columns=True, progress=False)

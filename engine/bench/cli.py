@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--texts", action="store_true",
                      help="build ABE-Gen workloads (W5, --generator abe) from their texts, through the parser; "
                           "default: from their ASTs (text-free, as every other workload's columnar form)")
+    how.add_argument("--columns", action="store_true",
+                     help="build ABE-Gen workloads from the columnar form with connective rows (their ASTs "
+                          "written out in it before the timings)")
     swp = parser.add_argument_group("sweeps (OpIndex Fig. 10; with --generator begen: BE-Tree Fig. 5-11, "
                                     "PS-Tree Fig. 6-13, A-PCM Fig. 8-9; with --generator abe: A-Tree Fig. 8-13)")
     swp.add_argument("--sweep", metavar="PARAM",
@@ -351,7 +354,9 @@ def main(argv=None) -> int:
         return _latency(args, parser, algorithms, backends, algorithm_options)
     options = dict(repeats=args.repeats, latency_samples=args.latency_samples,
                    scan_sample=args.scan_sample, progress=not args.quiet, strict=args.strict,
-                   algorithm_options=algorithm_options, texts=args.texts)
+                   algorithm_options=algorithm_options, texts=args.texts, columns=args.columns)
+    if args.texts and args.columns:
+        parser.error("--texts and --columns are two ways in: give one")
 
     if args.sweep is not None:
         if args.workload or args.parquet:

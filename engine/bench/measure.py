@@ -242,7 +242,8 @@ def _resolve_workload(workload, scale, events_limit, seed):
 def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit=None, repeats: int = 3,
                   latency_samples: int = 200, scan_sample="auto", scan_budget: int = SCAN_BUDGET,
                   scale: float = DEFAULT_SCALE, seed: int = 0, progress: bool = True, strict: bool = False,
-                  extra: dict | None = None, algorithm_options: dict | None = None, texts: bool = False) -> list[dict]:
+                  extra: dict | None = None, algorithm_options: dict | None = None, texts: bool = False,
+                  columns: bool = False) -> list[dict]:
     """Benchmark ``algorithms`` x ``backends`` on each workload; one row per
     combination with the columns of :data:`COLUMNS`.
 
@@ -264,7 +265,12 @@ def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit
     by BE-Tree Table 4).  ``texts``: build ABE-Gen workloads from their
     texts, through the parser, instead of from their ASTs
     (:attr:`engine.workloads.Workload.asts`; text-free, as every other
-    workload's columnar form)."""
+    workload's columnar form).  ``columns``: build them from the columnar
+    form with connective rows instead, the ASTs written out in it
+    (:func:`engine.columnar.expressions_as_columns`) before anything is
+    timed."""
+    if texts and columns:
+        raise ValueError("texts and columns are two ways in: give one")
     backends = list(backends)
     if algorithms is None:
         algorithms = bench_algorithms.implemented_algorithms(backends)
@@ -280,16 +286,20 @@ def run_benchmark(workloads, algorithms=None, backends=("cpu",), *, events_limit
             rows += _bench_workload(workload, algorithms, backends, bar, events_limit=events_limit,
                                     repeats=repeats, latency_samples=latency_samples, scan_sample=scan_sample,
                                     scan_budget=scan_budget, strict=strict, extra=extra or {},
-                                    algorithm_options=algorithm_options or {}, texts=texts)
+                                    algorithm_options=algorithm_options or {}, texts=texts, columns=columns)
     finally:
         bar.close()
     return rows
 
 
 def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeats, latency_samples, scan_sample,
-                    scan_budget, strict, extra, algorithm_options, texts=False) -> list[dict]:
+                    scan_budget, strict, extra, algorithm_options, texts=False, columns=False) -> list[dict]:
     subscriptions, events = workload.subscriptions, workload.events
     asts = None if texts else workload.asts
+    n_predicates = subscriptions.num_rows
+    if columns and asts is not None:        # (written out before the timings: the data a pipeline would hold)
+        from engine.columnar import expressions_as_columns
+        subscriptions, asts = expressions_as_columns(subscriptions["sub_id"].to_pylist(), asts), None
     if events_limit is not None:
         events = events.slice(0, int(events_limit))
     n_events, n_subs = events.num_rows, workload.n_subscriptions
@@ -298,7 +308,7 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
     k = scan_sample_size(n_subs, n_events, scan_sample, scan_budget)
     sample = events.slice(0, k)
     dicts = event_dicts(events, min(latency_samples, n_events)) if latency_samples > 0 else []
-    base = dict(workload=workload.name, n_subscriptions=n_subs, n_predicates=subscriptions.num_rows, **extra)
+    base = dict(workload=workload.name, n_subscriptions=n_subs, n_predicates=n_predicates, **extra)
 
     def status(algorithm, backend):
         return lambda phase: bar.set_postfix_str(f"{workload.name}: {algorithm}/{backend} {phase}")
