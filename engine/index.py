@@ -375,7 +375,8 @@ class Index:
                  progress: bool | None = None) -> None:
         """Add many subscriptions: ``add_many(ids, expressions)`` with
         sequences of ids and texts/ASTs, or ``add_many(table)`` with the
-        columnar one-row-per-predicate form (engine.columnar).  All or
+        columnar one-row-per-predicate form (engine.columnar; connective
+        rows make any expression, in postfix).  All or
         nothing: a bad row raises and leaves the index unchanged.
         ``progress``: a progress bar on stderr for texts (None: only once
         parsing has taken over :data:`PROGRESS_AFTER_S` seconds; False:

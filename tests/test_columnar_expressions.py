@@ -245,3 +245,24 @@ def test_abe_gen_as_columns_matches_its_asts():
     got, want = matches(from_columns, w.events), matches(from_asts, w.events)
     assert got == want and sum(map(len, got)) > 100
     np.testing.assert_array_equal(from_columns._state.main.sub_ids, from_asts._state.main.sub_ids)
+
+
+def test_edge_tables_with_connectives():
+    """An empty table with an arity column adds nothing; a subscription of
+    connective rows only, or with a huge or negative arity, is refused by
+    its row; one of a thousand subscriptions being bad changes nothing."""
+    index = Index(algorithm="atree", backend="cpu")
+    index.add_many(rows_table([]))
+    assert len(index) == 0
+    for rows, message in (([(1, None, "and", None, None, 2)], "row 0 .*AND needs 2"),
+                          ([(1, "a", "=", 1, None, None), (1, None, "or", None, None, 1 << 40)], "row 1 .*OR needs"),
+                          ([(1, "a", "=", 1, None, None), (1, None, "not", None, None, -1)], "row 1 .*NOT takes 1")):
+        with pytest.raises(SchemaError, match=message):
+            index.add_many(rows_table(rows))
+    good = [(i, "a", "=", i, None, None) for i in range(1000)] + [(i, None, "not", None, None, None)
+                                                                  for i in range(1000)]
+    with pytest.raises(SchemaError, match="row 2000 .*leave more than one expression"):
+        index.add_many(rows_table(good + [(5, "b", "=", 1, None, None)]))
+    assert len(index) == 0 and dict(index.schema.items()) == {}
+    index.add_many(rows_table(good))
+    assert len(index) == 1000 and index.match({"a": 3}).size == 999
