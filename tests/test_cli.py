@@ -57,6 +57,22 @@ def test_match_parquet_in_and_out_with_small_batches(files):
     assert list(zip(table["event"].to_pylist(), table["sub_id"].to_pylist())) == [(0, 1), (1, 2), (1, 3), (3, 3)]
 
 
+def test_match_parquet_subscriptions_with_connective_rows(files):
+    """The SUBS texts as Parquet, sub 2's OR a connective row: the same
+    matches as the texts."""
+    tmp, subs, events = files
+    from engine.columnar import expressions_as_columns
+    from engine.parse import parse
+    texts = [line.split("\t") for line in SUBS.splitlines() if "\t" in line]
+    table = expressions_as_columns([int(i) for i, _ in texts], [parse(text) for _, text in texts])
+    assert "or" in table["op"].to_pylist()
+    pq.write_table(table, tmp / "subs.parquet")
+    out = tmp / "matches.jsonl"
+    assert main(["match", "--subs", str(tmp / "subs.parquet"), "--events", str(events), "--out", str(out),
+                 "--quiet"]) == 0
+    assert read_jsonl(out) == EXPECTED
+
+
 def test_match_jsonl_output_file_and_empty_result(files):
     tmp, subs, events = files
     out = tmp / "m.jsonl"
