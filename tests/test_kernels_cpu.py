@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gpu_kernels import compaction
 from gpu_kernels.list_truth import list_bits_words
@@ -142,6 +143,28 @@ def test_every_cached_kernel_has_its_own_cache_entry():
                             value.py_func.__code__.co_code
                         pairs += 1
     assert pairs >= 6
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_sort_on_every_core_is_numpys_sort(threads, monkeypatch):
+    """Slices sorted at once, then merged: equal to ``np.sort`` for keys with
+    repeats, sorted and reversed runs, around the size it starts at."""
+    import numba
+
+    from engine.algorithms import host_tasks
+
+    monkeypatch.setattr(host_tasks, "PARALLEL_SORT_FROM", 1000)
+    rng = np.random.default_rng(threads)
+    previous = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for values in (rng.integers(0, 50, 999), rng.integers(-(1 << 62), 1 << 62, 5003),
+                       np.arange(4000)[::-1].copy(), np.repeat(rng.integers(0, 9, 40), 100), rng.random(3001)):
+            got = values.copy()
+            host_tasks.sort_on_every_core(got)
+            np.testing.assert_array_equal(got, np.sort(values))
+    finally:
+        numba.set_num_threads(previous)
 
 
 def test_tasks_take_per_task_events_but_never_leave_a_thread_idle():

@@ -58,6 +58,28 @@ def threads_for(n_events: int, n_subs: int) -> Iterator[None]:
         yield
 
 
+#: arrays shorter than this are sorted on the calling thread (the threads cost more than they save)
+PARALLEL_SORT_FROM = 1 << 20
+
+
+def sort_on_every_core(values: np.ndarray) -> None:
+    """Sort a 1-D numeric array in place, a slice per numba thread at
+    once (NumPy's sort releases the GIL), then the sorted slices merged by
+    NumPy's stable sort, which finds the runs and merges them in linear
+    time.  PSTHash's 35 M packed keys of W2 at 1 M: 2.6-2.8 s with
+    ``ndarray.sort``, 1.6-1.7 s this way on two cores."""
+    threads = numba.get_num_threads()
+    if threads == 1 or len(values) < PARALLEL_SORT_FROM:
+        values.sort()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    bounds = np.linspace(0, len(values), threads + 1).astype(np.int64)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda k: values[bounds[k]:bounds[k + 1]].sort(), range(threads)))
+    values.sort(kind="stable")
+
+
 #: per thread, the numba thread count :func:`one_thread` is to restore
 _owed = threading.local()
 
