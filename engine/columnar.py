@@ -259,10 +259,10 @@ for _class, _codes in ((_SET_OPERAND, (opcodes.IN, opcodes.NOT_IN)),
 
 
 class _Postfix:
-    """The connective rows of a table, checked: ``row`` (per row: a
-    predicate, or which connective), ``arity``, and once :func:`_postfix_shape`
-    has run, ``negated`` (per row: under an odd number of NOTs, De Morgan
-    applied) and ``depth`` (the most operands a program holds at once)."""
+    """The rows of a table that has connective rows, checked one by one:
+    ``row`` (per row: a predicate, or which connective) and ``arity`` (per
+    row: the connective's operands, -1 for a predicate).  How they nest is
+    :func:`_postfix_shape`'s to check."""
 
     def __init__(self, table: pa.Table, op_names: list, op_index: np.ndarray):
         n = table.num_rows
@@ -360,7 +360,7 @@ def _postfix_shape(order, starts, ends, row, arity, max_nesting, max_nodes):
         a1 = ends[s]
         plain = True
         for p in range(a0, a1):
-            if row[order[p]] != 0:
+            if row[order[p]] != _PREDICATE_ROW:
                 plain = False
                 break
         if plain:                       # the AND of its rows, as many operands as rows
@@ -371,7 +371,7 @@ def _postfix_shape(order, starts, ends, row, arity, max_nesting, max_nodes):
         top = 0
         for p in range(a0, a1):
             r = order[p]
-            if row[r] == 0:
+            if row[r] == _PREDICATE_ROW:
                 height[r] = 0
             else:
                 k = arity[r]
@@ -394,7 +394,8 @@ def _postfix_shape(order, starts, ends, row, arity, max_nesting, max_nodes):
             r = order[p]
             up = parent[r]
             c = row[up]
-            negated[r] = (not negated[up]) if c == 3 else (negated[up] if c == 1 or c == 2 else False)
+            negated[r] = (not negated[up]) if c == _NOT_ROW else (negated[up] if c == _AND_ROW or c == _OR_ROW
+                                                                   else False)
     return negated, deepest, -1, 0
 
 
@@ -411,9 +412,9 @@ def _postfix_programs(order, starts, ends, row, arity, negated, pred_of_row, cod
         plain = True
         for p in range(starts[s], ends[s]):
             r = order[p]
-            if row[r] != 0:
+            if row[r] != _PREDICATE_ROW:
                 plain = False
-                if row[r] == 3:
+                if row[r] == _NOT_ROW:
                     size -= 1
         offsets[s + 1] = offsets[s] + (size + 1 if plain else size)
     kinds = np.empty(offsets[-1], np.int8)
@@ -424,15 +425,15 @@ def _postfix_programs(order, starts, ends, row, arity, negated, pred_of_row, cod
         for p in range(starts[s], ends[s]):
             r = order[p]
             c = row[r]
-            if c == 3:
+            if c == _NOT_ROW:
                 continue
-            if c != 0:
+            if c != _PREDICATE_ROW:
                 plain = False
             kinds[at] = negated_code_of_row[c] if negated[r] else code_of_row[c]
-            args[at] = pred_of_row[r] if c == 0 else arity[r]
+            args[at] = pred_of_row[r] if c == _PREDICATE_ROW else arity[r]
             at += 1
         if plain:
-            kinds[at] = code_of_row[1]
+            kinds[at] = code_of_row[_AND_ROW]
             args[at] = ends[s] - starts[s]
     return offsets, kinds, args
 

@@ -448,7 +448,9 @@ def predicate_ast(table: PredicateTable, pred_id: int, schema: Schema) -> Pred:
 
     code = int(table.op[pred_id])
     if code in SET_CODES or code in LIST_SET_CODES:
-        values = tuple(literal(k) for k in schema.set_keys(int(table.aux[pred_id])))
+        # in value order: a set's keys are string ids for strings, which follow the order the strings were first
+        # registered in, so the same list read back in two orders after two routes in (text, columns)
+        values = tuple(sorted(literal(k) for k in schema.set_keys(int(table.aux[pred_id]))))
     elif code in PATTERN_CODES:
         values = (schema.patterns[int(table.aux[pred_id])][1],)
     elif code in (opcodes.IS_NULL, opcodes.IS_NOT_NULL, opcodes.IS_EMPTY, opcodes.IS_NOT_EMPTY):

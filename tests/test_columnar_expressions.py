@@ -266,3 +266,16 @@ def test_edge_tables_with_connectives():
     assert len(index) == 0 and dict(index.schema.items()) == {}
     index.add_many(rows_table(good))
     assert len(index) == 1000 and index.match({"a": 3}).size == 999
+
+
+def test_in_lists_read_back_in_value_order_whatever_order_their_strings_came_in():
+    """A set's keys are string ids, which follow the order strings were
+    first registered in: the same list read back as ('b', 'a') after one
+    route and ('a', 'b') after another (the random test above found it)."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, "s = 'b'")
+    index.add(2, "s IN ('a', 'b') AND t NOT IN ('z', 'y', 'x')")
+    assert index.expression(2) == "s IN ('a', 'b') AND t NOT IN ('x', 'y', 'z')"
+    other = Index(algorithm="scan", backend="cpu")
+    other.add_many(expressions_as_columns([2], [parse("t NOT IN ('y', 'x', 'z') AND s IN ('b', 'a')")]))
+    assert other.expression(2) == "t NOT IN ('x', 'y', 'z') AND s IN ('a', 'b')"
