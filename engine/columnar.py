@@ -348,12 +348,18 @@ def _postfix_shape(order, starts, ends, row, arity, max_nesting, max_nodes):
     take their operands as they are).  Returns (negated per row, the most
     operands any program holds at once, the first bad row or -1, why: 1
     too few operands, 2 nested too deep, 3 more than one expression left,
-    4 too many rows)."""
+    4 too many rows).  The scratch is one subscription long, indexed by
+    the row's place in it (19 M rows of W5 at 1 M: no table-long arrays
+    but the answer)."""
     n = len(row)
     negated = np.zeros(n, np.bool_)
-    parent = np.full(n, -1, np.int64)
-    height = np.zeros(n, np.int64)
-    stack = np.empty(n, np.int64)
+    longest = 0
+    for s in range(len(starts)):
+        longest = max(longest, ends[s] - starts[s])
+    longest = min(longest, max_nodes + 1)
+    parent = np.empty(longest, np.int64)      # by place in the subscription
+    height = np.empty(longest, np.int64)
+    stack = np.empty(longest, np.int64)
     deepest = 0
     for s in range(len(starts)):
         a0 = starts[s]
@@ -369,33 +375,33 @@ def _postfix_shape(order, starts, ends, row, arity, max_nesting, max_nodes):
         if a1 - a0 > max_nodes:
             return negated, deepest, order[a0], 4
         top = 0
-        for p in range(a0, a1):
-            r = order[p]
+        for j in range(a1 - a0):
+            r = order[a0 + j]
+            parent[j] = -1
             if row[r] == _PREDICATE_ROW:
-                height[r] = 0
+                height[j] = 0
             else:
                 k = arity[r]
                 if k > top:
                     return negated, deepest, r, 1
                 h = 0
                 for q in range(top - k, top):
-                    parent[stack[q]] = r
+                    parent[stack[q]] = j
                     h = max(h, height[stack[q]])
-                height[r] = h + 1
+                height[j] = h + 1
                 if h + 1 > max_nesting:
                     return negated, deepest, r, 2
                 top -= k
-            stack[top] = r
+            stack[top] = j
             top += 1
             deepest = max(deepest, top)
         if top != 1:
             return negated, deepest, order[a1 - 1], 3
-        for p in range(a1 - 2, a0 - 1, -1):       # parents after their operands: the root's polarity first
-            r = order[p]
-            up = parent[r]
+        for j in range(a1 - a0 - 2, -1, -1):      # parents after their operands: the root's polarity first
+            up = order[a0 + parent[j]]
             c = row[up]
-            negated[r] = (not negated[up]) if c == _NOT_ROW else (negated[up] if c == _AND_ROW or c == _OR_ROW
-                                                                   else False)
+            negated[order[a0 + j]] = (not negated[up]) if c == _NOT_ROW else (
+                negated[up] if c == _AND_ROW or c == _OR_ROW else False)
     return negated, deepest, -1, 0
 
 

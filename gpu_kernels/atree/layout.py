@@ -167,10 +167,11 @@ def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, 
     leaf_estimate = np.full(n, 0.5)
     leaf_estimate[leaves] = _LEAF_ESTIMATE[pred_op[leaf_pred[leaves]]]
     link_parent, link_child = _links(kind, c_off, c_idx, needs3, leaf_estimate, bool(on_demand))
-    by_child = np.lexsort((link_parent, link_child))
     par_off = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(link_child, minlength=n), out=par_off[1:])
-    par_idx = link_parent[by_child]
+    # each child's parents ascending: one int64 sort of (child, parent) packed (node ids < 2**31), numpy's SIMD
+    # sort, not a lexsort of two columns (0.5 s for W5's 4.6 M links at 1 M)
+    par_idx = np.sort((link_child.astype(np.int64) << 32) | link_parent.astype(np.int64)) & 0xFFFFFFFF
     leaf_attr = pred_attr[leaf_pred[leaves]].astype(np.int64)
     n_attrs = int(leaf_attr.max(initial=-1)) + 1
     by_attr = np.argsort(leaf_attr, kind="stable")
