@@ -920,9 +920,12 @@ def expressions_as_columns(ids, nodes) -> pa.Table:
         raise ValueError(f"subscription {sub_of_row[unusable[0]]}: the columnar form cannot hold "
                          f"{attr} {op.value} {values!r} (mixed or boolean operands): add it as an AST or text")
     arity = [term[3] for term in terms]
+    # attributes dictionary-encoded (few names, many rows: a smaller table, and compile_columnar reads the codes)
+    attr_code: dict = {}
+    codes = [None if term[0] is None else attr_code.setdefault(term[0], len(attr_code)) for term in terms]
     return pa.table({
         "sub_id": pa.array(sub_of_row, pa.int64()),
-        "attr": pa.array([term[0] for term in terms], pa.string()),
+        "attr": pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(list(attr_code), pa.string())),
         "op": pa.DictionaryArray.from_arrays(
             pa.array(np.fromiter(map(_OP_INDEX.__getitem__, map(_second, terms)), np.int8, len(terms))),
             _OP_TEXTS),
