@@ -582,7 +582,7 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
                               + _postfix_error(why, int(postfix.row[bad]), int(postfix.arity[bad])))
     order = _stable_order(rows.sub_id)
     sub_sorted = rows.sub_id[order]
-    starts = np.flatnonzero(np.concatenate(([True], sub_sorted[1:] != sub_sorted[:-1]))) if n else np.zeros(0, np.int64)
+    starts, _ = _runs(sub_sorted)
     sub_ids = sub_sorted[starts]
     if check_ids is not None:
         check_ids(sub_ids)
