@@ -84,10 +84,11 @@ _SCALAR = np.array([op in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) for op in O
 class _Rows:
     """Validated per-row arrays of a columnar table."""
 
-    def __init__(self, table: pa.Table, row_numbers: np.ndarray | None = None):
-        # row_numbers: the rows' numbers in the table the user gave, when these are its predicate rows only
+    def __init__(self, table: pa.Table, ops: tuple, row_numbers: np.ndarray | None = None):
+        # ops: the op column factorized (distinct names, each row's index); row_numbers: the rows' numbers in
+        # the table the user gave, when these are its predicate rows only
         self.row_numbers = row_numbers
-        _check_columns(table, ("sub_id", "attr", "op"), self.number)
+        _check_not_null(table, "attr", self.number)      # (the columns themselves: _check_columns, before)
         self.table = table
         self.n = table.num_rows
         _check_utf8(table["attr"], "attr")
@@ -98,7 +99,7 @@ class _Rows:
                 row = int(np.flatnonzero(self.attr_index == k)[0])
                 raise SchemaError(f"columnar subscriptions: row {self.number(row)} (sub_id "
                                   f"{int(self.sub_id[row])}): an empty attribute name")
-        op_names, op_index = _factorize(table["op"])
+        op_names, op_index = ops
         op_codes = []
         used = np.bincount(op_index, minlength=len(op_names)) > 0
         for i, name in enumerate(op_names):
@@ -132,19 +133,24 @@ def _op_name(name) -> str:
     return " ".join(str(name).lower().split())
 
 
-def _check_columns(table: pa.Table, names, number=int) -> None:
-    """Refuse unknown columns, and a missing, null or mistyped ``sub_id``,
-    ``op`` or other column of ``names`` (``number``: a row's number in the
-    table given)."""
+def _check_not_null(table: pa.Table, name: str, number=int) -> None:
+    if table[name].null_count:
+        row = int(np.flatnonzero(~table[name].is_valid().to_numpy(zero_copy_only=False))[0])
+        raise SchemaError(f"columnar subscriptions: row {number(row)} has a null {name}")
+
+
+def _check_columns(table: pa.Table, not_null) -> None:
+    """Refuse unknown columns, a missing or mistyped ``sub_id``, ``attr`` or
+    ``op``, an ``op`` that is not UTF-8, and a null in those of
+    ``not_null``."""
     unknown = set(table.column_names) - set(COLUMNS)
     if unknown:
         raise SchemaError(f"columnar subscriptions: unknown column(s) {sorted(unknown)}; columns are {COLUMNS}")
-    for name in names:
+    for name in ("sub_id", "attr", "op"):
         if name not in table.column_names:
             raise SchemaError(f"columnar subscriptions: missing column {name!r}")
-        if table[name].null_count:
-            row = int(np.flatnonzero(~table[name].is_valid().to_numpy(zero_copy_only=False))[0])
-            raise SchemaError(f"columnar subscriptions: row {number(row)} has a null {name}")
+    for name in not_null:
+        _check_not_null(table, name)
     if not pa.types.is_integer(table["sub_id"].type):
         raise SchemaError(f"columnar subscriptions: sub_id must be an integer column, not {table['sub_id'].type}")
     for name in ("attr", "op"):
@@ -318,25 +324,16 @@ def _connective_name(code: int) -> str:
     return next(name for name, c in CONNECTIVES.items() if c == code).upper()
 
 
-def _connectives(table: pa.Table) -> _Postfix | None:
+def _connectives(table: pa.Table, op_names: list, op_index: np.ndarray) -> _Postfix | None:
     """The table's connective rows, checked, or None when it has none (the
-    plain form: each subscription the AND of its rows)."""
-    if "op" not in table.column_names:
-        return None                                     # (_Rows says what is missing)
+    plain form: each subscription the AND of its rows); ``op_names``,
+    ``op_index``: its op column factorized."""
+    used = np.bincount(op_index, minlength=len(op_names)) > 0
     if "arity" not in table.column_names and not any(
-            _op_name(name) in CONNECTIVES for name in _distinct_op_names(table["op"])):
+            _op_name(name) in CONNECTIVES for name, u in zip(op_names, used) if u):
         return None
-    _check_columns(table, ("sub_id", "op"))
-    op_names, op_index = _factorize(table["op"])
     postfix = _Postfix(table, op_names, op_index)
     return postfix if (postfix.row != _PREDICATE_ROW).any() else None
-
-
-def _distinct_op_names(column) -> list:
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if pa.types.is_dictionary(array.type):     # (the entries some row uses)
-        return array.dictionary.take(pc.unique(array.indices)).to_pylist()
-    return pc.unique(array).to_pylist()
 
 
 @njit(cache=True, nogil=True)
@@ -453,14 +450,17 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     segment and the schema changes it made."""
     if not isinstance(table, pa.Table):
         table = pa.table(table)
-    postfix = _connectives(table)
+    _check_columns(table, ("sub_id", "op"))     # (attr is null on connective rows: _Rows checks the others')
+    op_names, op_index = _factorize(table["op"])    # once, for the connectives and the operators both
+    postfix = _connectives(table, op_names, op_index)
     if postfix is None:
-        rows = _Rows(table)
+        rows = _Rows(table, (op_names, op_index))
     else:       # the predicate rows go the plain way; the connectives shape the programs
         is_predicate = postfix.row == _PREDICATE_ROW
         predicate_rows = np.flatnonzero(is_predicate)
         kept = table.filter(pa.array(is_predicate))
-        rows = _Rows(kept.drop_columns(["arity"]) if "arity" in table.column_names else kept, predicate_rows)
+        rows = _Rows(kept.drop_columns(["arity"]) if "arity" in table.column_names else kept,
+                     (op_names, op_index[predicate_rows]), predicate_rows)
     n, op = rows.n, rows.op
     operand = _OPERAND_OF[op]       # (one gather, not a pass over the rows per class)
     is_set = operand == _SET_OPERAND

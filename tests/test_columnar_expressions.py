@@ -279,3 +279,16 @@ def test_in_lists_read_back_in_value_order_whatever_order_their_strings_came_in(
     other = Index(algorithm="scan", backend="cpu")
     other.add_many(expressions_as_columns([2], [parse("t NOT IN ('y', 'x', 'z') AND s IN ('b', 'a')")]))
     assert other.expression(2) == "t NOT IN ('x', 'y', 'z') AND s IN ('a', 'b')"
+
+
+def test_a_missing_attr_column_or_a_null_attr_on_a_predicate_row_is_a_schema_error():
+    """A table with connective rows and no attr column raised a KeyError
+    from Arrow, not the SchemaError a plain table gets."""
+    no_attr = pa.table({"sub_id": pa.array([1, 1], pa.int64()), "op": ["=", "not"],
+                        "value": pa.array([1, None], pa.int64())})
+    with pytest.raises(SchemaError, match="missing column 'attr'"):
+        Index(algorithm="scan", backend="cpu").add_many(no_attr)
+    null_attr = rows_table([(1, "a", "=", 1, None, None), (1, None, "=", 2, None, None),
+                            (1, None, "and", None, None, 2)])
+    with pytest.raises(SchemaError, match="row 1 has a null attr"):   # its number in the table given
+        Index(algorithm="scan", backend="cpu").add_many(null_attr)
