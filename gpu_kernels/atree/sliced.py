@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.atree.cpu import BETWEEN_KEYS, N_CLASSES, _key_run, in_level
-from gpu_kernels.compaction import popcount64, transpose64
+from gpu_kernels.compaction import emit_group, popcount64
 from gpu_kernels.opcodes import AND, FALSE, OR, TRUE, XOR
 from gpu_kernels.predicates import entry_truth, find_attribute
 from gpu_kernels.twins import parallel_and_serial
@@ -95,51 +95,6 @@ def _scatter(node, t, sub_off, sub_pos, alive, pos_t, pos_words):
             pos_t[pos] = t
             w = pos >> 6
             pos_words[w >> 6] |= ONE << np.uint64(w & 63)
-
-
-@njit(inline="always", nogil=True)
-def _positions_to_events(pos_t, pos_words, n_lanes, blocks, found):
-    """Each 64-position block of ``pos_t`` that holds a match (a word a
-    position, a bit an event) transposed into ``blocks[w]`` (a word an
-    event, a bit a position), the events' counts added up; ``pos_t`` left
-    zero.  A block costs the same whatever its matches, where marking them
-    one by one cost each a write into one of 64 bitmaps (W5 at 300 K:
-    14 K matches an event, 40 % of the kernel)."""
-    for w1 in range(len(pos_words)):
-        y1 = pos_words[w1]
-        while y1 != 0:
-            low = y1 & (~y1 + ONE)
-            y1 ^= low
-            w = w1 * 64 + popcount64(low - ONE)
-            for p in range(64):
-                blocks[w, p] = pos_t[w * 64 + p]
-                pos_t[w * 64 + p] = ZERO
-            transpose64(blocks[w])
-            for j in range(n_lanes):
-                found[j] += popcount64(blocks[w, j])
-
-
-@njit(inline="always", nogil=True)
-def _write_out(pos_words, n_lanes, blocks, cursor, out):
-    """The positions of the first ``n_lanes`` events, ascending, from the
-    blocks :func:`_positions_to_events` made: event ``j``'s from
-    ``out[cursor[j]]`` on; ``pos_words`` left zero."""
-    for w1 in range(len(pos_words)):
-        y1 = pos_words[w1]
-        pos_words[w1] = ZERO
-        while y1 != 0:
-            low = y1 & (~y1 + ONE)
-            y1 ^= low
-            w = w1 * 64 + popcount64(low - ONE)
-            for j in range(n_lanes):
-                row = blocks[w, j]
-                at = cursor[j]
-                while row != ZERO:
-                    lb = row & (~row + ONE)
-                    row ^= lb
-                    out[at] = w * 64 + popcount64(lb - ONE)
-                    at += 1
-                cursor[j] = at
 
 
 @njit(nogil=True)
@@ -320,19 +275,9 @@ def sliced_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, 
             true_w[written[i]] = ZERO
             false_w[written[i]] = ZERO
         # 3. each event's positions, ascending, for the events that fit
-        _positions_to_events(pos_t, pos_words, g1 - g0, blocks, found)
-        n_fit = 0
-        while n_fit < g1 - g0 and base + used + found[n_fit] <= limit:
-            cursor[n_fit] = base + used
-            used += found[n_fit]
-            ev_count[g0 + n_fit] = found[n_fit]
-            n_fit += 1
-        _write_out(pos_words, n_fit, blocks, cursor, out)
-        if n_fit < g1 - g0:
-            result[0] = g0 + n_fit
-            result[1] = found[n_fit]
+        used = emit_group(pos_t, pos_words, g0, g1, blocks, found, cursor, out, base, used, limit, ev_count, result)
+        if used < 0:
             return
-        found[:] = 0
         result[2] += touched
 
 
