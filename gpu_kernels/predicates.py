@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from types import SimpleNamespace
 
+import numpy as np
 from numba import njit, prange
 
 from gpu_kernels import cuda_support
@@ -161,6 +162,60 @@ list_key = njit(inline="always", nogil=True)(list_key_py)
 list_hit = njit(inline="always", nogil=True)(make_list_hit(set_contains))
 predicate_truth = njit(inline="always", nogil=True)(make_predicate_truth(set_contains))
 entry_truth = njit(inline="always", nogil=True)(make_entry_truth(predicate_truth, list_hit, list_key))
+
+
+
+# ------------------------------------------------------------ interval form
+#: How a row's two *interval bounds* (:func:`interval_form`) decide it on a
+#: present value ``x``: TRUE where ``lo <= x <= hi`` (INSIDE), where ``x < lo
+#: or x > hi`` (OUTSIDE: a NaN is neither), where not ``lo <= x <= hi``
+#: (NOT_INSIDE: a NaN is not in it).  EVALUATED rows need
+#: :func:`entry_truth` (IN lists, patterns, the list operators, the NULL
+#: tests, a NaN operand).  Every kind is NULL, so not TRUE, on an absent
+#: attribute.
+INSIDE, OUTSIDE, NOT_INSIDE, EVALUATED = 0, 1, 2, 3
+
+
+def interval_form(op: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per predicate row (kernel opcodes, float64 operands), its kind and
+    its interval bounds ``[n, 2]``: one comparison pair instead of the
+    operator's branch, with the same truth as :func:`predicate_truth` on
+    every present value -- NaN, the infinities and -0.0 included (pinned by
+    ``tests/test_kernels_cpu.py``).  ``x < v`` is ``x <= v'`` with ``v'`` the
+    float64 just below ``v`` (``nextafter``), nothing below -inf; ``x > v``
+    dually; ``=`` is ``[v, v]`` and ``!=`` its NOT_INSIDE.  A matcher that
+    verifies many candidates (PSTHash's lanes) reads these instead of the
+    operator, bounds and set of each row."""
+    op = np.asarray(op)
+    lo = np.asarray(lo, np.float64)
+    hi = np.asarray(hi, np.float64)
+    kind = np.full(len(op), EVALUATED, np.int8)
+    bounds = np.empty((len(op), 2), np.float64)
+    bounds[:, 0] = np.inf                      # (EVALUATED rows: the empty interval, never read)
+    bounds[:, 1] = -np.inf
+    operands = ~np.isnan(lo) & ~np.isnan(hi)   # a NaN operand: left to entry_truth
+    with np.errstate(invalid="ignore", over="ignore"):      # (NaN operands; nextafter past the largest float)
+        below = np.nextafter(lo, -np.inf)      # the largest float64 < lo (-inf for -inf: handled below)
+        above = np.nextafter(lo, np.inf)
+        cases = (   # (rows, kind, lo, hi); the list tests read no operand
+            (op == EQ, INSIDE, lo, lo),
+            (op == NE, NOT_INSIDE, lo, lo),
+            (op == LE, INSIDE, -np.inf, lo),
+            (op == GE, INSIDE, lo, np.inf),
+            (op == LT, INSIDE, np.where(lo == -np.inf, np.inf, -np.inf), below),   # < -inf: empty
+            (op == GT, INSIDE, above, np.where(lo == np.inf, -np.inf, np.inf)),    # > +inf: empty
+            (op == BETWEEN, INSIDE, lo, hi),
+            (op == NOT_BETWEEN, OUTSIDE, lo, hi),
+        )
+    for where, k, first, last in cases:
+        where &= operands
+        kind[where] = k
+        bounds[where, 0] = np.broadcast_to(first, lo.shape)[where]
+        bounds[where, 1] = np.broadcast_to(last, lo.shape)[where]
+    for code, k in ((IS_EMPTY, INSIDE), (IS_NOT_EMPTY, NOT_INSIDE)):     # a list's distinct elements: 0 or not
+        kind[op == code] = k
+        bounds[op == code] = 0.0
+    return kind, bounds
 
 
 @njit(parallel=True, nogil=True, cache=True)

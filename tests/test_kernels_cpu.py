@@ -188,3 +188,33 @@ def test_tasks_take_per_task_events_but_never_leave_a_thread_idle():
         else:
             assert min(threads, n_events) <= len(tasks) <= 4 * threads
             assert len(tasks) <= max(threads, -(-n_events // 64))      # as few as 64 events a task allows
+
+
+def test_interval_form_has_predicate_truths_on_every_edge_value():
+    """Each operator's interval form (kind, two bounds) is TRUE on exactly
+    the present values the operator is: over operands and values at the
+    float64 edges -- the infinities and the largest finite floats, NaN, both zeros, the subnormals next to
+    them, and the neighbours of an ordinary value -- every pair, every
+    comparison operator; a NaN operand leaves the row EVALUATED."""
+    from gpu_kernels import opcodes as O
+    from gpu_kernels.predicates import EVALUATED, INSIDE, OUTSIDE, interval_form, predicate_truth_many
+    tiny = np.nextafter(0.0, 1.0)
+    big = np.finfo(np.float64).max
+    edges = np.array([-np.inf, -big, -1e308, -2.0, np.nextafter(-1.0, -2.0), -1.0, np.nextafter(-1.0, 0.0), -tiny, -0.0,
+                      0.0, tiny, 1.0, np.nextafter(1.0, 2.0), 3.5, 1e308, big, np.inf, np.nan])
+    ops = [O.EQ, O.NE, O.LT, O.LE, O.GT, O.GE, O.BETWEEN, O.NOT_BETWEEN, O.IS_EMPTY, O.IS_NOT_EMPTY]
+    op, lo, hi, x = (a.ravel() for a in np.meshgrid(ops, edges, edges, edges, indexing="ij"))
+    op = op.astype(np.int8)
+    want = np.empty(len(op), np.uint8)
+    predicate_truth_many(op, lo, hi, np.zeros(len(op) + 1, np.int64), np.zeros(0), np.zeros(len(op), np.uint8),
+                         np.ones(len(op), np.uint8), x, want)
+    kind, bounds = interval_form(op, lo, hi)
+    operand_nan = np.isnan(lo) | np.isnan(hi)
+    list_test = (op == O.IS_EMPTY) | (op == O.IS_NOT_EMPTY)
+    assert ((kind == EVALUATED) == (operand_nan & ~list_test)).all()
+    first, last = bounds[:, 0], bounds[:, 1]
+    inside = (first <= x) & (x <= last)
+    got = np.where(kind == INSIDE, inside, np.where(kind == OUTSIDE, (x < first) | (x > last), ~inside))
+    checked = kind != EVALUATED
+    assert (got[checked] == (want[checked] == O.TRUE)).all()
+    assert checked.sum() > 30_000
