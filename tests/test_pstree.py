@@ -820,3 +820,77 @@ def test_hash_table_sizes_and_its_int32_groups():
     assert slot_group.dtype == np.int32
     assert K.lookup_groups(slot_group, keys, keys).tolist() == [0, 1, 2, 3]
     assert K.lookup_groups(slot_group, keys, np.array([[9, 5], [5, 8], [-1, -1]], np.int64)).tolist() == [-1] * 3
+
+
+# ------------------------------------------------- PSTHash, 64 events a group
+@pytest.mark.parametrize("n_events", [4, 63, 64, 65, 130, 300])
+def test_psthash_64_events_a_group_equal_one_event_at_a_time(n_events, monkeypatch):
+    """The batch kernel (gpu_kernels.pstree.cpu.psthash_lanes_task: a group's
+    units verified once for the events that probed them) against the
+    one-event kernel and scan: groups full and partial; DNF subscriptions
+    (two units, one position); units with no indexable predicate (IS NULL,
+    LIKE); absent attributes and unknown ones; removed subscriptions not
+    yet merged; tasks resumed in the middle of a group.  And on a batch
+    holding NaN values (the API refuses them; a kernel must not trust
+    that), where a space does not decide its access predicate: the two
+    kernels equal."""
+    import engine.algorithms.pstree as pstree_module
+    from engine.algorithms.host_tasks import match_in_tasks
+
+    rng = np.random.default_rng(n_events)
+    subs = [_random_subscription(rng) for _ in range(600)] + ["s LIKE 'shared%'", "a IS NULL", "e = 1 OR s IS NULL"]
+    events = [_random_event(rng) for _ in range(n_events)]
+    for ev in events[1::9]:
+        ev["zz"] = 1.0                                  # an attribute no subscription names
+    launches = []
+
+    def counted(n, launch, estimate, per_task=1):
+        def counting(*args):
+            launches.append(per_task)
+            return launch(*args)
+        return match_in_tasks(n, counting, estimate, per_task)
+
+    monkeypatch.setattr(pstree_module, "match_in_tasks", counted)
+    indexes = {lanes: built("psthash", subs, {"lanes": lanes}) for lanes in (64, 1)}
+    scan = built("scan", subs)
+    for target in (*indexes.values(), scan):
+        for i in range(0, len(subs), 7):
+            target.remove(i)                           # alive = 0 in the matcher until the next merge
+    want = scan.match_batch(events, output="arrow")
+    assert want.num_rows > 3 * n_events
+    for lanes, index in indexes.items():
+        launches.clear()
+        assert index.match_batch(events, output="arrow").equals(want), lanes
+        assert set(launches) == {64 if lanes == 64 else 1}
+    batch = event_batches.encode_events(events, indexes[64].schema)
+    batch.value[::3] = np.nan
+    alive = np.ones(len(subs), np.uint8)
+    alive[::7] = 0
+    patterns = np.zeros((len(batch.strings) + 1, 8), np.uint8)     # (no LIKE TRUE: the same for both)
+    got = [matcher_of(indexes[lanes]).positions(batch, patterns, alive) for lanes in (64, 1)]
+    assert all(np.array_equal(x, y) for x, y in zip(*got)) and len(got[0][0]) > n_events
+    if n_events >= 64:
+        launches.clear()
+        matcher_of(indexes[64])._matches_per_event = 1.0
+        assert indexes[64].match_batch(events, output="arrow").equals(want)
+        assert len(launches) > 1                       # a task resumed for room, inside a group
+    if n_events >= 130:
+        # a slab that holds the first group exactly: the task stops at the second group's first event
+        counts = np.bincount(np.asarray(want["event"]), minlength=n_events)
+        cap = int(counts[:64].sum())
+
+        def one_task(n, launch, estimate, per_task=1):
+            out, ev_count = np.empty(cap, np.int32), np.zeros(n, np.int64)
+            stop, need = np.empty(1, np.int64), np.empty(1, np.int64)
+            launch(np.array([0]), np.array([n]), out, cap, ev_count, stop, need, True)
+            assert (stop[0], need[0]) == (64, counts[64]) and (ev_count[:64] == counts[:64]).all()
+            return np.repeat(np.arange(64), counts[:64]), out.astype(np.int64), estimate
+
+        monkeypatch.setattr(pstree_module, "match_in_tasks", one_task)
+        assert indexes[64].match_batch(events, output="arrow").equals(want.slice(0, cap))
+
+
+def test_psthash_lanes_option_is_checked():
+    for bad in (0, 2, 32, 64.0, True):
+        with pytest.raises(ValueError, match="lanes must be 1 or 64"):
+            PSTHashOptions(lanes=bad)

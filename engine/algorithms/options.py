@@ -340,6 +340,10 @@ class PSTHashOptions(Options):
                                             "W2 at 10,000 subscriptions takes 63 MiB with 4096, 14 with 256)")
     event_log: object = option(None, saved=False,
                                doc="an EventBatch: access predicates ranked by the logged events they cover (§3.3)")
+    lanes: int = option(64, backends=CPU, structural=False,
+                        doc="cpu matching: events verified together (64: a batch's events 64 at a time, each "
+                            "candidate unit read once for the events that probed it, gpu_kernels.pstree.cpu."
+                            "psthash_lanes_task); 1: one event at a time, Algorithm 7 as the paper runs it")
     launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
     device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
 
@@ -348,6 +352,8 @@ class PSTHashOptions(Options):
             value = getattr(self, name)
             if not _is_int(value) or not low <= value <= high:
                 raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
+        if not _is_int(self.lanes) or self.lanes not in (1, 64):
+            raise ValueError(f"lanes must be 1 or 64, not {self.lanes!r}")
         _check_event_batch(self.event_log)
         check_launch(self.launch)
         check_device_memory(self.device_memory)

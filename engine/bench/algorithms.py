@@ -49,6 +49,8 @@ VARIANTS = {
     "atree-nopod": ("atree", {"on_demand": False}),
     "atree-noopt": ("atree", {"zero_suppression": False, "on_demand": False}),
     "atree-perevent": ("atree", {"lanes": 1}),
+    # PSTHash (PS-Tree §6) as the paper runs it, beside the default 64 events a group
+    "psthash-perevent": ("psthash", {"lanes": 1}),
 }
 #: what each variant is, for ``bexmatch bench --help``
 VARIANT_TITLES = {
@@ -71,6 +73,7 @@ VARIANT_TITLES = {
     "atree-nopod": "A-Tree Fig. 10: without propagation on demand (an AND reached from every child)",
     "atree-noopt": "A-Tree Fig. 10: neither matching optimisation",
     "atree-perevent": "A-Tree one event at a time (Algorithm 6 as the paper runs it), not 64 events a node word",
+    "psthash-perevent": "PSTHash one event at a time (Algorithm 7 as the paper runs it), not 64 events a group",
 }
 #: an option value chosen per workload from its generating parameters
 AUTO = "auto"

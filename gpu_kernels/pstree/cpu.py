@@ -29,13 +29,15 @@ is TRUE under three-valued logic.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.combinations import first_combination, next_combination
-from gpu_kernels.compaction import emit_marked
+from gpu_kernels.compaction import ctz, emit_group, emit_marked, popcount64
 from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, IN, LE, LT, NE, NOT_BETWEEN, NOT_IN, TRUE
-from gpu_kernels.predicates import entry_truth
+from gpu_kernels.predicates import EVALUATED, INSIDE, OUTSIDE, entry_truth, interval_form
 # the structures and the functions the CUDA twin compiles too (one source, so both see the same spaces and bits)
 from gpu_kernels.pstree.layout import (NOT_INDEXABLE, OPERATOR_CLASS, BloomArrays, HashArrays,  # noqa: F401
                                        SpaceTable, bloom_key_py, bloom_probe_py, elementary_py, key_hash_py)
@@ -794,6 +796,207 @@ def psthash_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task
 
 psthash_kernel, psthash_serial = parallel_and_serial(psthash_kernel_py, nogil=True)
 
+
+
+# ------------------------------------------------- PSTHash, 64 events a group
+#: events a group: the bits of a word
+LANES = 64
+ONE = np.uint64(1)
+ZERO = np.uint64(0)
+ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+class UnitChecks(NamedTuple):
+    """Each unit predicate's check at its place in the probe-order ``pids``:
+    the predicate's attribute and its
+    :func:`~gpu_kernels.predicates.interval_form` (kind, bounds).  A unit's
+    checks are read front to back, with no read of the predicate rows but
+    for EVALUATED predicates."""
+
+    attr: np.ndarray     # int32
+    kind: np.ndarray     # int8
+    bounds: np.ndarray   # float64 [n, 2]
+
+
+def unit_checks(pids: np.ndarray, rows) -> UnitChecks:
+    """The checks of the predicates ``pids`` (rows of ``rows``), in that order."""
+    kind, bounds = interval_form(rows.op, rows.lo, rows.hi)
+    return UnitChecks(rows.attr[pids], kind[pids], bounds[pids])
+
+
+@njit(inline="always", nogil=True)
+def _mark(pos, lanes, pos_t, pos_words):
+    """Lanes ``lanes`` match position ``pos`` (:mod:`gpu_kernels.compaction`'s group words)."""
+    if pos_t[pos] == ZERO:
+        w = pos >> 6
+        pos_words[w >> 6] |= ONE << np.uint64(w & 63)
+    pos_t[pos] |= lanes
+
+
+@njit(nogil=True)
+def psthash_lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
+                       pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks, table, alive, lane_pos,
+                       lane_val, lane_present, loc, idx, key, group_lanes, group_marks, pos_t, pos_words, blocks,
+                       found, cursor, result):
+    """Algorithm 7 for events ``[e_first, e_last)`` in groups of
+    :data:`LANES`, verification turned around (``result``: as
+    :func:`psthash_task`'s).  Each event of a group probes its keys as
+    there, but a group found only gets the event's bit (``group_lanes``,
+    ``group_marks``); then the groups probed are read in ascending order --
+    their units front to back, as the probe order lays them out -- and each
+    unit verified once for the lanes that probed it, against the group's
+    values (``lane_val``).  A unit's checks are read once for up to 64
+    events, where one event at a time read them for each: W2 at 1 M meets
+    23 K candidates an event, random reads one at a time, a few hundred
+    nanoseconds each (BENCHMARKS.md).  An access predicate is decided by
+    its space as in :func:`psthash_task`, but for a lane whose event holds
+    a NaN: such a group evaluates them too."""
+    n_attrs = len(lane_present)
+    width = table.group_key.shape[1]
+    check_attr, check_kind, check_bounds = checks
+    used = 0
+    limit = base + cap
+    result[0] = e_last
+    result[1] = 0
+    for g0 in range(e_first, e_last, LANES):
+        g1 = min(g0 + LANES, e_last)
+        lanes = ALL if g1 - g0 == LANES else (ONE << np.uint64(g1 - g0)) - ONE
+        nan_lanes = ZERO
+        for e in range(g0, g1):
+            bit = ONE << np.uint64(e - g0)
+            k = 0
+            for at in range(ev_offsets[e], ev_offsets[e + 1]):
+                a = ev_attr[at]
+                if 0 <= a < n_attrs:
+                    lane_pos[a, e - g0] = at
+                    lane_val[a, e - g0] = ev_value[at]
+                    lane_present[a] |= bit
+                if ev_value[at] != ev_value[at]:
+                    nan_lanes |= bit
+                if ev_space[at] >= 0:
+                    loc[k] = ev_space[at]
+                    k += 1
+            for r in range(1, width + 1):
+                if table.arities[r] == 0 or r > k:
+                    continue
+                first_combination(idx, r)
+                while True:
+                    for q in range(width):
+                        key[0, q] = loc[idx[q]] if q < r else -1
+                    grp = table.slot_group[find_slot(table.slot_group, table.group_key, key, 0, width)]
+                    if grp >= 0:
+                        mark = ONE << np.uint64(grp & 63)
+                        if group_marks[grp >> 6] & mark:
+                            group_lanes[grp] |= bit
+                        else:
+                            group_marks[grp >> 6] |= mark
+                            group_lanes[grp] = bit
+                    if not next_combination(idx, r, k):
+                        break
+        # the groups probed, ascending, then the always list as one more: each unit
+        # verified once for the lanes that probed it, its checks read front to back.
+        # (Written out here, once: the same loop as an inline="always" function ran
+        # 1.7-2x slower on W2 at 1 M -- numba inlines at its IR level, measured.)
+        n_marks = len(group_marks)
+        for w in range(n_marks + 1):
+            y = group_marks[w] if w < n_marks else ONE
+            if w < n_marks:
+                group_marks[w] = ZERO
+            while y != ZERO:
+                low = y & (~y + ONE)
+                y ^= low
+                if w < n_marks:
+                    grp = (w << 6) + ctz(low)
+                    probed = group_lanes[grp]
+                    units, i0, i1 = table.units, table.group_off[grp], table.group_off[grp + 1]
+                else:
+                    probed = lanes
+                    units, i0, i1 = table.always, 0, len(table.always)
+                for i in range(i0, i1):
+                    u = units[i]
+                    skip0 = skip1 = -1          # access predicates: decided by their space, but on a NaN
+                    if w < n_marks and (probed & nan_lanes) == ZERO:
+                        skip0 = table.access[u, 0]
+                        skip1 = table.access[u, 1] if width > 1 else -1
+                    m = probed
+                    for j in range(unit_off[u], unit_off[u + 1]):
+                        if j == skip0 or j == skip1:
+                            continue
+                        a = check_attr[j]
+                        kind = check_kind[j]
+                        here = lane_present[a] if a < n_attrs else ZERO     # absent: NULL, not TRUE
+                        t = ZERO
+                        lanes_left = m & here if kind != EVALUATED else m
+                        while lanes_left != ZERO:
+                            bit = lanes_left & (~lanes_left + ONE)
+                            lanes_left ^= bit
+                            lane = popcount64(bit - ONE)
+                            if kind == EVALUATED:
+                                at = lane_pos[a, lane] if (here & bit) != ZERO else -1
+                                if entry_truth(pids[j], at, ev_value, ev_token, rows.op, rows.lo, rows.hi,
+                                               rows.set_offsets, rows.set_values, rows.aux, pattern_truth,
+                                               list_truth) == TRUE:
+                                    t |= bit
+                                continue
+                            x = lane_val[a, lane]
+                            lo = check_bounds[j, 0]
+                            hi = check_bounds[j, 1]
+                            if kind == INSIDE:
+                                if lo <= x and x <= hi:
+                                    t |= bit
+                            elif kind == OUTSIDE:
+                                if x < lo or x > hi:
+                                    t |= bit
+                            elif not (lo <= x and x <= hi):
+                                t |= bit
+                        m = t
+                        if m == ZERO:
+                            break
+                    if m != ZERO and alive[unit_sub[u]] != 0:
+                        _mark(unit_sub[u], m, pos_t, pos_words)
+        for e in range(g0, g1):
+            for at in range(ev_offsets[e], ev_offsets[e + 1]):
+                if 0 <= ev_attr[at] < n_attrs:
+                    lane_present[ev_attr[at]] = ZERO
+        used = emit_group(pos_t, pos_words, g0, g1, blocks, found, cursor, out, base, used, limit, ev_count, result)
+        if used < 0:
+            return
+
+
+def psthash_lanes_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
+                            max_event, ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, list_truth,
+                            unit_sub, unit_off, pids, rows, checks, table, alive):
+    """Tasks of events over all cores, each with its scratch: the lanes'
+    values, the groups' lane words and marks, the positions' words and
+    their blocks transposed (only the marks and the positions' words need
+    zeros: the rest is written before it is read)."""
+    n_words = max((n_positions + 63) >> 6, 1)
+    n_groups = len(table.group_off) - 1
+    width = table.group_key.shape[1]
+    for t in prange(len(task_first)):
+        lane_pos = np.empty((max(n_attrs, 1), LANES), np.int64)
+        lane_val = np.empty((max(n_attrs, 1), LANES), np.float64)
+        lane_present = np.zeros(max(n_attrs, 1), np.uint64)
+        loc = np.empty(max(max_event, 1), np.int64)
+        idx = np.empty(width, np.int64)
+        key = np.empty((1, width), np.int64)
+        group_lanes = np.empty(max(n_groups, 1), np.uint64)
+        group_marks = np.zeros(max((n_groups + 63) >> 6, 1), np.uint64)
+        pos_t = np.zeros(n_words * 64, np.uint64)
+        pos_words = np.zeros(max((n_words + 63) >> 6, 1), np.uint64)
+        blocks = np.empty((n_words, 64), np.uint64)
+        found = np.zeros(64, np.int64)
+        cursor = np.empty(64, np.int64)
+        result = np.empty(2, np.int64)
+        psthash_lanes_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
+                           ev_token, ev_space, pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks,
+                           table, alive, lane_pos, lane_val, lane_present, loc, idx, key, group_lanes, group_marks,
+                           pos_t, pos_words, blocks, found, cursor, result)
+        task_stop[t] = result[0]
+        task_need[t] = result[1]
+
+
+psthash_lanes_kernel, psthash_lanes_serial = parallel_and_serial(psthash_lanes_kernel_py, nogil=True)
 
 # ------------------------------------------------- dynamic adjustment (§4.4)
 @njit(inline="always", nogil=True)
