@@ -175,6 +175,16 @@ def write_positions(pos_words, n_lanes, blocks, cursor, out):
                 cursor[j] = at
 
 
+@njit(nogil=True)
+def group_scratch(n_positions):
+    """A task's scratch for :func:`emit_group` over ``n_positions``
+    positions: ``pos_t`` and ``pos_words`` zero, the blocks (each read only
+    once written), the events' counts zero and their cursors."""
+    n_words = max((n_positions + 63) >> 6, 1)
+    return (np.zeros(n_words * 64, np.uint64), np.zeros(max((n_words + 63) >> 6, 1), np.uint64),
+            np.empty((n_words, 64), np.uint64), np.zeros(64, np.int64), np.empty(64, np.int64))
+
+
 @njit(inline="always", nogil=True)
 def emit_group(pos_t, pos_words, g0, g1, blocks, found, cursor, out, base, used, limit, ev_count, result):
     """The positions of the group of events ``[g0, g1)``, each event's

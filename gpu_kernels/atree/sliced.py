@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.atree.cpu import BETWEEN_KEYS, N_CLASSES, _key_run, in_level
-from gpu_kernels.compaction import emit_group, popcount64
+from gpu_kernels.compaction import emit_group, group_scratch, popcount64
 from gpu_kernels.opcodes import AND, FALSE, OR, TRUE, XOR
 from gpu_kernels.predicates import entry_truth, find_attribute
 from gpu_kernels.twins import parallel_and_serial
@@ -291,17 +291,12 @@ def atree_sliced_kernel_py(task_first, task_last, out, cap, ev_count, task_stop,
     each with its scratch: the nodes' two words, the list of those written,
     the queue bitmap, the positions' words and their blocks transposed."""
     n_nodes = len(kind)
-    n_words = max((len(alive) + 63) >> 6, 1)
     for t in prange(len(task_first)):
         true_w = np.zeros(n_nodes, np.uint64)
         false_w = np.zeros(n_nodes, np.uint64)
         written = np.empty(n_nodes, np.int32)
         queued = np.zeros((n_nodes + 63) >> 6, np.uint64)
-        pos_t = np.zeros(n_words * 64, np.uint64)
-        pos_words = np.zeros(max((n_words + 63) >> 6, 1), np.uint64)
-        blocks = np.empty((n_words, 64), np.uint64)    # (a block is read only once written)
-        found = np.zeros(64, np.int64)
-        cursor = np.empty(64, np.int64)
+        pos_t, pos_words, blocks, found, cursor = group_scratch(len(alive))
         result = np.empty(3, np.int64)
         sliced_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
                     ev_token, pattern_truth, list_truth, alive, kind, level_start, child_off, child_idx, par_off,

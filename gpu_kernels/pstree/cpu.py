@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.combinations import first_combination, next_combination
-from gpu_kernels.compaction import ctz, emit_group, emit_marked, popcount64
+from gpu_kernels.compaction import ctz, emit_group, emit_marked, group_scratch, popcount64
 from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, IN, LE, LT, NE, NOT_BETWEEN, NOT_IN, TRUE
 from gpu_kernels.predicates import EVALUATED, INSIDE, OUTSIDE, entry_truth, interval_form
 # the structures and the functions the CUDA twin compiles too (one source, so both see the same spaces and bits)
@@ -970,7 +970,6 @@ def psthash_lanes_kernel_py(task_first, task_last, out, cap, ev_count, task_stop
     values, the groups' lane words and marks, the positions' words and
     their blocks transposed (only the marks and the positions' words need
     zeros: the rest is written before it is read)."""
-    n_words = max((n_positions + 63) >> 6, 1)
     n_groups = len(table.group_off) - 1
     width = table.group_key.shape[1]
     for t in prange(len(task_first)):
@@ -982,11 +981,7 @@ def psthash_lanes_kernel_py(task_first, task_last, out, cap, ev_count, task_stop
         key = np.empty((1, width), np.int64)
         group_lanes = np.empty(max(n_groups, 1), np.uint64)
         group_marks = np.zeros(max((n_groups + 63) >> 6, 1), np.uint64)
-        pos_t = np.zeros(n_words * 64, np.uint64)
-        pos_words = np.zeros(max((n_words + 63) >> 6, 1), np.uint64)
-        blocks = np.empty((n_words, 64), np.uint64)
-        found = np.zeros(64, np.int64)
-        cursor = np.empty(64, np.int64)
+        pos_t, pos_words, blocks, found, cursor = group_scratch(n_positions)
         result = np.empty(2, np.int64)
         psthash_lanes_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
                            ev_token, ev_space, pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks,
