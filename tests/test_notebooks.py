@@ -109,14 +109,14 @@ def test_pstree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
         assert (tmp_path / "figures" / name).stat().st_size > 10_000, name
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
-    orderings = [t for t in html if "fastest first" in t and "this run" in t and "recorded (C2)" in t]
+    orderings = [t for t in html if "fastest first" in t and "this run" in t and "recorded (C3)" in t]
     assert len(orderings) == 4                                        # Fig. 6, 7, 12, 13 beside the recording
     assert all("psthash / opindex" in t and "30000" in t for t in orderings)
     rows = pd.read_csv(tmp_path / "rows.csv")
     assert set(rows["figure"]) == {"Fig. 6", "Fig. 7", "Fig. 12", "Fig. 13"} and rows["correct"].all()
     assert set(rows["algorithm"]) == {"scan", "opindex", "pstbloom", "psthash"}
     assert set(rows["series_value"]) == {100, 30_000}
-    recorded = pd.read_csv(ROOT / "notebooks" / "data" / "pstree_c2.csv")
+    recorded = pd.read_csv(ROOT / "notebooks" / "data" / "pstree_c3.csv")
     assert set(recorded["figure"]) == set(rows["figure"]) and recorded["n_subscriptions"].max() >= 30_000
 
 
