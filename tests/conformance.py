@@ -139,6 +139,27 @@ SIZES = {"cpu": Size(min_exprs=2, max_exprs=14, max_events=8, max_leaves=10,
 
 
 # ------------------------------------------------------------------ the cases
+def stops_after_the_first_group(module, index: Index, events, want, monkeypatch) -> None:
+    """A batch kernel's side of the host_tasks protocol (events 64 a
+    group): one task whose slab holds the first group's matches exactly
+    stops at the second group's first event and asks for its count, the
+    first group's events whole.  ``module`` is the matcher's, whose
+    ``match_in_tasks`` is replaced; ``want`` the Arrow answers of
+    ``events`` (130 or more)."""
+    counts = np.bincount(np.asarray(want["event"]), minlength=len(events))
+    cap = int(counts[:64].sum())
+
+    def one_task(n, launch, estimate, per_task=1):
+        out, ev_count = np.empty(cap, np.int32), np.zeros(n, np.int64)
+        stop, need = np.empty(1, np.int64), np.empty(1, np.int64)
+        launch(np.array([0]), np.array([n]), out, cap, ev_count, stop, need, True)
+        assert (stop[0], need[0]) == (64, counts[64]) and (ev_count[:64] == counts[:64]).all()
+        return np.repeat(np.arange(64), counts[:64]), out.astype(np.int64), estimate
+
+    monkeypatch.setattr(module, "match_in_tasks", one_task)
+    assert index.match_batch(events, output="arrow").equals(want.slice(0, cap))
+
+
 def available(backend: str) -> bool:
     return backend in available_backends()
 

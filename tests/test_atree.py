@@ -29,6 +29,7 @@ from gpu_kernels.atree.build import ArrayDag
 from gpu_kernels.atree.dag import (PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, program_expression,
                                    subexpression_starts)
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
+from tests.conformance import stops_after_the_first_group
 
 OPTIONS = [{}, {"sharing": False}, {"reorganize": False}, {"self_adjust": False}, {"binary": True},
            {"zero_suppression": False}, {"on_demand": False}, {"lanes": 1}]
@@ -411,20 +412,7 @@ def test_64_events_a_word_equal_one_event_at_a_time(n_events, monkeypatch):
         assert indexes[64].match_batch(events, output="arrow").equals(want)
         assert len(launches) > 1                 # ... and the batch kernel's, inside a group
     if n_events >= 130:
-        # a slab that holds the first group exactly: the task stops at the second group's first event
-        counts = np.bincount(np.asarray(want["event"]), minlength=n_events)
-        cap = int(counts[:64].sum())
-
-        def one_task(n, launch, estimate, per_task=1):
-            out, ev_count = np.empty(cap, np.int32), np.zeros(n, np.int64)
-            stop, need = np.empty(1, np.int64), np.empty(1, np.int64)
-            launch(np.array([0]), np.array([n]), out, cap, ev_count, stop, need, True)
-            assert (stop[0], need[0]) == (64, counts[64]) and (ev_count[:64] == counts[:64]).all()
-            return np.repeat(np.arange(64), counts[:64]), out.astype(np.int64), estimate
-
-        monkeypatch.setattr(atree_module, "match_in_tasks", one_task)
-        got = indexes[64].match_batch(events[:n_events], output="arrow")
-        assert got.equals(want.slice(0, cap))
+        stops_after_the_first_group(atree_module, indexes[64], events, want, monkeypatch)
 
 
 def test_64_events_a_word_on_conjunctions_queue_level_2():

@@ -26,6 +26,7 @@ from engine.workloads import begen
 from gpu_kernels import opcodes
 from gpu_kernels.predicates import predicate_truth_many
 from gpu_kernels.pstree import cpu as K
+from tests.conformance import stops_after_the_first_group
 
 
 def built(algorithm: str, subs, options=None) -> Index:
@@ -875,19 +876,7 @@ def test_psthash_64_events_a_group_equal_one_event_at_a_time(n_events, monkeypat
         assert indexes[64].match_batch(events, output="arrow").equals(want)
         assert len(launches) > 1                       # a task resumed for room, inside a group
     if n_events >= 130:
-        # a slab that holds the first group exactly: the task stops at the second group's first event
-        counts = np.bincount(np.asarray(want["event"]), minlength=n_events)
-        cap = int(counts[:64].sum())
-
-        def one_task(n, launch, estimate, per_task=1):
-            out, ev_count = np.empty(cap, np.int32), np.zeros(n, np.int64)
-            stop, need = np.empty(1, np.int64), np.empty(1, np.int64)
-            launch(np.array([0]), np.array([n]), out, cap, ev_count, stop, need, True)
-            assert (stop[0], need[0]) == (64, counts[64]) and (ev_count[:64] == counts[:64]).all()
-            return np.repeat(np.arange(64), counts[:64]), out.astype(np.int64), estimate
-
-        monkeypatch.setattr(pstree_module, "match_in_tasks", one_task)
-        assert indexes[64].match_batch(events, output="arrow").equals(want.slice(0, cap))
+        stops_after_the_first_group(pstree_module, indexes[64], events, want, monkeypatch)
 
 
 def test_psthash_lanes_option_is_checked():
