@@ -128,6 +128,7 @@ def transpose64(a):
 # one (``pos_words``), and write them out here.
 ONE = np.uint64(1)
 ZERO = np.uint64(0)
+ALL = np.uint64(0xFFFFFFFFFFFFFFFF)      # every lane of a group
 
 
 @njit(inline="always", nogil=True)

@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.atree.cpu import BETWEEN_KEYS, N_CLASSES, _key_run, in_level
-from gpu_kernels.compaction import emit_group, group_scratch, popcount64
+from gpu_kernels.compaction import ALL, ONE, ZERO, emit_group, group_scratch, popcount64
 from gpu_kernels.opcodes import AND, FALSE, OR, TRUE, XOR
 from gpu_kernels.predicates import entry_truth, find_attribute
 from gpu_kernels.twins import parallel_and_serial
@@ -51,10 +51,6 @@ LANES = 64
 #: times its nodes in parent links (W5, serial: at 4.7 times, a full group,
 #: 1.3x at 300 K and even at 1 M; at 1.7 times, 8 events, 10 % slower at 1 M)
 DENSE_LINKS = 4
-
-ONE = np.uint64(1)
-ZERO = np.uint64(0)
-ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 @njit(inline="always", nogil=True)

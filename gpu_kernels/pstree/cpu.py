@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels.combinations import first_combination, next_combination
-from gpu_kernels.compaction import ctz, emit_group, emit_marked, group_scratch, popcount64
+from gpu_kernels.compaction import ALL, ONE, ZERO, ctz, emit_group, emit_marked, group_scratch, popcount64
 from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, IN, LE, LT, NE, NOT_BETWEEN, NOT_IN, TRUE
 from gpu_kernels.predicates import EVALUATED, INSIDE, OUTSIDE, entry_truth, interval_form
 # the structures and the functions the CUDA twin compiles too (one source, so both see the same spaces and bits)
@@ -801,9 +801,6 @@ psthash_kernel, psthash_serial = parallel_and_serial(psthash_kernel_py, nogil=Tr
 # ------------------------------------------------- PSTHash, 64 events a group
 #: events a group: the bits of a word
 LANES = 64
-ONE = np.uint64(1)
-ZERO = np.uint64(0)
-ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 class UnitChecks(NamedTuple):
