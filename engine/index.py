@@ -848,14 +848,16 @@ class Index:
             stop = min(n_events, first + width)
             part = batch if (first, stop) == (0, n_events) else _event_slice(batch, first, stop)
             event_idx, sub_ids = self._match_encoded(state, part, truth=truth)
-            if first:
+            if first and event_idx.flags.writeable:
+                event_idx += first        # (a new array of the matcher's: one pass less)
+            elif first:
                 event_idx = event_idx + first
             if len(bad):
                 keep = ~np.isin(event_idx, bad)
                 event_idx, sub_ids = event_idx[keep], sub_ids[keep]
             # the most matches one event of the slice had, not their mean: a slice whose last events
             # match far more than its first (a skewed batch) sizes the next one by those
-            measured = float(np.bincount(event_idx - first).max()) if len(event_idx) else 0.0
+            measured = float(np.bincount(event_idx).max()) if len(event_idx) else 0.0
             per_event = measured if per_event is None else max(0.5 * per_event + 0.5 * measured, measured)
             self._per_event_hint = per_event
             yield first, stop, event_idx, sub_ids

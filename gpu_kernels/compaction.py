@@ -249,6 +249,32 @@ def compact_bits(bits: np.ndarray, n_rows: int, row_base: int) -> tuple[np.ndarr
     return out_row, out_col
 
 
+# ------------------------------------------------------- runs -> pairs (cpu)
+@njit(parallel=True, nogil=True, cache=True)
+def pairs_from_runs(slab, runs, src, counts, dest, ids, widen, events_out, values_out):
+    """The output pairs of the runs ``runs`` of one slab, in one pass over
+    the cores: run ``r`` (an event) holds ``counts[r]`` positions at
+    ``slab[src[r]:]`` and goes to ``[dest[r], dest[r] + counts[r])`` of
+    ``events_out`` (``r``) and ``values_out`` (the positions widened when
+    ``widen``, else ``ids`` at them).  The kernels' slabs go straight to
+    the matcher's answer, each match read once and its two columns written
+    once (before: a copy to int64, ``np.repeat``, and a gather, each a
+    pass of its own, on one core)."""
+    for k in prange(len(runs)):
+        r = runs[k]
+        d = dest[r]
+        s = src[r]
+        c = counts[r]
+        for j in range(c):
+            events_out[d + j] = r
+        if widen:
+            for j in range(c):
+                values_out[d + j] = slab[s + j]
+        else:
+            for j in range(c):
+                values_out[d + j] = ids[slab[s + j]]
+
+
 #: below this many cells a serial np.nonzero beats starting parallel threads
 PARALLEL_CELLS = 1 << 20
 

@@ -154,7 +154,7 @@ def stops_after_the_first_group(module, index: Index, events, want, monkeypatch)
         stop, need = np.empty(1, np.int64), np.empty(1, np.int64)
         launch(np.array([0]), np.array([n]), out, cap, ev_count, stop, need, True)
         assert (stop[0], need[0]) == (64, counts[64]) and (ev_count[:64] == counts[:64]).all()
-        return np.repeat(np.arange(64), counts[:64]), out.astype(np.int64), estimate
+        return host_tasks.Runs.of_pairs(np.repeat(np.arange(64), counts[:64]), out, n), estimate
 
     monkeypatch.setattr(module, "match_in_tasks", one_task)
     assert index.match_batch(events, output="arrow").equals(want.slice(0, cap))

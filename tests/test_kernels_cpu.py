@@ -218,3 +218,57 @@ def test_interval_form_has_predicate_truths_on_every_edge_value():
     checked = kind != EVALUATED
     assert (got[checked] == (want[checked] == O.TRUE)).all()
     assert checked.sum() > 30_000
+
+
+@pytest.mark.parametrize("clusters", [False, True])
+def test_runs_left_in_resumed_slabs_come_out_as_the_pairs(clusters):
+    """The host_tasks protocol end to end with a kernel that writes known
+    matches: tasks that run out of room are resumed into new slabs (several
+    slabs in one answer), events without matches, A-PCM's clusters (a unit
+    is several events, listed in cluster order and put back in batch order
+    by ``permuted``); the pairs equal the matches, as positions and as ids."""
+    from engine.algorithms.host_tasks import Runs, match_in_tasks
+
+    rng = np.random.default_rng(7)
+    n_events = 300
+    matches = [np.sort(rng.choice(5000, size=int(rng.choice([0, 1, 5, 40, 900])), replace=False))
+               for _ in range(n_events)]
+    perm = rng.permutation(n_events) if clusters else np.arange(n_events)
+    members = np.unique(np.concatenate(([0, n_events], rng.choice(n_events, 60)))) if clusters else None
+    units = len(members) - 1 if clusters else n_events
+    member_counts = np.zeros(n_events, np.int64)
+    slabs = []
+
+    def launch(first, last, out, cap, unit_count, stop, need, serial):
+        slabs.append(cap)
+        for t in range(len(first)):
+            at, stop[t] = t * cap, last[t]
+            for u in range(first[t], last[t]):
+                lo, hi = (members[u], members[u + 1]) if clusters else (u, u + 1)
+                size = sum(len(matches[perm[m]]) for m in range(lo, hi))
+                if at + size > (t + 1) * cap:
+                    stop[t], need[t] = u, size
+                    break
+                for m in range(lo, hi):
+                    found = matches[perm[m]]
+                    out[at:at + len(found)] = found
+                    at += len(found)
+                    member_counts[m] = len(found)
+                unit_count[u] = size
+
+    runs, _ = match_in_tasks(units, launch, 1.0, members=members if clusters else None,
+                             member_counts=member_counts if clusters else None)
+    assert len(slabs) > 1 and len(runs.slabs) == len(slabs)         # resumed: more than one slab
+    if clusters:
+        runs = runs.permuted(perm)
+    want_events = np.repeat(np.arange(n_events), [len(m) for m in matches])
+    want = np.concatenate(matches)
+    ids = rng.permutation(10_000)[:5000].astype(np.int64)
+    for given, values in ((None, want), (ids, ids[want])):
+        events, got = runs.pairs(given)
+        assert events.dtype == got.dtype == np.int64
+        np.testing.assert_array_equal(events, want_events)
+        np.testing.assert_array_equal(got, values)
+    assert runs.n_matches == len(want)
+    for empty in (Runs.empty(5), Runs.of_pairs(np.zeros(0, np.int64), np.zeros(0, np.int64), 5)):
+        assert [len(a) for a in empty.pairs(ids)] == [0, 0]

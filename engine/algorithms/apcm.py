@@ -37,7 +37,7 @@ import numpy as np
 from engine.algorithms.base import BuildSettings, HostMatcher, list_truth_of
 from engine.algorithms.betree import DEFAULT_LIMIT, BETreeMatcher
 from engine.algorithms.betree import check_expression as _betree_check
-from engine.algorithms.host_tasks import SERIAL_EVENTS, match_in_tasks, one_thread
+from engine.algorithms.host_tasks import SERIAL_EVENTS, Runs, match_in_tasks, one_thread
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE, APCMOptions, BETreeOptions
 from engine.algorithms.osr import Clusters, Reorderer, arrival_runs, per_event
 from engine.compile import Segment
@@ -161,15 +161,15 @@ class APCMMatcher(HostMatcher):
             return arrival_runs(n, o.cluster_size)
         return self.reorderer.clusters(batch.offsets, batch.attr, ev_key, compress_all=o.variant == "pcm")
 
-    def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
+    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> Runs:
         n_events = batch.n_events
         n_subs = len(self.segment)
         if n_events == 0 or n_subs == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return Runs.empty(n_events)
         if self.options.variant == "bitmap":
             with one_thread():                 # the sequential baseline (this thread's setting only)
-                return self._positions(batch, pattern_truth, alive)
-        return self._positions(batch, pattern_truth, alive)
+                return self._runs(batch, pattern_truth, alive)
+        return self._runs(batch, pattern_truth, alive)
 
     def _bit_codes(self) -> tuple[np.ndarray, np.ndarray]:
         """The list code of each main bit's predicate (gpu_kernels.list_truth;
@@ -188,7 +188,7 @@ class APCMMatcher(HostMatcher):
             cached = self._bit_codes_of = (lay, codes, list_attr)
         return cached[1], cached[2]
 
-    def _positions(self, batch, pattern_truth, alive):
+    def _runs(self, batch, pattern_truth, alive):
         n_subs = len(self.segment)
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
@@ -253,8 +253,9 @@ class APCMMatcher(HostMatcher):
                        lay.table, store, counting.MAX_MARK)
             ev_count = np.zeros(len(perm), np.int64)
             estimate = getattr(self, "_matches_per_cluster", 16.0)
-            _, positions, self._matches_per_cluster = match_in_tasks(n_cl, count, estimate)
-            return _to_batch_order(perm, ev_count, positions)
+            runs, self._matches_per_cluster = match_in_tasks(n_cl, count, estimate, members=cl_off,
+                                                             member_counts=ev_count)
+            return runs.permuted(perm)
         if not o.unroll:
             out_off = np.zeros(len(perm) + 1, np.int64)
             out = np.empty(1024, np.int32)
@@ -262,8 +263,7 @@ class APCMMatcher(HostMatcher):
                                       self.v_attr, self.v_slot, alive, cl_off, perm, batch.offsets, ev_attr, e_main,
                                       e_over, ce_start, ce_end, ce_attr, ce_key_end, ce_keys, lay.table, store,
                                       out_off, out)
-            counts_perm = np.diff(out_off)
-            return _to_batch_order(perm, counts_perm, out)
+            return Runs(np.diff(out_off), out_off[:-1].copy(), np.zeros(len(perm), np.int64), (out,)).permuted(perm)
         # stage 3: the walk of each compressed event, unrolled into candidate c-nodes
         item_cluster, item_pnode = K.path_items(n_cl, ce_start, ce_end, ce_attr, node, p_attr, o.parallel_paths)
         cand_off, cand = self._traverse(item_cluster, item_pnode, ce_start, ce_end, ce_attr, ce_key_end, ce_keys,
@@ -279,8 +279,9 @@ class APCMMatcher(HostMatcher):
                    batch.offsets, ev_attr, e_main, e_over, ce_start, ce_end, ce_attr, ce_main, ce_over, ce_absent,
                    lay.main_bits, lay.over_bits, lay.table, store)
         estimate = getattr(self, "_matches_per_cluster", 16.0)
-        _, positions, self._matches_per_cluster = match_in_tasks(n_cl, launch, estimate)
-        return _to_batch_order(perm, ev_count, positions)
+        runs, self._matches_per_cluster = match_in_tasks(n_cl, launch, estimate, members=cl_off,
+                                                         member_counts=ev_count)
+        return runs.permuted(perm)     # (listed cluster by cluster: back in batch order)
 
     def _traverse(self, item_cluster, item_pnode, ce_start, ce_end, ce_attr, ce_key_end, ce_keys, node, p_top, p_attr,
                   n_attrs, n_clusters, parallel):
@@ -359,20 +360,6 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Sums of ``values[offsets[i]:offsets[i + 1]]`` (empty segments: 0)."""
     total = np.concatenate(([0], np.cumsum(values, dtype=np.int64)))
     return total[offsets[1:]] - total[offsets[:-1]]
-
-
-def _to_batch_order(perm: np.ndarray, counts_perm: np.ndarray, positions_perm: np.ndarray):
-    """(event, position) pairs ascending by event from positions listed in
-    cluster order (``counts_perm[i]``: those of event ``perm[i]``)."""
-    n = len(perm)
-    counts = np.zeros(n, np.int64)
-    counts[perm] = counts_perm
-    starts_perm = np.concatenate(([0], np.cumsum(counts_perm)[:-1])).astype(np.int64)
-    src = np.empty(n, np.int64)
-    src[perm] = starts_perm
-    positions = K.gather_runs(src, counts, positions_perm)
-    events = np.repeat(np.arange(n, dtype=np.int64), counts)
-    return events, positions
 
 
 __all__ = ["APCMMatcher", "check_expression"]

@@ -44,7 +44,7 @@ import sys
 import numpy as np
 
 from engine.algorithms.base import HostMatcher, list_truth_of
-from engine.algorithms.host_tasks import match_in_tasks
+from engine.algorithms.host_tasks import Runs, match_in_tasks
 from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
 from gpu_kernels.atree import sliced as S
@@ -174,10 +174,10 @@ class ATreeMatcher(HostMatcher):
         return new
 
     # ------------------------------------------------------------- matching
-    def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
+    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> Runs:
         n_events = batch.n_events
         if n_events == 0 or len(self.segment) == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return Runs.empty(n_events)
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         list_truth = list_truth_of(batch)
@@ -199,10 +199,10 @@ class ATreeMatcher(HostMatcher):
                    x.key_hi, x.key_reach, x.key_leaf, x.key_quiet, a.absent_leaf, a.sub_off, a.sub_pos,
                    preds.attr, preds.op, preds.lo, preds.hi, preds.set_offsets, preds.set_values, preds.aux)
             touched[0] += int(task_leaves.sum())       # finished events only: a resumed task counts the rest
-        events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event,
-                                                                    per_task=S.LANES if sliced else 1)
+        runs, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event,
+                                                       per_task=S.LANES if sliced else 1)
         self.leaf_work = (touched[0], n_events)
-        return events, positions
+        return runs
 
     # ---------------------------------------------------------- persistence
     #: version of the saved DAG (:meth:`to_arrays`)

@@ -35,7 +35,8 @@ through these members only:
 
 A matcher never changes after it is built: ``merged`` and ``recoded`` return
 a new one, so that a match in flight on an older snapshot is undisturbed.
-CPU matchers implement :meth:`HostMatcher.positions`; cuda matchers derive
+CPU matchers implement :meth:`HostMatcher.runs` (the matches where their
+kernels left them) or :meth:`HostMatcher.positions`; cuda matchers derive
 from :class:`engine.algorithms.cuda_base.ChunkedCudaMatcher`.
 """
 
@@ -46,6 +47,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from engine.algorithms.host_tasks import Runs
 from engine.compile import Segment
 
 OUTPUTS = ("numpy", "device")
@@ -149,21 +151,29 @@ class Matcher:
 
 
 class HostMatcher(Matcher):
-    """A matcher on the ``cpu`` backend: it implements :meth:`positions`;
-    :meth:`match` maps positions to ids, the one place where that happens
-    on the host."""
+    """A matcher on the ``cpu`` backend: it implements :meth:`runs` (the
+    indexes, whose kernels leave each event's positions in task slabs) or
+    :meth:`positions` (``scan``), each given by the other; :meth:`match`
+    maps positions to ids, the one place where that happens on the host."""
 
     backend = "cpu"
+
+    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> Runs:
+        """The matches of each event of ``batch`` where the kernel left them."""
+        if type(self).positions is HostMatcher.positions:
+            raise NotImplementedError(f"{type(self).__name__} implements neither runs nor positions")
+        events, positions = self.positions(batch, pattern_truth, alive)
+        return Runs.of_pairs(events, positions, batch.n_events)
 
     def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(event index, subscription position) int64 pairs, ascending by
         event then position."""
-        raise NotImplementedError
+        return self.runs(batch, pattern_truth, alive).pairs()
 
     def match(self, batch, pattern_truth: np.ndarray, alive: np.ndarray, *, ids=None, output: str = "numpy"):
         if output != "numpy":
             raise ValueError(f"a cpu matcher answers with output='numpy' only, not {output!r}")
-        events, positions = self.positions(batch, pattern_truth, alive)
-        if ids is None:
-            return events, positions
-        return events, np.asarray(ids)[positions]
+        if type(self).runs is HostMatcher.runs:        # (scan: its pairs as they are)
+            events, positions = self.positions(batch, pattern_truth, alive)
+            return (events, positions) if ids is None else (events, np.asarray(ids)[positions])
+        return self.runs(batch, pattern_truth, alive).pairs(ids)

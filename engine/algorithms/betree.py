@@ -46,7 +46,7 @@ import numpy as np
 from numba import njit
 
 from engine.algorithms.base import HostMatcher, list_truth_of
-from engine.algorithms.host_tasks import match_in_tasks
+from engine.algorithms.host_tasks import Runs, match_in_tasks
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE
 from engine.algorithms.units import Units, check_dnf, dnf_units
 from engine.compile import Segment
@@ -404,11 +404,11 @@ class BETreeMatcher(HostMatcher):
         return new
 
     # ------------------------------------------------------------- matching
-    def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
+    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> Runs:
         n_events = batch.n_events
         n_subs = len(self.segment)
         if n_events == 0 or n_subs == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return Runs.empty(n_events)
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         list_truth = list_truth_of(batch)
@@ -420,10 +420,10 @@ class BETreeMatcher(HostMatcher):
             kernel(first, last, out, cap, ev_count, stop, need, n_subs, batch.offsets, batch.attr, batch.value,
                    batch.token, ev_key, pattern_truth, list_truth, table, p_attr, leaf, rows, alive, no_loss)
         no_loss = np.zeros(0, np.int64)
-        events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
+        runs, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
         if self.theta is not None:
             self._keep_feedback(batch, ev_key, pattern_truth, list_truth)
-        return events, positions
+        return runs
 
     # --------------------------------------------------------------- memory
     @property

@@ -7,18 +7,22 @@ slab ``out[t * cap:]`` and their number to ``ev_count[e]``, and stops at
 the first event whose positions do not fit (``stop[t]``, with that event's
 count in ``need[t]``).  :func:`match_in_tasks` sizes the slabs from a running
 estimate of matches per event, launches, resumes the unfinished tasks with
-more room, and gathers the slabs into (event, position) pairs ascending by
-event then position.
+more room, and returns the matches where the slabs hold them (:class:`Runs`),
+which :meth:`Runs.pairs` turns into (event, position or id) pairs ascending
+by event then position, in one pass over every core.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterator
 
 import numba
 import numpy as np
+
+from gpu_kernels.compaction import pairs_from_runs
 
 #: batches of at most this many events run on the calling thread: waking
 #: the other threads for a handful of events costs more than the events
@@ -106,20 +110,92 @@ def one_thread() -> Iterator[None]:
         _owed.count = None
 
 
-def match_in_tasks(n_events: int, launch, estimate: float, per_task: int = 1) -> tuple[np.ndarray, np.ndarray, float]:
-    """``launch(first, last, out, cap, ev_count, stop, need, serial)`` runs
-    the kernel (``serial``: one task, on the calling thread); tasks of at
-    least ``per_task`` events where there are enough (a kernel that takes
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """A batch's matches where the kernels left them: event ``e``'s
+    ``counts[e]`` subscription positions, ascending, at
+    ``slabs[slab_of[e]][src[e]:]``.  :meth:`pairs` turns them into the
+    matcher's answer in one parallel pass (:func:`pairs_from_runs`), with
+    the ids in place of the positions when they are given."""
+
+    counts: np.ndarray          # int64, one per event
+    src: np.ndarray             # int64, one per event
+    slab_of: np.ndarray         # int64, one per event
+    slabs: tuple[np.ndarray, ...]
+
+    @classmethod
+    def empty(cls, n_events: int) -> "Runs":
+        zeros = np.zeros(n_events, np.int64)
+        return cls(zeros, zeros, zeros, (np.zeros(0, np.int64),))
+
+    @classmethod
+    def of_pairs(cls, events: np.ndarray, positions: np.ndarray, n_events: int) -> "Runs":
+        """The runs of (event, position) pairs ascending by event."""
+        counts = np.bincount(events, minlength=n_events).astype(np.int64) if len(events) else \
+            np.zeros(n_events, np.int64)
+        return cls(counts, _starts(counts), np.zeros(n_events, np.int64), (positions,))
+
+    @property
+    def n_matches(self) -> int:
+        return int(self.counts.sum())
+
+    def permuted(self, perm: np.ndarray) -> "Runs":
+        """The same runs when run ``i`` of these is event ``perm[i]`` (A-PCM
+        lists its events cluster by cluster)."""
+        moved = []
+        for a in (self.counts, self.src, self.slab_of):
+            b = np.empty_like(a)
+            b[perm] = a
+            moved.append(b)
+        return Runs(*moved, self.slabs)
+
+    def pairs(self, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(event index, position -- or ``ids`` at it) int64 pairs,
+        ascending by event then position."""
+        dest = _starts(self.counts)
+        total = int(dest[-1] + self.counts[-1]) if len(self.counts) else 0
+        events = np.empty(total, np.int64)
+        values = np.empty(total, np.int64)
+        if total == 0:
+            return events, values
+        widen = ids is None
+        ids = np.zeros(0, np.int64) if widen else np.ascontiguousarray(ids, np.int64)
+        n = len(self.counts)
+        for k, slab in enumerate(self.slabs):
+            runs = np.arange(n, dtype=np.int64) if len(self.slabs) == 1 else np.flatnonzero(self.slab_of == k)
+            pairs_from_runs(slab, runs, self.src, self.counts, dest, ids, widen, events, values)
+        return events, values
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sums of ``counts`` (int64)."""
+    starts = np.zeros(len(counts), np.int64)
+    if len(counts) > 1:
+        np.cumsum(counts[:-1], out=starts[1:])
+    return starts
+
+
+def match_in_tasks(n_units: int, launch, estimate: float, per_task: int = 1, members: np.ndarray | None = None,
+                   member_counts: np.ndarray | None = None) -> tuple[Runs, float]:
+    """``launch(first, last, out, cap, unit_count, stop, need, serial)``
+    runs the kernel over units (events; A-PCM: clusters) ``[first[t],
+    last[t])`` (``serial``: one task, on the calling thread); tasks of at
+    least ``per_task`` units where there are enough (a kernel that takes
     its events that many at a time), but never fewer tasks than threads
-    (an event slice of 24 ran on one core).  Returns (events, positions,
-    the updated matches-per-event estimate)."""
+    (an event slice of 24 ran on one core).  Returns the matches as
+    :class:`Runs` (where the kernel left them: no copy) and the updated
+    matches-per-unit estimate.  ``members``, ``member_counts``: a unit is
+    the events ``[members[u], members[u + 1])`` of the runs, each with its
+    count in ``member_counts`` (filled by the kernel), its matches after
+    those of the one before it."""
     threads = numba.get_num_threads()
-    n_tasks = 1 if n_events <= SERIAL_EVENTS or threads == 1 else \
-        int(min(n_events, max(threads, min(-(-n_events // per_task), 4 * threads))))
-    bounds = np.linspace(0, n_events, n_tasks + 1).round().astype(np.int64)
+    n_tasks = 1 if n_units <= SERIAL_EVENTS or threads == 1 else \
+        int(min(n_units, max(threads, min(-(-n_units // per_task), 4 * threads))))
+    bounds = np.linspace(0, n_units, n_tasks + 1).round().astype(np.int64)
     first, last = bounds[:-1].copy(), bounds[1:].copy()
-    ev_count = np.zeros(n_events, np.int64)
-    pieces = []          # (first event, slab, start, length)
+    unit_count = np.zeros(n_units, np.int64)
+    pieces = []          # (first unit, stop unit, slab number, start in the slab)
+    slabs = []
     running = estimate
     need = 0
     while len(first):
@@ -128,26 +204,30 @@ def match_in_tasks(n_events: int, launch, estimate: float, per_task: int = 1) ->
         out = np.empty(len(first) * cap, np.int32)
         stop = np.empty(len(first), np.int64)
         task_need = np.empty(len(first), np.int64)
-        launch(first, last, out, cap, ev_count, stop, task_need, n_tasks == 1)
-        done_events = 0
+        launch(first, last, out, cap, unit_count, stop, task_need, n_tasks == 1)
+        slabs.append(out)
+        done_units = 0
         done_matches = 0
         for t in range(len(first)):
-            n = int(ev_count[first[t]:stop[t]].sum())
-            pieces.append((int(first[t]), out, t * cap, n))
-            done_events += int(stop[t] - first[t])
-            done_matches += n
+            if stop[t] > first[t]:
+                pieces.append((int(first[t]), int(stop[t]), len(slabs) - 1, t * cap))
+                done_units += int(stop[t] - first[t])
+                done_matches += int(unit_count[first[t]:stop[t]].sum())
+        if done_units:
+            running = max(running, done_matches / done_units)
         unfinished = stop < last
-        if done_events:
-            running = max(running, done_matches / done_events)
         if unfinished.any():
             running *= 2
             need = int(task_need[unfinished].max()) + 1
         first, last = stop[unfinished], last[unfinished]
-    pieces.sort(key=lambda piece: piece[0])
-    positions = np.empty(int(ev_count.sum()), np.int64)
-    at = 0
-    for _, slab, start, n in pieces:
-        positions[at:at + n] = slab[start:start + n]
-        at += n
-    events = np.repeat(np.arange(n_events, dtype=np.int64), ev_count)
-    return events, positions, max(1.0, 0.5 * estimate + 0.5 * running)
+    if members is None:
+        members, member_counts = np.arange(n_units + 1, dtype=np.int64), unit_count
+    counts = np.asarray(member_counts, np.int64)
+    before = _starts(counts)
+    src = np.zeros(len(counts), np.int64)
+    slab_of = np.zeros(len(counts), np.int64)
+    for f, s, k, start in pieces:
+        m0, m1 = int(members[f]), int(members[s])
+        src[m0:m1] = start + before[m0:m1] - before[m0]
+        slab_of[m0:m1] = k
+    return Runs(counts, src, slab_of, tuple(slabs)), max(1.0, 0.5 * estimate + 0.5 * running)

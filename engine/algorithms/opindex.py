@@ -91,7 +91,7 @@ import hashlib
 import numpy as np
 
 from engine.algorithms.base import HostMatcher, list_truth_of
-from engine.algorithms.host_tasks import match_in_tasks
+from engine.algorithms.host_tasks import Runs, match_in_tasks
 from engine.algorithms.options import OpIndexOptions
 from engine.algorithms.units import program_tree
 from engine.compile import OPCODE, Segment
@@ -1099,14 +1099,13 @@ class OpIndexMatcher(HostMatcher):
             self._live = cached = (alive.copy(), alive[self.counter_sub])
         return cached[1]
 
-    def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
-        """(event index, subscription position) of every alive subscription
-        TRUE on an event of ``batch``, ascending by event then position."""
+    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> Runs:
+        """The positions of every alive subscription TRUE on each event of
+        ``batch``, ascending, where the kernel left them."""
         n_events = batch.n_events
         n_subs = len(self.segment)
-        empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         if n_events == 0 or n_subs == 0:
-            return empty
+            return Runs.empty(n_events)
         alive = np.ascontiguousarray(alive, dtype=np.uint8)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         list_truth = list_truth_of(batch)
@@ -1118,8 +1117,8 @@ class OpIndexMatcher(HostMatcher):
             kernel = K.opindex_match_serial if serial else K.opindex_match_kernel
             kernel(first, last, out, cap, ev_count, stop, need, n_subs, batch.offsets, batch.attr, batch.value,
                    batch.token, pattern_truth, list_truth, list_words, index, programs, counter_live, alive)
-        events, positions, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
-        return events, positions
+        runs, self._matches_per_event = match_in_tasks(n_events, launch, self._matches_per_event)
+        return runs
 
     # ------------------------------------------------------------ persistence
     #: the version of the saved form (meta "format")

@@ -133,7 +133,7 @@ import copy
 import numpy as np
 
 from engine.algorithms.base import HostMatcher, list_truth_of
-from engine.algorithms.host_tasks import SERIAL_EVENTS, match_in_tasks, sort_on_every_core
+from engine.algorithms.host_tasks import SERIAL_EVENTS, Runs, match_in_tasks, sort_on_every_core
 from engine.algorithms.units import check_dnf, dnf_units
 from engine.compile import Segment
 from engine.expr import Node
@@ -644,14 +644,13 @@ class _PSTreeMatcher(HostMatcher):
                                         *extra(ev_space))
         return launch
 
-    def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray, per_task: int = 1):
+    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray, per_task: int = 1) -> Runs:
         if batch.n_events == 0 or len(self.segment) == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return Runs.empty(batch.n_events)
         launch = self._launcher(batch, np.ascontiguousarray(pattern_truth, np.uint8),
                                 np.ascontiguousarray(alive, np.uint8), np.zeros(0, np.int64))
-        events, positions, self._matches_per_event = match_in_tasks(batch.n_events, launch,
-                                                                    self._matches_per_event, per_task)
-        return events, positions
+        runs, self._matches_per_event = match_in_tasks(batch.n_events, launch, self._matches_per_event, per_task)
+        return runs
 
     def candidate_statistics(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> dict:
         """Counters of one serial match of ``batch`` (see the kernels'
@@ -1015,9 +1014,9 @@ class PSTHashMatcher(_PSTreeMatcher):
         super()._lay_out(by_unit)
         self.checks = K.unit_checks(self._probe_units[2], self.units.rows)
 
-    def positions(self, batch, pattern_truth: np.ndarray, alive: np.ndarray):
+    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> Runs:
         # (64 events a group from one event on: one event alone went no slower that way, W2 at 300 K)
-        return super().positions(batch, pattern_truth, alive, per_task=K.LANES if self.lanes > 1 else 1)
+        return super().runs(batch, pattern_truth, alive, per_task=K.LANES if self.lanes > 1 else 1)
 
     def _launcher(self, batch, pattern_truth, alive, stats):
         max_event = int(np.diff(batch.offsets).max(initial=0))

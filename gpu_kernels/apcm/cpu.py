@@ -739,18 +739,3 @@ def match_interleaved(n_positions, max_members, n_attrs, node, p_top, p_attr, l_
             used = emit_marked(bm0[m], bm1[m], out, used, True)
             out_off[m0 + m + 1] = used
     return out[:used]
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def gather_runs(src, counts, values):
-    """``values[src[i]:src[i] + counts[i]]`` for every ``i``, concatenated in
-    order of ``i`` (the clusters' output back in batch order)."""
-    n = len(src)
-    off = np.zeros(n + 1, np.int64)
-    for i in range(n):
-        off[i + 1] = off[i] + counts[i]
-    out = np.empty(off[n], np.int64)
-    for i in prange(n):
-        for j in range(counts[i]):
-            out[off[i] + j] = values[src[i] + j]
-    return out
