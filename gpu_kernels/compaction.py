@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from gpu_kernels import cuda_support
+from gpu_kernels.twins import parallel_and_serial
 
 
 # ------------------------------------------------ two-level position bitmap (cpu)
@@ -250,8 +251,7 @@ def compact_bits(bits: np.ndarray, n_rows: int, row_base: int) -> tuple[np.ndarr
 
 
 # ------------------------------------------------------- runs -> pairs (cpu)
-@njit(parallel=True, nogil=True, cache=True)
-def pairs_from_runs(slab, runs, src, counts, dest, ids, widen, events_out, values_out):
+def pairs_from_runs_py(slab, runs, src, counts, dest, ids, widen, events_out, values_out):
     """The output pairs of the runs ``runs`` of one slab, in one pass over
     the cores: run ``r`` (an event) holds ``counts[r]`` positions at
     ``slab[src[r]:]`` and goes to ``[dest[r], dest[r] + counts[r])`` of
@@ -273,6 +273,13 @@ def pairs_from_runs(slab, runs, src, counts, dest, ids, widen, events_out, value
         else:
             for j in range(c):
                 values_out[d + j] = ids[slab[s + j]]
+
+
+#: the serial twin for small answers (waking the threads cost 30 µs, a
+#: lone event's whole answer then: :data:`PARALLEL_PAIRS`)
+pairs_from_runs, pairs_from_runs_serial = parallel_and_serial(pairs_from_runs_py, nogil=True)
+#: answers of fewer pairs than this are written on the calling thread
+PARALLEL_PAIRS = 1 << 16
 
 
 #: below this many cells a serial np.nonzero beats starting parallel threads

@@ -221,13 +221,18 @@ def test_interval_form_has_predicate_truths_on_every_edge_value():
 
 
 @pytest.mark.parametrize("clusters", [False, True])
-def test_runs_left_in_resumed_slabs_come_out_as_the_pairs(clusters):
+@pytest.mark.parametrize("parallel_from", [0, 1 << 40])
+def test_runs_left_in_resumed_slabs_come_out_as_the_pairs(clusters, parallel_from, monkeypatch):
     """The host_tasks protocol end to end with a kernel that writes known
     matches: tasks that run out of room are resumed into new slabs (several
     slabs in one answer), events without matches, A-PCM's clusters (a unit
     is several events, listed in cluster order and put back in batch order
-    by ``permuted``); the pairs equal the matches, as positions and as ids."""
+    by ``permuted``); the pairs equal the matches, as positions and as ids,
+    written over every core and on the calling thread."""
+    from engine.algorithms import host_tasks
     from engine.algorithms.host_tasks import Runs, match_in_tasks
+
+    monkeypatch.setattr(host_tasks, "PARALLEL_PAIRS", parallel_from)
 
     rng = np.random.default_rng(7)
     n_events = 300

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import numba
 import numpy as np
 
-from gpu_kernels.compaction import pairs_from_runs
+from gpu_kernels.compaction import PARALLEL_PAIRS, pairs_from_runs, pairs_from_runs_serial
 
 #: batches of at most this many events run on the calling thread: waking
 #: the other threads for a handful of events costs more than the events
@@ -161,9 +161,10 @@ class Runs:
         widen = ids is None
         ids = np.zeros(0, np.int64) if widen else np.ascontiguousarray(ids, np.int64)
         n = len(self.counts)
+        kernel = pairs_from_runs if total >= PARALLEL_PAIRS else pairs_from_runs_serial
         for k, slab in enumerate(self.slabs):
             runs = np.arange(n, dtype=np.int64) if len(self.slabs) == 1 else np.flatnonzero(self.slab_of == k)
-            pairs_from_runs(slab, runs, self.src, self.counts, dest, ids, widen, events, values)
+            kernel(slab, runs, self.src, self.counts, dest, ids, widen, events, values)
         return events, values
 
 
