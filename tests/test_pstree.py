@@ -883,3 +883,29 @@ def test_psthash_lanes_option_is_checked():
     for bad in (0, 2, 32, 64.0, True):
         with pytest.raises(ValueError, match="lanes must be 1 or 64"):
             PSTHashOptions(lanes=bad)
+
+
+def test_psthash_checks_are_made_by_the_first_batch_match_and_again_after_a_merge():
+    """The batch kernel's checks (UnitChecks) are made when it first runs,
+    counted in ``nbytes``, and made again from a merged matcher's own units
+    (one unit removed, one added: not the old ones): ``lanes=1`` (and a
+    cuda matcher's host twin) never make them."""
+    subs = [f"a{i % 5} >= {i % 11} AND a{(i + 1) % 5} < {i % 13 + 2}" for i in range(300)]
+    events = [{f"a{k}": (e * 7 + k * 3) % 15 for k in range(5)} for e in range(70)]
+    scan = built("scan", subs)
+    one = built("psthash", subs, {"lanes": 1})
+    assert answers(one, events) == answers(scan, events)
+    assert matcher_of(one)._checks == ()
+    index = built("psthash", subs)
+    assert answers(index, events) == answers(scan, events)
+    matcher = matcher_of(index)
+    checks_bytes = sum(a.nbytes for a in matcher._checks)
+    assert checks_bytes > 0 and matcher.nbytes == matcher_of(one).nbytes + checks_bytes
+    for target in (index, scan):
+        target.add_many([1000], ["a1 BETWEEN 3 AND 9"])
+        target.remove(4)
+        target.merge()
+    merged = matcher_of(index)            # (its first match made its own checks)
+    assert merged is not matcher and merged.merges == 1
+    assert answers(index, events) == answers(scan, events)
+    assert len(merged._checks.attr) == len(merged._probe_units[2]) != len(matcher._checks.attr)

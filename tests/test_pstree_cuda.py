@@ -221,6 +221,7 @@ def test_merges_derive_the_host_structure_the_device_serves(algorithm, monkeypat
             [sorted(i for i, t in exprs.items() if matches(parse(t), e)) for e in events]
         assert index._matcher.host.merges == k + 1
     assert index._matcher.structure_d is not first.structure_d
+    assert index._matcher.host._checks == first.host._checks == ()    # (the cpu batch kernel's, never made here)
 
 
 @pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])

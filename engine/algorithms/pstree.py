@@ -463,8 +463,8 @@ def _space_counts(s_first: np.ndarray, s_last: np.ndarray, weight: np.ndarray, n
 class _PSTreeMatcher(HostMatcher):
     """What PSTBloom and PSTHash share: units, PS-Trees, access predicates."""
 
-    #: the units' checks in probe order that a batch kernel reads (PSTHash's UnitChecks)
-    checks: tuple = ()
+    #: the units' checks in probe order that a batch kernel reads (PSTHash's UnitChecks), once made
+    _checks: tuple = ()
 
     @classmethod
     def construct(cls, segment: Segment, settings):
@@ -697,6 +697,7 @@ class _PSTreeMatcher(HostMatcher):
         self.probe_order = order
         self._by_unit = {name: getattr(by_unit, name) for name in ("access", *self._UNIT_FIELDS)}
         self._probe_units = (units.sub[order], offsets, pids)
+        self._checks = ()          # (made again from these at the first batch match: PSTHashMatcher.unit_checks)
         self.structure = by_unit._replace(units=K.renumber(by_unit.units, rank), access=access,
                                           always=rank[by_unit.always].astype(np.int32),
                                           **{name: getattr(by_unit, name)[order] for name in self._UNIT_FIELDS})
@@ -715,7 +716,7 @@ class _PSTreeMatcher(HostMatcher):
     @property
     def nbytes(self) -> int:
         arrays = list(self.spaces) + list(self.structure) + list(self.units[:4]) + list(self.units.rows) + \
-            [self._pids, self.probe_order, *self._by_unit.values(), *self._probe_units, *self.checks]
+            [self._pids, self.probe_order, *self._by_unit.values(), *self._probe_units, *self._checks]
         return self.segment.nbytes + sum(int(a.nbytes) for a in arrays)
 
 
@@ -1010,9 +1011,14 @@ class PSTHashMatcher(_PSTreeMatcher):
         acc = self._by_unit["access"]
         return np.where(acc >= 0, self._pids[np.maximum(acc, 0)], -1)
 
-    def _lay_out(self, by_unit) -> None:
-        super()._lay_out(by_unit)
-        self.checks = K.unit_checks(self._probe_units[2], self.units.rows)
+    def unit_checks(self) -> K.UnitChecks:
+        """The checks the batch kernel reads, made at its first match: a cuda
+        matcher's host twin never runs it (W2 at 1 M: about 100 MB), nor
+        does ``lanes=1``.  (Two first matches at once may both make them:
+        the same arrays, one kept.)"""
+        if not self._checks:
+            self._checks = K.unit_checks(self._probe_units[2], self.units.rows)
+        return self._checks
 
     def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> Runs:
         # (64 events a group from one event on: one event alone went no slower that way, W2 at 300 K)
@@ -1025,7 +1031,7 @@ class PSTHashMatcher(_PSTreeMatcher):
             def lanes(ev_space):
                 sub, offsets, pids = self._probe_units
                 return (max_event, batch.offsets, batch.attr, batch.value, batch.token, ev_space, pattern_truth,
-                        list_truth, sub, offsets, pids, self.units.rows, self.checks, self.structure, alive)
+                        list_truth, sub, offsets, pids, self.units.rows, self.unit_checks(), self.structure, alive)
             return self._launch(batch, K.psthash_lanes_kernel, K.psthash_lanes_serial, lanes)
 
         def extra(ev_space):
