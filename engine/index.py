@@ -80,12 +80,21 @@ _COLUMNAR_TEXTS_FROM = 64
 DEFAULT_DNF_LIMIT = 256
 #: working memory of one slice of a large batch (matcher scratch, pairs,
 #: ids): a batch whose matches would need more is matched in event slices,
-#: so that the peak stays near the output itself (about 80 bytes a pair
-#: are held while a slice is matched, 8-16 stay in the output)
+#: so that the peak stays near the output itself (8-16 bytes a pair stay
+#: in the output: see _BYTES_PER_PAIR_WORKING for what a slice holds)
 MATCH_MEMORY_BUDGET = 512 << 20
 #: the forms match_batch returns its matches in
 MATCH_OUTPUTS = ("list", "arrow", "arrow_lists", "device")
-_BYTES_PER_PAIR_WORKING = 80
+#: bytes held a pair while a slice is matched (its output included), with one
+#: segment and with a delta beside it.  Measured as the resident high-water
+#: mark of a whole batch of 20 M pairs (tests/test_large_results.py's
+#: workload, 2026-11-30): one segment 17-20 (an index's int32 slab, then the
+#: two int64 columns written once), `scan` 27; with a delta 49-50 (each
+#: part's columns, their concatenation and the sort that merges them).  A
+#: slice set by the budget is then 2.5x wider than with the one figure of 80
+#: before (W4's, 97 K matches an event: 53-58 events, now about 170; no
+#: faster for it, within the noise of three runs each: BENCHMARKS.md).
+_BYTES_PER_PAIR_WORKING = {False: 32, True: 64}
 #: an event slice is at most this many times as wide as the one before it,
 #: however few matches the slices so far had (a slice's matches are only
 #: known once it is matched: this bounds how far a skewed batch overshoots)
@@ -822,7 +831,7 @@ class Index:
         bad = np.array([r.event for r in rejected], dtype=np.int64)
         explicit = max_pairs
         if max_pairs is None:
-            max_pairs = MATCH_MEMORY_BUDGET // _BYTES_PER_PAIR_WORKING
+            max_pairs = MATCH_MEMORY_BUDGET // _BYTES_PER_PAIR_WORKING[_merges_parts(state.matchers(self))]
         max_pairs = max(1, int(max_pairs))
         n_events = batch.n_events
         whole_if_small = explicit is None      # (a stream's max_pairs holds for small batches too)
@@ -1056,6 +1065,15 @@ class PinnedIndex:
                      id_column: str | None = None) -> Iterator[pa.RecordBatch]:
         """:meth:`Index.match_stream` against this state."""
         return self._index._match_stream(self._state, events, errors, max_pairs, id_column)
+
+
+def _merges_parts(matchers) -> bool:
+    """Whether a match merges the pairs of several parts (segments, or an
+    algorithm's indexed and residual subscriptions), which holds more
+    memory a pair than one part's answer (:data:`_BYTES_PER_PAIR_WORKING`)."""
+    parts = sum(2 if isinstance(m, residual_split.ResidualMatcher) and len(m.residual_pos) else 1
+                for _, _, m in matchers)
+    return parts > 1
 
 
 def _runs_of_events(event_idx: np.ndarray, max_pairs: int | None) -> Iterator[tuple[int, int]]:

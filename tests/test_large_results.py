@@ -81,6 +81,27 @@ def test_arrow_output_peak_is_within_twice_the_output(everyone_matches, small_bu
     assert within_bound(grown, output), f"peak {grown / 2**20:.0f} MiB for a {output / 2**20:.0f} MiB output"
 
 
+@pytest.mark.parametrize("algorithm", ["scan", "opindex", "psthash"])
+def test_one_part_takes_wider_slices_and_keeps_within_the_bound(algorithm, small_budget):
+    """A merged index without residual subscriptions holds fewer bytes a
+    pair than one merging parts (engine.index._BYTES_PER_PAIR_WORKING), so
+    the budget gives it wider slices -- and its peak stays within the same
+    bound.  A delta beside it brings the narrower slices back."""
+    index = Index(algorithm=algorithm, backend="cpu")
+    index.add_many(range(N_SUBS), ["n >= 0 AND (s IS NULL OR s != 'x')"] * N_SUBS)
+    index.merge()
+    events = pa.table({"n": pa.array(np.arange(N_EVENTS) % 7, pa.int64())})
+    index.match_batch(events.slice(0, 10))
+    table, grown = peak_growth(lambda: index.match_batch(events, output="arrow"))
+    assert table.num_rows == N_SUBS * N_EVENTS
+    assert within_bound(grown, table.nbytes), f"peak {grown / 2**20:.0f} MiB for {table.nbytes / 2**20:.0f} MiB"
+    one_part = max(width for width, _ in _slice_widths(index, events, None))
+    index.add_many([N_SUBS], ["n >= 0"])
+    with_delta = max(width for width, _ in _slice_widths(index, events, None))
+    budget_pairs = {parts: BUDGET // index_module._BYTES_PER_PAIR_WORKING[parts] for parts in (False, True)}
+    assert one_part == budget_pairs[False] // N_SUBS and with_delta == budget_pairs[True] // (N_SUBS + 1)
+
+
 def test_list_output_peak_is_within_twice_the_output(everyone_matches, small_budget):
     index, events = everyone_matches
     lists, grown = peak_growth(lambda: index.match_batch(events))
