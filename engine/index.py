@@ -56,6 +56,7 @@ from engine.index_file import check_saved_options, needed_depth, read_index_file
 from engine.schema import Schema
 from engine.snapshot import BUILD, MatcherSource, Snapshot
 from gpu_kernels import cuda_support, opcodes
+from gpu_kernels.compaction import merge_parts
 
 if TYPE_CHECKING:
     import pandas
@@ -89,12 +90,12 @@ MATCH_OUTPUTS = ("list", "arrow", "arrow_lists", "device")
 #: segment and with a delta beside it.  Measured as the resident high-water
 #: mark of a whole batch of 20 M pairs (tests/test_large_results.py's
 #: workload, 2026-11-30): one segment 17-20 (an index's int32 slab, then the
-#: two int64 columns written once), `scan` 27; with a delta 49-50 (each
-#: part's columns, their concatenation and the sort that merges them).  A
+#: two int64 columns written once), `scan` 27; with a delta 33 (each part's
+#: columns, their ids concatenated, the merged answer: merge_parts).  A
 #: slice set by the budget is then 2.5x wider than with the one figure of 80
 #: before (W4's, 97 K matches an event: 53-58 events, now about 170; no
 #: faster for it, within the noise of three runs each: BENCHMARKS.md).
-_BYTES_PER_PAIR_WORKING = {False: 32, True: 64}
+_BYTES_PER_PAIR_WORKING = {False: 32, True: 48}
 #: an event slice is at most this many times as wide as the one before it,
 #: however few matches the slices so far had (a slice's matches are only
 #: known once it is matched: this bounds how far a skewed batch overshoots)
@@ -921,6 +922,8 @@ class Index:
                 ids.append(xp.asarray(sub_ids))
             if len(matchers) == 1:
                 return events[0], ids[0]
+            if xp is np:                     # each part's pairs merged into the others' by event, every core
+                return merge_parts(events, ids, batch.n_events)
             event_idx, sub_ids = xp.concatenate(events), xp.concatenate(ids)
             order = xp.lexsort(xp.stack([sub_ids, event_idx]))
             return event_idx[order], sub_ids[order]

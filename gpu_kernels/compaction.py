@@ -282,6 +282,75 @@ pairs_from_runs, pairs_from_runs_serial = parallel_and_serial(pairs_from_runs_py
 PARALLEL_PAIRS = 1 << 16
 
 
+# ------------------------------------------- parts' pairs merged by event (cpu)
+def merge_part_runs_py(part_ids, part_off, dest, events_out, ids_out):
+    """The pairs of several parts (an index's segments; an algorithm's
+    indexed and residual subscriptions) as one answer ordered by event then
+    id, in one pass over the cores: part ``p``'s ids of event ``e`` are
+    ``part_ids[p][part_off[p, e]:part_off[p, e + 1]]`` (concatenated:
+    ``part_ids`` one array, ``part_off`` absolute), written to
+    ``[dest[e], ...)``.  Each part's run is merged into the runs before it
+    from the back, in place (a part's ids ascend within an event when its
+    positions are in id order; a run that does not is sorted instead).
+    Before: the parts concatenated and ``np.lexsort``-ed, 5x the time of a
+    W1 match with ten subscriptions in the delta."""
+    n_parts = part_off.shape[0]
+    for e in prange(len(dest)):
+        d = dest[e]
+        n = 0
+        ordered = True
+        for p in range(n_parts):
+            b0 = part_off[p, e]
+            b = part_off[p, e + 1] - b0
+            for j in range(1, b):
+                if part_ids[b0 + j] < part_ids[b0 + j - 1]:
+                    ordered = False
+            # merge from the back: out[d:d+n] (merged so far) with this run, into out[d:d+n+b]
+            i = n - 1
+            j = b - 1
+            k = n + b - 1
+            while j >= 0:
+                if i >= 0 and ids_out[d + i] > part_ids[b0 + j]:
+                    ids_out[d + k] = ids_out[d + i]
+                    i -= 1
+                else:
+                    ids_out[d + k] = part_ids[b0 + j]
+                    j -= 1
+                k -= 1
+            n += b
+        if not ordered:
+            ids_out[d:d + n] = np.sort(ids_out[d:d + n])
+        for k in range(n):
+            events_out[d + k] = e
+
+
+merge_part_runs, merge_part_runs_serial = parallel_and_serial(merge_part_runs_py, nogil=True)
+
+
+def merge_parts(events: list[np.ndarray], ids: list[np.ndarray], n_events: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(event, id) pairs of several parts, each ordered by event, as one
+    answer ordered by event then id (:func:`merge_part_runs`)."""
+    n = n_events if n_events is not None else max((int(e[-1]) + 1 for e in events if len(e)), default=0)
+    bounds = np.arange(n + 1, dtype=np.int64)
+    part_off = np.empty((len(events), n + 1), np.int64)
+    base = 0
+    for p, e in enumerate(events):
+        part_off[p] = base + np.searchsorted(e, bounds)
+        base += len(e)
+    counts = (part_off[:, 1:] - part_off[:, :-1]).sum(axis=0)
+    dest = np.zeros(n, np.int64)
+    if n > 1:
+        np.cumsum(counts[:-1], out=dest[1:])
+    total = base
+    events_out = np.empty(total, np.int64)
+    ids_out = np.empty(total, np.int64)
+    if total:
+        kernel = merge_part_runs if total >= PARALLEL_PAIRS else merge_part_runs_serial
+        kernel(np.concatenate([np.asarray(i, np.int64) for i in ids]), part_off, dest, events_out, ids_out)
+    return events_out, ids_out
+
+
 #: below this many cells a serial np.nonzero beats starting parallel threads
 PARALLEL_CELLS = 1 << 20
 

@@ -277,3 +277,31 @@ def test_runs_left_in_resumed_slabs_come_out_as_the_pairs(clusters, parallel_fro
     assert runs.n_matches == len(want)
     for empty in (Runs.empty(5), Runs.of_pairs(np.zeros(0, np.int64), np.zeros(0, np.int64), 5)):
         assert [len(a) for a in empty.pairs(ids)] == [0, 0]
+
+
+@pytest.mark.parametrize("parallel_from", [0, 1 << 40])
+def test_parts_merged_by_event_equal_a_lexsort(parallel_from, monkeypatch):
+    """Several parts' (event, id) pairs -- each ordered by event, ids in
+    order within an event or not (a delta's are in insertion order), parts
+    without pairs, events without any -- merged into one answer: equal to
+    concatenating and lexsorting them, over every core and on one thread."""
+    monkeypatch.setattr(compaction, "PARALLEL_PAIRS", parallel_from)
+    rng = np.random.default_rng(3)
+    n_events = 50
+    for n_parts in (2, 3):
+        for ordered in (True, False):
+            events, ids = [], []
+            for p in range(n_parts):
+                counts = rng.choice([0, 0, 1, 3, 60], size=n_events) if p != 1 else np.zeros(n_events, np.int64)
+                e = np.repeat(np.arange(n_events), counts)
+                i = np.concatenate([np.sort(rng.choice(10**6, size=c, replace=False)) for c in counts])
+                if not ordered and p == n_parts - 1:
+                    i = rng.permutation(i)        # (events stay ordered: only the ids within an event move)
+                    i = np.concatenate([np.asarray(i[e == k]) for k in range(n_events)])
+                events.append(e.astype(np.int64))
+                ids.append(i.astype(np.int64))
+            want_e, want_i = np.concatenate(events), np.concatenate(ids)
+            order = np.lexsort((want_i, want_e))
+            got_e, got_i = compaction.merge_parts(events, ids, n_events)
+            np.testing.assert_array_equal(got_e, want_e[order])
+            np.testing.assert_array_equal(got_i, want_i[order])

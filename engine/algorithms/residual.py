@@ -25,6 +25,7 @@ import numpy as np
 from engine.algorithms.base import Matcher
 from engine.compile import Segment
 from gpu_kernels import cuda_support
+from gpu_kernels.compaction import merge_parts
 
 #: the algorithm that matches residual subscriptions: it must index every expression (no limit check)
 RESIDUAL_ALGORITHM = "atree"
@@ -93,6 +94,8 @@ class ResidualMatcher(Matcher):
             return e1, s1
         if not len(e1):
             return e2, s2
+        if not on_device:
+            return merge_parts([e1, e2], [s1, s2], batch.n_events)
         events, subs = xp.concatenate((e1, e2)), xp.concatenate((s1, s2))
         order = xp.lexsort(xp.stack([subs, events]))
         return events[order], subs[order]
