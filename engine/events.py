@@ -623,6 +623,10 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
     lists = _ListCells()
     for rank, (name, column) in enumerate(columns):
         names.append(name)
+        if not pa.types.is_map(column.type):
+            attr = schema.attr_ids.get(name)
+            if attr is None or column.null_count == len(column):
+                continue                # unknown, or absent from every event (wide, sparse tables: most columns)
         column = _without_views(column)
         if pa.types.is_map(column.type):
             column = _with_valid_utf8(column, name, schema, refusals, rank)
@@ -644,11 +648,6 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
             size += len(rows)
             has_map = True
             continue
-        attr = schema.attr_ids.get(name)
-        if attr is None:
-            continue
-        if column.null_count == len(column):
-            continue                    # absent from every event (wide, sparse tables: most columns)
         column = _with_valid_utf8(column, name, schema, refusals, rank)
         family = schema.families[name]
         if family in ELEMENT_OF or _is_list_type(column.type):
