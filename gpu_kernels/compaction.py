@@ -1,5 +1,8 @@
 """Result compaction: a dense hit matrix (events × subscriptions of one
-chunk) -> (event index, subscription position) pairs, ascending in both.
+chunk) -> (event index, subscription position) pairs, ascending in both;
+on the host also the indexes' task slabs -> the answer's two columns
+(:func:`pairs_from_runs`), and several parts' answers -> one
+(:func:`merge_parts`).
 The hit matrix holds one byte per cell (``scan``), or one *bit* per cell
 in uint64 words (``opindex`` on cuda, whose threads set hits with an atomic
 OR: eight times less memory to clear and read per event, and duplicates --
@@ -327,11 +330,10 @@ def merge_part_runs_py(part_ids, part_off, dest, events_out, ids_out):
 merge_part_runs, merge_part_runs_serial = parallel_and_serial(merge_part_runs_py, nogil=True)
 
 
-def merge_parts(events: list[np.ndarray], ids: list[np.ndarray], n_events: int | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """(event, id) pairs of several parts, each ordered by event, as one
-    answer ordered by event then id (:func:`merge_part_runs`)."""
-    n = n_events if n_events is not None else max((int(e[-1]) + 1 for e in events if len(e)), default=0)
+def merge_parts(events: list[np.ndarray], ids: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(event, id) pairs of several parts, each ordered by event (events
+    below ``n``), as one answer ordered by event then id
+    (:func:`merge_part_runs`)."""
     bounds = np.arange(n + 1, dtype=np.int64)
     part_off = np.empty((len(events), n + 1), np.int64)
     base = 0
