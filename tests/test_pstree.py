@@ -823,12 +823,14 @@ def test_hash_table_sizes_and_its_int32_groups():
     assert K.lookup_groups(slot_group, keys, np.array([[9, 5], [5, 8], [-1, -1]], np.int64)).tolist() == [-1] * 3
 
 
-# ------------------------------------------------- PSTHash, 64 events a group
+# ------------------------------------------------- both PS-Trees, 64 events a group
+@pytest.mark.parametrize("algorithm", ["psthash", "pstbloom"])
 @pytest.mark.parametrize("n_events", [4, 63, 64, 65, 130, 300])
-def test_psthash_64_events_a_group_equal_one_event_at_a_time(n_events, monkeypatch):
-    """The batch kernel (gpu_kernels.pstree.cpu.psthash_lanes_task: a group's
-    units verified once for the events that probed them) against the
-    one-event kernel and scan: groups full and partial; DNF subscriptions
+def test_64_events_a_group_equal_one_event_at_a_time(algorithm, n_events, monkeypatch):
+    """The batch kernel (gpu_kernels.pstree.cpu.lanes_task: the units of a
+    group (PSTHash: of an N-dim space's key; PSTBloom: of a space's list)
+    verified once for the events that reached them) against each
+    PS-Tree's one-event kernel and scan: groups full and partial; DNF subscriptions
     (two units, one position); units with no indexable predicate (IS NULL,
     LIKE); absent attributes and unknown ones; removed subscriptions not
     yet merged; tasks resumed in the middle of a group.  And on a batch
@@ -852,7 +854,7 @@ def test_psthash_64_events_a_group_equal_one_event_at_a_time(n_events, monkeypat
         return match_in_tasks(n, counting, estimate, per_task)
 
     monkeypatch.setattr(pstree_module, "match_in_tasks", counted)
-    indexes = {lanes: built("psthash", subs, {"lanes": lanes}) for lanes in (64, 1)}
+    indexes = {lanes: built(algorithm, subs, {"lanes": lanes}) for lanes in (64, 1)}
     scan = built("scan", subs)
     for target in (*indexes.values(), scan):
         for i in range(0, len(subs), 7):
@@ -879,10 +881,12 @@ def test_psthash_64_events_a_group_equal_one_event_at_a_time(n_events, monkeypat
         stops_after_the_first_group(pstree_module, indexes[64], events, want, monkeypatch)
 
 
-def test_psthash_lanes_option_is_checked():
-    for bad in (0, 2, 32, 64.0, True):
+@pytest.mark.parametrize("options", [PSTHashOptions, PSTBloomOptions])
+def test_lanes_option_is_checked(options):
+    for bad in (0, 2, 32, 128, 64.0, True):
         with pytest.raises(ValueError, match="lanes must be 1 or 64"):
-            PSTHashOptions(lanes=bad)
+            options(lanes=bad)
+    assert options(lanes=1).lanes == 1 and options().lanes == 64
 
 
 def test_psthash_checks_are_made_by_the_first_batch_match_and_again_after_a_merge():

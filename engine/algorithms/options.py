@@ -299,6 +299,12 @@ class APCMOptions(Options):
         check_device_memory(self.device_memory)
 
 
+def _check_lanes(lanes) -> None:
+    """The cpu batch kernels' ``lanes``: 64 events a group (a word's bits) or 1, one at a time."""
+    if not _is_int(lanes) or lanes not in (1, 64):
+        raise ValueError(f"lanes must be 1 or 64, not {lanes!r}")
+
+
 def _check_event_batch(log) -> None:
     """PS-Tree's event log: an EventBatch (its values locate the leaves
     whose event counters rank predicates, §3.3), or None."""
@@ -316,6 +322,11 @@ class PSTBloomOptions(Options):
     bloom_hashes: int = option(3, doc="hash probes per unit in a Bloom signature (§5.1)")
     event_log: object = option(None, saved=False,
                                doc="an EventBatch: access predicates ranked by the logged events they cover (§3.3)")
+    lanes: int = option(64, backends=CPU, structural=False,
+                        doc="cpu matching: events verified together (64: a batch's events 64 at a time, each "
+                            "unit of a space's list read once for the events located in the space, "
+                            "gpu_kernels.pstree.cpu.lanes_task, no signature probed); 1: one event at a time, "
+                            "Algorithm 5 as the paper runs it")
     launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
     device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
 
@@ -324,6 +335,7 @@ class PSTBloomOptions(Options):
             value = getattr(self, name)
             if not _is_int(value) or not low <= value <= high:
                 raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
+        _check_lanes(self.lanes)
         _check_event_batch(self.event_log)
         check_launch(self.launch)
         check_device_memory(self.device_memory)
@@ -343,7 +355,7 @@ class PSTHashOptions(Options):
     lanes: int = option(64, backends=CPU, structural=False,
                         doc="cpu matching: events verified together (64: a batch's events 64 at a time, each "
                             "candidate unit read once for the events that probed it, gpu_kernels.pstree.cpu."
-                            "psthash_lanes_task); 1: one event at a time, Algorithm 7 as the paper runs it")
+                            "lanes_task); 1: one event at a time, Algorithm 7 as the paper runs it")
     launch: object = option(None, backends=CUDA, saved=False, doc="a gpu_kernels.cuda_support.LaunchConfig")
     device_memory: int | None = option(None, backends=CUDA, doc="bytes of device memory one match call may use")
 
@@ -352,8 +364,7 @@ class PSTHashOptions(Options):
             value = getattr(self, name)
             if not _is_int(value) or not low <= value <= high:
                 raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
-        if not _is_int(self.lanes) or self.lanes not in (1, 64):
-            raise ValueError(f"lanes must be 1 or 64, not {self.lanes!r}")
+        _check_lanes(self.lanes)
         _check_event_batch(self.event_log)
         check_launch(self.launch)
         check_device_memory(self.device_memory)
@@ -395,8 +406,7 @@ class ATreeOptions(Options):
         for name in ("sharing", "reorganize", "self_adjust", "binary", "zero_suppression", "on_demand"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, not {getattr(self, name)!r}")
-        if not _is_int(self.lanes) or self.lanes not in (1, 64):
-            raise ValueError(f"lanes must be 1 or 64, not {self.lanes!r}")
+        _check_lanes(self.lanes)
         if self.kernel not in ATREE_KERNELS:
             raise ValueError(f"kernel must be one of {', '.join(map(repr, ATREE_KERNELS))}, not {self.kernel!r}")
         check_launch(self.launch)

@@ -63,18 +63,21 @@ How the paper maps onto this module and :mod:`gpu_kernels.pstree.cpu`:
   its spaces and keys in ascending order, reads its candidates' units
   front to back; :meth:`_PSTreeMatcher.unit_structure` gives the
   structure in the units' own numbers, from which merges derive.
-* **64 events a group** (ours; ``lanes=64``, the default on cpu): a
-  batch's events are taken 64 at a time
-  (:func:`gpu_kernels.pstree.cpu.psthash_lanes_task`).  Each event probes
-  its keys as Algorithm 7 does, but a group it finds only gets the event's
-  bit; then the groups probed are read once, ascending, and each of their
-  units is verified once for the events that probed it, from its checks in
-  probe order (:class:`gpu_kernels.pstree.cpu.UnitChecks`: attribute and
+* **64 events a group** (ours; ``lanes=64``, the default on cpu, for
+  both): a batch's events are taken 64 at a time
+  (:func:`gpu_kernels.pstree.cpu.lanes_task`).  Each event probes its keys
+  as Algorithm 7 does (PSTHash) or reads its located spaces (PSTBloom),
+  but a group or list it finds only gets the event's bit; then the lists
+  reached are read once, ascending, and each of their units is verified
+  once for the events that reached it, from its checks in probe order
+  (:class:`gpu_kernels.pstree.cpu.UnitChecks`: attribute and
   :func:`~gpu_kernels.predicates.interval_form`, beside ``pids``; a
   comparison is two bounds, every other operator ``entry_truth``).  The
   same candidates, the same truth, each unit read once for up to 64 events
-  instead of once for each: 2.6x the one-event kernel on W2 at 1 M
-  (BENCHMARKS.md).  ``lanes=1`` keeps the paper's one event at a time.
+  instead of once for each: on W2 at 1 M, 2.6x the one-event kernel for
+  PSTHash and 2.7x for PSTBloom (BENCHMARKS.md).  PSTBloom's signatures
+  are not probed there: a lane's probe costs what its exact check does.
+  ``lanes=1`` keeps the paper's one event at a time.
 * **Units with no indexable predicate** (only LIKE, MATCHES, their
   negations, IS [NOT] NULL and list operators; or no predicate at all:
   constant TRUE) are candidates for every event (an *always* list): no
@@ -463,8 +466,10 @@ def _space_counts(s_first: np.ndarray, s_last: np.ndarray, weight: np.ndarray, n
 class _PSTreeMatcher(HostMatcher):
     """What PSTBloom and PSTHash share: units, PS-Trees, access predicates."""
 
-    #: the units' checks in probe order that a batch kernel reads (PSTHash's UnitChecks), once made
+    #: the units' checks in probe order that the batch kernel reads (UnitChecks), once made
     _checks: tuple = ()
+    #: events verified together on cpu (option ``lanes``: 64, or 1 for the paper's one at a time)
+    lanes: int = K.LANES
 
     @classmethod
     def construct(cls, segment: Segment, settings):
@@ -644,13 +649,39 @@ class _PSTreeMatcher(HostMatcher):
                                         *extra(ev_space))
         return launch
 
-    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray, per_task: int = 1) -> Runs:
+    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> Runs:
         if batch.n_events == 0 or len(self.segment) == 0:
             return Runs.empty(batch.n_events)
         launch = self._launcher(batch, np.ascontiguousarray(pattern_truth, np.uint8),
                                 np.ascontiguousarray(alive, np.uint8), np.zeros(0, np.int64))
-        runs, self._matches_per_event = match_in_tasks(batch.n_events, launch, self._matches_per_event, per_task)
+        # (64 events a group from one event on: one event alone went no slower that way, W2 at 300 K)
+        runs, self._matches_per_event = match_in_tasks(batch.n_events, launch, self._matches_per_event,
+                                                       K.LANES if self.lanes > 1 else 1)
         return runs
+
+    def unit_checks(self) -> K.UnitChecks:
+        """The checks the batch kernel reads, made at its first match: a cuda
+        matcher's host twin never runs it (W2 at 1 M: about 100 MB), nor
+        does ``lanes=1``.  (Two first matches at once may both make them:
+        the same arrays, one kept.)"""
+        if not self._checks:
+            self._checks = K.unit_checks(self._probe_units[2], self.units.rows)
+        return self._checks
+
+    def _lanes_launcher(self, batch, pattern_truth, alive, lists, access, by_key, table):
+        """The batch kernel (:func:`gpu_kernels.pstree.cpu.lanes_task`) over
+        ``lists`` (``(offsets, units)`` in probe order) and the units'
+        ``access`` predicates, a column each."""
+        max_event = int(np.diff(batch.offsets).max(initial=0))
+        list_truth = list_truth_of(batch)
+        sub, offsets, pids = self._probe_units
+        s = self.structure
+
+        def extra(ev_space):
+            return (max_event, batch.offsets, batch.attr, batch.value, batch.token, ev_space, pattern_truth,
+                    list_truth, sub, offsets, pids, self.units.rows, self.unit_checks(), *lists, access, s.always,
+                    by_key, table, alive)
+        return self._launch(batch, K.lanes_kernel, K.lanes_serial, extra)
 
     def candidate_statistics(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> dict:
         """Counters of one serial match of ``batch`` (see the kernels'
@@ -697,7 +728,7 @@ class _PSTreeMatcher(HostMatcher):
         self.probe_order = order
         self._by_unit = {name: getattr(by_unit, name) for name in ("access", *self._UNIT_FIELDS)}
         self._probe_units = (units.sub[order], offsets, pids)
-        self._checks = ()          # (made again from these at the first batch match: PSTHashMatcher.unit_checks)
+        self._checks = ()          # (made again from these at the first batch match: unit_checks)
         self.structure = by_unit._replace(units=K.renumber(by_unit.units, rank), access=access,
                                           always=rank[by_unit.always].astype(np.int32),
                                           **{name: getattr(by_unit, name)[order] for name in self._UNIT_FIELDS})
@@ -731,11 +762,13 @@ class PSTBloomMatcher(_PSTreeMatcher):
     _UNIT_FIELDS = ("key",)
 
     def __init__(self, segment: Segment, backend: str = "cpu", *, schema=None, dnf_limit: int = DEFAULT_LIMIT,
-                 bloom_bits: int = 8, bloom_hashes: int = 3, event_log=None):
+                 bloom_bits: int = 8, bloom_hashes: int = 3, event_log=None, lanes: int = K.LANES):
         if backend != "cpu":
             raise ValueError(f"PSTBloomMatcher runs on backend 'cpu', not {backend!r}")
         from engine.algorithms.options import PSTBloomOptions
-        PSTBloomOptions(bloom_bits=bloom_bits, bloom_hashes=bloom_hashes, event_log=event_log)   # the checks
+        PSTBloomOptions(bloom_bits=bloom_bits, bloom_hashes=bloom_hashes, event_log=event_log,
+                        lanes=lanes)   # the checks
+        self.lanes = int(lanes)
         self.segment = segment
         self.schema = schema
         self.bloom_bits, self.bloom_hashes = int(bloom_bits), int(bloom_hashes)
@@ -854,6 +887,10 @@ class PSTBloomMatcher(_PSTreeMatcher):
         return np.where(acc >= 0, self._pids[np.maximum(acc, 0)], -1)
 
     def _launcher(self, batch, pattern_truth, alive, stats):
+        if len(stats) == 0 and self.lanes > 1:      # (the counters: one event at a time)
+            s = self.structure
+            return self._lanes_launcher(batch, pattern_truth, alive, (s.list_off, s.units), s.access[:, None],
+                                        False, K.no_hash_table())
         list_truth = list_truth_of(batch)
 
         def extra(ev_space):
@@ -1011,28 +1048,12 @@ class PSTHashMatcher(_PSTreeMatcher):
         acc = self._by_unit["access"]
         return np.where(acc >= 0, self._pids[np.maximum(acc, 0)], -1)
 
-    def unit_checks(self) -> K.UnitChecks:
-        """The checks the batch kernel reads, made at its first match: a cuda
-        matcher's host twin never runs it (W2 at 1 M: about 100 MB), nor
-        does ``lanes=1``.  (Two first matches at once may both make them:
-        the same arrays, one kept.)"""
-        if not self._checks:
-            self._checks = K.unit_checks(self._probe_units[2], self.units.rows)
-        return self._checks
-
-    def runs(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> Runs:
-        # (64 events a group from one event on: one event alone went no slower that way, W2 at 300 K)
-        return super().runs(batch, pattern_truth, alive, per_task=K.LANES if self.lanes > 1 else 1)
-
     def _launcher(self, batch, pattern_truth, alive, stats):
+        if len(stats) == 0 and self.lanes > 1:      # (the counters: one event at a time)
+            s = self.structure
+            return self._lanes_launcher(batch, pattern_truth, alive, (s.group_off, s.units), s.access, True, s)
         max_event = int(np.diff(batch.offsets).max(initial=0))
         list_truth = list_truth_of(batch)
-        if len(stats) == 0 and self.lanes > 1:      # (the counters: one event at a time)
-            def lanes(ev_space):
-                sub, offsets, pids = self._probe_units
-                return (max_event, batch.offsets, batch.attr, batch.value, batch.token, ev_space, pattern_truth,
-                        list_truth, sub, offsets, pids, self.units.rows, self.unit_checks(), self.structure, alive)
-            return self._launch(batch, K.psthash_lanes_kernel, K.psthash_lanes_serial, lanes)
 
         def extra(ev_space):
             return (max_event, batch.offsets, batch.attr, batch.value, batch.token, ev_space, pattern_truth,

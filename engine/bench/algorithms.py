@@ -49,8 +49,9 @@ VARIANTS = {
     "atree-nopod": ("atree", {"on_demand": False}),
     "atree-noopt": ("atree", {"zero_suppression": False, "on_demand": False}),
     "atree-perevent": ("atree", {"lanes": 1}),
-    # PSTHash (PS-Tree §6) as the paper runs it, beside the default 64 events a group
+    # PSTHash (PS-Tree §6) and PSTBloom (§5) as the paper runs them, beside the default 64 events a group
     "psthash-perevent": ("psthash", {"lanes": 1}),
+    "pstbloom-perevent": ("pstbloom", {"lanes": 1}),
 }
 #: what each variant is, for ``bexmatch bench --help``
 VARIANT_TITLES = {
@@ -74,6 +75,8 @@ VARIANT_TITLES = {
     "atree-noopt": "A-Tree Fig. 10: neither matching optimisation",
     "atree-perevent": "A-Tree one event at a time (Algorithm 6 as the paper runs it), not 64 events a node word",
     "psthash-perevent": "PSTHash one event at a time (Algorithm 7 as the paper runs it), not 64 events a group",
+    "pstbloom-perevent": "PSTBloom one event at a time, its signatures probed (Algorithm 5 as the paper runs it), "
+                         "not 64 events a group",
 }
 #: an option value chosen per workload from its generating parameters
 AUTO = "auto"

@@ -798,7 +798,7 @@ psthash_kernel, psthash_serial = parallel_and_serial(psthash_kernel_py, nogil=Tr
 
 
 
-# ------------------------------------------------- PSTHash, 64 events a group
+# ------------------------------------------------- both PS-Trees, 64 events a group
 #: events a group: the bits of a word
 LANES = 64
 
@@ -831,25 +831,32 @@ def _mark(pos, lanes, pos_t, pos_words):
 
 
 @njit(nogil=True)
-def psthash_lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
-                       pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks, table, alive, lane_pos,
-                       lane_val, lane_present, loc, idx, key, group_lanes, group_marks, pos_t, pos_words, blocks,
-                       found, cursor, result):
-    """Algorithm 7 for events ``[e_first, e_last)`` in groups of
-    :data:`LANES`, verification turned around (``result``: as
-    :func:`psthash_task`'s).  Each event of a group probes its keys as
-    there, but a group found only gets the event's bit (``group_lanes``,
-    ``group_marks``); then the groups probed are read in ascending order --
-    their units front to back, as the probe order lays them out -- and each
-    unit verified once for the lanes that probed it, against the group's
-    values (``lane_val``).  A unit's checks are read once for up to 64
-    events, where one event at a time read them for each: W2 at 1 M meets
-    23 K candidates an event, random reads one at a time, a few hundred
-    nanoseconds each (BENCHMARKS.md).  An access predicate is decided by
-    its space as in :func:`psthash_task`, but for a lane whose event holds
-    a NaN: such a group evaluates them too."""
+def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
+               pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks, list_off, list_units, access, always,
+               by_key, table, alive, lane_pos, lane_val, lane_present, loc, idx, key, group_lanes, group_marks, pos_t,
+               pos_words, blocks, found, cursor, result):
+    """Events ``[e_first, e_last)`` in groups of :data:`LANES`,
+    verification turned around (``result``: as :func:`psthash_task`'s), for
+    both PS-Trees: a *list* is PSTHash's group of an N-dim space (``by_key``:
+    the event probes its keys in ``table`` as Algorithm 7 does) or
+    PSTBloom's list of a predicate space (the event's located spaces, as
+    Algorithm 5 reads them); ``list_off``/``list_units`` their CSR,
+    ``access`` a unit's access predicates (positions in ``pids``, a column
+    each).  A list an event reaches only gets the event's bit
+    (``group_lanes``, ``group_marks``); then the lists reached are read in
+    ascending order -- their units front to back, as the probe order lays
+    them out -- and each unit verified once for the lanes that reached it,
+    against the group's values (``lane_val``).  A unit's checks are read
+    once for up to 64 events, where one event at a time read them for each:
+    W2 at 1 M meets 23 K candidates an event, random reads one at a time, a
+    few hundred nanoseconds each (BENCHMARKS.md).  An access predicate is
+    decided by its space as in :func:`psthash_task`, but for a lane whose
+    event holds a NaN: such a group evaluates them too.  (PSTBloom's
+    signatures are not probed here: a lane's signature probe costs what the
+    exact check of the lane it might save does.)"""
     n_attrs = len(lane_present)
     width = table.group_key.shape[1]
+    n_access = access.shape[1]
     check_attr, check_kind, check_bounds = checks
     used = 0
     limit = base + cap
@@ -873,6 +880,16 @@ def psthash_lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev
                 if ev_space[at] >= 0:
                     loc[k] = ev_space[at]
                     k += 1
+            if not by_key:                  # PSTBloom: the lists of the located spaces
+                for q in range(k):
+                    grp = loc[q]
+                    mark = ONE << np.uint64(grp & 63)
+                    if group_marks[grp >> 6] & mark:
+                        group_lanes[grp] |= bit
+                    else:
+                        group_marks[grp >> 6] |= mark
+                        group_lanes[grp] = bit
+                continue
             for r in range(1, width + 1):
                 if table.arities[r] == 0 or r > k:
                     continue
@@ -890,8 +907,8 @@ def psthash_lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev
                             group_lanes[grp] = bit
                     if not next_combination(idx, r, k):
                         break
-        # the groups probed, ascending, then the always list as one more: each unit
-        # verified once for the lanes that probed it, its checks read front to back.
+        # the lists reached, ascending, then the always list as one more: each unit
+        # verified once for the lanes that reached it, its checks read front to back.
         # (Written out here, once: the same loop as an inline="always" function ran
         # 1.7-2x slower on W2 at 1 M -- numba inlines at its IR level, measured.)
         n_marks = len(group_marks)
@@ -905,16 +922,16 @@ def psthash_lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev
                 if w < n_marks:
                     grp = (w << 6) + ctz(low)
                     probed = group_lanes[grp]
-                    units, i0, i1 = table.units, table.group_off[grp], table.group_off[grp + 1]
+                    units, i0, i1 = list_units, list_off[grp], list_off[grp + 1]
                 else:
                     probed = lanes
-                    units, i0, i1 = table.always, 0, len(table.always)
+                    units, i0, i1 = always, 0, len(always)
                 for i in range(i0, i1):
                     u = units[i]
                     skip0 = skip1 = -1          # access predicates: decided by their space, but on a NaN
                     if w < n_marks and (probed & nan_lanes) == ZERO:
-                        skip0 = table.access[u, 0]
-                        skip1 = table.access[u, 1] if width > 1 else -1
+                        skip0 = access[u, 0]
+                        skip1 = access[u, 1] if n_access > 1 else -1
                     m = probed
                     for j in range(unit_off[u], unit_off[u + 1]):
                         if j == skip0 or j == skip1:
@@ -960,14 +977,14 @@ def psthash_lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev
             return
 
 
-def psthash_lanes_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
-                            max_event, ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, list_truth,
-                            unit_sub, unit_off, pids, rows, checks, table, alive):
+def lanes_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
+                    max_event, ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, list_truth,
+                    unit_sub, unit_off, pids, rows, checks, list_off, list_units, access, always, by_key, table, alive):
     """Tasks of events over all cores, each with its scratch: the lanes'
-    values, the groups' lane words and marks, the positions' words and
+    values, the lists' lane words and marks, the positions' words and
     their blocks transposed (only the marks and the positions' words need
     zeros: the rest is written before it is read)."""
-    n_groups = len(table.group_off) - 1
+    n_lists = len(list_off) - 1
     width = table.group_key.shape[1]
     for t in prange(len(task_first)):
         lane_pos = np.empty((max(n_attrs, 1), LANES), np.int64)
@@ -976,19 +993,27 @@ def psthash_lanes_kernel_py(task_first, task_last, out, cap, ev_count, task_stop
         loc = np.empty(max(max_event, 1), np.int64)
         idx = np.empty(width, np.int64)
         key = np.empty((1, width), np.int64)
-        group_lanes = np.empty(max(n_groups, 1), np.uint64)
-        group_marks = np.zeros(max((n_groups + 63) >> 6, 1), np.uint64)
+        group_lanes = np.empty(max(n_lists, 1), np.uint64)
+        group_marks = np.zeros(max((n_lists + 63) >> 6, 1), np.uint64)
         pos_t, pos_words, blocks, found, cursor = group_scratch(n_positions)
         result = np.empty(2, np.int64)
-        psthash_lanes_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value,
-                           ev_token, ev_space, pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks,
-                           table, alive, lane_pos, lane_val, lane_present, loc, idx, key, group_lanes, group_marks,
-                           pos_t, pos_words, blocks, found, cursor, result)
+        lanes_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
+                   ev_space, pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks, list_off, list_units,
+                   access, always, by_key, table, alive, lane_pos, lane_val, lane_present, loc, idx, key,
+                   group_lanes, group_marks, pos_t, pos_words, blocks, found, cursor, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
 
 
-psthash_lanes_kernel, psthash_lanes_serial = parallel_and_serial(psthash_lanes_kernel_py, nogil=True)
+lanes_kernel, lanes_serial = parallel_and_serial(lanes_kernel_py, nogil=True)
+
+
+def no_hash_table() -> HashArrays:
+    """The ``table`` argument of :func:`lanes_task` for PSTBloom (``by_key``
+    False: never read, but typed like PSTHash's, so the one kernel serves both)."""
+    return HashArrays(np.zeros(1, np.int32), np.zeros((1, 1), np.int64), np.zeros(2, np.int64), np.zeros(1, np.int32),
+                      np.zeros((1, 1), np.int64), np.zeros(2, np.uint8), np.zeros(1, np.int32))
+
 
 # ------------------------------------------------- dynamic adjustment (§4.4)
 @njit(inline="always", nogil=True)
