@@ -665,13 +665,12 @@ class _PSTreeMatcher(HostMatcher):
         does ``lanes=1``.  (Two first matches at once may both make them:
         the same arrays, one kept.)"""
         if not self._checks:
-            self._checks = K.unit_checks(self._probe_units[2], self.units.rows)
+            self._checks = K.unit_checks(self._probe_units[2], self.units.rows, self.structure.access)
         return self._checks
 
-    def _lanes_launcher(self, batch, pattern_truth, alive, lists, access, by_key, table):
+    def _lanes_launcher(self, batch, pattern_truth, alive, lists, by_key, table):
         """The batch kernel (:func:`gpu_kernels.pstree.cpu.lanes_task`) over
-        ``lists`` (``(offsets, units)`` in probe order) and the units'
-        ``access`` predicates, a column each."""
+        ``lists`` (``(offsets, units)`` in probe order)."""
         max_event = int(np.diff(batch.offsets).max(initial=0))
         list_truth = list_truth_of(batch)
         sub, offsets, pids = self._probe_units
@@ -679,8 +678,8 @@ class _PSTreeMatcher(HostMatcher):
 
         def extra(ev_space):
             return (max_event, batch.offsets, batch.attr, batch.value, batch.token, ev_space, pattern_truth,
-                    list_truth, sub, offsets, pids, self.units.rows, self.unit_checks(), *lists, access, s.always,
-                    by_key, table, alive)
+                    list_truth, sub, offsets, pids, self.units.rows, self.unit_checks(), *lists, s.always, by_key,
+                    table, alive)
         return self._launch(batch, K.lanes_kernel, K.lanes_serial, extra)
 
     def candidate_statistics(self, batch, pattern_truth: np.ndarray, alive: np.ndarray) -> dict:
@@ -889,8 +888,7 @@ class PSTBloomMatcher(_PSTreeMatcher):
     def _launcher(self, batch, pattern_truth, alive, stats):
         if len(stats) == 0 and self.lanes > 1:      # (the counters: one event at a time)
             s = self.structure
-            return self._lanes_launcher(batch, pattern_truth, alive, (s.list_off, s.units), s.access[:, None],
-                                        False, K.no_hash_table())
+            return self._lanes_launcher(batch, pattern_truth, alive, (s.list_off, s.units), False, K.no_hash_table())
         list_truth = list_truth_of(batch)
 
         def extra(ev_space):
@@ -1051,7 +1049,7 @@ class PSTHashMatcher(_PSTreeMatcher):
     def _launcher(self, batch, pattern_truth, alive, stats):
         if len(stats) == 0 and self.lanes > 1:      # (the counters: one event at a time)
             s = self.structure
-            return self._lanes_launcher(batch, pattern_truth, alive, (s.group_off, s.units), s.access, True, s)
+            return self._lanes_launcher(batch, pattern_truth, alive, (s.group_off, s.units), True, s)
         max_event = int(np.diff(batch.offsets).max(initial=0))
         list_truth = list_truth_of(batch)
 

@@ -801,24 +801,41 @@ psthash_kernel, psthash_serial = parallel_and_serial(psthash_kernel_py, nogil=Tr
 # ------------------------------------------------- both PS-Trees, 64 events a group
 #: events a group: the bits of a word
 LANES = 64
+#: added to a check's kind where it is its unit's access predicate: decided by the list's space (but on a NaN)
+ACCESS = 8
 
 
 class UnitChecks(NamedTuple):
     """Each unit predicate's check at its place in the probe-order ``pids``:
     the predicate's attribute and its
-    :func:`~gpu_kernels.predicates.interval_form` (kind, bounds).  A unit's
-    checks are read front to back, with no read of the predicate rows but
-    for EVALUATED predicates."""
+    :func:`~gpu_kernels.predicates.interval_form` (kind, bounds), the kind
+    plus :data:`ACCESS` for the unit's access predicates.  A unit's checks
+    are read front to back, with no read of the predicate rows but for
+    EVALUATED predicates, nor of the unit's access predicates (a random
+    read a candidate: 5-9 % of PSTHash's batch kernel on W2 at 1 M)."""
 
     attr: np.ndarray     # int32
     kind: np.ndarray     # int8
     bounds: np.ndarray   # float64 [n, 2]
 
 
-def unit_checks(pids: np.ndarray, rows) -> UnitChecks:
-    """The checks of the predicates ``pids`` (rows of ``rows``), in that order."""
+def unit_checks(pids: np.ndarray, rows, access: np.ndarray) -> UnitChecks:
+    """The checks of the predicates ``pids`` (rows of ``rows``), in that
+    order; ``access``: the places of access predicates (-1: none)."""
     kind, bounds = interval_form(rows.op, rows.lo, rows.hi)
-    return UnitChecks(rows.attr[pids], kind[pids], bounds[pids])
+    kind = kind[pids]
+    kind[access[access >= 0]] += ACCESS
+    return UnitChecks(rows.attr[pids], kind, bounds[pids])
+
+
+@njit(inline="always", nogil=True)
+def _compared(kind, x, lo, hi):
+    """The truth of a comparison check (kind INSIDE, OUTSIDE or NOT_INSIDE) on a present value ``x``."""
+    if kind == INSIDE:
+        return lo <= x and x <= hi
+    if kind == OUTSIDE:
+        return x < lo or x > hi
+    return not (lo <= x and x <= hi)
 
 
 @njit(inline="always", nogil=True)
@@ -832,31 +849,31 @@ def _mark(pos, lanes, pos_t, pos_words):
 
 @njit(nogil=True)
 def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
-               pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks, list_off, list_units, access, always,
-               by_key, table, alive, lane_pos, lane_val, lane_present, loc, idx, key, group_lanes, group_marks, pos_t,
+               pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks, list_off, list_units, always, by_key,
+               table, alive, lane_pos, lane_val, lane_present, loc, idx, key, group_lanes, group_marks, pos_t,
                pos_words, blocks, found, cursor, result):
     """Events ``[e_first, e_last)`` in groups of :data:`LANES`,
     verification turned around (``result``: as :func:`psthash_task`'s), for
     both PS-Trees: a *list* is PSTHash's group of an N-dim space (``by_key``:
     the event probes its keys in ``table`` as Algorithm 7 does) or
     PSTBloom's list of a predicate space (the event's located spaces, as
-    Algorithm 5 reads them); ``list_off``/``list_units`` their CSR,
-    ``access`` a unit's access predicates (positions in ``pids``, a column
-    each).  A list an event reaches only gets the event's bit
+    Algorithm 5 reads them); ``list_off``/``list_units`` their CSR.  A list
+    an event reaches only gets the event's bit
     (``group_lanes``, ``group_marks``); then the lists reached are read in
     ascending order -- their units front to back, as the probe order lays
     them out -- and each unit verified once for the lanes that reached it,
     against the group's values (``lane_val``).  A unit's checks are read
     once for up to 64 events, where one event at a time read them for each:
     W2 at 1 M meets 23 K candidates an event, random reads one at a time, a
-    few hundred nanoseconds each (BENCHMARKS.md).  An access predicate is
+    few hundred nanoseconds each (BENCHMARKS.md).  A unit reached by one
+    lane (most: 1.1 lanes a unit read on W2) is checked without the loop
+    over lanes.  An access predicate (:data:`ACCESS` in its check) is
     decided by its space as in :func:`psthash_task`, but for a lane whose
     event holds a NaN: such a group evaluates them too.  (PSTBloom's
     signatures are not probed here: a lane's signature probe costs what the
     exact check of the lane it might save does.)"""
     n_attrs = len(lane_present)
     width = table.group_key.shape[1]
-    n_access = access.shape[1]
     check_attr, check_kind, check_bounds = checks
     used = 0
     limit = base + cap
@@ -928,16 +945,38 @@ def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     units, i0, i1 = always, 0, len(always)
                 for i in range(i0, i1):
                     u = units[i]
-                    skip0 = skip1 = -1          # access predicates: decided by their space, but on a NaN
-                    if w < n_marks and (probed & nan_lanes) == ZERO:
-                        skip0 = access[u, 0]
-                        skip1 = access[u, 1] if n_access > 1 else -1
+                    decided = w < n_marks and (probed & nan_lanes) == ZERO   # the access predicates, by the space
                     m = probed
+                    if (m & (m - ONE)) == ZERO:         # one lane: no loop over lanes
+                        lane = ctz(m)
+                        for j in range(unit_off[u], unit_off[u + 1]):
+                            a = check_attr[j]
+                            kind = check_kind[j]
+                            if kind >= ACCESS:
+                                if decided:
+                                    continue
+                                kind -= ACCESS
+                            here = a < n_attrs and (lane_present[a] & m) != ZERO    # absent: NULL, not TRUE
+                            if kind == EVALUATED:
+                                true = entry_truth(pids[j], lane_pos[a, lane] if here else -1, ev_value, ev_token,
+                                                   rows.op, rows.lo, rows.hi, rows.set_offsets, rows.set_values,
+                                                   rows.aux, pattern_truth, list_truth) == TRUE
+                            else:
+                                true = here and _compared(kind, lane_val[a, lane], check_bounds[j, 0],
+                                                          check_bounds[j, 1])
+                            if not true:
+                                m = ZERO
+                                break
+                        if m != ZERO and alive[unit_sub[u]] != 0:
+                            _mark(unit_sub[u], m, pos_t, pos_words)
+                        continue
                     for j in range(unit_off[u], unit_off[u + 1]):
-                        if j == skip0 or j == skip1:
-                            continue
                         a = check_attr[j]
                         kind = check_kind[j]
+                        if kind >= ACCESS:
+                            if decided:
+                                continue
+                            kind -= ACCESS
                         here = lane_present[a] if a < n_attrs else ZERO     # absent: NULL, not TRUE
                         t = ZERO
                         lanes_left = m & here if kind != EVALUATED else m
@@ -952,16 +991,7 @@ def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                                                list_truth) == TRUE:
                                     t |= bit
                                 continue
-                            x = lane_val[a, lane]
-                            lo = check_bounds[j, 0]
-                            hi = check_bounds[j, 1]
-                            if kind == INSIDE:
-                                if lo <= x and x <= hi:
-                                    t |= bit
-                            elif kind == OUTSIDE:
-                                if x < lo or x > hi:
-                                    t |= bit
-                            elif not (lo <= x and x <= hi):
+                            if _compared(kind, lane_val[a, lane], check_bounds[j, 0], check_bounds[j, 1]):
                                 t |= bit
                         m = t
                         if m == ZERO:
@@ -979,7 +1009,7 @@ def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
 
 def lanes_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
                     max_event, ev_offsets, ev_attr, ev_value, ev_token, ev_space, pattern_truth, list_truth,
-                    unit_sub, unit_off, pids, rows, checks, list_off, list_units, access, always, by_key, table, alive):
+                    unit_sub, unit_off, pids, rows, checks, list_off, list_units, always, by_key, table, alive):
     """Tasks of events over all cores, each with its scratch: the lanes'
     values, the lists' lane words and marks, the positions' words and
     their blocks transposed (only the marks and the positions' words need
@@ -999,7 +1029,7 @@ def lanes_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_n
         result = np.empty(2, np.int64)
         lanes_task(task_first[t], task_last[t], out, t * cap, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token,
                    ev_space, pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks, list_off, list_units,
-                   access, always, by_key, table, alive, lane_pos, lane_val, lane_present, loc, idx, key,
+                   always, by_key, table, alive, lane_pos, lane_val, lane_present, loc, idx, key,
                    group_lanes, group_marks, pos_t, pos_words, blocks, found, cursor, result)
         task_stop[t] = result[0]
         task_need[t] = result[1]
