@@ -388,6 +388,67 @@ def test_signatures_hold_every_unit_their_predicates_cover_and_drop_candidates()
     assert answers(index, w.events) == scan_answers(w.subscriptions, w.events)
 
 
+@pytest.mark.parametrize("n_bins", [1, 2, 5])
+def test_signatures_are_exactly_their_units_bits_however_the_attributes_are_binned(n_bins):
+    """build_pstbloom's space-by-space sweep against the definition: each
+    space's list is the units whose access predicate covers it, ascending;
+    its signature the smallest power of two of words holding ``bits`` bits a
+    unit inserted, with exactly the bits of the units whose other
+    indexable predicates cover it (ranges of one unit across several
+    spaces, several ranges of one predicate: !=, NOT IN).  Zipf-skewed
+    attributes, in 1, 2 and 5 bins of the cores."""
+    w = begen(1200, 40, dims=20, cardinality=30, op_class="med", match_prob=0.03, seed=5, zipf=1.5)
+    index = Index(algorithm="pstbloom", options={"bloom_bits": 6, "bloom_hashes": 3})
+    index.add_many(w.subscriptions)
+    index.add_many([10_000, 10_001], ["a0 != 3 AND a1 NOT IN (2, 9, 20)", "a1 != 4 AND a0 NOT IN (1, 2)"])
+    index.merge()
+    m = matcher_of(index)
+    from engine.algorithms.pstree import predicate_spaces
+    _, (cov_off, cov_first, cov_last), _ = predicate_spaces(m.units.rows, m.indexable, m.indexable, m.n_attrs)
+    access = m._by_unit["access"]
+    offsets = m.units.offsets
+    unit_of = np.repeat(np.arange(len(m.units), dtype=np.int64), np.diff(offsets))
+    n_spaces = int(m.spaces.space_off[-1])
+    listed = [[] for _ in range(n_spaces)]
+    inserted = [[] for _ in range(n_spaces)]
+    for j, r in enumerate(m._pids):
+        if not m.indexable[r]:
+            continue
+        u = int(unit_of[j])
+        for c in range(cov_off[r], cov_off[r + 1]):
+            for g in range(cov_first[c], cov_last[c] + 1):
+                (listed if j == access[u] else inserted)[g].append(u)
+    per_attr = np.bincount(np.searchsorted(m.spaces.space_off, np.arange(n_spaces), "right") - 1,
+                           weights=[len(x) for x in inserted])
+    assert per_attr.sum() > 2000 and per_attr.max() > 3 * per_attr.min() > 0      # skewed, every attribute used
+    list_off, units, sig_off, sig = K.build_pstbloom(
+        unit_of, m._pids, access[:, None], m.indexable.astype(np.uint8), cov_off, cov_first, cov_last,
+        m.spaces.space_off, 6, 3, n_bins)
+    for g in range(n_spaces):
+        assert units[list_off[g]:list_off[g + 1]].tolist() == listed[g]
+        words = 0 if not inserted[g] else 1 << max(0, int(np.ceil(np.log2(len(inserted[g]) * 6 / 64))))
+        want = np.zeros(words, np.uint64)
+        with np.errstate(over="ignore"):                    # (the hashes wrap modulo 2**64, as in the kernels)
+            for u in inserted[g]:
+                h1, h2 = K.bloom_key_py(u)
+                for h in range(3):
+                    bit = int((h1 + np.uint64(h) * h2) & np.uint64(words * 64 - 1))
+                    want[bit >> 6] |= np.uint64(1) << np.uint64(bit & 63)
+        assert np.array_equal(sig[sig_off[g]:sig_off[g + 1]], want), g
+
+
+def test_balanced_bins_hold_each_item_once_and_the_heaviest_bin_within_one_item_of_the_mean():
+    rng = np.random.default_rng(0)
+    work = (1e6 / np.arange(1, 123) ** 1.2).astype(np.int64)[rng.permutation(122)]
+    for n_bins in (1, 2, 3, 8):
+        bin_off, items = K.balanced_bins(work, n_bins)
+        assert sorted(items.tolist()) == list(range(len(work))) and len(bin_off) == n_bins + 1
+        loads = [work[items[bin_off[b]:bin_off[b + 1]]].sum() for b in range(n_bins)]
+        assert max(loads) <= work.sum() / n_bins + work.max()
+    assert max(work[items[bin_off[b]:bin_off[b + 1]]].sum() for b in range(2) for bin_off, items in
+               [K.balanced_bins(work, 2)]) < 0.55 * work.sum()
+
+
 # ------------------------------------------------------------- no access predicate
 @pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
 def test_units_without_an_indexable_predicate_are_still_matched(algorithm):

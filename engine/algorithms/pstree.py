@@ -133,6 +133,7 @@ from __future__ import annotations
 
 import copy
 
+import numba
 import numpy as np
 
 from engine.algorithms.base import HostMatcher, list_truth_of
@@ -778,15 +779,9 @@ class PSTBloomMatcher(_PSTreeMatcher):
         self.spaces, (cov_off, cov_first, cov_last), _ = self._full
         self.defining = self.indexable            # the rows that cut the PS-Trees: every indexable one
         unit_of = np.repeat(np.arange(len(units), dtype=np.int64), np.diff(units.offsets))
-        pred_attr = units.rows.attr[self._pids]
-        by_attr = np.argsort(pred_attr, kind="stable").astype(np.int64)
-        sorted_attr = pred_attr[by_attr]
-        # each attribute's run of by_attr (its spaces are its own: the build goes over the cores by attribute)
-        attr_start = np.concatenate(([0], np.flatnonzero(sorted_attr[1:] != sorted_attr[:-1]) + 1,
-                                     [len(by_attr)])).astype(np.int64) if len(by_attr) else np.zeros(1, np.int64)
         list_off, list_units, sig_off, sig = K.build_pstbloom(
-            unit_of, by_attr, attr_start, self._pids, acc, self.indexable.astype(np.uint8), cov_off, cov_first, cov_last,
-            int(self.spaces.space_off[-1]), self.bloom_bits, self.bloom_hashes)
+            unit_of, self._pids, acc, self.indexable.astype(np.uint8), cov_off, cov_first, cov_last,
+            self.spaces.space_off, self.bloom_bits, self.bloom_hashes, numba.get_num_threads())
         self._lay_out(K.BloomArrays(list_off, list_units, sig_off, sig, acc[:, 0].copy(),
                                     np.flatnonzero(arity == 0).astype(np.int32), self.indexable.astype(np.uint8),
                                     np.arange(len(units), dtype=np.int64)))
