@@ -612,6 +612,7 @@ def check_structure(m) -> None:
         occupied = np.flatnonzero(s.slot_group >= 0)
         n_groups = len(s.group_off) - 1
         assert len(occupied) == n_groups == len(s.group_key) and s.slot_group.dtype == np.int32
+        assert s.group_key.dtype == s.group_off.dtype == np.int32           # narrowed, built or derived
         assert sorted(s.slot_group[occupied]) == list(range(n_groups))     # each group in one slot
         assert len(np.unique(s.group_key, axis=0)) == n_groups             # and each key in one group
         got = {(tuple(s.group_key[g]), int(u)) for g in range(n_groups)
@@ -882,6 +883,10 @@ def test_hash_table_sizes_and_its_int32_groups():
     assert slot_group.dtype == np.int32
     assert K.lookup_groups(slot_group, keys, keys).tolist() == [0, 1, 2, 3]
     assert K.lookup_groups(slot_group, keys, np.array([[9, 5], [5, 8], [-1, -1]], np.int64)).tolist() == [-1] * 3
+    # the groups' keys kept as int32 (the matcher narrows them): the same slots, found by int64 probes
+    narrow = keys.astype(np.int32)
+    assert np.array_equal(K.build_hash_table(narrow, K.table_slots(len(keys))), slot_group)
+    assert K.lookup_groups(slot_group, narrow, keys).tolist() == [0, 1, 2, 3]
 
 
 # ------------------------------------------------- both PS-Trees, 64 events a group

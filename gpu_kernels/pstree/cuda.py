@@ -355,7 +355,7 @@ def kernel_types() -> dict:
                                                         np.int64, np.float64)], PredicateRows)
     bloom = types.NamedTuple([array(np.int64), array(np.int32), array(np.int64), array(np.uint64), array(np.int64),
                               array(np.int32), array(np.uint8), array(np.int64)], L.BloomArrays)
-    table = types.NamedTuple([array(np.int32), array(np.int64, 2), array(np.int64), array(np.int32),
+    table = types.NamedTuple([array(np.int32), array(np.int32, 2), array(np.int32), array(np.int32),
                               array(np.int64, 2), array(np.uint8), array(np.int32)], L.HashArrays)
     events = (array(np.int64), array(np.int32), array(np.float64), array(np.int32))
     units = (array(np.int64), array(np.int64), array(np.int64), rows)

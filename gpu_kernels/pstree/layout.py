@@ -90,8 +90,8 @@ class HashArrays(NamedTuple):
     key either way.)"""
 
     slot_group: np.ndarray   # int32 [n_slots]: the group whose key probes to this slot, -1 for a free slot
-    group_key: np.ndarray    # int64 [n_groups, N]: each group's N-dim space id (-1 padded below N)
-    group_off: np.ndarray    # int64 [n_groups + 1]: CSR of each N-dim space's units
+    group_key: np.ndarray    # int32 [n_groups, N]: each group's N-dim space id (-1 padded below N; int64 past 2**31)
+    group_off: np.ndarray    # int32 [n_groups + 1]: CSR of each N-dim space's units (int64 past 2**31 entries)
     units: np.ndarray        # int32
     access: np.ndarray       # int64 [n_units, N]: positions in pids of the access predicates, -1 padded
     arities: np.ndarray      # uint8 [N + 1]: 1 where some unit has that many access predicates
