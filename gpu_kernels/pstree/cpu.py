@@ -924,6 +924,17 @@ def _mark(pos, lanes, pos_t, pos_words):
     pos_t[pos] |= lanes
 
 
+@njit(inline="always", nogil=True)
+def _reached(grp, bit, group_lanes, group_marks):
+    """List ``grp`` is reached by the lane ``bit`` (its word started at the first lane, its mark set)."""
+    mark = ONE << np.uint64(grp & 63)
+    if group_marks[grp >> 6] & mark:
+        group_lanes[grp] |= bit
+    else:
+        group_marks[grp >> 6] |= mark
+        group_lanes[grp] = bit
+
+
 @njit(nogil=True)
 def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
                pattern_truth, list_truth, unit_sub, unit_off, pids, rows, checks, list_off, list_units, always, by_key,
@@ -976,13 +987,7 @@ def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     k += 1
             if not by_key:                  # PSTBloom: the lists of the located spaces
                 for q in range(k):
-                    grp = loc[q]
-                    mark = ONE << np.uint64(grp & 63)
-                    if group_marks[grp >> 6] & mark:
-                        group_lanes[grp] |= bit
-                    else:
-                        group_marks[grp >> 6] |= mark
-                        group_lanes[grp] = bit
+                    _reached(loc[q], bit, group_lanes, group_marks)
                 continue
             for r in range(1, width + 1):
                 if table.arities[r] == 0 or r > k:
@@ -993,12 +998,7 @@ def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                         key[0, q] = loc[idx[q]] if q < r else -1
                     grp = table.slot_group[find_slot(table.slot_group, table.group_key, key, 0, width)]
                     if grp >= 0:
-                        mark = ONE << np.uint64(grp & 63)
-                        if group_marks[grp >> 6] & mark:
-                            group_lanes[grp] |= bit
-                        else:
-                            group_marks[grp >> 6] |= mark
-                            group_lanes[grp] = bit
+                        _reached(grp, bit, group_lanes, group_marks)
                     if not next_combination(idx, r, k):
                         break
         # the lists reached, ascending, then the always list as one more: each unit
@@ -1024,29 +1024,8 @@ def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                     u = units[i]
                     decided = w < n_marks and (probed & nan_lanes) == ZERO   # the access predicates, by the space
                     m = probed
-                    if (m & (m - ONE)) == ZERO:         # one lane: no loop over lanes
-                        lane = ctz(m)
-                        for j in range(unit_off[u], unit_off[u + 1]):
-                            a = check_attr[j]
-                            kind = check_kind[j]
-                            if kind >= ACCESS:
-                                if decided:
-                                    continue
-                                kind -= ACCESS
-                            here = a < n_attrs and (lane_present[a] & m) != ZERO    # absent: NULL, not TRUE
-                            if kind == EVALUATED:
-                                true = entry_truth(pids[j], lane_pos[a, lane] if here else -1, ev_value, ev_token,
-                                                   rows.op, rows.lo, rows.hi, rows.set_offsets, rows.set_values,
-                                                   rows.aux, pattern_truth, list_truth) == TRUE
-                            else:
-                                true = here and _compared(kind, lane_val[a, lane], check_bounds[j, 0],
-                                                          check_bounds[j, 1])
-                            if not true:
-                                m = ZERO
-                                break
-                        if m != ZERO and alive[unit_sub[u]] != 0:
-                            _mark(unit_sub[u], m, pos_t, pos_words)
-                        continue
+                    one = (m & (m - ONE)) == ZERO          # one lane (most units): no loop over lanes
+                    lane = ctz(m) if one else 0
                     for j in range(unit_off[u], unit_off[u + 1]):
                         a = check_attr[j]
                         kind = check_kind[j]
@@ -1054,6 +1033,19 @@ def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                             if decided:
                                 continue
                             kind -= ACCESS
+                        if one:
+                            here1 = a < n_attrs and (lane_present[a] & m) != ZERO    # absent: NULL, not TRUE
+                            if kind == EVALUATED:
+                                true = entry_truth(pids[j], lane_pos[a, lane] if here1 else -1, ev_value, ev_token,
+                                                   rows.op, rows.lo, rows.hi, rows.set_offsets, rows.set_values,
+                                                   rows.aux, pattern_truth, list_truth) == TRUE
+                            else:
+                                true = here1 and _compared(kind, lane_val[a, lane], check_bounds[j, 0],
+                                                           check_bounds[j, 1])
+                            if not true:
+                                m = ZERO
+                                break
+                            continue
                         here = lane_present[a] if a < n_attrs else ZERO     # absent: NULL, not TRUE
                         t = ZERO
                         lanes_left = m & here if kind != EVALUATED else m
