@@ -469,7 +469,7 @@ def _narrowed(group_key: np.ndarray, group_off: np.ndarray) -> tuple[np.ndarray,
     bytes a group fewer than int64 (W2 at 1 M: 15.8 M groups, 181 MiB of
     the index's 1.0 GiB).  The kernels read either."""
     limit = np.iinfo(np.int32).max
-    if len(group_key) and int(group_key.max()) < limit:
+    if not len(group_key) or int(group_key.max()) < limit:
         group_key = np.ascontiguousarray(group_key, np.int32)
     if int(group_off[-1]) < limit:
         group_off = group_off.astype(np.int32)
