@@ -192,7 +192,8 @@ def _grouped_packed(packed: np.ndarray, width: int, key_bits: int, owner_bits: i
     first = np.empty(len(packed), np.bool_)
     K.unpack_owners(packed, owner_bits, out_owner, first)
     starts = np.flatnonzero(first)
-    group_keys = np.empty((len(starts), width), np.int64)
+    # (components below 2**31: int32 straight away, as the matcher keeps them -- :func:`_narrowed`)
+    group_keys = np.empty((len(starts), width), np.int32 if key_bits <= 31 else np.int64)
     K.unpack_group_keys(packed, starts, key_bits, owner_bits, group_keys)
     group_off = np.empty(len(starts) + 1, np.int64)
     group_off[:-1] = starts
