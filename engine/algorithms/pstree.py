@@ -594,7 +594,7 @@ class _PSTreeMatcher(HostMatcher):
         new.segment, new.schema, new.units = segment, schema, units
         new._churn = churn
         new.merges = self.merges + 1
-        new._pids = units.pids.astype(np.int64)
+        new._pids = units.pids
         n_rows = len(rows.op)
         new.n_attrs = n_attrs = max(self.n_attrs, int(rows.attr.max(initial=-1)) + 1)
         used = np.zeros(n_rows, bool)
@@ -788,7 +788,7 @@ class PSTBloomMatcher(_PSTreeMatcher):
         self.bloom_bits, self.bloom_hashes = int(bloom_bits), int(bloom_hashes)
         self._read_segment(schema, dnf_limit, event_log)
         units = self.units
-        self._pids = units.pids.astype(np.int64)
+        self._pids = units.pids
         acc, arity = self._select(1)
         self.spaces, (cov_off, cov_first, cov_last), _ = self._full
         self.defining = self.indexable            # the rows that cut the PS-Trees: every indexable one
@@ -938,7 +938,7 @@ class PSTHashMatcher(_PSTreeMatcher):
         self.n_access, self.max_combinations = int(n_access), int(max_combinations)
         self._read_segment(schema, dnf_limit, event_log)
         units, rows = self.units, self.units.rows
-        self._pids = units.pids.astype(np.int64)
+        self._pids = units.pids
         width = self.n_access
         acc, arity = self._select(width)
         self._cut_acc = acc.copy()                # the access predicates that cut PS-Tree_H (before the departure)
