@@ -1020,12 +1020,13 @@ def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                 else:
                     probed = lanes
                     units, i0, i1 = always, 0, len(always)
+                # (the same for every unit of the list)
+                decided = w < n_marks and (probed & nan_lanes) == ZERO   # the access predicates, by the space
+                one = (probed & (probed - ONE)) == ZERO        # one lane (most units): no loop over lanes
+                lone = ctz(probed) if one else 0
                 for i in range(i0, i1):
                     u = units[i]
-                    decided = w < n_marks and (probed & nan_lanes) == ZERO   # the access predicates, by the space
                     m = probed
-                    one = (m & (m - ONE)) == ZERO          # one lane (most units): no loop over lanes
-                    lane = ctz(m) if one else 0
                     for j in range(unit_off[u], unit_off[u + 1]):
                         a = check_attr[j]
                         kind = check_kind[j]
@@ -1036,11 +1037,11 @@ def lanes_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, e
                         if one:
                             here1 = a < n_attrs and (lane_present[a] & m) != ZERO    # absent: NULL, not TRUE
                             if kind == EVALUATED:
-                                true = entry_truth(pids[j], lane_pos[a, lane] if here1 else -1, ev_value, ev_token,
+                                true = entry_truth(pids[j], lane_pos[a, lone] if here1 else -1, ev_value, ev_token,
                                                    rows.op, rows.lo, rows.hi, rows.set_offsets, rows.set_values,
                                                    rows.aux, pattern_truth, list_truth) == TRUE
                             else:
-                                true = here1 and _compared(kind, lane_val[a, lane], check_bounds[j, 0],
+                                true = here1 and _compared(kind, lane_val[a, lone], check_bounds[j, 0],
                                                            check_bounds[j, 1])
                             if not true:
                                 m = ZERO
