@@ -1028,3 +1028,31 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
     roots_p = python.insert_programs(range(n), offsets, kinds, args, key)
     roots_c = compiled.insert_programs(np.arange(n), offsets, kinds, args, key)
     assert dag_state(compiled, roots_c) == dag_state(python, roots_p)
+
+
+def test_the_compiled_dag_refuses_an_insertion_past_its_int32_ids_and_changes_nothing(monkeypatch):
+    """``ArrayDag`` holds node ids and pool offsets as int32: an insertion
+    whose programs could pass 2**31 - 1 of them (here a limit lowered to
+    just above what the DAG holds) is refused before any program goes in,
+    and the DAG stays as it was and takes the same programs once they fit."""
+    from gpu_kernels.atree import build
+    rng = np.random.default_rng(5)
+    offsets, kinds, args = _programs(rng, 40)
+    n = len(offsets) - 1
+    key = lambda pid: ("predicate", pid)                  # noqa: E731
+    dag = ArrayDag(capacity=4)
+    roots = dag.insert_programs(np.arange(n // 2), offsets, kinds, args, key)
+    assert dag.nodes.dtype == dag.child_pool.dtype == dag.key_pool.dtype == np.int32
+    before = dag_state(dag, roots)
+    rest = np.arange(n // 2, n)
+    rows = int((offsets[rest + 1] - offsets[rest]).sum())
+    used = max(dag.n_nodes, int(dag.ctr[build.C_USED]), int(dag.ctr[build.K_USED]))
+    monkeypatch.setattr(build, "_ID_LIMIT", used + rows - 1)
+    with pytest.raises(ValueError, match="int32 node and link ids"):
+        dag.insert_programs(rest, offsets, kinds, args, key)
+    assert dag_state(dag, roots) == before
+    monkeypatch.setattr(build, "_ID_LIMIT", used + rows)
+    reference = ATreeDag(True, True, True)
+    expected = reference.insert_programs(range(n), offsets, kinds, args, key)
+    roots += dag.insert_programs(rest, offsets, kinds, args, key)
+    assert dag_state(dag, roots) == dag_state(reference, expected)

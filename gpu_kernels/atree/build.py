@@ -8,9 +8,13 @@ makes the same DAG, node for node and id for id (tests/test_atree.py
 compares the two and the paper's one-by-one insertion), with the same
 algorithms run by :func:`insert_programs_kernel`:
 
-* **nodes** are rows of one int64 matrix (kind, use count, children and
-  expression id as slices of two pools, leaf class, the sizes of the
-  expression ids the node is a child in, its parent list);
+* **nodes** are rows of one int32 matrix (kind, use count, children and
+  expression id as slices of two int32 pools, leaf class, the sizes of the
+  expression ids the node is a child in, its parent list): 40 bytes a
+  node, so that the insertion's reads of a node (a cache miss each at a
+  million nodes) fetch one line, and the DAG holds half of what int64
+  would (node ids and pool offsets stay below 2**31: checked before an
+  insertion);
 * **expression ids** (§4.2.1) live in an open-addressing hash table of
   node ids, hashed and compared by (operator, sorted child ids); a leaf's
   id is its *leaf class* (one per distinct predicate key, numbered here,
@@ -56,6 +60,8 @@ _MIX = -7046029254386353131          # 0x9E3779B97F4A7C15 as an int64 (Fibonacci
 # operator alike
 LOW = (1 << 32) - 1
 TAG = (1 << 31) - 1
+#: node ids and pool offsets are int32 (the nodes' rows and the pools)
+_ID_LIMIT = (1 << 31) - 1
 
 
 @njit(cache=True, inline="always")
@@ -171,7 +177,7 @@ def _member_bit(op, size):
 def _add_parent(child, parent, kind, nodes, par_pool, ctr):
     e = ctr[P_USED]
     ctr[P_USED] = e + 1
-    par_pool[e, 0] = kind << 32 | parent
+    par_pool[e, 0] = np.int64(kind) << 32 | parent
     par_pool[e, 1] = nodes[child, P_HEAD]
     nodes[child, P_HEAD] = e
     nodes[child, P_COUNT] += 1
@@ -547,7 +553,7 @@ def relinked_parents(nodes, child_pool, n_nodes, par_pool):
         for i in range(nc):
             child = child_pool[c0 + i]
             if not _holds(child_pool, c0, i, child):
-                par_pool[used, 0] = nodes[node, KIND] << 32 | node
+                par_pool[used, 0] = np.int64(nodes[node, KIND]) << 32 | node
                 par_pool[used, 1] = nodes[child, P_HEAD]
                 nodes[child, P_HEAD] = used
                 nodes[child, P_COUNT] += 1
@@ -636,16 +642,16 @@ class ArrayDag:
         """``capacity``: nodes to start with (the arrays grow as needed)."""
         self.reorganize = bool(reorganize)
         self.self_adjust = bool(self_adjust)
-        self.nodes = np.zeros((capacity, N_COLUMNS), np.int64)
-        self.child_pool = np.zeros(4 * capacity, np.int64)
-        self.key_pool = np.zeros(4 * capacity, np.int64)
+        self.nodes = np.zeros((capacity, N_COLUMNS), np.int32)
+        self.child_pool = np.zeros(4 * capacity, np.int32)
+        self.key_pool = np.zeros(4 * capacity, np.int32)
         self.par_pool = np.zeros((4 * capacity, 2), np.int64)
         #: whether ``par_pool`` holds the parent lists (dropped after each insertion, made again before the next)
         self.parent_lists = True
         #: the expression ids' table and its Bloom filter (:func:`rehashed`)
         self.slots, _, self.bloom = rehashed(self.nodes, self.key_pool, 0, _pow2(2 * capacity))
         self.ctr = np.zeros(N_COUNTERS, np.int64)
-        self.leaf_node = np.full(0, -1, np.int64)
+        self.leaf_node = np.full(0, -1, np.int32)
         #: leaf classes: a predicate key's class, and each class's key
         self.class_of_key: dict = {}
         self.class_keys: list = []
@@ -706,6 +712,9 @@ class ArrayDag:
         first, last = offsets[positions], offsets[positions + 1]
         if (last <= first).any() or (starts[np.minimum(first, len(starts) - 1)] < 0).any():
             raise ValueError("malformed postfix program")
+        rows = int((last - first).sum())          # at most a node, a child link and a key entry each
+        if max(self.n_nodes, int(self.ctr[C_USED]), int(self.ctr[K_USED])) + rows > _ID_LIMIT:
+            raise ValueError(f"A-Tree: {rows:,} more program rows could pass the DAG's int32 node and link ids")
         classes = self._leaf_classes(np.flatnonzero(leaf_pids_used(positions, offsets, kinds, args)), leaf_key)
         roots = np.empty(len(positions), np.int64)
         self._python = None
@@ -783,11 +792,11 @@ class ArrayDag:
         rows[:, K_START] = k_off[:-1]
         rows[gone > 0, K_LEN] = -1
         new.nodes = _grown(rows, len(rows) + 1)
-        new.child_pool = _grown(child_idx, len(child_idx) + 1)
-        new.key_pool = _grown(np.where(key_idx < 0, 0, key_idx), len(key_idx) + 1)
+        new.child_pool = _grown(child_idx.astype(np.int32), len(child_idx) + 1)
+        new.key_pool = _grown(np.where(key_idx < 0, 0, key_idx).astype(np.int32), len(key_idx) + 1)
         new.ctr = np.zeros(N_COUNTERS, np.int64)
         new.ctr[N_NODES], new.ctr[C_USED], new.ctr[K_USED] = len(rows), len(child_idx), len(key_idx)
-        new.leaf_node = np.full(len(self.leaf_node), -1, np.int64)
+        new.leaf_node = np.full(len(self.leaf_node), -1, np.int32)
         leaves = np.flatnonzero((rows[:, KIND] == LEAF) & (rows[:, K_LEN] >= 0))
         new.leaf_node[rows[leaves, LEAF_CLASS]] = leaves
         new.slots, filled, new.bloom = rehashed(new.nodes, new.key_pool, len(rows), _pow2(4 * len(rows)))
@@ -805,6 +814,8 @@ class ArrayDag:
         and the members bits made again (the parent lists by the next
         insertion).  ValueError when two nodes have one expression id."""
         n = len(kind)
+        if n + len(child_idx) + len(key_idx) > _ID_LIMIT:
+            raise ValueError("saved A-Tree: more nodes and links than int32 ids hold")
         new = cls(reorganize, self_adjust, capacity=n + 1)
         nodes = new.nodes
         nodes[:n, KIND], nodes[:n, USES] = kind, uses
@@ -819,8 +830,8 @@ class ArrayDag:
         if len(np.unique(nodes[keyed, LEAF_CLASS])) != len(keyed):
             raise ValueError("saved A-Tree: two nodes with one expression id")
         new.leaf_node[nodes[keyed, LEAF_CLASS]] = keyed
-        new.child_pool = _grown(np.asarray(child_idx, np.int64), len(child_idx) + 1)
-        new.key_pool = _grown(np.asarray(key_idx, np.int64), len(key_idx) + 1)
+        new.child_pool = _grown(np.asarray(child_idx, np.int32), len(child_idx) + 1)
+        new.key_pool = _grown(np.asarray(key_idx, np.int32), len(key_idx) + 1)
         new.ctr[N_NODES], new.ctr[C_USED], new.ctr[K_USED] = n, len(child_idx), len(key_idx)
         new.ctr[N_REMOVED] = int((np.asarray(kind) == REMOVED).sum())
         new.slots, new.ctr[T_FILLED], new.bloom = rehashed(new.nodes, new.key_pool, n, _pow2(4 * n))
