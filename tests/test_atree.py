@@ -1030,6 +1030,30 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
     assert dag_state(compiled, roots_c) == dag_state(python, roots_p)
 
 
+def test_self_adjustment_finds_a_parent_through_a_child_it_linked_later():
+    """Algorithm 3 passes a parent whose children's signature (kept in the
+    parent list entry) lacks a child it looks for.  The parent's entries
+    written before Algorithm 3 put a node in its place do not have that
+    node's bit.  Here P = a AND b AND c AND d, then X = a AND b takes the
+    place of a and b in P, then Z = X AND c (X reached through a one-child
+    OR, so not flattened into a and b) is looked for through c, the child
+    with the fewest parents, whose entry for P is older than X.  P must
+    still give X and c's place to Z, as the Python DAG does."""
+    programs = [([LEAF] * 4 + [AND], [0, 1, 2, 3, 4]),
+                ([LEAF, LEAF, AND], [0, 1, 2]),
+                ([LEAF, LEAF, AND, OR, LEAF, AND], [0, 1, 2, 1, 2, 2])]
+    offsets = np.cumsum([0] + [len(k) for k, _ in programs]).astype(np.int64)
+    kinds = np.array([x for k, _ in programs for x in k], np.int64)
+    args = np.array([x for _, a in programs for x in a], np.int64)
+    key = lambda pid: ("predicate", pid)                  # noqa: E731
+    python, compiled = ATreeDag(True, True, True), ArrayDag(True, True)
+    roots_p = python.insert_programs(range(3), offsets, kinds, args, key)
+    roots_c = compiled.insert_programs(np.arange(3), offsets, kinds, args, key)
+    p, z, d = roots_p[0], roots_p[2], python.pred.index(key(3))
+    assert sorted(python.children[p]) == sorted((z, d))       # (the case this test is for happened)
+    assert dag_state(compiled, roots_c) == dag_state(python, roots_p)
+
+
 def test_the_compiled_dag_refuses_an_insertion_past_its_int32_ids_and_changes_nothing(monkeypatch):
     """``ArrayDag`` holds node ids and pool offsets as int32: an insertion
     whose programs could pass 2**31 - 1 of them (here a limit lowered to

@@ -57,7 +57,8 @@ _MIX = -7046029254386353131          # 0x9E3779B97F4A7C15 as an int64 (Fibonacci
 # a table slot holds a node id in its low 32 bits and 31 more bits of its key's hash above them, so that
 # a probe passes other keys without reading their nodes (a cache miss each at a million nodes); a parent
 # list entry holds the parent's id and, above it, its kind, so that Algorithm 3 passes parents of another
-# operator alike
+# operator alike, then the next entry, then a signature of the parent's children (``_signature``)
+PAR_COLUMNS = 3
 LOW = (1 << 32) - 1
 TAG = (1 << 31) - 1
 #: node ids and pool offsets are int32 (the nodes' rows and the pools)
@@ -173,12 +174,37 @@ def _member_bit(op, size):
     return (1 << size) << (0 if op == AND else 16)
 
 
+@njit(cache=True, inline="always")
+def _signature_bit(node):
+    return np.int64(1) << (((node * _MIX) >> 58) & 63)
+
+
+@njit(cache=True, inline="always")
+def _signature(buf, start, n):
+    """A node's children ``buf[start:start + n]`` as a 64-bit signature, a bit
+    each.  A parent list entry keeps its parent's signature from when it
+    was written, and Algorithm 3 passes a parent whose signature lacks the
+    bit of a child it looks for without reading the parent's row (a cache
+    miss at a million nodes; on W5 four in five parents of the operator
+    are passed so).  Only the children older than the parent are asked
+    for: the parent was made after them, and the only child linked to it
+    since is a node Algorithm 3 put in its place -- newer than the parent,
+    and not in the signatures written before (an AND reached through a
+    one-child OR is such a node in another AND's flat children).  A child
+    let go only leaves its bit set."""
+    sig = np.int64(0)
+    for i in range(start, start + n):
+        sig |= _signature_bit(buf[i])
+    return sig
+
+
 @njit(cache=True)
-def _add_parent(child, parent, kind, nodes, par_pool, ctr):
+def _add_parent(child, parent, kind, signature, nodes, par_pool, ctr):
     e = ctr[P_USED]
     ctr[P_USED] = e + 1
     par_pool[e, 0] = np.int64(kind) << 32 | parent
     par_pool[e, 1] = nodes[child, P_HEAD]
+    par_pool[e, 2] = signature
     nodes[child, P_HEAD] = e
     nodes[child, P_COUNT] += 1
 
@@ -221,9 +247,10 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, 
     for i in range(nc):
         nodes[children[i], USES] += 1
     if self_adjust:
+        signature = _signature(children, 0, nc)
         for i in range(nc):
             if not _holds(children, 0, i, children[i]):     # (a child twice, as in x XOR x: one parent entry)
-                _add_parent(children[i], node, op, nodes, par_pool, ctr)
+                _add_parent(children[i], node, op, signature, nodes, par_pool, ctr)
     return node
 
 
@@ -397,7 +424,7 @@ def _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr):
     _sort(child_pool, c0, m)
     nodes[parent, C_LEN] = m
     nodes[node, USES] += 1
-    _add_parent(node, parent, op, nodes, par_pool, ctr)
+    _add_parent(node, parent, op, _signature(child_pool, c0, m), nodes, par_pool, ctr)
     for i in range(n):
         nodes[flat[i], P_COUNT] -= 1
         nodes[flat[i], USES] -= 1
@@ -417,11 +444,18 @@ def _adjusted(node, op, flat, n, nodes, child_pool, par_pool, ctr, reserve):
     e = nodes[pivot, P_HEAD]
     while e >= 0:
         if ctr[P_USED] + reserve + 1 > len(par_pool):
-            grown = np.empty((2 * len(par_pool) + reserve, 2), np.int64)
+            grown = np.empty((2 * len(par_pool) + reserve, PAR_COLUMNS), np.int64)
             grown[:len(par_pool)] = par_pool
             par_pool = grown
         if par_pool[e, 0] >> 32 == op:
-            _take_place(par_pool[e, 0] & LOW, node, op, flat, n, nodes, child_pool, par_pool, ctr)
+            parent = par_pool[e, 0] & LOW
+            older = np.int64(0)             # the bits of the children older than the parent (flat is sorted)
+            for i in range(n):
+                if flat[i] >= parent:
+                    break
+                older |= _signature_bit(flat[i])
+            if par_pool[e, 2] & older == older:
+                _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr)
         e = par_pool[e, 1]
     return par_pool
 
@@ -550,11 +584,13 @@ def relinked_parents(nodes, child_pool, n_nodes, par_pool):
         if nodes[node, KIND] == REMOVED:
             continue
         c0, nc = nodes[node, C_START], nodes[node, C_LEN]
+        signature = _signature(child_pool, c0, nc)
         for i in range(nc):
             child = child_pool[c0 + i]
             if not _holds(child_pool, c0, i, child):
                 par_pool[used, 0] = np.int64(nodes[node, KIND]) << 32 | node
                 par_pool[used, 1] = nodes[child, P_HEAD]
+                par_pool[used, 2] = signature
                 nodes[child, P_HEAD] = used
                 nodes[child, P_COUNT] += 1
                 used += 1
@@ -645,7 +681,7 @@ class ArrayDag:
         self.nodes = np.zeros((capacity, N_COLUMNS), np.int32)
         self.child_pool = np.zeros(4 * capacity, np.int32)
         self.key_pool = np.zeros(4 * capacity, np.int32)
-        self.par_pool = np.zeros((4 * capacity, 2), np.int64)
+        self.par_pool = np.zeros((4 * capacity, PAR_COLUMNS), np.int64)
         #: whether ``par_pool`` holds the parent lists (dropped after each insertion, made again before the next)
         self.parent_lists = True
         #: the expression ids' table and its Bloom filter (:func:`rehashed`)
@@ -719,7 +755,7 @@ class ArrayDag:
         roots = np.empty(len(positions), np.int64)
         self._python = None
         if self.self_adjust and not self.parent_lists:
-            self.par_pool = np.zeros((2 * int(self.ctr[C_USED]) + 16, 2), np.int64)
+            self.par_pool = np.zeros((2 * int(self.ctr[C_USED]) + 16, PAR_COLUMNS), np.int64)
             self.ctr[P_USED] = relinked_parents(self.nodes, self.child_pool, self.n_nodes, self.par_pool)
             self.parent_lists = True
         done = 0
@@ -754,7 +790,7 @@ class ArrayDag:
         self.nodes = self.nodes[:self.n_nodes + 1].copy()
         self.child_pool = self.child_pool[:int(self.ctr[C_USED]) + 1].copy()
         self.key_pool = self.key_pool[:int(self.ctr[K_USED]) + 1].copy()
-        self.par_pool = np.zeros((0, 2), np.int64)
+        self.par_pool = np.zeros((0, PAR_COLUMNS), np.int64)
         self.ctr[P_USED] = 0
         self.parent_lists = False
 
@@ -802,7 +838,7 @@ class ArrayDag:
         new.slots, filled, new.bloom = rehashed(new.nodes, new.key_pool, len(rows), _pow2(4 * len(rows)))
         new.ctr[T_FILLED] = filled
         key_members(new.nodes, new.key_pool, len(rows))
-        new.par_pool, new.parent_lists = np.zeros((0, 2), np.int64), False      # (made by the next insertion)
+        new.par_pool, new.parent_lists = np.zeros((0, PAR_COLUMNS), np.int64), False      # (made by the next insertion)
         return new, old_to_new[np.asarray(roots, np.int64)].tolist()
 
     @classmethod
@@ -838,7 +874,7 @@ class ArrayDag:
         if duplicate_keys(new.nodes, new.key_pool, n, new.slots):
             raise ValueError("saved A-Tree: two nodes with one expression id")
         key_members(new.nodes, new.key_pool, n)
-        new.par_pool, new.parent_lists = np.zeros((0, 2), np.int64), False      # (made by the next insertion)
+        new.par_pool, new.parent_lists = np.zeros((0, PAR_COLUMNS), np.int64), False      # (made by the next insertion)
         return new
 
     # ----------------------------------------------------------- reading it
