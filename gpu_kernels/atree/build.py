@@ -11,10 +11,8 @@ algorithms run by :func:`insert_programs_kernel`:
 * **nodes** are rows of one int32 matrix (kind, use count, children and
   expression id as slices of two int32 pools, leaf class, the sizes of the
   expression ids the node is a child in, its parent list): 40 bytes a
-  node, so that the insertion's reads of a node (a cache miss each at a
-  million nodes) fetch one line, and the DAG holds half of what int64
-  would (node ids and pool offsets stay below 2**31: checked before an
-  insertion);
+  node, half of what int64 would hold (node ids and pool offsets stay
+  below 2**31: checked before an insertion);
 * **expression ids** (§4.2.1) live in an open-addressing hash table of
   node ids, hashed and compared by (operator, sorted child ids); a leaf's
   id is its *leaf class* (one per distinct predicate key, numbered here,
@@ -23,11 +21,13 @@ algorithms run by :func:`insert_programs_kernel`:
   AND/OR's children as bitmasks over them, asking a Bloom filter of the
   expression ids before the table (most sub-sets are in neither), **Algorithm 3**
   (self-adjustment) walks the parent list of the child with the fewest
-  parents; a parent list is only ever appended to, an entry that no
-  longer holds (the parent let the child go) being skipped by the check
-  that a parent still links all the children, which the paper makes
-  anyway.  The lists are dropped after an insertion (matching never
-  reads them) and made again from the links before the next;
+  parents, each entry with a signature of its parent's children that
+  lets most parents be passed unread (:func:`_signature`); a parent list
+  is only ever appended to, an entry that no longer holds (the parent let
+  the child go) being skipped by the check that a parent still links all
+  the children, which the paper makes anyway.  The lists are dropped
+  after an insertion (matching never reads them) and made again from the
+  links before the next;
 * **Algorithms 4 and 5** (use counts, insertion, deletion) as in the
   Python DAG.
 
