@@ -10,9 +10,9 @@ algorithms run by :func:`insert_programs_kernel`:
 
 * **nodes** are rows of one int32 matrix (kind, use count, children and
   expression id as slices of two int32 pools, leaf class, the sizes of the
-  expression ids the node is a child in, its parent list): 40 bytes a
-  node, half of what int64 would hold (node ids and pool offsets stay
-  below 2**31: checked before an insertion);
+  expression ids the node is a child in, its AND and its OR parent
+  lists): 48 bytes a node, half of what int64 would hold (node ids and
+  pool offsets stay below 2**31: checked before an insertion);
 * **expression ids** (§4.2.1) live in an open-addressing hash table of
   node ids, hashed and compared by (operator, sorted child ids); a leaf's
   id is its *leaf class* (one per distinct predicate key, numbered here,
@@ -20,14 +20,15 @@ algorithms run by :func:`insert_programs_kernel`:
 * **Algorithm 2** (reorganisation) enumerates the sub-sets of a new
   AND/OR's children as bitmasks over them, asking a Bloom filter of the
   expression ids before the table (most sub-sets are in neither), **Algorithm 3**
-  (self-adjustment) walks the parent list of the child with the fewest
-  parents, each entry with a signature of its parent's children that
-  lets most parents be passed unread (:func:`_signature`); a parent list
-  is only ever appended to, an entry that no longer holds (the parent let
-  the child go) being skipped by the check that a parent still links all
-  the children, which the paper makes anyway.  The lists are dropped
-  after an insertion (matching never reads them) and made again from the
-  links before the next;
+  (self-adjustment) walks the parents of the new node's operator of the
+  child with the fewest such parents (only AND and OR parents are listed,
+  each operator's apart), each entry with a signature of its parent's
+  children that lets most parents be passed unread (:func:`_signature`);
+  a parent list is only ever appended to, an entry that no longer holds
+  (the parent let the child go) being skipped by the check that a parent
+  still links all the children, which the paper makes anyway.  The lists
+  are dropped after an insertion (matching never reads them) and made
+  again from the links before the next;
 * **Algorithms 4 and 5** (use counts, insertion, deletion) as in the
   Python DAG.
 
@@ -47,8 +48,10 @@ from gpu_kernels.combinations import first_combination, next_combination
 from gpu_kernels.opcodes import AND, LEAF, OR
 
 # the columns of a node's row
+# (a node's AND parents and its OR parents are two lists, Algorithm 3 walking one operator's: P_HEAD and
+# P_COUNT for AND, the two columns after them for OR; ``_side``)
 KIND, USES, C_START, C_LEN, LEAF_CLASS, K_START, K_LEN, MEMBERS, P_HEAD, P_COUNT = range(10)
-N_COLUMNS = 10
+N_COLUMNS = 12
 # the counters (``ctr``)
 N_NODES, C_USED, K_USED, P_USED, T_FILLED, N_REMOVED = range(6)
 N_COUNTERS = 6
@@ -56,8 +59,7 @@ EMPTY, TOMBSTONE = -1, -2
 _MIX = -7046029254386353131          # 0x9E3779B97F4A7C15 as an int64 (Fibonacci hashing)
 # a table slot holds a node id in its low 32 bits and 31 more bits of its key's hash above them, so that
 # a probe passes other keys without reading their nodes (a cache miss each at a million nodes); a parent
-# list entry holds the parent's id and, above it, its kind, so that Algorithm 3 passes parents of another
-# operator alike, then the next entry, then a signature of the parent's children (``_signature``)
+# list entry holds the parent's id, the next entry, and a signature of the parent's children (``_signature``)
 PAR_COLUMNS = 3
 LOW = (1 << 32) - 1
 TAG = (1 << 31) - 1
@@ -198,15 +200,30 @@ def _signature(buf, start, n):
     return sig
 
 
+@njit(cache=True, inline="always")
+def _side(op):
+    """Where the parent list of operator ``op`` (AND or OR) lies in a node's row, from P_HEAD and P_COUNT:
+    only these two operators' parents are listed, since Algorithm 3 only reorganises them."""
+    return 0 if op == AND else 2
+
+
 @njit(cache=True)
 def _add_parent(child, parent, kind, signature, nodes, par_pool, ctr):
+    side = _side(kind)
     e = ctr[P_USED]
     ctr[P_USED] = e + 1
-    par_pool[e, 0] = np.int64(kind) << 32 | parent
-    par_pool[e, 1] = nodes[child, P_HEAD]
+    par_pool[e, 0] = parent
+    par_pool[e, 1] = nodes[child, P_HEAD + side]
     par_pool[e, 2] = signature
-    nodes[child, P_HEAD] = e
-    nodes[child, P_COUNT] += 1
+    nodes[child, P_HEAD + side] = e
+    nodes[child, P_COUNT + side] += 1
+
+
+@njit(cache=True, inline="always")
+def _no_parents(node, nodes):
+    for side in (0, 2):
+        nodes[node, P_HEAD + side] = -1
+        nodes[node, P_COUNT + side] = 0
 
 
 @njit(cache=True)
@@ -226,8 +243,7 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, 
     nodes[node, C_LEN] = nc
     nodes[node, LEAF_CLASS] = leaf_class
     nodes[node, MEMBERS] = 0
-    nodes[node, P_HEAD] = -1
-    nodes[node, P_COUNT] = 0
+    _no_parents(node, nodes)
     if op == LEAF:
         nodes[node, K_START] = 0
         nodes[node, K_LEN] = 0
@@ -246,7 +262,7 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, 
                 nodes[key[i], MEMBERS] |= bit
     for i in range(nc):
         nodes[children[i], USES] += 1
-    if self_adjust:
+    if self_adjust and (op == AND or op == OR):
         signature = _signature(children, 0, nc)
         for i in range(nc):
             if not _holds(children, 0, i, children[i]):     # (a child twice, as in x XOR x: one parent entry)
@@ -258,10 +274,12 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, 
 def _forget(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node):
     """The node removed (``_forget``): out of the table, its links to its children gone."""
     c0, nc = nodes[node, C_START], nodes[node, C_LEN]
-    if self_adjust:
+    op = nodes[node, KIND]
+    if self_adjust and (op == AND or op == OR):
         for i in range(nc):
             if not _holds(child_pool, c0, i, child_pool[c0 + i]):
-                nodes[child_pool[c0 + i], P_COUNT] -= 1      # (its entry stays in the list: see the module doc)
+                # (its entry stays in the list: see the module doc)
+                nodes[child_pool[c0 + i], P_COUNT + _side(op)] -= 1
     if nodes[node, K_LEN] >= 0:
         if nodes[node, KIND] == LEAF:
             if leaf_node[nodes[node, LEAF_CLASS]] == node:
@@ -272,8 +290,7 @@ def _forget(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_nod
     nodes[node, C_LEN] = 0
     nodes[node, K_LEN] = -1
     nodes[node, LEAF_CLASS] = -1
-    nodes[node, P_HEAD] = -1
-    nodes[node, P_COUNT] = 0
+    _no_parents(node, nodes)
     ctr[N_REMOVED] += 1
 
 
@@ -426,36 +443,36 @@ def _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr):
     nodes[node, USES] += 1
     _add_parent(node, parent, op, _signature(child_pool, c0, m), nodes, par_pool, ctr)
     for i in range(n):
-        nodes[flat[i], P_COUNT] -= 1
+        nodes[flat[i], P_COUNT + _side(op)] -= 1
         nodes[flat[i], USES] -= 1
 
 
 @njit(cache=True)
 def _adjusted(node, op, flat, n, nodes, child_pool, par_pool, ctr, reserve):
-    """Algorithm 3 (``ATreeDag._adjusted``): the parents of the child of
-    ``flat[:n]`` with the fewest, each checked to link all of ``flat``.
+    """Algorithm 3 (``ATreeDag._adjusted``): the ``op`` parents of the child
+    of ``flat[:n]`` with the fewest, each checked to link all of ``flat``.
     Returns the parent lists' pool, grown so that ``reserve`` entries stay free."""
     if n == 0:
         return par_pool
+    side = _side(op)
     pivot = flat[0]
     for i in range(1, n):
-        if nodes[flat[i], P_COUNT] < nodes[pivot, P_COUNT]:
+        if nodes[flat[i], P_COUNT + side] < nodes[pivot, P_COUNT + side]:
             pivot = flat[i]
-    e = nodes[pivot, P_HEAD]
+    e = nodes[pivot, P_HEAD + side]
     while e >= 0:
         if ctr[P_USED] + reserve + 1 > len(par_pool):
             grown = np.empty((2 * len(par_pool) + reserve, PAR_COLUMNS), np.int64)
             grown[:len(par_pool)] = par_pool
             par_pool = grown
-        if par_pool[e, 0] >> 32 == op:
-            parent = par_pool[e, 0] & LOW
-            older = np.int64(0)             # the bits of the children older than the parent (flat is sorted)
-            for i in range(n):
-                if flat[i] >= parent:
-                    break
-                older |= _signature_bit(flat[i])
-            if par_pool[e, 2] & older == older:
-                _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr)
+        parent = par_pool[e, 0]
+        older = np.int64(0)             # the bits of the children older than the parent (flat is sorted)
+        for i in range(n):
+            if flat[i] >= parent:
+                break
+            older |= _signature_bit(flat[i])
+        if par_pool[e, 2] & older == older:
+            _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr)
         e = par_pool[e, 1]
     return par_pool
 
@@ -573,28 +590,23 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
 
 
 @njit(cache=True)
-def relinked_parents(nodes, child_pool, n_nodes, par_pool):
+def relinked_parents(nodes, child_pool, n_nodes, par_pool, ctr):
     """Every node's parent list made again from the links (after a
     compaction or a load): returns the pool's fill."""
-    used = 0
+    ctr[P_USED] = 0
     for node in range(n_nodes):
-        nodes[node, P_HEAD] = -1
-        nodes[node, P_COUNT] = 0
+        _no_parents(node, nodes)
     for node in range(n_nodes):
-        if nodes[node, KIND] == REMOVED:
+        op = nodes[node, KIND]
+        if op != AND and op != OR:
             continue
         c0, nc = nodes[node, C_START], nodes[node, C_LEN]
         signature = _signature(child_pool, c0, nc)
         for i in range(nc):
             child = child_pool[c0 + i]
             if not _holds(child_pool, c0, i, child):
-                par_pool[used, 0] = np.int64(nodes[node, KIND]) << 32 | node
-                par_pool[used, 1] = nodes[child, P_HEAD]
-                par_pool[used, 2] = signature
-                nodes[child, P_HEAD] = used
-                nodes[child, P_COUNT] += 1
-                used += 1
-    return used
+                _add_parent(child, node, op, signature, nodes, par_pool, ctr)
+    return ctr[P_USED]
 
 
 @njit(cache=True)
@@ -756,7 +768,7 @@ class ArrayDag:
         self._python = None
         if self.self_adjust and not self.parent_lists:
             self.par_pool = np.zeros((2 * int(self.ctr[C_USED]) + 16, PAR_COLUMNS), np.int64)
-            self.ctr[P_USED] = relinked_parents(self.nodes, self.child_pool, self.n_nodes, self.par_pool)
+            relinked_parents(self.nodes, self.child_pool, self.n_nodes, self.par_pool, self.ctr)
             self.parent_lists = True
         done = 0
         while done < len(positions):
