@@ -658,6 +658,42 @@ def decided_by_space(j, pids, rows, ev_pos, ev_value):
 
 
 @njit(nogil=True)
+def _event_done(e, s0, s1, found, always, unit_sub, unit_off, pids, rows, ev_attr, ev_pos, ev_value, ev_token,
+                pattern_truth, list_truth, alive, bm0, bm1, out, base, used, cap, ev_count, result, stats):
+    """The end of event ``e`` in a one-event-at-a-time task (``found`` of
+    its matches marked in ``bm0``/``bm1``): the units without an access
+    predicate (``always``) verified, its attributes' places in ``ev_pos``
+    cleared, its positions written out (the
+    :func:`engine.algorithms.host_tasks.match_in_tasks` protocol).  Returns
+    the task's output used after it, or -1 when they did not fit
+    (``result``: where to resume)."""
+    for i in range(len(always)):
+        u = always[i]
+        pos = unit_sub[u]
+        word = pos >> 6
+        mask = np.uint64(1) << np.uint64(pos & 63)
+        if alive[pos] == 0 or (bm0[word] & mask) != 0:
+            continue
+        if unit_true(u, -1, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth, list_truth):
+            bm0[word] |= mask
+            bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
+            found += 1
+    for at in range(s0, s1):
+        if ev_attr[at] < len(ev_pos):
+            ev_pos[ev_attr[at]] = -1
+    if len(stats) > 0:
+        stats[2] += found
+    write = used + found <= cap
+    emit_marked(bm0, bm1, out, base + used, write)
+    if not write:
+        result[0] = e
+        result[1] = found
+        return -1
+    ev_count[e] = found
+    return used + found
+
+
+@njit(nogil=True)
 def pstbloom_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr, ev_value, ev_token, ev_space,
                   pattern_truth, list_truth, unit_sub, unit_off, pids, rows, bloom, n_hashes, alive, ev_pos, bm0, bm1,
                   result, stats):
@@ -721,30 +757,11 @@ def pstbloom_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr
                     bm0[word] |= mask
                     bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
                     found += 1
-        for i in range(len(bloom.always)):
-            u = bloom.always[i]
-            pos = unit_sub[u]
-            word = pos >> 6
-            mask = np.uint64(1) << np.uint64(pos & 63)
-            if alive[pos] == 0 or (bm0[word] & mask) != 0:
-                continue
-            if unit_true(u, -1, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth, list_truth):
-                bm0[word] |= mask
-                bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
-                found += 1
-        for at in range(s0, s1):
-            if ev_attr[at] < n_pos:
-                ev_pos[ev_attr[at]] = -1
-        if count:
-            stats[2] += found
-        write = used + found <= cap
-        emit_marked(bm0, bm1, out, base + used, write)
-        if not write:
-            result[0] = e
-            result[1] = found
+        used = _event_done(e, s0, s1, found, bloom.always, unit_sub, unit_off, pids, rows, ev_attr, ev_pos, ev_value,
+                           ev_token, pattern_truth, list_truth, alive, bm0, bm1, out, base, used, cap, ev_count,
+                           result, stats)
+        if used < 0:
             return
-        used += found
-        ev_count[e] = found
 
 
 def pstbloom_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
@@ -825,30 +842,11 @@ def psthash_task(e_first, e_last, out, base, cap, ev_count, ev_offsets, ev_attr,
                             found += 1
                 if not next_combination(idx, r, k):    # (of r of the k located spaces)
                     break
-        for i in range(len(table.always)):
-            u = table.always[i]
-            pos = unit_sub[u]
-            word = pos >> 6
-            mask = np.uint64(1) << np.uint64(pos & 63)
-            if alive[pos] == 0 or (bm0[word] & mask) != 0:
-                continue
-            if unit_true(u, -1, -1, unit_off, pids, ev_pos, ev_value, ev_token, rows, pattern_truth, list_truth):
-                bm0[word] |= mask
-                bm1[word >> 6] |= np.uint64(1) << np.uint64(word & 63)
-                found += 1
-        for at in range(s0, s1):
-            if ev_attr[at] < n_pos:
-                ev_pos[ev_attr[at]] = -1
-        if count:
-            stats[2] += found
-        write = used + found <= cap
-        emit_marked(bm0, bm1, out, base + used, write)
-        if not write:
-            result[0] = e
-            result[1] = found
+        used = _event_done(e, s0, s1, found, table.always, unit_sub, unit_off, pids, rows, ev_attr, ev_pos, ev_value,
+                           ev_token, pattern_truth, list_truth, alive, bm0, bm1, out, base, used, cap, ev_count,
+                           result, stats)
+        if used < 0:
             return
-        used += found
-        ev_count[e] = found
 
 
 def psthash_kernel_py(task_first, task_last, out, cap, ev_count, task_stop, task_need, n_positions, n_attrs,
