@@ -265,7 +265,7 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, 
     if self_adjust and (op == AND or op == OR):
         signature = _signature(children, 0, nc)
         for i in range(nc):
-            if not _holds(children, 0, i, children[i]):     # (a child twice, as in x XOR x: one parent entry)
+            if not _holds(children, 0, i, children[i]):     # (a child listed twice: one parent entry)
                 _add_parent(children[i], node, op, signature, nodes, par_pool, ctr)
     return node
 
