@@ -32,16 +32,16 @@ class ATreeArrays(NamedTuple):
     kind: np.ndarray         # int8 [N] LEAF/AND/OR/XOR/XNOR
     level: np.ndarray        # int32 [N] (§4.1), ascending
     level_start: np.ndarray  # int64 [M + 2]: nodes of level L are [level_start[L], level_start[L + 1])
-    child_off: np.ndarray    # int64 [N + 1] children CSR (evaluation)
+    child_off: np.ndarray    # int32 [N + 1] (int64 past 2**31 links: _offsets) children CSR (evaluation)
     child_idx: np.ndarray    # int32
-    par_off: np.ndarray      # int64 [N + 1] propagation links CSR (child -> parents it reaches)
+    par_off: np.ndarray      # int32 [N + 1] (as child_off) propagation links CSR (child -> parents it reaches)
     par_idx: np.ndarray      # int32
     needs3: np.ndarray       # uint8 [N]: reads its children in three values (XOR/XNOR or below one)
     leaf_pred: np.ndarray    # int32 [N]: a leaf's predicate id in the segment, -1 otherwise
     attr_off: np.ndarray     # int64 [A + 1]: leaves by attribute (CSR)
     attr_leaf: np.ndarray    # int32
     absent_leaf: np.ndarray  # int32: leaves not NULL on an absent attribute (IS NULL; exact IS NOT NULL)
-    sub_off: np.ndarray      # int64 [N + 1]: subscription positions per r-node (CSR)
+    sub_off: np.ndarray      # int32 [N + 1] (as child_off): subscription positions per r-node (CSR)
     sub_pos: np.ndarray      # int32
 
     @property
@@ -186,9 +186,17 @@ def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, 
     sub_pos = np.argsort(root, kind="stable")
     sub_off = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(root, minlength=n), out=sub_off[1:])
-    return ATreeArrays(kind, lv.astype(np.int32), level_start, c_off, c_idx.astype(np.int32), par_off,
-                       par_idx.astype(np.int32), needs3, leaf_pred.astype(np.int32), attr_off,
-                       attr_leaf.astype(np.int32), absent.astype(np.int32), sub_off, sub_pos.astype(np.int32))
+    return ATreeArrays(kind, lv.astype(np.int32), level_start, _offsets(c_off), c_idx.astype(np.int32),
+                       _offsets(par_off), par_idx.astype(np.int32), needs3, leaf_pred.astype(np.int32), attr_off,
+                       attr_leaf.astype(np.int32), absent.astype(np.int32), _offsets(sub_off),
+                       sub_pos.astype(np.int32))
+
+
+def _offsets(offsets: np.ndarray) -> np.ndarray:
+    """A per-node CSR offset array as int32 where its total fits, which is
+    always but past 2**31 links (W5 at 1 M: 1.43 M nodes, 11 MiB an array
+    fewer).  The kernels read either; the cuda twin casts to its dtypes."""
+    return offsets.astype(np.int32) if int(offsets[-1]) <= np.iinfo(np.int32).max else offsets
 
 
 #: the key class (:class:`LeafIndex`) of each operator, -1 for those evaluated one by one -- the list
