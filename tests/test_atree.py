@@ -1080,3 +1080,21 @@ def test_the_compiled_dag_refuses_an_insertion_past_its_int32_ids_and_changes_no
     expected = reference.insert_programs(range(n), offsets, kinds, args, key)
     roots += dag.insert_programs(rest, offsets, kinds, args, key)
     assert dag_state(dag, roots) == dag_state(reference, expected)
+
+
+def test_the_level_arrays_offsets_are_int32_until_their_totals_pass_it():
+    """The CSR offsets of the level arrays are int32 where their totals fit
+    (half the bytes; the kernels read either), int64 beyond."""
+    from gpu_kernels.atree.layout import _offsets
+    assert _offsets(np.array([0, 3, 2**31 - 1], np.int64)).dtype == np.int32
+    wide = _offsets(np.array([0, 3, 2**31], np.int64))
+    assert wide.dtype == np.int64 and wide.tolist() == [0, 3, 2**31]
+    index = Index(algorithm="atree")
+    index.add_many([1, 2], ["a = 1 AND (b = 2 OR c = 3)", "a = 1 XOR b = 2"])
+    index.merge()
+    events = [{"a": 1, "b": 2}, {"a": 1, "c": 3}, {"a": 2, "b": 2}]
+    for batch in (events[:1], events * 3):          # one event at a time, and 64 events a word
+        got = index.match_batch(batch)
+        assert [ids.tolist() for ids in got] == ([[1], [1], [2]] * 3)[:len(batch)]     # (TRUE XOR NULL: NULL)
+    arrays = atree_of(index).arrays
+    assert arrays.child_off.dtype == arrays.par_off.dtype == arrays.sub_off.dtype == np.int32
