@@ -1067,6 +1067,7 @@ def test_the_compiled_dag_refuses_an_insertion_past_its_int32_ids_and_changes_no
     dag = ArrayDag(capacity=4)
     roots = dag.insert_programs(np.arange(n // 2), offsets, kinds, args, key)
     assert dag.nodes.dtype == dag.child_pool.dtype == dag.key_pool.dtype == np.int32
+    assert dag.ins.size == 0 and dag.par_pool.size == 0     # (what only an insertion reads: dropped after it)
     before = dag_state(dag, roots)
     rest = np.arange(n // 2, n)
     rows = int((offsets[rest + 1] - offsets[rest]).sum())

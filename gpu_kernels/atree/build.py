@@ -9,10 +9,12 @@ compares the two and the paper's one-by-one insertion), with the same
 algorithms run by :func:`insert_programs_kernel`:
 
 * **nodes** are rows of one int32 matrix (kind, use count, children and
-  expression id as slices of two int32 pools, leaf class, the sizes of the
-  expression ids the node is a child in, its AND and its OR parent
-  lists): 48 bytes a node, half of what int64 would hold (node ids and
-  pool offsets stay below 2**31: checked before an insertion);
+  expression id as slices of two int32 pools, leaf class): 28 bytes a
+  node (node ids and pool offsets stay below 2**31: checked before an
+  insertion).  What only an insertion reads -- the sizes of the
+  expression ids a node is a child in, the heads and lengths of its AND
+  and its OR parent lists -- is a second matrix, ``ins``, made before an
+  insertion and dropped after it;
 * **expression ids** (§4.2.1) live in an open-addressing hash table of
   node ids, hashed and compared by (operator, sorted child ids); a leaf's
   id is its *leaf class* (one per distinct predicate key, numbered here,
@@ -48,10 +50,13 @@ from gpu_kernels.combinations import first_combination, next_combination
 from gpu_kernels.opcodes import AND, LEAF, OR
 
 # the columns of a node's row
-# (a node's AND parents and its OR parents are two lists, Algorithm 3 walking one operator's: P_HEAD and
-# P_COUNT for AND, the two columns after them for OR; ``_side``)
-KIND, USES, C_START, C_LEN, LEAF_CLASS, K_START, K_LEN, MEMBERS, P_HEAD, P_COUNT = range(10)
-N_COLUMNS = 12
+KIND, USES, C_START, C_LEN, LEAF_CLASS, K_START, K_LEN = range(7)
+N_COLUMNS = 7
+# the columns of a node's row in ``ins``, what only an insertion reads (made for one, dropped after it): the
+# sizes of the expression ids the node is a child in (Algorithm 2), and its AND parents and its OR parents
+# as two lists (Algorithm 3 walks one operator's): P_HEAD and P_COUNT for AND, the two after them for OR
+MEMBERS, P_HEAD, P_COUNT = range(3)
+N_INS_COLUMNS = 5
 # the counters (``ctr``)
 N_NODES, C_USED, K_USED, P_USED, T_FILLED, N_REMOVED = range(6)
 N_COUNTERS = 6
@@ -202,33 +207,33 @@ def _signature(buf, start, n):
 
 @njit(cache=True, inline="always")
 def _side(op):
-    """Where the parent list of operator ``op`` (AND or OR) lies in a node's row, from P_HEAD and P_COUNT:
-    only these two operators' parents are listed, since Algorithm 3 only reorganises them."""
+    """Where the parent list of operator ``op`` (AND or OR) lies in a node's ``ins`` row, from P_HEAD and
+    P_COUNT: only these two operators' parents are listed, since Algorithm 3 only reorganises them."""
     return 0 if op == AND else 2
 
 
 @njit(cache=True)
-def _add_parent(child, parent, kind, signature, nodes, par_pool, ctr):
+def _add_parent(child, parent, kind, signature, ins, par_pool, ctr):
     side = _side(kind)
     e = ctr[P_USED]
     ctr[P_USED] = e + 1
     par_pool[e, 0] = parent
-    par_pool[e, 1] = nodes[child, P_HEAD + side]
+    par_pool[e, 1] = ins[child, P_HEAD + side]
     par_pool[e, 2] = signature
-    nodes[child, P_HEAD + side] = e
-    nodes[child, P_COUNT + side] += 1
+    ins[child, P_HEAD + side] = e
+    ins[child, P_COUNT + side] += 1
 
 
 @njit(cache=True, inline="always")
-def _no_parents(node, nodes):
+def _no_parents(node, ins):
     for side in (0, 2):
-        nodes[node, P_HEAD + side] = -1
-        nodes[node, P_COUNT + side] = 0
+        ins[node, P_HEAD + side] = -1
+        ins[node, P_COUNT + side] = 0
 
 
 @njit(cache=True)
-def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, key_pool, par_pool, slots, ctr,
-         leaf_node):
+def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, ins, child_pool, key_pool, par_pool, slots,
+         ctr, leaf_node):
     """A new node (``_new`` of the Python DAG): ``children[:nc]`` linked,
     keyed by ``key[:nk]`` (a leaf by its class)."""
     node = ctr[N_NODES]
@@ -242,8 +247,8 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, 
     nodes[node, C_START] = c0
     nodes[node, C_LEN] = nc
     nodes[node, LEAF_CLASS] = leaf_class
-    nodes[node, MEMBERS] = 0
-    _no_parents(node, nodes)
+    ins[node, MEMBERS] = 0
+    _no_parents(node, ins)
     if op == LEAF:
         nodes[node, K_START] = 0
         nodes[node, K_LEN] = 0
@@ -259,27 +264,29 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, child_pool, 
         if (op == AND or op == OR) and 2 <= nk < SUBSET_ENUMERATION:
             bit = _member_bit(op, nk)
             for i in range(nk):
-                nodes[key[i], MEMBERS] |= bit
+                ins[key[i], MEMBERS] |= bit
     for i in range(nc):
         nodes[children[i], USES] += 1
     if self_adjust and (op == AND or op == OR):
         signature = _signature(children, 0, nc)
         for i in range(nc):
             if not _holds(children, 0, i, children[i]):     # (a child listed twice: one parent entry)
-                _add_parent(children[i], node, op, signature, nodes, par_pool, ctr)
+                _add_parent(children[i], node, op, signature, ins, par_pool, ctr)
     return node
 
 
 @njit(cache=True)
-def _forget(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node):
-    """The node removed (``_forget``): out of the table, its links to its children gone."""
+def _forget(node, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node):
+    """The node removed (``_forget``): out of the table, its links to its
+    children gone (in the parent lists too while an insertion has them:
+    ``ins`` is empty between insertions)."""
     c0, nc = nodes[node, C_START], nodes[node, C_LEN]
     op = nodes[node, KIND]
-    if self_adjust and (op == AND or op == OR):
+    if len(ins) and self_adjust and (op == AND or op == OR):
         for i in range(nc):
             if not _holds(child_pool, c0, i, child_pool[c0 + i]):
                 # (its entry stays in the list: see the module doc)
-                nodes[child_pool[c0 + i], P_COUNT + _side(op)] -= 1
+                ins[child_pool[c0 + i], P_COUNT + _side(op)] -= 1
     if nodes[node, K_LEN] >= 0:
         if nodes[node, KIND] == LEAF:
             if leaf_node[nodes[node, LEAF_CLASS]] == node:
@@ -290,12 +297,13 @@ def _forget(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_nod
     nodes[node, C_LEN] = 0
     nodes[node, K_LEN] = -1
     nodes[node, LEAF_CLASS] = -1
-    _no_parents(node, nodes)
+    if len(ins):
+        _no_parents(node, ins)
     ctr[N_REMOVED] += 1
 
 
 @njit(cache=True)
-def release(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node):
+def release(node, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node):
     """Algorithm 5: one use less; at zero the node goes, and with it one use of each of its children."""
     stack = np.empty(64, np.int64)
     stack[0] = node
@@ -313,22 +321,22 @@ def release(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_nod
             for i in range(nc):
                 stack[depth] = child_pool[c0 + i]
                 depth += 1
-            _forget(n, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+            _forget(n, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
 
 
 @njit(cache=True)
-def release_all(roots, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node):
+def release_all(roots, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node):
     for root in roots:
-        release(root, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+        release(root, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
 
 
 @njit(cache=True)
-def _remove(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node):
+def _remove(node, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node):
     """``_remove``: the node forgotten, then one use of each of its children released."""
     c0, nc = nodes[node, C_START], nodes[node, C_LEN]
-    _forget(node, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+    _forget(node, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
     for i in range(nc):                 # (the pool keeps the slice: forgetting only cut its length)
-        release(child_pool[c0 + i], self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+        release(child_pool[c0 + i], self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
 
 
 @njit(cache=True)
@@ -353,7 +361,7 @@ def _popcount(x):
 
 
 @njit(cache=True)
-def _reorganized(op, flat, n, out, nodes, key_pool, slots, bloom, elig, idx, sub, cand_node, cand_mask):
+def _reorganized(op, flat, n, out, nodes, ins, key_pool, slots, bloom, elig, idx, sub, cand_node, cand_mask):
     """Algorithm 2 (``ATreeDag._reorganized``): existing ``op`` nodes over
     sub-sets of ``flat[:n]`` (sorted) picked greedily, most children still
     uncovered first, the first found among equals; the new children into
@@ -371,7 +379,7 @@ def _reorganized(op, flat, n, out, nodes, key_pool, slots, bloom, elig, idx, sub
         bit = _member_bit(op, size)
         n_elig = 0
         for i in range(n):              # only children in some expression id of this size can be found
-            if nodes[flat[i], MEMBERS] & bit:
+            if ins[flat[i], MEMBERS] & bit:
                 elig[n_elig] = i
                 n_elig += 1
         if n_elig < size:
@@ -418,7 +426,7 @@ def _reorganized(op, flat, n, out, nodes, key_pool, slots, bloom, elig, idx, sub
 
 
 @njit(cache=True)
-def _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr):
+def _take_place(parent, node, op, flat, n, nodes, ins, child_pool, par_pool, ctr):
     """Algorithm 3 at one node (``ATreeDag._take_place``): ``parent``, an
     ``op`` node linking all of ``flat[:n]`` and more, links ``node`` in
     their place."""
@@ -441,14 +449,14 @@ def _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr):
     _sort(child_pool, c0, m)
     nodes[parent, C_LEN] = m
     nodes[node, USES] += 1
-    _add_parent(node, parent, op, _signature(child_pool, c0, m), nodes, par_pool, ctr)
+    _add_parent(node, parent, op, _signature(child_pool, c0, m), ins, par_pool, ctr)
     for i in range(n):
-        nodes[flat[i], P_COUNT + _side(op)] -= 1
+        ins[flat[i], P_COUNT + _side(op)] -= 1
         nodes[flat[i], USES] -= 1
 
 
 @njit(cache=True)
-def _adjusted(node, op, flat, n, nodes, child_pool, par_pool, ctr, reserve):
+def _adjusted(node, op, flat, n, nodes, ins, child_pool, par_pool, ctr, reserve):
     """Algorithm 3 (``ATreeDag._adjusted``): the ``op`` parents of the child
     of ``flat[:n]`` with the fewest, each checked to link all of ``flat``.
     Returns the parent lists' pool, grown so that ``reserve`` entries stay free."""
@@ -457,9 +465,9 @@ def _adjusted(node, op, flat, n, nodes, child_pool, par_pool, ctr, reserve):
     side = _side(op)
     pivot = flat[0]
     for i in range(1, n):
-        if nodes[flat[i], P_COUNT + side] < nodes[pivot, P_COUNT + side]:
+        if ins[flat[i], P_COUNT + side] < ins[pivot, P_COUNT + side]:
             pivot = flat[i]
-    e = nodes[pivot, P_HEAD + side]
+    e = ins[pivot, P_HEAD + side]
     while e >= 0:
         if ctr[P_USED] + reserve + 1 > len(par_pool):
             grown = np.empty((2 * len(par_pool) + reserve, PAR_COLUMNS), np.int64)
@@ -472,14 +480,14 @@ def _adjusted(node, op, flat, n, nodes, child_pool, par_pool, ctr, reserve):
                 break
             older |= _signature_bit(flat[i])
         if par_pool[e, 2] & older == older:
-            _take_place(parent, node, op, flat, n, nodes, child_pool, par_pool, ctr)
+            _take_place(parent, node, op, flat, n, nodes, ins, child_pool, par_pool, ctr)
         e = par_pool[e, 1]
     return par_pool
 
 
 @njit(cache=True)
 def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_class_of_pid, reorganize, self_adjust,
-                           nodes, child_pool, key_pool, par_pool, slots, bloom, ctr, leaf_node, roots):
+                           nodes, ins, child_pool, key_pool, par_pool, slots, bloom, ctr, leaf_node, roots):
     """Algorithm 4 for the postfix program of each of ``positions[begin:end]``
     (well formed: :func:`subexpression_starts` checked them): its r-node
     into ``roots``.  Stops before a program the arrays might not hold
@@ -504,7 +512,7 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
         p = positions[i]
         start, stop = offsets[p], offsets[p + 1]
         length = stop - start
-        if ctr[N_NODES] + length > len(nodes) or ctr[C_USED] + length > len(child_pool) \
+        if ctr[N_NODES] + length > min(len(nodes), len(ins)) or ctr[C_USED] + length > len(child_pool) \
                 or ctr[K_USED] + length > len(key_pool) or ctr[P_USED] + length > len(par_pool) \
                 or 2 * (ctr[T_FILLED] + length) > len(slots):
             return i, par_pool
@@ -528,8 +536,8 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
                 cls = leaf_class_of_pid[args[start + at]]
                 node = leaf_node[cls]
                 if node < 0:
-                    node = _new(LEAF, flat, 0, flat, 0, cls, self_adjust, nodes, child_pool, key_pool, par_pool,
-                                slots, ctr, leaf_node)
+                    node = _new(LEAF, flat, 0, flat, 0, cls, self_adjust, nodes, ins, child_pool, key_pool,
+                                par_pool, slots, ctr, leaf_node)
                 entry[depth] = top
                 vals[top] = node
                 top += 1
@@ -563,21 +571,21 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
                 if node < 0:
                     n_out = -1
                     if reorganize and (kind == AND or kind == OR) and n > 2:
-                        n_out = _reorganized(kind, flat, n, out, nodes, key_pool, slots, bloom, elig, idx, sub,
-                                             cand_node, cand_mask)
+                        n_out = _reorganized(kind, flat, n, out, nodes, ins, key_pool, slots, bloom, elig, idx,
+                                             sub, cand_node, cand_mask)
                     if n_out < 0:
-                        node = _new(kind, flat, n, flat, n, -1, self_adjust, nodes, child_pool, key_pool,
+                        node = _new(kind, flat, n, flat, n, -1, self_adjust, nodes, ins, child_pool, key_pool,
                                     par_pool, slots, ctr, leaf_node)
                     else:
-                        node = _new(kind, out, n_out, flat, n, -1, self_adjust, nodes, child_pool, key_pool,
+                        node = _new(kind, out, n_out, flat, n, -1, self_adjust, nodes, ins, child_pool, key_pool,
                                     par_pool, slots, ctr, leaf_node)
                         for k in range(n):      # _drop_unused: children covered and used by nothing else
                             c = flat[k]
                             if not _holds(out, 0, n_out, c) and nodes[c, USES] == 0:
-                                _remove(c, self_adjust, nodes, child_pool, key_pool, slots, ctr, leaf_node)
+                                _remove(c, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
                     _bloom_set(bloom, _hash(kind, flat, 0, n))
                     if self_adjust and (kind == AND or kind == OR):
-                        par_pool = _adjusted(node, kind, flat, n, nodes, child_pool, par_pool, ctr, length)
+                        par_pool = _adjusted(node, kind, flat, n, nodes, ins, child_pool, par_pool, ctr, length)
             top = s
             entry[depth] = top
             vals[top] = node
@@ -590,23 +598,31 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
 
 
 @njit(cache=True)
-def relinked_parents(nodes, child_pool, n_nodes, par_pool, ctr):
-    """Every node's parent list made again from the links (after a
-    compaction or a load): returns the pool's fill."""
+def insertion_rows(nodes, child_pool, key_pool, n_nodes, self_adjust, ins, par_pool, ctr):
+    """``ins`` made again before an insertion: each node's MEMBERS bits from
+    the expression ids, and with ``self_adjust`` its parent lists from the
+    links into ``par_pool`` (its fill in ``ctr[P_USED]``)."""
     ctr[P_USED] = 0
     for node in range(n_nodes):
-        _no_parents(node, nodes)
+        ins[node, MEMBERS] = 0
+        _no_parents(node, ins)
     for node in range(n_nodes):
         op = nodes[node, KIND]
         if op != AND and op != OR:
             continue
-        c0, nc = nodes[node, C_START], nodes[node, C_LEN]
-        signature = _signature(child_pool, c0, nc)
-        for i in range(nc):
-            child = child_pool[c0 + i]
-            if not _holds(child_pool, c0, i, child):
-                _add_parent(child, node, op, signature, nodes, par_pool, ctr)
-    return ctr[P_USED]
+        nk = nodes[node, K_LEN]
+        if 2 <= nk < SUBSET_ENUMERATION:
+            bit = _member_bit(op, nk)
+            k0 = nodes[node, K_START]
+            for i in range(nk):
+                ins[key_pool[k0 + i], MEMBERS] |= bit
+        if self_adjust:
+            c0, nc = nodes[node, C_START], nodes[node, C_LEN]
+            signature = _signature(child_pool, c0, nc)
+            for i in range(nc):
+                child = child_pool[c0 + i]
+                if not _holds(child_pool, c0, i, child):
+                    _add_parent(child, node, op, signature, ins, par_pool, ctr)
 
 
 @njit(cache=True)
@@ -625,20 +641,6 @@ def duplicate_keys(nodes, key_pool, n_nodes, slots):
             if _find(op, buf, nk, nodes, key_pool, slots) != node:
                 count += 1
     return count
-
-
-@njit(cache=True)
-def key_members(nodes, key_pool, n_nodes):
-    """Each node's MEMBERS bits again from the expression ids (after a compaction or a load)."""
-    for node in range(n_nodes):
-        nodes[node, MEMBERS] = 0
-    for node in range(n_nodes):
-        op, nk = nodes[node, KIND], nodes[node, K_LEN]
-        if (op == AND or op == OR) and 2 <= nk < SUBSET_ENUMERATION:
-            bit = _member_bit(op, nk)
-            k0 = nodes[node, K_START]
-            for i in range(nk):
-                nodes[key_pool[k0 + i], MEMBERS] |= bit
 
 
 @njit(cache=True)
@@ -694,8 +696,9 @@ class ArrayDag:
         self.child_pool = np.zeros(4 * capacity, np.int32)
         self.key_pool = np.zeros(4 * capacity, np.int32)
         self.par_pool = np.zeros((4 * capacity, PAR_COLUMNS), np.int64)
-        #: whether ``par_pool`` holds the parent lists (dropped after each insertion, made again before the next)
-        self.parent_lists = True
+        #: what only an insertion reads, a row a node (MEMBERS and the parent lists' heads and counts); dropped
+        #: after each insertion (no rows), made again before the next (:func:`insertion_rows`)
+        self.ins = np.zeros((capacity, N_INS_COLUMNS), np.int32)
         #: the expression ids' table and its Bloom filter (:func:`rehashed`)
         self.slots, _, self.bloom = rehashed(self.nodes, self.key_pool, 0, _pow2(2 * capacity))
         self.ctr = np.zeros(N_COUNTERS, np.int64)
@@ -708,10 +711,9 @@ class ArrayDag:
     def copy(self) -> "ArrayDag":
         new = object.__new__(type(self))
         new.reorganize, new.self_adjust = self.reorganize, self.self_adjust
-        for name in ("nodes", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node"):
+        for name in ("nodes", "ins", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node"):
             setattr(new, name, getattr(self, name).copy())
         new.class_of_key, new.class_keys = dict(self.class_of_key), list(self.class_keys)
-        new.parent_lists = self.parent_lists
         new._python = None
         return new
 
@@ -729,7 +731,7 @@ class ArrayDag:
     @property
     def nbytes(self) -> int:
         return sum(int(getattr(self, name).nbytes) for name in
-                   ("nodes", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node"))
+                   ("nodes", "ins", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node"))
 
     # ------------------------------------------------------------ insertion
     def _leaf_classes(self, pids: np.ndarray, leaf_key) -> np.ndarray:
@@ -766,16 +768,19 @@ class ArrayDag:
         classes = self._leaf_classes(np.flatnonzero(leaf_pids_used(positions, offsets, kinds, args)), leaf_key)
         roots = np.empty(len(positions), np.int64)
         self._python = None
-        if self.self_adjust and not self.parent_lists:
-            self.par_pool = np.zeros((2 * int(self.ctr[C_USED]) + 16, PAR_COLUMNS), np.int64)
-            relinked_parents(self.nodes, self.child_pool, self.n_nodes, self.par_pool, self.ctr)
-            self.parent_lists = True
+        if not len(self.ins):           # (dropped after the last insertion)
+            self.ins = np.zeros((len(self.nodes), N_INS_COLUMNS), np.int32)
+            if self.self_adjust:
+                self.par_pool = np.zeros((2 * int(self.ctr[C_USED]) + 16, PAR_COLUMNS), np.int64)
+            insertion_rows(self.nodes, self.child_pool, self.key_pool, self.n_nodes, self.self_adjust, self.ins,
+                           self.par_pool, self.ctr)
         done = 0
         while done < len(positions):
             end = min(done + self.CHUNK, len(positions))
             reached, self.par_pool = insert_programs_kernel(
                 positions, done, end, offsets, kinds, args, classes, self.reorganize, self.self_adjust, self.nodes,
-                self.child_pool, self.key_pool, self.par_pool, self.slots, self.bloom, self.ctr, self.leaf_node, roots)
+                self.ins, self.child_pool, self.key_pool, self.par_pool, self.slots, self.bloom, self.ctr,
+                self.leaf_node, roots)
             if progress is not None and reached > done:
                 progress(reached - done)
             done = reached
@@ -783,6 +788,7 @@ class ArrayDag:
                 continue
             need = int(last[done] - first[done])
             self.nodes = _grown(self.nodes, self.n_nodes + need)
+            self.ins = _grown(self.ins, len(self.nodes))
             self.child_pool = _grown(self.child_pool, int(self.ctr[C_USED]) + need)
             self.key_pool = _grown(self.key_pool, int(self.ctr[K_USED]) + need)
             self.par_pool = _grown(self.par_pool, int(self.ctr[P_USED]) + need)
@@ -795,23 +801,24 @@ class ArrayDag:
 
     def _trim(self) -> None:
         """The arrays cut to what they hold (they doubled as they grew),
-        and the parent lists dropped: matching never reads the DAG, and
-        only Algorithm 3 reads the lists, which the next insertion makes
-        again from the links (:func:`relinked_parents`, one pass).  At a
-        million expressions the lists are the DAG's largest array."""
+        and what only an insertion reads dropped (the parent lists and
+        ``ins``): matching never reads the DAG, and the next insertion makes
+        them again from the links and the expression ids
+        (:func:`insertion_rows`, one pass).  At a million expressions the
+        lists are the DAG's largest array."""
         self.nodes = self.nodes[:self.n_nodes + 1].copy()
         self.child_pool = self.child_pool[:int(self.ctr[C_USED]) + 1].copy()
         self.key_pool = self.key_pool[:int(self.ctr[K_USED]) + 1].copy()
         self.par_pool = np.zeros((0, PAR_COLUMNS), np.int64)
         self.ctr[P_USED] = 0
-        self.parent_lists = False
+        self.ins = np.zeros((0, N_INS_COLUMNS), np.int32)
 
     # ------------------------------------------------------------- deletion
     def release_all(self, roots) -> None:
         """Algorithm 5 for each of ``roots``."""
         self._python = None
-        release_all(np.asarray(roots, np.int64), self.self_adjust, self.nodes, self.child_pool, self.key_pool,
-                    self.slots, self.ctr, self.leaf_node)
+        release_all(np.asarray(roots, np.int64), self.self_adjust, self.nodes, self.ins, self.child_pool,
+                    self.key_pool, self.slots, self.ctr, self.leaf_node)
 
     # ------------------------------------------------------------ compaction
     def compacted(self, roots):
@@ -849,8 +856,8 @@ class ArrayDag:
         new.leaf_node[rows[leaves, LEAF_CLASS]] = leaves
         new.slots, filled, new.bloom = rehashed(new.nodes, new.key_pool, len(rows), _pow2(4 * len(rows)))
         new.ctr[T_FILLED] = filled
-        key_members(new.nodes, new.key_pool, len(rows))
-        new.par_pool, new.parent_lists = np.zeros((0, PAR_COLUMNS), np.int64), False      # (made by the next insertion)
+        # (made by the next insertion)
+        new.par_pool, new.ins = np.zeros((0, PAR_COLUMNS), np.int64), np.zeros((0, N_INS_COLUMNS), np.int32)
         return new, old_to_new[np.asarray(roots, np.int64)].tolist()
 
     @classmethod
@@ -858,8 +865,8 @@ class ArrayDag:
                  key_len, key_idx) -> "ArrayDag":
         """A saved DAG (:meth:`saved`'s arrays, ``leaf_pid`` read through
         ``keys``, the predicate keys by id), its ranges and use counts
-        checked by the caller: the table and its filter, the leaf classes
-        and the members bits made again (the parent lists by the next
+        checked by the caller: the table and its filter and the leaf
+        classes made again (``ins`` and the parent lists by the next
         insertion).  ValueError when two nodes have one expression id."""
         n = len(kind)
         if n + len(child_idx) + len(key_idx) > _ID_LIMIT:
@@ -885,8 +892,8 @@ class ArrayDag:
         new.slots, new.ctr[T_FILLED], new.bloom = rehashed(new.nodes, new.key_pool, n, _pow2(4 * n))
         if duplicate_keys(new.nodes, new.key_pool, n, new.slots):
             raise ValueError("saved A-Tree: two nodes with one expression id")
-        key_members(new.nodes, new.key_pool, n)
-        new.par_pool, new.parent_lists = np.zeros((0, PAR_COLUMNS), np.int64), False      # (made by the next insertion)
+        # (made by the next insertion)
+        new.par_pool, new.ins = np.zeros((0, PAR_COLUMNS), np.int64), np.zeros((0, N_INS_COLUMNS), np.int32)
         return new
 
     # ----------------------------------------------------------- reading it
