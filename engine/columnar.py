@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -121,11 +122,14 @@ class _Rows:
         return self.table[name] if name in self.table.column_names else None
 
     def fail(self, mask: np.ndarray, message: str):
+        """Refuse the table for its first row in ``mask``, if any."""
         if mask.any():
-            row = int(np.flatnonzero(mask)[0])
-            attribute = self.attr_names[self.attr_index[row]]
-            raise SchemaError(f"columnar subscriptions: row {self.number(row)} (sub_id {int(self.sub_id[row])}, "
-                              f"attribute {attribute!r}): {message}")
+            self.fail_at(int(np.argmax(mask)), message)
+
+    def fail_at(self, row: int, message: str):
+        attribute = self.attr_names[self.attr_index[row]]
+        raise SchemaError(f"columnar subscriptions: row {self.number(row)} (sub_id {int(self.sub_id[row])}, "
+                          f"attribute {attribute!r}): {message}")
 
 
 def _op_name(name) -> str:
@@ -179,7 +183,7 @@ def int64_ids(column, what: str) -> np.ndarray:
     if ids.dtype.kind == "u" and len(ids) and ids.max() > np.iinfo(np.int64).max:
         row = int(np.flatnonzero(ids > np.iinfo(np.int64).max)[0])
         raise SchemaError(f"{what}: row {row}: id {int(ids[row])} does not fit in int64")
-    return ids.astype(np.int64)
+    return ids.astype(np.int64, copy=False)
 
 
 def _bad_regex(pattern: str) -> str | None:
@@ -198,11 +202,14 @@ _RE2_QUIET.log_errors = False
 
 def _factorize(column) -> tuple[list, np.ndarray]:
     """(distinct values, index of each row's value) of a string or
-    dictionary column, hashed by Arrow rather than row by row in Python."""
+    dictionary column, hashed by Arrow rather than row by row in Python.
+    The indices keep the dictionary's integer type (int8 for a handful of
+    operators: a copy of 15 M rows as int64 is 120 MB), signed."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if not pa.types.is_dictionary(array.type):
         array = pc.dictionary_encode(array)
-    return array.dictionary.to_pylist(), array.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    indices = array.indices.to_numpy(zero_copy_only=False)
+    return array.dictionary.to_pylist(), indices if indices.dtype.kind == "i" else indices.astype(np.int64)
 
 
 def _valid(column, n):
@@ -229,13 +236,11 @@ def _numbers(rows: _Rows, name: str, mask: np.ndarray) -> np.ndarray:
     """float64 keys of a numeric/boolean column (0 where unused), refusing
     NaN, infinities and integers beyond ±2**53 on the rows that use it."""
     column = rows.column(name)
-    keys = np.zeros(rows.n)
     if column is None or not mask.any():
-        return keys
+        return np.zeros(rows.n)
     raw, refused = exact_floats(column)
     rows.fail(mask & refused, f"{name} {_NOT_EXACT[_number_kind(column.type)]}")
-    keys[mask] = raw[mask]
-    return keys
+    return np.where(mask, raw, 0.0)
 
 
 #: why the value rule refuses a number, by the kind of its column
@@ -441,28 +446,31 @@ def _postfix_programs(order, starts, ends, row, arity, negated, pred_of_row, cod
     return offsets, kinds, args
 
 
-def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, dict[str, Family]]:
-    """Validate a columnar table against ``schema`` and compile it.
+class _Operands(NamedTuple):
+    """Which rows carry which operand, validated: the masks the keys are
+    read with and each row's family (the two dozen masks of the checks die
+    with :func:`_operands`: at 15 M rows each is 15 MB)."""
+    row_family: np.ndarray      # int8: the family a row fixes for its attribute (0 numbers, 1 string, 2 boolean,
+                                # 3 list of numbers, 4 list of strings), -1 none
+    num_family: Family | None   # the family of the value columns (numbers, or booleans in them)
+    empty_test: np.ndarray      # IS [NOT] EMPTY rows
+    number: np.ndarray          # rows keyed by value
+    number_hi: np.ndarray       # BETWEEN rows keyed by value_hi
+    boolean: np.ndarray         # rows keyed by bool_value
+    number_lists: np.ndarray    # rows with a values list
+    boolean_lists: np.ndarray   # IN rows with a bool_values list
+    string_lists: np.ndarray    # rows with a str_values list
+    string: np.ndarray          # rows keyed by the string str_value (not a pattern)
+    string_hi: np.ndarray       # BETWEEN rows keyed by str_value_hi
+    pattern: np.ndarray         # LIKE and MATCHES rows (str_value a pattern)
+    contains: np.ndarray        # CONTAINS rows (`value IN attr`)
 
-    ``check_ids(unique_sorted_ids)`` may refuse the subscription ids (it is
-    called before anything is registered).  Validation happens before
-    anything is registered: on error the schema is untouched.  Returns the
-    segment and the schema changes it made."""
-    if not isinstance(table, pa.Table):
-        table = pa.table(table)
-    _check_columns(table, ("sub_id", "op"))     # (attr is null on connective rows: _Rows checks the others')
-    op_names, op_index = _factorize(table["op"])    # once, for the connectives and the operators both
-    postfix = _connectives(table, op_names, op_index)
-    if postfix is None:
-        rows = _Rows(table, (op_names, op_index))
-    else:       # the predicate rows go the plain way; the connectives shape the programs
-        is_predicate = postfix.row == _PREDICATE_ROW
-        predicate_rows = np.flatnonzero(is_predicate)
-        kept = table.filter(pa.array(is_predicate))
-        rows = _Rows(kept.drop_columns(["arity"]) if "arity" in table.column_names else kept,
-                     (op_names, op_index[predicate_rows]), predicate_rows)
-    n, op = rows.n, rows.op
-    operand = _OPERAND_OF[op]       # (one gather, not a pass over the rows per class)
+
+def _operands(rows: _Rows) -> _Operands:
+    """Check that every row has exactly the operands its operator reads,
+    of the types the columns allow, and say which rows carry which."""
+    n = rows.n
+    operand = _OPERAND_OF[rows.op]       # (one gather, not a pass over the rows per class)
     is_set = operand == _SET_OPERAND
     is_range = operand == _RANGE_OPERAND
     is_pattern = operand == _PATTERN_OPERAND
@@ -527,14 +535,30 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     string_row = (has_str & ~is_set) | (is_set & has_strs) | is_pattern
     bool_row = ~is_pattern & ((has_bool & ~is_set) | (is_set & has_bools))
     numeric_row = ~string_row & ~bool_row & ~is_null_test & ~is_empty_test
-    row_family = np.where(string_row, 1, np.where(bool_row, 2, np.where(numeric_row, 0, -1)))
-    row_family = np.where(is_list_row, row_family + 3, row_family)     # 3, 4: lists of numbers, of strings
+    row_family = np.full(n, -1, np.int8)     # (the three are disjoint once the checks above pass)
+    row_family[numeric_row] = 0
+    row_family[bool_row] = 2
+    row_family[string_row] = 1
+    row_family[is_list_row] += 3     # 3, 4: lists of numbers, of strings
+    return _Operands(row_family, num_family, is_empty_test, number=has_num & ~is_set, number_hi=is_range & has_num_hi,
+                     boolean=has_bool & ~is_set, number_lists=is_set & has_nums, boolean_lists=in_set & has_bools,
+                     string_lists=is_set & has_strs, string=has_str & ~is_pattern, string_hi=is_range & has_str_hi,
+                     pattern=is_pattern, contains=is_contains)
+
+
+def _attribute_families(rows: _Rows, schema: Schema, operands: _Operands) -> dict[str, Family | None]:
+    """The family each attribute's rows fix, checked against one another
+    and against ``schema``: the attributes the rows add to the schema, with
+    their families (None: untyped, only IS [NOT] NULL tests it)."""
+    row_family, num_family, is_empty_test = operands.row_family, operands.num_family, operands.empty_test
     family_of = {0: num_family or Family.NUMERIC, 1: Family.STRING, 2: Family.BOOLEAN,
                  3: Family.NUMERIC_LIST, 4: Family.STRING_LIST}
     fixed: dict[str, Family] = {}
     n_attrs = len(rows.attr_names)
-    # family code -> per attribute, whether a row uses it with that family
-    used = {f: np.bincount(rows.attr_index[row_family == f], minlength=n_attrs) > 0 for f in family_of}
+    # per attribute and family code + 1, whether a row uses it with that family (one pass)
+    uses = np.bincount(np.multiply(rows.attr_index, len(family_of) + 1, dtype=np.int64) + row_family + 1,
+                       minlength=n_attrs * (len(family_of) + 1)).reshape(n_attrs, len(family_of) + 1) > 0
+    used = {f: uses[:, f + 1] for f in family_of}
     tests_empty = np.bincount(rows.attr_index[is_empty_test], minlength=n_attrs) > 0
     for a, name in enumerate(rows.attr_names):
         codes = [f for f in family_of if used[f][a]]
@@ -559,29 +583,55 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
                       f"IS [NOT] EMPTY needs {name!r} to be a list attribute (it is "
                       f"{family.value if family else 'untyped'}; declare it list<numeric> or list<string>, "
                       f"or test it with ONE OF, NONE OF, ALL OF or IN)")
+    return fixed
 
-    lo = _numbers(rows, "value", has_num & ~is_set)
-    hi = _numbers(rows, "value_hi", is_range & has_num_hi)
-    scalar_bool = has_bool & ~is_set
+
+def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, dict[str, Family]]:
+    """Validate a columnar table against ``schema`` and compile it.
+
+    ``check_ids(unique_sorted_ids)`` may refuse the subscription ids (it is
+    called before anything is registered).  Validation happens before
+    anything is registered: on error the schema is untouched.  Returns the
+    segment and the schema changes it made."""
+    if not isinstance(table, pa.Table):
+        table = pa.table(table)
+    _check_columns(table, ("sub_id", "op"))     # (attr is null on connective rows: _Rows checks the others')
+    op_names, op_index = _factorize(table["op"])    # once, for the connectives and the operators both
+    postfix = _connectives(table, op_names, op_index)
+    if postfix is None:
+        rows = _Rows(table, (op_names, op_index))
+    else:       # the predicate rows go the plain way; the connectives shape the programs
+        is_predicate = postfix.row == _PREDICATE_ROW
+        predicate_rows = np.flatnonzero(is_predicate)
+        kept = table.filter(pa.array(is_predicate))
+        rows = _Rows(kept.drop_columns(["arity"]) if "arity" in table.column_names else kept,
+                     (op_names, op_index[predicate_rows]), predicate_rows)
+    n, op = rows.n, rows.op
+    operands = _operands(rows)
+    fixed = _attribute_families(rows, schema, operands)
+    lo = _numbers(rows, "value", operands.number)
+    hi = _numbers(rows, "value_hi", operands.number_hi)
+    scalar_bool = operands.boolean
     if scalar_bool.any():   # booleans are keyed 0.0 / 1.0, as the text route keys them
         lo[scalar_bool] = pc.fill_null(rows.column("bool_value"), False).to_numpy(zero_copy_only=False)[scalar_bool]
-    in_lists = _list_column(rows, is_set & has_nums, "values")
-    bool_lists = _list_column(rows, in_set & has_bools, "bool_values")
-    str_in_lists = _list_column(rows, is_set & has_strs, "str_values")
+    in_lists = _list_column(rows, operands.number_lists, "values")
+    bool_lists = _list_column(rows, operands.boolean_lists, "bool_values")
+    str_in_lists = _list_column(rows, operands.string_lists, "str_values")
 
     if postfix is not None:
         # the programs' shape is checked before anything is registered: the rows of every subscription, in
         # the table's order (a stable sort by id)
         all_ids = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
         full_order = _stable_order(all_ids)
-        full_starts, full_ends = _runs(all_ids[full_order])
+        full_starts, full_ends = _runs(_in_order(all_ids, full_order))
+        full_order = np.arange(len(all_ids)) if full_order is None else full_order     # (the kernels read by it)
         negated, depth, bad, why = _postfix_shape(full_order, full_starts, full_ends, postfix.row, postfix.arity,
                                                   MAX_NESTING, MAX_NODES)
         if bad >= 0:
             raise SchemaError(f"columnar subscriptions: row {bad} (sub_id {int(all_ids[bad])}): "
                               + _postfix_error(why, int(postfix.row[bad]), int(postfix.arity[bad])))
     order = _stable_order(rows.sub_id)
-    sub_sorted = rows.sub_id[order]
+    sub_sorted = _in_order(rows.sub_id, order)
     starts, _ = _runs(sub_sorted)
     sub_ids = sub_sorted[starts]
     if check_ids is not None:
@@ -595,22 +645,23 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     attr_ids = np.array([schema.attr_ids[name] for name in rows.attr_names], dtype=np.int32)
     attr = attr_ids[rows.attr_index] if n else np.zeros(0, np.int32)
     aux = np.full(n, -1, dtype=np.int64)
-    plain_str = has_str & ~is_pattern
-    for name, mask, target in (("str_value", plain_str, lo), ("str_value_hi", is_range & has_str_hi, hi)):
+    for name, mask, target in (("str_value", operands.string, lo), ("str_value_hi", operands.string_hi, hi)):
         if mask.any():
             values = pc.filter(rows.column(name), pa.array(mask))
             schema.add_strings(pc.unique(values).to_pylist())
             ids = pc.index_in(values, value_set=pa.array(schema.strings, pa.string()))
             target[mask] = ids.to_numpy(zero_copy_only=False)
+    is_pattern = operands.pattern
     if is_pattern.any():
         patterns = pc.filter(rows.column("str_value"), pa.array(is_pattern)).to_pylist()
         kinds = np.where(np.isin(op[is_pattern], (opcodes.LIKE, opcodes.NOT_LIKE)), "like", "regex")
         for row, kind, text in zip(np.flatnonzero(is_pattern), kinds, patterns):
             if kind == "regex":      # refused here, as the text route refuses it, not at every match
                 reason = _bad_regex(text)
-                rows.fail(np.arange(rows.n) == (row if reason else -1), f"invalid RE2 pattern {text!r}: {reason}")
+                if reason:
+                    rows.fail_at(row, f"invalid RE2 pattern {text!r}: {reason}")
             aux[row] = schema.pattern_id(str(kind), text)
-    contains_rows = np.flatnonzero(is_contains)      # `value IN attr`: the list of its one value
+    contains_rows = np.flatnonzero(operands.contains)      # `value IN attr`: the list of its one value
     for parents, keys in (in_lists, bool_lists, _string_keys(schema, str_in_lists), (contains_rows, lo[contains_rows])):
         set_rows, set_ids = _register_sets(schema, parents, keys)
         aux[set_rows] = set_ids
@@ -619,7 +670,7 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     if postfix is not None:         # a NOT over a predicate is its negated operator (NOT a < 5: a >= 5)
         op = np.where(negated[predicate_rows], _NEGATED_OPCODE[op], op).astype(np.int8)
         first, inverse = distinct_rows((attr, op, lo, hi, aux))
-        pred_of_row = np.full(table.num_rows, -1, np.int64)
+        pred_of_row = np.full(table.num_rows, -1, np.int32)     # (program args are int32)
         pred_of_row[predicate_rows] = inverse
         offsets, kinds, args = _postfix_programs(full_order, full_starts, full_ends, postfix.row, postfix.arity,
                                                  negated, pred_of_row, _CODE_OF_ROW, _NEGATED_CODE_OF_ROW)
@@ -637,17 +688,22 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     kinds[and_at] = opcodes.AND
     args[and_at] = sizes
     leaf_at = np.repeat(offsets[:-1] - starts, sizes) + np.arange(n)
-    args[leaf_at] = inverse[order]
+    args[leaf_at] = _in_order(inverse, order)
     return Segment(sub_ids, offsets, kinds, args, table_, int(sizes.max()) if n else 0), fixed
 
 
-def _stable_order(ids: np.ndarray) -> np.ndarray:
-    """The rows in id order, ties in table order: a stable argsort, or the
-    rows as they are when they come grouped in ascending ids already (as a
-    pipeline writes them: a sort of 19 M rows saved)."""
+def _stable_order(ids: np.ndarray) -> np.ndarray | None:
+    """The rows in id order, ties in table order: a stable argsort, or None
+    when they come grouped in ascending ids already (as a pipeline writes
+    them: a sort of 19 M rows saved, and the copies it reorders)."""
     if len(ids) < 2 or bool((ids[1:] >= ids[:-1]).all()):
-        return np.arange(len(ids))
+        return None
     return np.argsort(ids, kind="stable")
+
+
+def _in_order(values: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    """``values`` in a :func:`_stable_order`."""
+    return values if order is None else values[order]
 
 
 def _runs(sorted_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -179,9 +179,10 @@ def distinct_rows(columns) -> tuple[np.ndarray, np.ndarray]:
     attr, op, lo_key, hi_key, aux = columns
     if len(attr) == 0:
         return _empty(np.int64), _empty(np.int64)
-    # float keys compared by bit pattern, with -0.0 folded into 0.0
-    lo_bits = (np.asarray(lo_key, np.float64) + 0.0).view(np.int64)
-    hi_bits = (np.asarray(hi_key, np.float64) + 0.0).view(np.int64)
+    # float keys compared by bit pattern (views, not copies: the kernels
+    # fold -0.0 into 0.0, _key_bits)
+    lo_bits = np.ascontiguousarray(lo_key, np.float64).view(np.int64)
+    hi_bits = np.ascontiguousarray(hi_key, np.float64).view(np.int64)
     factorize = _factorize_predicates if len(attr) < PARALLEL_ROWS or numba.get_num_threads() <= 2 \
         else _factorize_predicates_parallel
     return factorize(np.asarray(attr, np.int32), np.asarray(op, np.int8), lo_bits, hi_bits,
@@ -197,11 +198,21 @@ PARALLEL_ROWS = 1 << 20
 DEDUP_BITS = 8
 
 
+#: the bits of -0.0, which is the key 0.0
+_NEGATIVE_ZERO_BITS = np.int64(-2 ** 63)
+
+
+@njit(inline="always", nogil=True)
+def _key_bits(bits):
+    """A float64 key's bits, -0.0 read as 0.0 (``a = -0.0`` is ``a = 0``)."""
+    return np.int64(0) if bits == _NEGATIVE_ZERO_BITS else bits
+
+
 @njit(inline="always", nogil=True)
 def _row_hash(attr, op, lo, hi, aux, i):
     h = mix64(np.uint64(0), (np.int64(attr[i]) << 8) | np.int64(op[i]))
-    h = mix64(h, lo[i])
-    h = mix64(h, hi[i])
+    h = mix64(h, _key_bits(lo[i]))
+    h = mix64(h, _key_bits(hi[i]))
     return mix64(h, aux[i])
 
 
@@ -340,7 +351,7 @@ _PACKED = 5
 @njit(inline="always", nogil=True)
 def _packed_row(h, attr, op, lo, hi, aux, i):
     """Row ``i`` (of hash ``h``) as `_PACKED` int64s."""
-    return np.int64(h), (np.int64(attr[i]) << 8) | np.int64(op[i]), lo[i], hi[i], aux[i]
+    return np.int64(h), (np.int64(attr[i]) << 8) | np.int64(op[i]), _key_bits(lo[i]), _key_bits(hi[i]), aux[i]
 
 
 @njit(inline="always", nogil=True)
