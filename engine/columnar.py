@@ -85,15 +85,17 @@ _SCALAR = np.array([op in (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE) for op in O
 class _Rows:
     """Validated per-row arrays of a columnar table."""
 
-    def __init__(self, table: pa.Table, ops: tuple, row_numbers: np.ndarray | None = None):
+    def __init__(self, table: pa.Table, ops: tuple, row_numbers: np.ndarray | None = None,
+                 sub_id: np.ndarray | None = None):
         # ops: the op column factorized (distinct names, each row's index); row_numbers: the rows' numbers in
-        # the table the user gave, when these are its predicate rows only
+        # the table the user gave, when these are its predicate rows only, and sub_id their ids (the table
+        # then has no sub_id and op columns)
         self.row_numbers = row_numbers
         _check_not_null(table, "attr", self.number)      # (the columns themselves: _check_columns, before)
         self.table = table
         self.n = table.num_rows
         _check_utf8(table["attr"], "attr")
-        self.sub_id = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
+        self.sub_id = int64_ids(table["sub_id"], "columnar subscriptions: sub_id") if sub_id is None else sub_id
         self.attr_names, self.attr_index = _factorize(table["attr"])
         for k, name in enumerate(self.attr_names):
             if not name:
@@ -297,8 +299,8 @@ class _Postfix:
         self._fail(connective & _valid(table["attr"] if "attr" in table.column_names else None, n),
                    "a connective row has no attribute (attr null)")
         for name in COLUMNS[3:-1]:
-            self._fail(connective & _valid(table[name] if name in table.column_names else None, n),
-                       f"a connective row takes no operand, and {name} is set")
+            if name in table.column_names:
+                self._fail(connective & _valid(table[name], n), f"a connective row takes no operand, and {name} is set")
         for code, wanted in _FIXED_ARITY.items():
             mine = self.row == code
             self._fail(mine & has_arity & (self.arity != wanted), f"{_connective_name(code)} takes {wanted} "
@@ -611,11 +613,13 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     if postfix is None:
         rows = _Rows(table, (op_names, op_index))
     else:       # the predicate rows go the plain way; the connectives shape the programs
+        all_ids = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
         is_predicate = postfix.row == _PREDICATE_ROW
         predicate_rows = np.flatnonzero(is_predicate)
-        kept = table.filter(pa.array(is_predicate))
-        rows = _Rows(kept.drop_columns(["arity"]) if "arity" in table.column_names else kept,
-                     (op_names, op_index[predicate_rows]), predicate_rows)
+        # (the operand columns only: ids and operators are at hand as arrays)
+        kept = table.drop_columns([name for name in ("sub_id", "op", "arity") if name in table.column_names])
+        rows = _Rows(kept.filter(pa.array(is_predicate)), (op_names, op_index[predicate_rows]), predicate_rows,
+                     all_ids[predicate_rows])
     n, op = rows.n, rows.op
     operands = _operands(rows)
     fixed = _attribute_families(rows, schema, operands)
@@ -631,7 +635,6 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     if postfix is not None:
         # the programs' shape is checked before anything is registered: the rows of every subscription, in
         # the table's order (a stable sort by id)
-        all_ids = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
         full_order = _stable_order(all_ids)
         full_starts, full_ends = _runs(_in_order(all_ids, full_order))
         full_order = _NO_ORDER if full_order is None else full_order      # (the kernels read by _row_at)
