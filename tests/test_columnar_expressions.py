@@ -176,6 +176,18 @@ def test_bad_connective_rows_are_refused_and_change_nothing(rows, message):
     assert index.match({"keep": 1, "a": 1, "b": 1}).tolist() == [9]
 
 
+def test_an_id_past_int64_is_named_by_its_row_in_the_table():
+    """With connective rows, the id check names the row in the table the
+    user gave (it once counted the predicate rows only: row 2 here)."""
+    table = rows_table([(1, "a", "=", 1, None, None), (1, "b", "=", 1, None, None), (1, None, "and", None, None, 2),
+                        (2, "a", "=", 1, None, None)])
+    table = table.set_column(0, "sub_id", pa.array([1, 1, 1, 2 ** 63], pa.uint64()))
+    index = Index(algorithm="atree", backend="cpu")
+    with pytest.raises(SchemaError, match=r"sub_id: row 3: id 9223372036854775808 does not fit in int64"):
+        index.add_many(table)
+    assert len(index) == 0
+
+
 def test_an_arity_column_must_hold_integers():
     table = rows_table([(1, "a", "=", 1, None, None), (1, None, "not", None, None, None)]).set_column(
         5, "arity", pa.array([None, 1.0], pa.float64()))
