@@ -25,7 +25,7 @@ from engine.algorithms.options import ATreeOptions
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import abe_gen, add_subscriptions
 from gpu_kernels.atree.cpu import IN_KEYS, N_CLASSES
-from gpu_kernels.atree.build import ArrayDag
+from gpu_kernels.atree.build import ArrayDag, PredicateKeys
 from gpu_kernels.atree.dag import (PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, program_expression,
                                    subexpression_starts)
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
@@ -58,7 +58,7 @@ def node_text(matcher: ATreeMatcher, node: int) -> str:
     kind = dag.kind[node]
     if kind == LEAF:
         attr = schema.attr_names[dag.pred[node][0]]
-        return f"{attr}{int(dag.pred[node][2])}"
+        return f"{attr}{int(np.int64(dag.pred[node][2]).view(np.float64))}"     # (the key holds a bound's bits)
     parts = sorted(node_text(matcher, c) for c in dag.children[node])
     return "(" + (" & " if kind == AND else " | " if kind == OR else " ^ ").join(parts) + ")"
 
@@ -804,7 +804,7 @@ def inserted_one_by_one(dag: ATreeDag, segment, positions) -> list:
     for p in positions:
         start, stop = segment.prog_offsets[p], segment.prog_offsets[p + 1]
         roots.append(dag.insert(program_expression(segment.prog_kind[start:stop].tolist(),
-                                                   segment.prog_arg[start:stop].tolist(), keys.__getitem__)))
+                                                   segment.prog_arg[start:stop].tolist(), keys)))
     return roots
 
 
@@ -961,6 +961,11 @@ def test_subexpression_starts_per_program_and_malformed_ones_marked():
         assert len(dag) == 0
 
 
+def numbered_keys(n: int) -> PredicateKeys:
+    """Keys for predicate ids 0 to n - 1, each its own (attribute i, ``=``, bound i)."""
+    return PredicateKeys.of(np.arange(n), np.zeros(n), np.arange(n), np.zeros(n), np.full(n, -1))
+
+
 def _programs(rng, count: int):
     """``count`` random postfix programs over 60 predicates (one-operand
     ANDs, XORs of a node with itself, shared subexpressions), with wide
@@ -991,7 +996,7 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
     rng = np.random.default_rng(11)
     offsets, kinds, args = _programs(rng, 300)
     n = len(offsets) - 1
-    key = lambda pid: ("predicate", pid)                  # noqa: E731
+    key = numbered_keys(60)
     python, compiled = ATreeDag(True, reorganize, self_adjust), ArrayDag(reorganize, self_adjust, capacity=4)
     told = []
     roots_p = python.insert_programs(range(n), offsets, kinds, args, key)
@@ -1010,12 +1015,11 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
     compiled, roots_c = compiled.compacted(np.asarray(roots_c)[kept].tolist())
     assert dag_state(compiled, roots_c) == dag_state(python, roots_p) and compiled.n_removed == 0
     # saved and restored (a load): the same DAG; two operators given one expression id are refused
-    keys = [key(pid) for pid in range(60)]
-    saved = compiled.saved({k: pid for pid, k in enumerate(keys)})
-    python_saved = python.saved({k: pid for pid, k in enumerate(keys)})
+    saved = compiled.saved(key)
+    python_saved = python.saved(key)
     assert saved.keys() == python_saved.keys()
     assert all(np.array_equal(saved[name], python_saved[name]) for name in saved)
-    fields = [saved[name] for name in ("kind", "uses", "leaf_pid")] + [keys] + \
+    fields = [saved[name] for name in ("kind", "uses", "leaf_pid")] + [key] + \
         [saved[name] for name in ("child_len", "child_idx", "key_len", "key_idx")]
     assert dag_state(ArrayDag.restored(reorganize, self_adjust, *fields), roots_c) == dag_state(python, roots_p)
     k_at = np.concatenate(([0], np.cumsum(np.maximum(saved["key_len"], 0))))
@@ -1028,6 +1032,29 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
     roots_p = python.insert_programs(range(n), offsets, kinds, args, key)
     roots_c = compiled.insert_programs(np.arange(n), offsets, kinds, args, key)
     assert dag_state(compiled, roots_c) == dag_state(python, roots_p)
+
+
+def test_leaf_classes_are_keyed_by_predicate_across_renumbered_segments():
+    """A leaf class is a predicate key (-0.0 the key of 0.0): predicates of
+    another segment, numbered otherwise, find the leaves of theirs; a new
+    key is a new class; a class no longer among the keys reads back as -1."""
+    attr, op, aux = np.array([1, 1, 2]), np.array([0, 0, 0]), np.array([-1, -1, -1])
+    first = PredicateKeys.of(attr, op, np.array([0.0, 5.0, 7.0]), np.zeros(3), aux)
+    dag = ArrayDag(capacity=4)
+    programs = ([LEAF, LEAF, AND], [0, 1, 2]), ([LEAF, LEAF, OR], [1, 2, 2])
+    offsets = np.cumsum([0] + [len(k) for k, _ in programs]).astype(np.int64)
+    kinds = np.array([x for k, _ in programs for x in k], np.int64)
+    args = np.array([x for _, a in programs for x in a], np.int64)
+    roots = dag.insert_programs(np.arange(2), offsets, kinds, args, first)
+    assert len(dag.class_rows) == 3
+    # the same predicates renumbered (-0.0 for 0.0), one dropped, one new: the AND again, over new ids
+    second = PredicateKeys.of(np.array([3, 1, 1]), op, np.array([1.0, 5.0, -0.0]), np.zeros(3), aux)
+    again = dag.insert_programs(np.arange(1), offsets, kinds, np.array([2, 1, 2, 1, 2, 2]), second)
+    assert again == roots[:1] and len(dag.class_rows) == 3
+    leaf_pid = dag.csr(second)[3]
+    assert sorted(leaf_pid[leaf_pid >= 0].tolist()) == [1, 2]      # attribute 2's class is not among them
+    dag.insert_programs(np.arange(1), offsets, kinds, np.array([0, 1, 2, 1, 2, 2]), second)
+    assert len(dag.class_rows) == 4 and dag.csr(first)[3].tolist().count(-1) == len(dag.kind) - 3
 
 
 def test_self_adjustment_finds_a_parent_through_a_child_it_linked_later():
@@ -1045,7 +1072,7 @@ def test_self_adjustment_finds_a_parent_through_a_child_it_linked_later():
     offsets = np.cumsum([0] + [len(k) for k, _ in programs]).astype(np.int64)
     kinds = np.array([x for k, _ in programs for x in k], np.int64)
     args = np.array([x for _, a in programs for x in a], np.int64)
-    key = lambda pid: ("predicate", pid)                  # noqa: E731
+    key = numbered_keys(60)
     python, compiled = ATreeDag(True, True, True), ArrayDag(True, True)
     roots_p = python.insert_programs(range(3), offsets, kinds, args, key)
     roots_c = compiled.insert_programs(np.arange(3), offsets, kinds, args, key)
@@ -1063,7 +1090,7 @@ def test_the_compiled_dag_refuses_an_insertion_past_its_int32_ids_and_changes_no
     rng = np.random.default_rng(5)
     offsets, kinds, args = _programs(rng, 40)
     n = len(offsets) - 1
-    key = lambda pid: ("predicate", pid)                  # noqa: E731
+    key = numbered_keys(60)
     dag = ArrayDag(capacity=4)
     roots = dag.insert_programs(np.arange(n // 2), offsets, kinds, args, key)
     assert dag.nodes.dtype == dag.child_pool.dtype == dag.key_pool.dtype == np.int32

@@ -48,7 +48,7 @@ from engine.algorithms.host_tasks import Runs, match_in_tasks
 from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
 from gpu_kernels.atree import sliced as S
-from gpu_kernels.atree.build import ArrayDag
+from gpu_kernels.atree.build import ArrayDag, PredicateKeys
 from gpu_kernels.atree.dag import ATreeDag
 from gpu_kernels.atree.layout import flatten, leaf_index
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
@@ -60,11 +60,10 @@ from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
 SLICED_FROM = 4
 
 
-def _predicate_keys(segment: Segment) -> list:
+def _predicate_keys(segment: Segment) -> PredicateKeys:
     """Each predicate id's key (stable across segments and dictionary versions)."""
     table = segment.predicates
-    return list(zip(table.attr.tolist(), table.op.tolist(), table.lo_key.tolist(), table.hi_key.tolist(),
-                    table.aux.tolist()))
+    return PredicateKeys.of(table.attr, table.op, table.lo_key, table.hi_key, table.aux)
 
 
 class ATreeMatcher(HostMatcher):
@@ -110,18 +109,17 @@ class ATreeMatcher(HostMatcher):
             segment = segment.coded(self.schema)
         return segment
 
-    def _insert(self, segment: Segment, positions, keys: list) -> list:
+    def _insert(self, segment: Segment, positions, keys: PredicateKeys) -> list:
         """Algorithm 4 for the subscriptions at ``positions``: their r-nodes."""
-        program = (segment.prog_offsets, segment.prog_kind, segment.prog_arg, keys.__getitem__)
+        program = (segment.prog_offsets, segment.prog_kind, segment.prog_arg, keys)
         if isinstance(self.dag, ATreeDag):
             return self.dag.insert_programs(_progress(positions.tolist()), *program)
         with _progress(None, total=len(positions)) as bar:
             return self.dag.insert_programs(positions, *program, progress=bar.update)
 
-    def _flatten(self, keys: list) -> None:
+    def _flatten(self, keys: PredicateKeys) -> None:
         table = self.segment.predicates
-        pid_of_key = {key: pid for pid, key in enumerate(keys)}
-        self.arrays = flatten(self.dag, self.roots, table.attr, table.op, pid_of_key,
+        self.arrays = flatten(self.dag, self.roots, table.attr, table.op, keys,
                               zero_suppression=self.zero_suppression, on_demand=self.on_demand, pred_lo=table.lo)
         # keyed by the coded bounds: a recode (a grown string dictionary) builds both again
         self.leaf_index = leaf_index(self.arrays, table.op, table.lo, table.hi, table.set_offsets, table.set_values)
@@ -220,10 +218,9 @@ class ATreeMatcher(HostMatcher):
         subscription's r-node.  Saving keeps the DAG its insertion order
         made, which a rebuild might not reproduce."""
         dag, roots = self.dag.compacted(self.roots.tolist())
-        pid_of_key = {key: pid for pid, key in enumerate(_predicate_keys(self.segment))}
         meta = {"format": self.SAVED_FORMAT, "merges": self.merges,
                 **{name: getattr(self.dag, name) for name in self._SHAPE}}
-        return meta, {**dag.saved(pid_of_key), "roots": np.array(roots, np.int64)}
+        return meta, {**dag.saved(_predicate_keys(self.segment)), "roots": np.array(roots, np.int64)}
 
     @classmethod
     def from_arrays(cls, segment: Segment, settings, meta: dict, arrays: dict) -> "ATreeMatcher":
@@ -266,16 +263,12 @@ class ATreeMatcher(HostMatcher):
     #: cost more than a merge
     DAG_BYTES_PER_NODE = 560
     DAG_BYTES_PER_LINK = 40
-    #: host bytes of a compiled DAG's leaf class beside its arrays (its entry in ``class_of_key`` and
-    #: ``class_keys``, and the predicate key tuple they hold)
-    LEAF_CLASS_BYTES = 200
-
     @property
     def nbytes(self) -> int:
-        """The segment, the flat arrays and the leaves' index, and the host DAG (the compiled one's arrays
-        and an estimate of its leaf classes' keys; an estimate of the Python one's objects)."""
+        """The segment, the flat arrays and the leaves' index, and the host DAG (the compiled one's arrays,
+        its leaf classes' keys among them; an estimate of the Python one's objects)."""
         if isinstance(self.dag, ArrayDag):
-            dag = self.dag.nbytes + len(self.dag.class_keys) * self.LEAF_CLASS_BYTES
+            dag = self.dag.nbytes
         else:
             dag = len(self.dag) * self.DAG_BYTES_PER_NODE + len(self.arrays.child_idx) * self.DAG_BYTES_PER_LINK
         return self.segment.nbytes + self.arrays.nbytes + self.leaf_index.nbytes + int(self.roots.nbytes) + dag
@@ -314,7 +307,7 @@ def _progress(positions, total=None):
 SAVED_ARRAYS = ("kind", "uses", "leaf_pid", "child_len", "child_idx", "key_len", "key_idx", "roots")
 
 
-def _restored_dag(meta: dict, arrays: dict, keys: list):
+def _restored_dag(meta: dict, arrays: dict, keys: PredicateKeys):
     """:meth:`ATreeMatcher.from_arrays`'s DAG, every array checked (ranges,
     one expression id a node, use counts against what the links and
     r-nodes give): an :class:`ArrayDag` for the shapes it makes, else the
@@ -350,7 +343,7 @@ def _restored_dag(meta: dict, arrays: dict, keys: list):
     children, key_children = child_idx.tolist(), key_idx.tolist()
     dag.kind = kind.astype(np.int64).tolist()
     dag.children = [tuple(children[c_at[i]:c_at[i + 1]]) for i in range(n)]
-    dag.pred = [keys[p] if p >= 0 else None for p in leaf_pid.tolist()]
+    dag.pred = [keys(p) if p >= 0 else None for p in leaf_pid.tolist()]
     dag.uses = np.asarray(arrays["uses"], np.int64).tolist()
     dag.key = [None if kl < 0 else ("L", dag.pred[i]) if kl == 0 else (dag.kind[i], tuple(key_children[k_at[i]:k_at[i + 1]]))
                for i, kl in enumerate(key_len.tolist())]

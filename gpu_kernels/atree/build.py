@@ -18,7 +18,9 @@ algorithms run by :func:`insert_programs_kernel`:
 * **expression ids** (§4.2.1) live in an open-addressing hash table of
   node ids, hashed and compared by (operator, sorted child ids); a leaf's
   id is its *leaf class* (one per distinct predicate key, numbered here,
-  so that a merged segment's renumbered predicates find their leaves);
+  so that a merged segment's renumbered predicates find their leaves;
+  the classes' keys are rows of a matrix, found through a second table:
+  :class:`PredicateKeys`);
 * **Algorithm 2** (reorganisation) enumerates the sub-sets of a new
   AND/OR's children as bitmasks over them, asking a Bloom filter of the
   expression ids before the table (most sub-sets are in neither), **Algorithm 3**
@@ -70,6 +72,39 @@ LOW = (1 << 32) - 1
 TAG = (1 << 31) - 1
 #: node ids and pool offsets are int32 (the nodes' rows and the pools)
 _ID_LIMIT = (1 << 31) - 1
+
+
+#: the columns of a predicate key (:class:`PredicateKeys`)
+KEY_COLUMNS = 5
+
+
+class PredicateKeys:
+    """Each predicate id's key, a row of ``KEY_COLUMNS`` int64s: attribute,
+    operator, the low and the high bound's float64 bits (-0.0 as 0.0: ``a =
+    -0.0`` is ``a = 0``) and the set or pattern id.  A key names a
+    predicate across segments, whose ids a merge or a recode renumbers.
+    Called with an id, the key as a tuple (the Python DAG's leaf key)."""
+
+    def __init__(self, rows: np.ndarray):
+        self.rows = np.ascontiguousarray(rows, np.int64).reshape(-1, KEY_COLUMNS)
+
+    @classmethod
+    def of(cls, attr, op, lo_key, hi_key, aux) -> "PredicateKeys":
+        rows = np.empty((len(attr), KEY_COLUMNS), np.int64)
+        rows[:, 0], rows[:, 1], rows[:, 4] = attr, op, aux
+        rows[:, 2] = (np.asarray(lo_key, np.float64) + 0.0).view(np.int64)
+        rows[:, 3] = (np.asarray(hi_key, np.float64) + 0.0).view(np.int64)
+        return cls(rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __call__(self, pid: int) -> tuple:
+        return tuple(self.rows[pid].tolist())
+
+    def pid_of_key(self) -> dict:
+        """Each key (a tuple) to its predicate id."""
+        return {key: pid for pid, key in enumerate(map(tuple, self.rows.tolist()))}
 
 
 @njit(cache=True, inline="always")
@@ -659,6 +694,50 @@ def leaf_pids_used(positions, offsets, kinds, args):
     return used
 
 
+@njit(cache=True, inline="always")
+def _key_row_hash(rows, i):
+    h = np.int64(KEY_COLUMNS)
+    for k in range(KEY_COLUMNS):
+        h = (h ^ rows[i, k]) * _MIX
+        h ^= h >> 29
+    return h
+
+
+@njit(cache=True)
+def leaf_classes_of(keys, pids, class_rows, n_classes, class_slots, classes, add):
+    """Per predicate ``pids[j]``, the leaf class of its key ``keys[pids[j]]``
+    into ``classes[pids[j]]``: the class whose row in ``class_rows`` is that
+    key, found through ``class_slots`` (open addressing over class ids); or,
+    for a key no class has, with ``add`` a new class (its row written at
+    ``n_classes``, room for it left by the caller), without it -1.  Returns
+    the number of classes."""
+    mask = len(class_slots) - 1
+    for j in range(len(pids)):
+        p = pids[j]
+        at = _key_row_hash(keys, p) & mask
+        while True:
+            c = class_slots[at]
+            if c < 0:
+                if add:
+                    for k in range(KEY_COLUMNS):
+                        class_rows[n_classes, k] = keys[p, k]
+                    class_slots[at] = n_classes
+                    c = n_classes
+                    n_classes += 1
+                classes[p] = c
+                break
+            same = True
+            for k in range(KEY_COLUMNS):
+                if class_rows[c, k] != keys[p, k]:
+                    same = False
+                    break
+            if same:
+                classes[p] = c
+                break
+            at = (at + 1) & mask
+    return n_classes
+
+
 def _pow2(n: int) -> int:
     return 1 << max(4, int(n - 1).bit_length())
 
@@ -674,6 +753,11 @@ def _grown(array: np.ndarray, needed: int, fill=None) -> np.ndarray:
         np.full((size,) + array.shape[1:], fill, array.dtype)
     new[:len(array)] = array
     return new
+
+
+#: an ArrayDag's arrays (what a copy copies and ``nbytes`` counts)
+_ARRAYS = ("nodes", "ins", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node", "class_rows",
+           "class_slots")
 
 
 class ArrayDag:
@@ -703,17 +787,17 @@ class ArrayDag:
         self.slots, _, self.bloom = rehashed(self.nodes, self.key_pool, 0, _pow2(2 * capacity))
         self.ctr = np.zeros(N_COUNTERS, np.int64)
         self.leaf_node = np.full(0, -1, np.int32)
-        #: leaf classes: a predicate key's class, and each class's key
-        self.class_of_key: dict = {}
-        self.class_keys: list = []
+        #: leaf classes: each class's predicate key (a row), and the open-addressing table of class ids that
+        #: finds a key's class (:func:`leaf_classes_of`)
+        self.class_rows = np.zeros((0, KEY_COLUMNS), np.int64)
+        self.class_slots = np.full(16, -1, np.int32)
         self._python: ATreeDag | None = None
 
     def copy(self) -> "ArrayDag":
         new = object.__new__(type(self))
         new.reorganize, new.self_adjust = self.reorganize, self.self_adjust
-        for name in ("nodes", "ins", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node"):
+        for name in _ARRAYS:
             setattr(new, name, getattr(self, name).copy())
-        new.class_of_key, new.class_keys = dict(self.class_of_key), list(self.class_keys)
         new._python = None
         return new
 
@@ -730,30 +814,34 @@ class ArrayDag:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(getattr(self, name).nbytes) for name in
-                   ("nodes", "ins", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node"))
+        return sum(int(getattr(self, name).nbytes) for name in _ARRAYS)
 
     # ------------------------------------------------------------ insertion
-    def _leaf_classes(self, pids: np.ndarray, leaf_key) -> np.ndarray:
-        """Per predicate id (up to the largest of ``pids``), its leaf class (-1 where not asked for)."""
+    def _leaf_classes(self, pids: np.ndarray, keys: PredicateKeys) -> np.ndarray:
+        """Per predicate id (up to the largest of ``pids``), its leaf class
+        (-1 where not asked for); a key without one gets a new class."""
+        pids = np.asarray(pids, np.int64)
         classes = np.full(int(pids.max(initial=-1)) + 1, -1, np.int64)
-        for pid in pids.tolist():
-            key = leaf_key(pid)
-            cls = self.class_of_key.get(key)
-            if cls is None:
-                cls = self.class_of_key[key] = len(self.class_keys)
-                self.class_keys.append(key)
-            classes[pid] = cls
-        self.leaf_node = _grown(self.leaf_node, len(self.class_keys), fill=-1)
+        n_classes = len(self.class_rows)
+        most = n_classes + len(pids)
+        rows = _grown(self.class_rows, most)
+        if 2 * most > len(self.class_slots):        # (load factor under 1/2: the table made again, larger)
+            self.class_slots = np.full(_pow2(2 * most), -1, np.int32)
+            leaf_classes_of(rows, np.arange(n_classes), rows, 0, self.class_slots, np.empty(n_classes, np.int64),
+                            True)
+        n_classes = leaf_classes_of(keys.rows, pids, rows, n_classes, self.class_slots, classes, True)
+        self.class_rows = rows[:n_classes].copy()
+        self.leaf_node = _grown(self.leaf_node, n_classes, fill=-1)
         return classes
 
     #: programs inserted by one kernel call (between two calls of ``progress``)
     CHUNK = 1 << 16
 
-    def insert_programs(self, positions, offsets, kinds, args, leaf_key, progress=None) -> list:
-        """:meth:`ATreeDag.insert_programs`, compiled: each position's
-        postfix program inserted in order; their r-nodes.  ``progress(k)``
-        is told each time k more are in."""
+    def insert_programs(self, positions, offsets, kinds, args, keys: PredicateKeys, progress=None) -> list:
+        """:meth:`ATreeDag.insert_programs`, compiled (``keys``, the
+        predicates' :class:`PredicateKeys`, in place of its ``leaf_key``):
+        each position's postfix program inserted in order; their r-nodes.
+        ``progress(k)`` is told each time k more are in."""
         positions = np.asarray(list(positions) if not isinstance(positions, np.ndarray) else positions, np.int64)
         offsets, kinds, args = np.asarray(offsets, np.int64), np.asarray(kinds), np.asarray(args)
         if len(positions) == 0:
@@ -765,7 +853,7 @@ class ArrayDag:
         rows = int((last - first).sum())          # at most a node, a child link and a key entry each
         if max(self.n_nodes, int(self.ctr[C_USED]), int(self.ctr[K_USED])) + rows > _ID_LIMIT:
             raise ValueError(f"A-Tree: {rows:,} more program rows could pass the DAG's int32 node and link ids")
-        classes = self._leaf_classes(np.flatnonzero(leaf_pids_used(positions, offsets, kinds, args)), leaf_key)
+        classes = self._leaf_classes(np.flatnonzero(leaf_pids_used(positions, offsets, kinds, args)), keys)
         roots = np.empty(len(positions), np.int64)
         self._python = None
         if not len(self.ins):           # (dropped after the last insertion)
@@ -831,7 +919,7 @@ class ArrayDag:
         old_to_new[live] = np.arange(len(live))
         new = object.__new__(type(self))
         new.reorganize, new.self_adjust = self.reorganize, self.self_adjust
-        new.class_of_key, new.class_keys = dict(self.class_of_key), list(self.class_keys)
+        new.class_rows, new.class_slots = self.class_rows.copy(), self.class_slots.copy()
         new._python = None
         rows = nodes[live].copy()
         c_len, k_len = rows[:, C_LEN], rows[:, K_LEN]
@@ -864,7 +952,7 @@ class ArrayDag:
     def restored(cls, reorganize: bool, self_adjust: bool, kind, uses, leaf_pid, keys, child_len, child_idx,
                  key_len, key_idx) -> "ArrayDag":
         """A saved DAG (:meth:`saved`'s arrays, ``leaf_pid`` read through
-        ``keys``, the predicate keys by id), its ranges and use counts
+        ``keys``, the :class:`PredicateKeys`), its ranges and use counts
         checked by the caller: the table and its filter and the leaf
         classes made again (``ins`` and the parent lists by the next
         insertion).  ValueError when two nodes have one expression id."""
@@ -878,7 +966,7 @@ class ArrayDag:
         nodes[:n, C_START] = np.concatenate(([0], np.cumsum(child_len)))[:-1]
         nodes[:n, K_START] = np.concatenate(([0], np.cumsum(np.maximum(key_len, 0))))[:-1]
         leaf = np.flatnonzero(np.asarray(kind) == LEAF)
-        classes = new._leaf_classes(np.unique(leaf_pid[leaf]), keys.__getitem__)
+        classes = new._leaf_classes(np.unique(leaf_pid[leaf]), keys)
         nodes[:n, LEAF_CLASS] = -1
         nodes[leaf, LEAF_CLASS] = classes[leaf_pid[leaf]]
         keyed = leaf[np.asarray(key_len)[leaf] >= 0]
@@ -897,17 +985,22 @@ class ArrayDag:
         return new
 
     # ----------------------------------------------------------- reading it
-    def csr(self, pid_of_key: dict | None = None):
+    def csr(self, keys: PredicateKeys | None = None):
         """Per node (removed ones included): kind (int8), number of
         children, the children concatenated, and a leaf's predicate id by
-        ``pid_of_key`` (-1 for an operator, or a predicate not in it; the
-        leaf class without ``pid_of_key``)."""
+        ``keys`` (-1 for an operator, or a predicate not among them; the
+        leaf class without ``keys``)."""
         nodes = self.nodes[:self.n_nodes]
         counts = nodes[:, C_LEN].copy()
         leaf = nodes[:, LEAF_CLASS].copy()
-        if pid_of_key is not None:
-            pid_of_class = np.fromiter((pid_of_key.get(key, -1) for key in self.class_keys), np.int64,
-                                       len(self.class_keys))
+        if keys is not None:
+            pids = np.arange(len(keys))
+            class_of_pid = np.full(len(keys), -1, np.int64)
+            leaf_classes_of(keys.rows, pids, self.class_rows, len(self.class_rows), self.class_slots, class_of_pid,
+                            False)
+            pid_of_class = np.full(len(self.class_rows), -1, np.int64)
+            found = class_of_pid >= 0
+            pid_of_class[class_of_pid[found]] = pids[found]
             leaf = np.where(leaf >= 0, pid_of_class[leaf.clip(min=0)] if len(pid_of_class) else -1, -1)
         return (nodes[:, KIND].astype(np.int8), counts, _gathered(self.child_pool, nodes[:, C_START], counts), leaf)
 
@@ -917,12 +1010,12 @@ class ArrayDag:
     def use_counts(self) -> np.ndarray:
         return self.nodes[:self.n_nodes, USES].copy()
 
-    def saved(self, pid_of_key: dict) -> dict:
+    def saved(self, keys: PredicateKeys) -> dict:
         """The arrays :meth:`engine.algorithms.atree.ATreeMatcher.to_arrays`
         saves (of a compacted DAG: no removed node): per node its kind,
         uses, leaf predicate id, children (CSR) and expression id's
         children (CSR; ``key_len`` -1 without one, 0 for a leaf)."""
-        kind, child_len, child_idx, leaf_pid = self.csr(pid_of_key)
+        kind, child_len, child_idx, leaf_pid = self.csr(keys)
         nodes = self.nodes[:self.n_nodes]
         key_len = nodes[:, K_LEN].copy()
         return {"kind": kind, "uses": self.use_counts(), "leaf_pid": leaf_pid, "child_len": child_len,
@@ -945,7 +1038,8 @@ class ArrayDag:
         k_at = np.concatenate(([0], np.cumsum(np.maximum(k_len, 0)))).tolist()
         dag.kind = kind.astype(np.int64).tolist()
         dag.children = [tuple(kids[at[i]:at[i + 1]]) for i in range(len(kind))]
-        dag.pred = [self.class_keys[c] if c >= 0 else None for c in leaf_class.tolist()]
+        class_keys = list(map(tuple, self.class_rows.tolist()))
+        dag.pred = [class_keys[c] if c >= 0 else None for c in leaf_class.tolist()]
         dag.uses = self.use_counts().tolist()
         dag.key = [None if kl < 0 else ("L", dag.pred[i]) if dag.kind[i] == LEAF else
                    (dag.kind[i], tuple(keys[k_at[i]:k_at[i + 1]])) for i, kl in enumerate(k_len.tolist())]

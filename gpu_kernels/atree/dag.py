@@ -362,10 +362,12 @@ class ATreeDag:
         return roots
 
     # ----------------------------------------------------------- reading it
-    def csr(self, pid_of_key: dict):
+    def csr(self, keys):
         """Per node (removed ones included): kind (int8), number of
         children, the children concatenated, and a leaf's predicate id by
-        ``pid_of_key`` (-1 for an operator, or a predicate not in it)."""
+        ``keys`` (:class:`~gpu_kernels.atree.build.PredicateKeys`; -1 for
+        an operator, or a predicate not among them)."""
+        pid_of_key = keys.pid_of_key()
         kinds = np.array(self.kind, np.int8)
         counts = np.fromiter(map(len, self.children), np.int64, len(kinds))
         child_idx = np.fromiter(chain.from_iterable(self.children), np.int64, int(counts.sum()))
@@ -375,9 +377,9 @@ class ATreeDag:
     def kinds(self) -> np.ndarray:
         return np.array(self.kind, np.int8)
 
-    def saved(self, pid_of_key: dict) -> dict:
+    def saved(self, keys) -> dict:
         """What :meth:`gpu_kernels.atree.build.ArrayDag.saved` gives, from the lists (of a compacted DAG)."""
-        kind, child_len, child_idx, leaf_pid = self.csr(pid_of_key)
+        kind, child_len, child_idx, leaf_pid = self.csr(keys)
         key_len = np.fromiter((-1 if k is None else 0 if k[0] == "L" else len(k[1]) for k in self.key), np.int64,
                               len(kind))
         key_idx = np.fromiter(chain.from_iterable(k[1] for k in self.key if k is not None and k[0] != "L"),

@@ -112,12 +112,13 @@ def _links(kind, child_off, child_idx, needs3, leaf_estimate, on_demand):
     return link_parent[:n_links], link_child[:n_links]
 
 
-def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, pid_of_key: dict, *,
+def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, keys, *,
             zero_suppression: bool = True, on_demand: bool = True, pred_lo: np.ndarray | None = None) -> ATreeArrays:
     """The level-ordered arrays of ``dag`` (an :class:`~gpu_kernels.atree.dag.ATreeDag` or
     :class:`~gpu_kernels.atree.build.ArrayDag`: what its ``csr`` gives) whose subscription at position
-    ``p`` is r-node ``roots[p]`` (a host node id); ``pid_of_key`` maps a
-    leaf's predicate key to its predicate id in the segment.  With
+    ``p`` is r-node ``roots[p]`` (a host node id); ``keys`` (the segment's
+    :class:`~gpu_kernels.atree.build.PredicateKeys`) give a leaf's
+    predicate id in the segment.  With
     ``pred_lo`` (the coded bounds) the leaves are numbered by (attribute,
     operator, bound): the TRUE leaves :func:`leaf_index` finds in one run
     of keys then have neighbouring ids, and their results neighbouring
@@ -128,7 +129,7 @@ def flatten(dag, roots: np.ndarray, pred_attr: np.ndarray, pred_op: np.ndarray, 
     FALSE propagates as TRUE does -- every evaluated node reaches all its
     parents; ``on_demand=False`` links every child of an AND, not its
     access child alone.  Neither changes a result."""
-    kinds, counts, child_idx, host_pid = dag.csr(pid_of_key)
+    kinds, counts, child_idx, host_pid = dag.csr(keys)
     n_all = len(kinds)
     child_off = np.zeros(n_all + 1, np.int64)
     np.cumsum(counts, out=child_off[1:])
