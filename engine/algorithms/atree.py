@@ -345,8 +345,8 @@ def _restored_dag(meta: dict, arrays: dict, keys: PredicateKeys):
     dag.children = [tuple(children[c_at[i]:c_at[i + 1]]) for i in range(n)]
     dag.pred = [keys(p) if p >= 0 else None for p in leaf_pid.tolist()]
     dag.uses = np.asarray(arrays["uses"], np.int64).tolist()
-    dag.key = [None if kl < 0 else ("L", dag.pred[i]) if kl == 0 else (dag.kind[i], tuple(key_children[k_at[i]:k_at[i + 1]]))
-               for i, kl in enumerate(key_len.tolist())]
+    dag.key = [None if kl < 0 else ("L", dag.pred[i]) if kl == 0 else
+               (dag.kind[i], tuple(key_children[k_at[i]:k_at[i + 1]])) for i, kl in enumerate(key_len.tolist())]
     dag.table = {key: i for i, key in enumerate(dag.key) if key is not None}
     if len(dag.table) != int((key_len >= 0).sum()):
         raise ValueError("saved A-Tree: two nodes with one expression id")
