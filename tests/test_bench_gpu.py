@@ -102,3 +102,27 @@ def test_the_gpu_bench_exits_1_when_a_run_failed(monkeypatch, capsys):
         12, n_events, dims=4, cardinality=4, sub_size=2, event_size=3, eq_share=0.5, match_prob=0.3, name="W1-toy"))
     assert gpu.main(["--workload", "W1", "--events", "2", "--algorithm", "opindex", "--no-copy-share",
                      "--quiet"]) == 1
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("make, algorithm", [
+    # ABE-Gen's subscriptions are expression texts and ASTs, not the columnar table (the device session's W5
+    # run raised SchemaError in copy_share)
+    (lambda workloads: workloads.abe_gen(6, 3, dims=4, cardinality=4, depth=2, fanout=(2, 3), event_size=3),
+     "atree"),
+    # the sparse generator's events are one map column, with no device-column form (W3's run raised TypeError)
+    (lambda workloads: workloads.opindex_gen(6, 3, dims=6, cardinality=4, gamma_max=2, m=3), "opindex"),
+])
+def test_copy_share_and_end_to_end_take_every_workload_form(make, algorithm):
+    from engine import workloads
+    from engine.bench import gpu
+
+    workload = make(workloads)
+    share = gpu.copy_share(workload, algorithm, repeats=1, counting=False)
+    assert share["events"] == 3 and share["device_io_s"] > 0
+    row = gpu.end_to_end(workload, algorithm, repeats=1, device_resident_s=share["device_io_s"])
+    assert row["routes_agree"] is True and row["pairs"] == share["pairs"]
+    assert row["host_in_arrow_out"] > 0 and row["host_in_device_out"] > 0
+    device_in = "attributes" not in workload.events.column_names
+    assert (row["device_in_device_out"] is not None) == device_in

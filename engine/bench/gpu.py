@@ -41,6 +41,7 @@ from engine.bench import algorithms as bench_algorithms
 from engine.bench.measure import run_benchmark
 from engine.bench.report import format_table, write_csv
 from engine.index import Index
+from engine.workloads import add_subscriptions
 from gpu_kernels import cuda_support
 
 
@@ -74,10 +75,7 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
     device-resident batch again with sort-and-segment counting instead of
     atomic decrements (results checked equal), and at each of
     ``block_sizes`` threads per block instead of the per-chunk choice."""
-    index = Index(algorithm=algorithm, backend="cuda")
-    index.add_many(workload.subscriptions)
-    index.merge()
-    index.match_batch(workload.events.slice(0, 1), output="arrow")      # builds the matcher
+    index = _built(workload, algorithm)
     segment, alive, matcher = index._matchers()[0]
     batch = event_batches.encode_events(workload.events, index.schema)
     truth = event_batches.pattern_truth(batch, index.schema, segment.predicates.pattern_pairs())
@@ -122,6 +120,15 @@ def copy_share(workload, algorithm: str = "opindex", repeats: int = 3, counting:
     return row
 
 
+def _built(workload, algorithm: str) -> Index:
+    """A cuda index of the workload's subscriptions, its matcher built."""
+    index = Index(algorithm=algorithm, backend="cuda")
+    add_subscriptions(index, workload.subscriptions, workload.asts)
+    index.merge()
+    index.match_batch(workload.events.slice(0, 1), output="arrow")      # builds the matcher
+    return index
+
+
 def device_columns(table):
     """A wide event table as device columns for ``Index.match_batch``
     (:func:`engine.device_events.arrow_columns`): what a GPU pipeline
@@ -143,16 +150,17 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     chunk, so with no copy-back overlapping a next chunk (``arrow_out_serial``;
     ``overlap_gain``: its time over the default's, which is the overlap's
     gain net of the cost of cutting the batch).  The routes' matches are
-    compared."""
-    index = Index(algorithm=algorithm, backend="cuda")
-    index.add_many(workload.subscriptions)
-    index.merge()
+    compared.  A table with no device-column form (W3's events, one map
+    column of sparse attributes) has no device-in route (None)."""
+    index = _built(workload, algorithm)
     table = workload.events
-    index.match_batch(table.slice(0, 1), output="arrow")            # builds the matcher
-    columns, valid = device_columns(table)
     n_events = table.num_rows
-
-    device_in = _timed(repeats, lambda: index.match_batch(columns, valid=valid, output="device"))
+    try:
+        columns, valid = device_columns(table)
+    except TypeError:       # W3's sparse events are one map column: a device pipeline has no such columns
+        columns = valid = None
+    device_in = _timed(repeats, lambda: index.match_batch(columns, valid=valid, output="device")) \
+        if columns is not None else None
     host_device = _timed(repeats, lambda: index.match_batch(table, output="device"))
     host_arrow = _timed(repeats, lambda: index.match_batch(table, output="arrow"))
     matcher = index._matchers()[0][2]
@@ -165,7 +173,8 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     encode = _timed(repeats, lambda: event_batches.encode_events(table, index._state.view))
     pairs = index.match_batch(table, output="arrow")
     # compared as arrays: W1 at 1 M gives 100 M pairs, which as Python lists would take minutes and gigabytes
-    routes = [tuple(cuda_support.to_host(a) for a in index.match_batch(columns, valid=valid, output="device")),
+    routes = [tuple(cuda_support.to_host(a) for a in index.match_batch(columns, valid=valid, output="device"))
+              if columns is not None else None,
               tuple(cuda_support.to_host(a) for a in index.match_batch(table, output="device")),
               (pairs["event"].to_numpy(), pairs["sub_id"].to_numpy()),
               (serial_pairs["event"].to_numpy(), serial_pairs["sub_id"].to_numpy())]
@@ -174,12 +183,13 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     copy_s = _timed(repeats, lambda: cuda_support.to_host(probe))
     row = {"workload": workload.name, "algorithm": algorithm, "events": n_events, "pairs": pairs.num_rows,
            "device_resident": n_events / device_resident_s if device_resident_s else None,
-           "device_in_device_out": n_events / device_in, "host_in_device_out": n_events / host_device,
+           "device_in_device_out": n_events / device_in if device_in else None,
+           "host_in_device_out": n_events / host_device,
            "host_in_arrow_out": n_events / host_arrow, "arrow_out_serial": n_events / serial,
            "overlap_gain": serial / host_arrow, "encode_share": encode / host_arrow,
            "bytes_per_match": 16, "copy_gb_per_s": probe.nbytes / copy_s / 1e9,
-           "routes_agree": all(len(route) == 2 and all(np.array_equal(a, b) for a, b in zip(route, routes[0]))
-                               for route in routes[1:])}
+           "routes_agree": all(len(route) == 2 and all(np.array_equal(a, b) for a, b in zip(route, routes[1]))
+                               for route in routes if route is not None)}
     # the Arrow output's bytes against what the bus carries in that time
     row["arrow_out_bus_share"] = (16 * pairs.num_rows / host_arrow) / (probe.nbytes / copy_s) if pairs.num_rows \
         else 0.0
