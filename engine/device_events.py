@@ -207,6 +207,11 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
     if unknown:
         raise ValueError(f"valid= names {sorted(unknown)}, which are not among the columns")
     xp = cuda_support.array_module()
+    clean = _encode_clean(columns, valid, schema, xp)
+    if clean is not None:
+        return clean
+    # the careful path: one column at a time, each check as it comes, so that errors name the first refused
+    # value in the columns' order and errors="null"/"report" act on exactly the refused values
     n_events = None
     stacked = []      # (attribute id, values float64, valid bool, tokens int32 or None)
     dictionaries: list[tuple[int, pa.Array]] = []
@@ -277,17 +282,31 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
         keep[list(rejected)] = False
         keep = xp.asarray(keep)
         stacked = [(a, values, present & keep, tokens) for a, values, present, tokens in stacked]
-    stacked.sort(key=lambda entry: entry[0])    # attributes ascending within each event
-    k = len(stacked)
+    if not stacked:
+        return _assemble(xp, n_events, [], None, None, None, dictionaries, rejected)
+    return _assemble(xp, n_events, [entry[0] for entry in stacked], xp.stack([entry[1] for entry in stacked]),
+                     xp.stack([entry[2] for entry in stacked]),
+                     xp.stack([xp.full(n_events, -1, dtype=np.int32) if entry[3] is None else entry[3]
+                               for entry in stacked]), dictionaries, rejected)
+
+
+def _assemble(xp, n_events: int, attr_ids: list[int], values, present, tokens, dictionaries, rejected
+              ) -> tuple[EventBatch, EventBatch]:
+    """``(batch, strings)`` from ``[attribute, event]`` matrices -- values
+    (float64), presence (bool) and string tokens (int32, -1 for none) --
+    one row per attribute of ``attr_ids`` in any order: the CSR batch on
+    the device, attributes ascending within each event, and the host batch
+    of the dictionaries' entries."""
+    k = len(attr_ids)
     if k == 0:
         batch = EventBatch(xp.zeros(n_events + 1, dtype=np.int64), xp.zeros(0, dtype=np.int32),
                            xp.zeros(0, dtype=np.float64), xp.zeros(0, dtype=np.int32), pa.array([], pa.large_string()))
     else:
-        values = xp.stack([entry[1] for entry in stacked])
-        present = xp.stack([entry[2] for entry in stacked])
-        tokens = xp.stack([xp.full(n_events, -1, dtype=np.int32) if entry[3] is None else entry[3]
-                           for entry in stacked])
-        attr_ids = xp.asarray(np.array([entry[0] for entry in stacked], dtype=np.int32))
+        order = np.argsort(np.asarray(attr_ids, dtype=np.int32), kind="stable")
+        if np.any(order != np.arange(k)):     # (one gather each: attributes ascending within each event)
+            rows = xp.asarray(order)
+            values, present, tokens = values[rows], present[rows], tokens[rows]
+        attr_ids = xp.asarray(np.asarray(attr_ids, dtype=np.int32)[order])
         offsets = xp.zeros(n_events + 1, dtype=np.int64)
         offsets[1:] = xp.cumsum(present.sum(axis=0))
         keep = present.T.ravel()                         # event-major: the CSR order
@@ -302,6 +321,93 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
     strings = EventBatch(np.array([0, len(attrs)], np.int64), attrs, np.zeros(len(attrs)),
                          np.arange(len(attrs), dtype=np.int32), batch.strings)
     return batch, strings
+
+
+def _encode_clean(columns: Mapping, valid: dict, schema, xp) -> tuple[EventBatch, EventBatch] | None:
+    """The batch as :func:`encode_device_columns` encodes it, for the
+    common case -- numbers, booleans and dictionary-coded strings of the
+    attributes' own kinds, no value refused -- with a handful of launches
+    for all the columns together and one flag back from the device, instead
+    of a few launches and a synchronisation per column (W1's 392 columns:
+    about 100 ms for 10,000 events against the kernels' 25 ms, on an H200).
+    The numeric columns are checked a matrix per dtype.  None when the
+    batch needs the careful path: a column it cannot place, a value to
+    refuse, anything to raise -- which that path then does, in the
+    columns' order, as it always has."""
+    n_events = None
+    groups: dict[np.dtype, list] = {}       # dtype -> [(attribute id, data, present or None, family)]
+    others = []                             # (attribute id, values, present or None, tokens or None)
+    dictionaries: list[tuple[int, pa.Array]] = []
+    flags = []                              # device booleans: any value to refuse
+    n_strings = 0
+    try:
+        for name, column in columns.items():
+            if not isinstance(name, str):
+                return None
+            pair = isinstance(column, tuple)
+            if pair and len(column) != 2:
+                return None
+            data = _device(column[0] if pair else column, name)
+            n_events = len(data) if n_events is None else n_events
+            present = None
+            if name in valid:
+                present = _device(valid[name], f"valid[{name!r}]")
+                if present.dtype != np.bool_ or len(present) != n_events:
+                    return None
+            if len(data) != n_events or name not in schema.attr_ids:
+                if len(data) != n_events:
+                    return None
+                continue
+            family, kind, attr = schema.families.get(name), data.dtype.kind, schema.attr_ids[name]
+            if pair:
+                if family not in (Family.STRING, None) or kind not in "iu":
+                    return None
+                strings, table = _dictionary_codes(name, column[1], schema)
+                inside = (data >= 0) & (data < len(strings))
+                flags.append(~inside if present is None else ~inside & present)
+                # (absent events' codes may be anything: read code 0 for them, as for a refused one)
+                codes = xp.where(inside if present is None else inside & present, data, 0).astype(np.int64)
+                values = xp.asarray(table)[codes] if len(strings) else xp.zeros(n_events)
+                others.append((attr, values, present, (codes + n_strings).astype(np.int32)))
+                dictionaries.append((attr, strings))
+                n_strings += len(strings)
+            elif family is None:
+                others.append((attr, xp.zeros(n_events), present, None))
+            elif family is Family.NUMERIC and kind in "iuf" or family is Family.BOOLEAN and kind == "b":
+                groups.setdefault(data.dtype, []).append((attr, data, present, family))
+            else:
+                return None
+    except (SchemaError, ValueError, TypeError):
+        return None
+    n_events = n_events or 0
+    attr_ids, values, presence, tokens = [], [], [], []
+    ones = xp.ones(n_events, dtype=bool)
+    for dtype, members in groups.items():
+        data = xp.stack([m[1] for m in members])
+        present = xp.stack([ones if m[2] is None else m[2] for m in members])
+        as_float = data.astype(np.float64)
+        if dtype.kind == "f":
+            flags.append(~xp.isfinite(as_float) & present)
+        elif dtype.kind == "i":     # exact as float64 only within +-2**53 (compared as integers)
+            flags.append(((data > MAX_EXACT_INT) | (data < -MAX_EXACT_INT)) & present)
+        elif dtype.kind == "u":
+            flags.append((data > MAX_EXACT_INT) & present)
+        attr_ids += [m[0] for m in members]
+        values.append(as_float)
+        presence.append(present)
+        tokens.append(xp.full((len(members), n_events), -1, dtype=np.int32))
+    for attr, column_values, present, column_tokens in others:
+        attr_ids.append(attr)
+        values.append(column_values[None, :])
+        presence.append((ones if present is None else present)[None, :])
+        tokens.append(xp.full((1, n_events), -1, dtype=np.int32) if column_tokens is None
+                      else column_tokens[None, :])
+    if flags and bool(xp.stack([f.any() for f in flags]).any()):      # the one flag back from the device
+        return None
+    if not attr_ids:
+        return _assemble(xp, n_events, [], None, None, None, dictionaries, {})
+    stack = xp.concatenate if len(values) > 1 else (lambda parts: parts[0])
+    return _assemble(xp, n_events, attr_ids, stack(values), stack(presence), stack(tokens), dictionaries, {})
 
 
 def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:

@@ -319,3 +319,62 @@ def test_a_column_of_the_wrong_kind_is_refused_value_by_value_as_on_the_host():
         assert [ids.tolist() for ids in found] == [ids.tolist() for ids in host_found]
         assert [str(bad) for bad in rejected] == [str(bad) for bad in host_rejected]
         assert [bad.event for bad in rejected] == [0, 2]
+
+
+def _batch_arrays(encoded):
+    batch, strings = encoded
+    return ([host(getattr(batch, f)).tolist() for f in ("offsets", "attr", "value", "token")],
+            batch.strings.to_pylist(), batch.rejected, [np.asarray(getattr(strings, f)).tolist()
+                                                        for f in ("offsets", "attr", "value", "token")])
+
+
+@pytest.mark.parametrize("with_valid", [True, False], ids=["valid", "no-valid"])
+def test_a_clean_batch_is_encoded_all_columns_at_once_as_one_column_at_a_time(monkeypatch, with_valid):
+    """The clean batch's path (a matrix per dtype, one flag back from the
+    device) gives the same batch, entry for entry, as the careful one (a
+    column at a time), which it hands a batch with anything to refuse: the
+    numbers of several dtypes (uint and float32 among them), a boolean, two
+    dictionary-coded strings, an attribute only IS NULL reads, one no
+    subscription reads, columns given out of the attributes' order."""
+    from engine import device_events
+
+    idx = Index(algorithm="opindex", backend="cuda")
+    idx.add_many([1, 2, 3], ["a > 1 AND s = 'x' AND u < 5", "f >= 0.5 OR b = TRUE OR t LIKE 'q%'", "z IS NULL"])
+    view = idx._state.view
+    n = 5
+    rng = np.random.default_rng(3)
+    columns = {
+        "t": (_to_device_input(np.array([0, 1, 1, 0, 2], np.int32)), ["q1", "r", "qq"]),
+        "f": _to_device_input(np.array([0.25, 0.5, 1.5, -2.0, 0.5], np.float32)),
+        "nobody": _to_device_input(np.arange(n, dtype=np.int64)),
+        "a": _to_device_input(np.array([0, 2, 3, -(2 ** 53), 2 ** 53], np.int64)),
+        "u": _to_device_input(np.array([1, 7, 4, 0, 9], np.uint16)),
+        "b": _to_device_input(np.array([True, False, True, True, False])),
+        "s": (_to_device_input(np.array([1, 0, 1, 1, 0], np.int64)), ["y", "x"]),
+        "z": _to_device_input(np.zeros(n)),
+    }
+    valid = {name: _to_device_input(rng.random(n) < 0.7) for name in columns} if with_valid else {}
+    clean = encode_device_columns(columns, valid, view)
+    assert device_events._encode_clean(columns, valid, view, device_events.cuda_support.array_module()) is not None
+    monkeypatch.setattr(device_events, "_encode_clean", lambda *args: None)
+    careful = encode_device_columns(columns, valid, view)
+    assert _batch_arrays(clean) == _batch_arrays(careful)
+    assert len(_batch_arrays(clean)[0][1]) >= (10 if with_valid else 35)      # entries, not an empty batch
+
+
+def test_a_batch_with_a_value_to_refuse_takes_the_careful_path():
+    from engine import device_events
+
+    idx = _index()
+    xp = device_events.cuda_support.array_module()
+    for bad in ({"price": _to_device_input(np.array([1.0, np.inf]))},
+                {"weight": _to_device_input(np.array([1, 2 ** 53 + 1], np.int64))},
+                {"color": (_to_device_input(np.array([0, 4], np.int32)), ["a", "b"])},
+                {"price": _to_device_input(np.array([True, False]))}):
+        assert device_events._encode_clean(bad, {}, idx._state.view, xp) is None
+        with pytest.raises(BadEventError):
+            encode_device_columns(bad, {}, idx._state.view)
+    # the same values where they are absent are not refused: the clean path takes them
+    present = {"price": _to_device_input(np.array([True, False]))}
+    assert device_events._encode_clean({"price": _to_device_input(np.array([1.0, np.inf]))}, present,
+                                       idx._state.view, xp) is not None
