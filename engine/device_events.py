@@ -30,8 +30,10 @@ values, validity and string tokens, an event's entry count is a column
 sum, the offsets its running sum, and the entries the stacked arrays read
 event-major through the validity mask -- attributes ascending within each
 event, as every matcher expects.  Nothing of the batch visits the host
-except one flag per check (whether any value is refused; the first refused
-one's position when one is).  Values follow the host encoder's rules:
+but one flag: whether any value is refused.  A clean batch -- the common
+case -- is checked a matrix per dtype, with a handful of launches for all
+its columns; a batch with a value to refuse is encoded again a column at a
+time, which finds the first refused value's position and acts on it.  Values follow the host encoder's rules:
 numbers must be finite and, for integer columns, within +-2**53 (float64
 holds them exactly); a boolean attribute takes a boolean column, a
 numeric one a column of numbers (a column of another kind has each of its

@@ -330,6 +330,14 @@ def merge_part_runs_py(part_ids, part_off, dest, events_out, ids_out):
 merge_part_runs, merge_part_runs_serial = parallel_and_serial(merge_part_runs_py, nogil=True)
 
 
+@njit(parallel=True, nogil=True, cache=True)
+def shift_rows(rows, base):
+    """``rows += base`` on every core: an event slice's pair rows made the
+    whole batch's."""
+    for i in prange(len(rows)):
+        rows[i] += base
+
+
 def merge_parts(events: list[np.ndarray], ids: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
     """(event, id) pairs of several parts, each ordered by event (events
     below ``n``), as one answer ordered by event then id
