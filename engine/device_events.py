@@ -33,10 +33,10 @@ event, as every matcher expects.  Nothing of the batch visits the host
 but one flag: whether any value is refused.  A clean batch -- the common
 case -- is checked a matrix per dtype, with a handful of launches for all
 its columns; a batch with a value to refuse is encoded again a column at a
-time, which finds the first refused value's position and acts on it.  Values follow the host encoder's rules:
-numbers must be finite and, for integer columns, within +-2**53 (float64
-holds them exactly); a boolean attribute takes a boolean column, a
-numeric one a column of numbers (a column of another kind has each of its
+time, which finds the first refused value's position and acts on it.
+Values follow the host encoder's rules: numbers must be finite and, for
+integer columns, within +-2**53 (float64 holds them exactly); a boolean
+attribute takes a boolean column, a numeric one a column of numbers (a column of another kind has each of its
 values refused, as the host encoder refuses such a value); an attribute
 the index has never seen is left out (no subscription reads it).
 ``errors="raise"`` names the first refused value's event and attribute,
@@ -330,14 +330,14 @@ def _encode_clean(columns: Mapping, valid: dict, schema, xp) -> tuple[EventBatch
     common case -- numbers, booleans and dictionary-coded strings of the
     attributes' own kinds, no value refused -- with a handful of launches
     for all the columns together and one flag back from the device, instead
-    of a few launches and a synchronisation per column (W1's 392 columns:
-    about 100 ms for 10,000 events against the kernels' 25 ms, on an H200).
+    of a few launches and a synchronisation per column (W1's 392 columns,
+    10,000 events, on an H200: 8.7 ms against 105 ms).
     The numeric columns are checked a matrix per dtype.  None when the
     batch needs the careful path: a column it cannot place, a value to
     refuse, anything to raise -- which that path then does, in the
     columns' order, as it always has."""
     n_events = None
-    groups: dict[np.dtype, list] = {}       # dtype -> [(attribute id, data, present or None, family)]
+    groups: dict[np.dtype, list] = {}       # dtype -> [(attribute id, data, present or None)]
     others = []                             # (attribute id, values, present or None, tokens or None)
     dictionaries: list[tuple[int, pa.Array]] = []
     flags = []                              # device booleans: any value to refuse
@@ -351,15 +351,15 @@ def _encode_clean(columns: Mapping, valid: dict, schema, xp) -> tuple[EventBatch
                 return None
             data = _device(column[0] if pair else column, name)
             n_events = len(data) if n_events is None else n_events
+            if len(data) != n_events:
+                return None
             present = None
             if name in valid:
                 present = _device(valid[name], f"valid[{name!r}]")
                 if present.dtype != np.bool_ or len(present) != n_events:
                     return None
-            if len(data) != n_events or name not in schema.attr_ids:
-                if len(data) != n_events:
-                    return None
-                continue
+            if name not in schema.attr_ids:
+                continue                # no subscription reads it
             family, kind, attr = schema.families.get(name), data.dtype.kind, schema.attr_ids[name]
             if pair:
                 if family not in (Family.STRING, None) or kind not in "iu":
@@ -376,7 +376,7 @@ def _encode_clean(columns: Mapping, valid: dict, schema, xp) -> tuple[EventBatch
             elif family is None:
                 others.append((attr, xp.zeros(n_events), present, None))
             elif family is Family.NUMERIC and kind in "iuf" or family is Family.BOOLEAN and kind == "b":
-                groups.setdefault(data.dtype, []).append((attr, data, present, family))
+                groups.setdefault(data.dtype, []).append((attr, data, present))
             else:
                 return None
     except (SchemaError, ValueError, TypeError):
