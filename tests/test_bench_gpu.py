@@ -82,8 +82,8 @@ def test_bench_gpu_prints_ratios_copy_share_phases_and_counting(capsys, monkeypa
                           "host_in_device_out", "host_in_arrow_out"] and header[-1] == "routes_agree"
     assert row[:3] == ["W1-toy", "opindex", "2"] and row[-1] == "True"
     assert all(float(v.replace(",", "")) > 0 for v in row[4:8])
-    assert header[8:10] == ["arrow_out_serial", "overlap_gain"]
-    assert float(row[8].replace(",", "")) > 0 and float(row[9]) > 0
+    assert header[8:11] == ["arrow_out_serial", "overlap_gain", "host_in_lists_out"]
+    assert float(row[8].replace(",", "")) > 0 and float(row[9]) > 0 and float(row[10].replace(",", "")) > 0
 
 
 @pytest.mark.cuda
@@ -123,6 +123,6 @@ def test_copy_share_and_end_to_end_take_every_workload_form(make, algorithm):
     assert share["events"] == 3 and share["device_io_s"] > 0
     row = gpu.end_to_end(workload, algorithm, repeats=1, device_resident_s=share["device_io_s"])
     assert row["routes_agree"] is True and row["pairs"] == share["pairs"]
-    assert row["host_in_arrow_out"] > 0 and row["host_in_device_out"] > 0
+    assert row["host_in_arrow_out"] > 0 and row["host_in_device_out"] > 0 and row["host_in_lists_out"] > 0
     device_in = "attributes" not in workload.events.column_names
     assert (row["device_in_device_out"] is not None) == device_in

@@ -149,7 +149,8 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     reads as a share of the bus) -- and the Arrow route with the batch in one
     chunk, so with no copy-back overlapping a next chunk (``arrow_out_serial``;
     ``overlap_gain``: its time over the default's, which is the overlap's
-    gain net of the cost of cutting the batch).  The routes' matches are
+    gain net of the cost of cutting the batch), and the list form
+    (``output="arrow_lists"``, 8 bytes a match: ``host_in_lists_out``).  The routes' matches are
     compared.  A table with no device-column form (W3's events, one map
     column of sparse attributes) has no device-in route (None)."""
     index = _built(workload, algorithm)
@@ -170,6 +171,9 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
         serial_pairs = index.match_batch(table, output="arrow")
     finally:
         del matcher.pipeline_chunks     # back to the class's
+    # the list form (issue 17): offsets and ids, 8 bytes a match on the host instead of the table's 16
+    lists_s = _timed(repeats, lambda: index.match_batch(table, output="arrow_lists"))
+    lists = index.match_batch(table, output="arrow_lists")["sub_ids"].combine_chunks()
     encode = _timed(repeats, lambda: event_batches.encode_events(table, index._state.view))
     pairs = index.match_batch(table, output="arrow")
     # compared as arrays: W1 at 1 M gives 100 M pairs, which as Python lists would take minutes and gigabytes
@@ -177,7 +181,8 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
               if columns is not None else None,
               tuple(cuda_support.to_host(a) for a in index.match_batch(table, output="device")),
               (pairs["event"].to_numpy(), pairs["sub_id"].to_numpy()),
-              (serial_pairs["event"].to_numpy(), serial_pairs["sub_id"].to_numpy())]
+              (serial_pairs["event"].to_numpy(), serial_pairs["sub_id"].to_numpy()),
+              (np.repeat(np.arange(n_events), np.diff(lists.offsets.to_numpy())), lists.values.to_numpy())]
     xp = cuda_support.array_module()
     probe = xp.zeros(8 << 20, dtype=np.int64)                        # 64 MiB device -> host
     copy_s = _timed(repeats, lambda: cuda_support.to_host(probe))
@@ -186,7 +191,8 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
            "device_in_device_out": n_events / device_in if device_in else None,
            "host_in_device_out": n_events / host_device,
            "host_in_arrow_out": n_events / host_arrow, "arrow_out_serial": n_events / serial,
-           "overlap_gain": serial / host_arrow, "encode_share": encode / host_arrow,
+           "overlap_gain": serial / host_arrow, "host_in_lists_out": n_events / lists_s,
+           "encode_share": encode / host_arrow,
            "bytes_per_match": 16, "copy_gb_per_s": probe.nbytes / copy_s / 1e9,
            "routes_agree": all(len(route) == 2 and all(np.array_equal(a, b) for a, b in zip(route, routes[1]))
                                for route in routes if route is not None)}
@@ -250,10 +256,10 @@ def _print_shares(shares) -> None:
 
 def _print_routes(routes) -> None:
     print("\n== end to end, Index.match_batch of the whole batch on cuda (events/s; Arrow out: 16 bytes a match "
-          "on the host, its share of the measured device->host bandwidth)")
+          "on the host, its share of the measured device->host bandwidth; lists out: arrow_lists, 8 bytes a match)")
     print(_table(routes, ("workload", "algorithm", "events", "pairs", "device_resident", "device_in_device_out",
                           "host_in_device_out", "host_in_arrow_out", "arrow_out_serial", "overlap_gain",
-                          "encode_share", "copy_gb_per_s",
+                          "host_in_lists_out", "encode_share", "copy_gb_per_s",
                           "arrow_out_bus_share", "routes_agree")), flush=True)
 
 
