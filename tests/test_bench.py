@@ -312,6 +312,16 @@ def test_unavailable_backend_is_skipped(workload, registered):
     assert rows[1]["status"] == "skipped" and "backend 'cuda'" in rows[1]["note"]
 
 
+def test_a_variant_of_another_backends_option_is_skipped_there(workload):
+    """``atree-persistent`` fixes a cuda option (``kernel``): on cpu its row
+    is skipped with the reason -- not an error row that fails the run --
+    and the cpu variants beside it run."""
+    rows = bench.run_benchmark([workload], ["atree-persistent", "atree-perevent"], ["cpu"], **FAST)
+    assert rows[0]["status"] == "skipped" and "fixes option(s) ['kernel']" in rows[0]["note"] \
+        and "not 'cpu'" in rows[0]["note"]
+    assert rows[1]["status"] == "ok" and rows[1]["correct"] is True
+
+
 def test_what_runs_comes_from_the_registry(registered, tmp_path, capsys):
     """The algorithm choices, ``--algorithm all`` and the default are the
     registry's, read when asked: an algorithm registered at runtime is

@@ -20,7 +20,10 @@ How options reach a run of bench name ``N`` (:func:`options_of`, then
 
 from __future__ import annotations
 
+import dataclasses
+
 from engine.algorithms import registry
+from engine.errors import BackendUnavailable
 from engine.index import Index
 
 #: ablations measured next to the algorithms: bench name -> (algorithm, the Index options it fixes)
@@ -49,6 +52,8 @@ VARIANTS = {
     "atree-nopod": ("atree", {"on_demand": False}),
     "atree-noopt": ("atree", {"zero_suppression": False, "on_demand": False}),
     "atree-perevent": ("atree", {"lanes": 1}),
+    # A-Tree on cuda: one launch walking every level, against the default launch per level (its launches' cost)
+    "atree-persistent": ("atree", {"kernel": "persistent"}),
     # PSTHash (PS-Tree §6) and PSTBloom (§5) as the paper runs them, beside the default 64 events a group
     "psthash-perevent": ("psthash", {"lanes": 1}),
     "pstbloom-perevent": ("pstbloom", {"lanes": 1}),
@@ -74,6 +79,8 @@ VARIANT_TITLES = {
     "atree-nopod": "A-Tree Fig. 10: without propagation on demand (an AND reached from every child)",
     "atree-noopt": "A-Tree Fig. 10: neither matching optimisation",
     "atree-perevent": "A-Tree one event at a time (Algorithm 6 as the paper runs it), not 64 events a node word",
+    "atree-persistent": "A-Tree on cuda with one persistent launch a chunk, a block per event walking the levels, "
+                        "not a launch per level",
     "psthash-perevent": "PSTHash one event at a time (Algorithm 7 as the paper runs it), not 64 events a group",
     "pstbloom-perevent": "PSTBloom one event at a time, its signatures probed (Algorithm 5 as the paper runs it), "
                          "not 64 events a group",
@@ -119,8 +126,18 @@ def implemented_algorithms(backends=("cpu",)) -> list[str]:
 
 def matcher_class(name: str, backend: str):
     """The matcher class behind bench name ``name`` on ``backend``:
-    BackendUnavailable for an unknown name or an unimplemented backend."""
-    return registry.get(base_of(name)).matcher_class(backend)
+    BackendUnavailable for an unknown name, an unimplemented backend, or a
+    variant fixing an option of another backend (``atree-persistent`` on
+    ``cpu``)."""
+    algorithm = registry.get(base_of(name))
+    cls = algorithm.matcher_class(backend)
+    fields = {f.name: f for f in dataclasses.fields(algorithm.options)}
+    other = sorted(key for key in fixed_options(name) if backend not in fields[key].metadata["backends"])
+    if other:
+        raise BackendUnavailable(f"variant {name!r} fixes option(s) {other} of algorithm {algorithm.name!r}, which "
+                                 f"apply to backend(s) {', '.join(fields[other[0]].metadata['backends'])}, "
+                                 f"not {backend!r}")
+    return cls
 
 
 def parse_option_value(text: str):
