@@ -193,6 +193,17 @@ def test_a_workload_named_twice_runs_once():
     assert [w.name for w in rows] == ["W1 begen-uniform"]
 
 
+def test_a_parquet_workload_named_twice_runs_once(tmp_path):
+    """``--parquet DIR --parquet DIR/`` measured it twice."""
+    from engine.workloads import write_parquet
+    write_parquet(standard("W1", scale=0.0005, n_events=5), tmp_path / "w1")
+    parser = cli.build_parser()
+    same = [str(tmp_path / "w1"), str(tmp_path / "w1") + "/", str(tmp_path / "." / "w1")]
+    assert len(cli._parquet_workloads(same, parser)) == 1
+    write_parquet(standard("W1", scale=0.0005, n_events=5, seed=1), tmp_path / "other")
+    assert len(cli._parquet_workloads([*same, str(tmp_path / "other")], parser)) == 2
+
+
 def test_a_workload_without_events_is_refused_not_reported_correct(tmp_path, capsys):
     """Every row said "correct yes" having compared nothing."""
     from engine.workloads import write_parquet

@@ -127,9 +127,13 @@ def _distinct_workloads(names, parser) -> list:
 
 
 def _parquet_workloads(paths, parser) -> list:
-    """The workload directories ``paths`` (write_parquet's); one that cannot be read is a usage error."""
-    found = []
+    """The workload directories ``paths`` (write_parquet's), each once however it is spelt (a repeated one
+    ran twice: duplicate rows); one that cannot be read is a usage error."""
+    found, seen = [], set()
     for path in paths or ():
+        if os.path.realpath(path) in seen:
+            continue
+        seen.add(os.path.realpath(path))
         try:
             workload = read_parquet(path)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
