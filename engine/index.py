@@ -767,7 +767,7 @@ class Index:
         else:
             found = []
             for first, stop, event_idx, sub_ids in self._match_slices(state, batch, rejected=rejected):
-                found.extend(np.split(sub_ids, np.searchsorted(event_idx, np.arange(first + 1, stop))))
+                found.extend(np.split(sub_ids, _event_offsets(event_idx, first, stop)[1:-1]))
         return (found, rejected) if errors == "report" else found
 
     def match_stream(self, events: Events, *, errors: str = "raise", max_pairs: int | None = None,
@@ -956,7 +956,7 @@ class Index:
                 found = pa.table({"event": pa.array(np.arange(n_events, dtype=np.int64)),
                                   "sub_ids": _list_array(_event_offsets(event_idx, 0, n_events), sub_ids)})
             else:
-                found = np.split(sub_ids, np.searchsorted(event_idx, np.arange(1, n_events))) if n_events else []
+                found = np.split(sub_ids, _event_offsets(event_idx, 0, n_events)[1:-1]) if n_events else []
         return (found, rejected) if errors == "report" else found
 
     # ------------------------------------------------------------- persistence
