@@ -304,11 +304,12 @@ def _assemble(xp, n_events: int, attr_ids: list[int], values, present, tokens, d
         batch = EventBatch(xp.zeros(n_events + 1, dtype=np.int64), xp.zeros(0, dtype=np.int32),
                            xp.zeros(0, dtype=np.float64), xp.zeros(0, dtype=np.int32), pa.array([], pa.large_string()))
     else:
-        order = np.argsort(np.asarray(attr_ids, dtype=np.int32), kind="stable")
+        attr_ids = np.asarray(attr_ids, dtype=np.int32)
+        order = np.argsort(attr_ids, kind="stable")
         if np.any(order != np.arange(k)):     # (one gather each: attributes ascending within each event)
             rows = xp.asarray(order)
             values, present, tokens = values[rows], present[rows], tokens[rows]
-        attr_ids = xp.asarray(np.asarray(attr_ids, dtype=np.int32)[order])
+        attr_ids = xp.asarray(attr_ids[order])
         offsets = xp.zeros(n_events + 1, dtype=np.int64)
         offsets[1:] = xp.cumsum(present.sum(axis=0))
         keep = present.T.ravel()                         # event-major: the CSR order

@@ -150,9 +150,10 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     chunk, so with no copy-back overlapping a next chunk (``arrow_out_serial``;
     ``overlap_gain``: its time over the default's, which is the overlap's
     gain net of the cost of cutting the batch), and the list form
-    (``output="arrow_lists"``, 8 bytes a match: ``host_in_lists_out``).  The routes' matches are
-    compared.  A table with no device-column form (W3's events, one map
-    column of sparse attributes) has no device-in route (None)."""
+    (``output="arrow_lists"``, 8 bytes a match: ``host_in_lists_out``).
+    The routes' matches are compared.  A table with no device-column form
+    (W3's events, one map column of sparse attributes) has no device-in
+    route (None)."""
     index = _built(workload, algorithm)
     table = workload.events
     n_events = table.num_rows
