@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from engine._version import __version__
 from engine.algorithms import ALGORITHMS
 from engine.backend import available_backends
+from engine.device_maps import DeviceMap
 from engine.errors import (BackendUnavailable, BadEventError, BexmatchError, ExpressionTooLarge, IndexFileError,
                            ParseError, SchemaError)
 from engine.index import Index
@@ -54,6 +55,6 @@ def validate(expression: str | Node) -> Node:
     return _checked_ast(expression)
 
 
-__all__ = ["ALGORITHMS", "BackendUnavailable", "BadEventError", "BexmatchError", "EventStream", "ExpressionTooLarge",
-           "Index", "IndexFileError", "ParseError", "SchemaError", "__version__", "available_backends", "rules_to_columnar",
-           "validate", "warmup"]
+__all__ = ["ALGORITHMS", "BackendUnavailable", "BadEventError", "BexmatchError", "DeviceMap", "EventStream",
+           "ExpressionTooLarge", "Index", "IndexFileError", "ParseError", "SchemaError", "__version__",
+           "available_backends", "rules_to_columnar", "validate", "warmup"]

@@ -57,13 +57,16 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 
+from engine import device_maps
+from engine.device_maps import DeviceMap
 from engine.errors import BadEventError, SchemaError
 from engine.events import EventBatch, _value_error, from_arrow
 from engine.expr import Family
 from engine.schema import MAX_EXACT_INT
 from gpu_kernels import cuda_support
 
-__all__ = ["arrow_columns", "encode_device_columns", "is_device_column", "is_device_columns"]
+__all__ = ["DeviceMap", "arrow_columns", "encode_device_columns", "frame_columns", "is_device_column",
+           "is_device_columns", "is_device_frame"]
 
 
 #: DLPack device types a CUDA kernel reads in place: kDLCUDA and
@@ -99,15 +102,90 @@ def is_device_columns(events) -> bool:
     """Whether ``events`` is a mapping of attribute to columns of which at
     least one is a device column (or a ``(codes, dictionary)`` pair with
     device codes): the batch is on the device, and a host array among its
-    columns is copied over -- whatever the order of the columns."""
+    columns is copied over -- whatever the order of the columns.  A
+    :class:`engine.device_maps.DeviceMap`, alone or among the columns, is
+    the device form whatever its arrays are."""
+    if isinstance(events, DeviceMap):
+        return True
     if not isinstance(events, Mapping) or not events:
         return False
     for column in events.values():
+        if isinstance(column, DeviceMap):
+            return True
         if isinstance(column, tuple) and len(column) == 2:
             column = column[0]
         if is_device_column(column):
             return True
     return False
+
+
+def _column_values(series):
+    """A DataFrame column's values as an array (``.values``: CuPy for a
+    cuDF column, NumPy for pandas), None where the frame library has no
+    such array for it (cuDF strings and categoricals raise)."""
+    try:
+        return series.values
+    except Exception:       # noqa: BLE001 -- a frame library's own "not implemented" for this dtype
+        return None
+
+
+def is_device_frame(events) -> bool:
+    """A DataFrame whose columns are on the device -- a cuDF ``DataFrame``,
+    recognised by the protocol, not by importing cuDF: a frame (``columns``,
+    ``frame[name]``) of which a column's class exposes the CUDA Array
+    Interface (read off the class: cuDF's raises for a column of strings or
+    with nulls) or whose ``.values`` is a device array.  A pandas frame's
+    are NumPy arrays."""
+    if isinstance(events, Mapping) or type(events).__name__ != "DataFrame" or not hasattr(events, "columns") \
+            or type(events).__module__.startswith("pandas"):      # (pandas: host columns, without a look)
+        return False
+    for name in list(events.columns):
+        series = events[name]
+        if hasattr(type(series), "__cuda_array_interface__"):
+            return True
+        values = _column_values(series)
+        if values is not None and is_device_column(values):
+            return True
+    return False
+
+
+def frame_columns(frame) -> tuple[dict, dict]:
+    """A device DataFrame (:func:`is_device_frame`) as the columns and
+    ``valid`` that :func:`encode_device_columns` takes, through the pandas
+    API that cuDF implements, each step on the device: a null is an absent
+    value (``notna()``, then ``fillna``), a categorical column is its codes
+    plus its categories, and a column of strings is made one
+    (``astype("category")``, cuDF's dictionary encoding).  TypeError for a
+    column of another kind (lists, structs, decimals), which the frame's
+    ``to_arrow()`` takes to the host encoder."""
+    columns, valid = {}, {}
+    for name in list(frame.columns):
+        series = frame[name]
+        kind = str(series.dtype)
+        if kind in ("object", "str", "string"):
+            series, kind = series.astype("category"), "category"
+        nulls = getattr(series, "null_count", None)
+        if nulls is None:
+            nulls = int(series.isna().sum())
+        if nulls:
+            valid[name] = _column_values(series.notna())
+        if kind == "category":
+            codes = series.cat.codes
+            categories = series.cat.categories
+            categories = categories.to_arrow() if hasattr(categories, "to_arrow") else pa.array(list(categories))
+            columns[name] = (_column_values(codes.fillna(0) if nulls else codes), categories)
+            continue
+        try:
+            number_kind = np.dtype(series.dtype).kind
+        except TypeError:           # a dtype of the frame library's own (lists, structs, decimals)
+            number_kind = None
+        if number_kind is None or number_kind not in "biuf":
+            raise TypeError(f"column {name!r} of dtype {kind} has no device-column form; pass frame.to_arrow()")
+        values = _column_values(series.fillna(False if number_kind == "b" else 0) if nulls else series)
+        if values is None:
+            raise TypeError(f"column {name!r} of dtype {kind} gives no array of its values")
+        columns[name] = values
+    return columns, valid
 
 
 def _device(x, name: str):
@@ -185,6 +263,10 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
     (:func:`engine.events.pattern_truth`)."""
     if errors not in ("raise", "null", "report"):
         raise ValueError(f"errors must be 'raise', 'null' or 'report', not {errors!r}")
+    if isinstance(columns, DeviceMap):
+        columns = {"map": columns}
+    if any(isinstance(column, DeviceMap) for column in columns.values()):
+        return _with_maps(columns, valid, schema, errors)
     rejected: dict[int, BadEventError] = {}
 
     def refused(name: str, data, bad, present, reason, family: Family = Family.NUMERIC) -> object:
@@ -290,6 +372,66 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
                      xp.stack([entry[2] for entry in stacked]),
                      xp.stack([xp.full(n_events, -1, dtype=np.int32) if entry[3] is None else entry[3]
                                for entry in stacked]), dictionaries, rejected)
+
+
+def _with_maps(columns: Mapping, valid: Mapping | None, schema, errors: str) -> tuple[EventBatch, EventBatch]:
+    """:func:`encode_device_columns` of a batch holding map columns
+    (:class:`engine.device_maps.DeviceMap`): the other columns encoded as
+    always, each map's entries beside theirs, merged event by event.  An
+    attribute given twice in an event (a column and a map key, or keys of
+    two maps) is an error of that event, as in a host table; with
+    ``errors="report"`` an event's refusal is its columns' first, then its
+    maps' in their order."""
+    xp = cuda_support.array_module()
+    maps = {name: column for name, column in columns.items() if isinstance(column, DeviceMap)}
+    if valid and set(valid) & set(maps):
+        raise ValueError(f"valid= names the map {sorted(set(valid) & set(maps))[0]!r}: a map's null maps are its "
+                         f"own valid (DeviceMap(..., valid=...))")
+    dense = {name: column for name, column in columns.items() if name not in maps}
+    parts, rejected, n_events = [], {}, None
+    for name, column in maps.items():
+        n, part, refused = device_maps.map_entries(name, column, schema, errors, _device, xp)
+        if n_events is not None and n != n_events:
+            raise ValueError(f"map {name!r} has {n} events where the other columns have {n_events}")
+        n_events = n
+        parts.append(part)
+        for event, error in refused.items():
+            rejected.setdefault(event, error)
+    if dense:
+        batch, strings = encode_device_columns(dense, valid, schema, errors)
+        if batch.n_events != n_events:
+            raise ValueError(f"the columns have {batch.n_events} events where the maps have {n_events}")
+    else:
+        batch, strings = _assemble(xp, n_events, [], None, None, None, [], {})
+    nnz = len(batch.attr)
+    rows = xp.searchsorted(batch.offsets[1:], xp.arange(nnz, dtype=np.int64), side="right").astype(np.int64)
+    rows, attr, value = (xp.concatenate([rows] + [p[0] for p in parts]),
+                         xp.concatenate([batch.attr] + [p[1] for p in parts]),
+                         xp.concatenate([batch.value] + [p[2] for p in parts]))
+    token = xp.concatenate([batch.token, xp.full(len(attr) - nnz, -1, dtype=np.int32)])
+    order = xp.argsort(rows * max(len(schema.attr_names), 1) + attr, kind="stable")
+    rows, attr, value, token = rows[order], attr[order], value[order], token[order]
+    twice = xp.flatnonzero((rows[1:] == rows[:-1]) & (attr[1:] == attr[:-1]))
+    refused, rejected = rejected, {error.event: error for error in batch.rejected}     # the columns' first
+    for event, error in refused.items():
+        rejected.setdefault(event, error)
+    if len(twice):
+        for event, attribute in zip(cuda_support.to_host(rows[twice]).tolist(),
+                                    cuda_support.to_host(attr[twice]).tolist()):
+            name = schema.attr_names[attribute]
+            error = BadEventError(event, name, None, f"attribute {name!r} is given twice (a column and a map key, "
+                                                     f"or keys of two maps)")
+            if errors != "report":          # "null" is about values: a repeated attribute is an error still
+                raise error
+            rejected.setdefault(event, error)
+    if rejected:            # a refused event is encoded with no attributes (its matches are dropped)
+        keep = ~xp.isin(rows, xp.asarray(np.fromiter(rejected, np.int64, len(rejected))))
+        rows, attr, value, token = rows[keep], attr[keep], value[keep], token[keep]
+    offsets = xp.zeros(n_events + 1, dtype=np.int64)
+    offsets[1:] = xp.cumsum(xp.bincount(rows, minlength=n_events))
+    merged = EventBatch(offsets, attr.astype(np.int32), value, token, batch.strings)
+    merged.rejected = tuple(rejected[event] for event in sorted(rejected))
+    return merged, strings
 
 
 def _assemble(xp, n_events: int, attr_ids: list[int], values, present, tokens, dictionaries, rejected
@@ -417,19 +559,24 @@ def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
     """A host Arrow table's columns on the device, as
     :func:`encode_device_columns` takes them: numbers and booleans as they
     are, strings as dictionary codes plus the dictionary, nulls as
-    ``valid``.  They cross together: packed into a pinned staging buffer
-    and moved by one DMA (:func:`gpu_kernels.transfer.columns_to_device`).
-    TypeError for a column this form has no place for (a map, a list, a
+    ``valid``, a map of numbers or booleans as a
+    :class:`engine.device_maps.DeviceMap` (its keys dictionary-coded).  They
+    cross together: packed into a pinned staging buffer and moved by one
+    DMA (:func:`gpu_kernels.transfer.columns_to_device`).  TypeError for a
+    column this form has no place for (a map of strings, a list, a
     decimal): the host encoder takes those."""
     import pyarrow.compute as pc
 
     from gpu_kernels import transfer
 
-    names, host, dictionaries = [], [], {}
+    names, host, dictionaries, maps = [], [], {}, {}
     for name, column in zip(table.schema.names, table.columns):
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         kind = column.type
+        if pa.types.is_map(kind):           # sparse events: CSR arrays, placed after the columns
+            maps[name] = DeviceMap.from_arrow(column)
+            continue
         if pa.types.is_dictionary(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind):
             coded = column if pa.types.is_dictionary(kind) else pc.dictionary_encode(column)
             if not (pa.types.is_string(coded.dictionary.type) or pa.types.is_large_string(coded.dictionary.type)):
@@ -445,10 +592,17 @@ def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
             raise TypeError(f"column {name!r} of type {kind} has no device-column form")
         names.append(name)
         host += [values, column.is_valid().to_numpy(zero_copy_only=False)]
+    for _, arrays in maps.values():
+        host += arrays
     device = transfer.columns_to_device(host)
     columns, valid = {}, {}
     for k, name in enumerate(names):
         values = device[2 * k]
         columns[name] = (values, dictionaries[name]) if name in dictionaries else values
         valid[name] = device[2 * k + 1]
+    at = 2 * len(names)
+    for name, (column, arrays) in maps.items():     # (columns of the table's order, then its maps)
+        offsets, keys, values, present, value_present = device[at:at + len(arrays)]
+        columns[name] = DeviceMap(offsets, keys, values, column.names, valid=present, value_valid=value_present)
+        at += len(arrays)
     return columns, valid

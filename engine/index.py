@@ -715,7 +715,9 @@ class Index:
         Interface or DLPack, one value per event -- and a string attribute
         as the pair ``(device codes, dictionary)``; ``valid`` maps an
         attribute to a device boolean column, True where the event carries
-        it (absent otherwise).  They are encoded on the device
+        it (absent otherwise).  Sparse events (a map column of attribute
+        -> value) come as an :class:`engine.DeviceMap`, alone or among the
+        columns.  They are encoded on the device
         (:mod:`engine.device_events`) and matched there; ``id_column``
         does not apply."""
         return self._match_batch(self._state, events, output, errors, id_column, valid)
@@ -725,6 +727,11 @@ class Index:
         if output not in MATCH_OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(map(repr, MATCH_OUTPUTS))}, not {output!r}")
         from engine import device_events
+        if device_events.is_device_frame(events):           # a cuDF DataFrame, by the protocol
+            if valid is not None:
+                raise ValueError("valid= goes with a mapping of device columns; a DataFrame's nulls are its "
+                                 "absent values")
+            events, valid = device_events.frame_columns(events)
         if device_events.is_device_columns(events):
             return self._match_device_columns(state, events, valid, output, errors, id_column)
         if valid is not None:

@@ -185,12 +185,13 @@ class _BatchMatcher:
 
     def match_events_table(self, index, events: pa.Table) -> tuple:
         """``(matches, refused events)`` of one batch's events.  On a GPU
-        executor (an index on cuda) the wide columns go to the device one
-        copy each and are encoded there (:mod:`engine.device_events`);
-        the map layout, a column type the device form lacks and a column of
-        another family than its attribute take the host encoder, which
-        names each bad event."""
-        if getattr(index, "backend", "cpu") == "cuda" and self.layout != "map":
+        executor (an index on cuda) the columns go to the device in one
+        copy and are encoded there (:mod:`engine.device_events`), the map
+        layout's map of numbers or booleans as a sparse
+        :class:`engine.device_maps.DeviceMap`; a column type the device form
+        lacks (a map of strings, a list) and a column of another family than
+        its attribute take the host encoder, which names each bad event."""
+        if getattr(index, "backend", "cpu") == "cuda":
             from engine import device_events
             try:
                 columns, valid = device_events.arrow_columns(events)

@@ -378,3 +378,112 @@ def test_a_batch_with_a_value_to_refuse_takes_the_careful_path():
     present = {"price": _to_device_input(np.array([True, False]))}
     assert device_events._encode_clean({"price": _to_device_input(np.array([1.0, np.inf]))}, present,
                                        idx._state.view, xp) is not None
+
+
+class _CudfLikeSeries:
+    """The part of cuDF's ``Series`` that the DataFrame route reads, holding
+    its values on the device as cuDF does: ``values`` (a device array; it
+    raises for strings, categoricals and nulls, as cuDF's does), ``dtype``,
+    ``null_count``, ``notna``, ``fillna``, ``astype("category")`` and
+    ``cat.codes`` / ``cat.categories``, and the CUDA Array Interface (which
+    raises where ``values`` does)."""
+
+    def __init__(self, data: np.ndarray, valid: np.ndarray | None = None, categories=None):
+        self._data, self._valid, self._categories = data, valid, categories
+
+    @property
+    def dtype(self):
+        return "category" if self._categories is not None else self._data.dtype
+
+    @property
+    def null_count(self) -> int:
+        return 0 if self._valid is None else int((~self._valid).sum())
+
+    @property
+    def values(self):
+        if self._categories is not None or self._data.dtype == object:
+            raise NotImplementedError("no array of strings or categories")
+        if self.null_count:
+            raise ValueError("column has nulls")
+        return _to_device_input(self._data)
+
+    @property
+    def __cuda_array_interface__(self):
+        return self.values.__cuda_array_interface__
+
+    def notna(self) -> _CudfLikeSeries:
+        return _CudfLikeSeries(np.ones(len(self._data), bool) if self._valid is None else self._valid.copy())
+
+    def fillna(self, value) -> _CudfLikeSeries:
+        return _CudfLikeSeries(np.where(self._valid, self._data, value).astype(self._data.dtype),
+                               categories=self._categories)
+
+    def astype(self, kind: str) -> _CudfLikeSeries:
+        assert kind == "category" and self._data.dtype == object
+        categories = sorted({v for v, ok in zip(self._data, self._valid) if ok})
+        codes = np.array([categories.index(v) if ok else -1 for v, ok in zip(self._data, self._valid)], np.int32)
+        return _CudfLikeSeries(codes, self._valid, pa.array(categories))
+
+    @property
+    def cat(self):
+        series = self
+
+        class Accessor:
+            codes = _CudfLikeSeries(series._data, series._valid)
+            categories = series._categories
+        return Accessor
+
+
+class DataFrame:
+    """A frame of device columns, as cuDF's ``DataFrame`` offers them
+    (``columns``, ``frame[name]``): the protocol route reads nothing else."""
+
+    def __init__(self, **columns):
+        self._columns = columns
+
+    @property
+    def columns(self):
+        return list(self._columns)
+
+    def __getitem__(self, name):
+        return self._columns[name]
+
+
+def _frame() -> DataFrame:
+    present = lambda values: np.array([v is not None for v in values])   # noqa: E731
+    categories = ["blue", "green", "red", "silver"]
+    return DataFrame(
+        price=_CudfLikeSeries(np.array([p if p is not None else 0.0 for p in PRICE]), present(PRICE)),
+        color=_CudfLikeSeries(np.array(COLOR, dtype=object), present(COLOR)),            # strings: made categorical
+        in_stock=_CudfLikeSeries(np.array([bool(v) for v in IN_STOCK]), present(IN_STOCK)),
+        weight=_CudfLikeSeries(np.array([w if w is not None else 0 for w in WEIGHT], np.int64), present(WEIGHT)),
+        shade=_CudfLikeSeries(np.array([3, 0, 2, 2, 1, 3], np.int8), None, pa.array(categories)))     # categorical
+
+
+def test_a_cudf_like_dataframe_is_read_through_the_protocol():
+    """A DataFrame of device columns (cuDF's, by duck typing: cuDF is not
+    imported) matches as the same events as dicts: nulls absent, a string
+    column dictionary-encoded on the device, a categorical column as its
+    codes and categories."""
+    import pandas as pd
+
+    from engine import device_events
+
+    idx = _index()
+    idx.add(7, "shade = 'silver' AND price > 500")
+    frame = _frame()
+    assert device_events.is_device_frame(frame) and not device_events.is_device_frame(pd.DataFrame({"x": [1]}))
+    events = _events()
+    for event, shade in zip(events, ["silver", "blue", "red", "red", "green", "silver"]):
+        event["shade"] = shade
+    want = [m.tolist() for m in idx.match_batch(events)]
+    assert [m.tolist() for m in idx.match_batch(frame)] == want
+    assert [7 in m for m in want] == [True, False, False, False, False, True]
+    with pytest.raises(ValueError, match="a DataFrame's nulls are its absent values"):
+        idx.match_batch(frame, valid={})
+    with pytest.raises(TypeError, match="column 'tags' of dtype complex128 has no device-column form"):
+        device_events.frame_columns(DataFrame(tags=_CudfLikeSeries(np.zeros(6, np.complex128))))
+    cpu = Index(algorithm="scan", backend="cpu")
+    cpu.add(1, "price > 0")
+    with pytest.raises(ValueError, match="device columns need backend='cuda'"):
+        cpu.match_batch(_frame())

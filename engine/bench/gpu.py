@@ -151,15 +151,16 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     ``overlap_gain``: its time over the default's, which is the overlap's
     gain net of the cost of cutting the batch), and the list form
     (``output="arrow_lists"``, 8 bytes a match: ``host_in_lists_out``).
-    The routes' matches are compared.  A table with no device-column form
-    (W3's events, one map column of sparse attributes) has no device-in
-    route (None)."""
+    The routes' matches are compared.  A map column of sparse attributes
+    (W3's, ABE-Gen's events) goes in as a
+    :class:`engine.device_maps.DeviceMap`; a table with no device-column
+    form (a map of strings, a list) has no device-in route (None)."""
     index = _built(workload, algorithm)
     table = workload.events
     n_events = table.num_rows
     try:
         columns, valid = device_columns(table)
-    except TypeError:       # W3's sparse events are one map column: a device pipeline has no such columns
+    except TypeError:       # a column of no device form (a map of strings, a list): no device-in route
         columns = valid = None
     device_in = _timed(repeats, lambda: index.match_batch(columns, valid=valid, output="device")) \
         if columns is not None else None

@@ -1,0 +1,270 @@
+"""Sparse events on the device (engine/device_maps.py): a map column's CSR
+arrays on the device, encoded there entry for entry as the host encoder
+encodes the same map column -- unknown keys, null maps and values, keys
+repeated in one map, values on the predicates' bounds, refused values under
+every errors mode -- and matched with the same answers.
+
+Runs on a GPU (CuPy) or under numba's CUDA simulator::
+
+    NUMBA_ENABLE_CUDASIM=1 pytest -m cuda tests/test_device_maps.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from engine import Index, workloads
+from engine.device_events import arrow_columns, encode_device_columns, is_device_columns
+from engine.device_maps import DeviceMap
+from engine.errors import BadEventError, SchemaError
+from engine.events import encode_events
+from tests.test_cuda_sim import _to_device_input, host, needs_cuda
+
+pytestmark = [pytest.mark.cuda, needs_cuda]
+
+#: attribute names as sparse real-world events carry them: long shared prefixes, non-ASCII
+PREFIX = "https://example.com/catalogue/feature/"
+NAMES = [f"{PREFIX}{k:03d}" for k in range(12)] + [f"{PREFIX}é{k}" for k in range(4)] + ["flag", "only_null"]
+
+
+def _index(algorithm: str = "opindex", backend: str = "cuda") -> Index:
+    idx = Index(algorithm=algorithm, backend=backend)
+    expressions = [f'"{name}" BETWEEN {k} AND {k + 3}' for k, name in enumerate(NAMES[:16])]
+    expressions += [f'"{NAMES[0]}" = 2 AND "{NAMES[1]}" > 1 OR "{NAMES[13]}" < 2',
+                    '"flag" = TRUE', '"only_null" IS NULL', f'"{NAMES[3]}" IS NOT NULL AND NOT "flag" = TRUE',
+                    '"word" = \'x\'']       # a string attribute: a number in a map is refused for it
+    idx.add_many(list(range(1, len(expressions) + 1)), expressions)
+    return idx
+
+
+def _map_table(rng, n_events: int, value_type=pa.int64()) -> pa.Table:
+    """Sparse events: a few dozen keys of a larger name space (unknown ones
+    too), a key repeated in a map, null maps and null values, values on and
+    around the predicates' bounds."""
+    keys = NAMES[:16] + ["only_null", f"{PREFIX}unread", "not/an/attribute", "ü" * 40]
+    rows = []
+    for _ in range(n_events):
+        if rng.random() < 0.08:
+            rows.append(None)
+            continue
+        size = int(rng.integers(0, 9))
+        entry = []
+        for key in rng.choice(keys, size=size):
+            low = 0 if pa.types.is_unsigned_integer(value_type) else -1
+            value = None if rng.random() < 0.1 else int(rng.integers(low, 20))
+            entry.append((str(key), value))
+        rows.append(entry)
+    return pa.table({"attributes": pa.array(rows, pa.map_(pa.string(), value_type))})
+
+
+def _arrays(batch):
+    return [host(batch.offsets).tolist(), host(batch.attr).tolist(), host(batch.value).tolist(),
+            host(batch.token).tolist()]
+
+
+@pytest.mark.parametrize("value_type", [pa.int64(), pa.float32(), pa.uint8()])
+def test_a_map_encodes_on_the_device_entry_for_entry_as_on_the_host(value_type):
+    idx = _index()
+    view = idx._state.view
+    table = _map_table(np.random.default_rng(5), 3000, value_type)
+    columns, valid = arrow_columns(table)
+    assert isinstance(columns["attributes"], DeviceMap) and is_device_columns(columns)
+    batch, strings = encode_device_columns(columns, valid, view)
+    assert _arrays(batch) == _arrays(encode_events(table, view))
+    assert len(host(batch.attr)) > 5000 and len(strings.attr) == 0
+    head = table.slice(0, 150)          # (matched under the simulator: a short batch)
+    columns, valid = arrow_columns(head)
+    assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == \
+        [m.tolist() for m in idx.match_batch(head)]
+    # a batch of no events, and a slice of a map column (its offsets past 0) as arrow_columns takes it
+    empty = encode_device_columns(arrow_columns(table.slice(0, 0))[0], {}, view)[0]
+    assert _arrays(empty) == [[0], [], [], []]
+    tail = table.slice(2990)
+    assert _arrays(encode_device_columns(*arrow_columns(tail), view)[0]) == _arrays(encode_events(tail, view))
+
+
+def test_a_hand_built_map_with_int32_offsets_that_start_past_zero():
+    """The arrays as a GPU pipeline holds a slice of a map column: offsets
+    that do not start at 0, keys as codes into a name dictionary with
+    names no subscription reads and a name twice, a key repeated in a map
+    (the last counts), a null map and a null value."""
+    idx = _index()
+    names = ["junk", NAMES[0], NAMES[1], "flag", NAMES[0], NAMES[13]]
+    #                 event 0            event 1        event 2 (null)  event 3
+    keys = np.array([9, 1, 2, 1, 0,      3, 5,          2,              4, 2, 1], np.int16)
+    values = np.array([7, 5, 2, 2, 1,    1, 1,          3,              0, 2, 9], np.int64)
+    offsets = np.array([1, 5, 7, 8, 11], np.int32)        # entry 0 belongs to no event
+    value_valid = np.ones(11, bool)
+    value_valid[10] = False                                # event 3's last NAMES[0] is null: absent
+    mapped = DeviceMap(*(_to_device_input(a) for a in (offsets, keys, values)), names,
+                       valid=_to_device_input(np.array([True, True, False, True])),
+                       value_valid=_to_device_input(value_valid))
+    # event 1's flag is the number 1: refused, as a host map column refuses it for a boolean attribute
+    with pytest.raises(BadEventError, match="^event 1: attribute 'flag' is boolean, got 1"):
+        idx.match_batch(mapped)
+    events = [{NAMES[0]: 2, NAMES[1]: 2}, {NAMES[13]: 1}, {}, {NAMES[0]: 0, NAMES[1]: 2}]
+    expected = [m.tolist() for m in idx.match_batch(events)]
+    assert expected[0] and expected[1] and expected[3]
+    assert [m.tolist() for m in idx.match_batch(mapped, errors="null")] == expected
+    found, rejected = idx.match_batch(mapped, errors="report")
+    assert [m.tolist() for m in found] == [expected[0], [], expected[2], expected[3]]
+    assert [(e.event, e.attribute) for e in rejected] == [(1, "flag")]
+    flags = DeviceMap(_to_device_input(np.array([0, 1], np.int64)), _to_device_input(np.array([0], np.int8)),
+                      _to_device_input(np.array([True])), ["flag"])
+    assert [m.tolist() for m in idx.match_batch(flags)] == [m.tolist() for m in idx.match_batch([{"flag": True}])]
+
+
+@pytest.mark.parametrize("errors", ["raise", "null", "report"])
+def test_refused_values_act_as_the_host_encoder_acts(errors):
+    idx = _index()
+    view = idx._state.view
+    rows = [[(NAMES[0], 1.0), (NAMES[1], float("nan"))], [("word", 4.0)], [(NAMES[2], 3.0)],
+            [(NAMES[2], float("inf")), (NAMES[2], 2.0)],            # the refused value is repeated over
+            [(NAMES[5], -float("inf")), ("only_null", float("nan"))]]   # IS NULL alone reads any value
+    table = pa.table({"m": pa.array(rows, pa.map_(pa.string(), pa.float64()))})
+    columns, valid = arrow_columns(table)
+    if errors == "raise":
+        with pytest.raises(BadEventError) as on_host:
+            encode_events(table, view, errors)
+        with pytest.raises(BadEventError) as on_device:
+            encode_device_columns(columns, valid, view, errors)
+        assert str(on_device.value) == str(on_host.value)
+        assert on_device.value.event == 0 and on_device.value.attribute == NAMES[1]
+        return
+    expected = encode_events(table, view, errors)
+    batch, _ = encode_device_columns(columns, valid, view, errors)
+    assert _arrays(batch) == _arrays(expected)
+    assert [(e.event, e.attribute, str(e)) for e in batch.rejected] == \
+        [(e.event, e.attribute, str(e)) for e in expected.rejected]
+    assert len(batch.rejected) == (3 if errors == "report" else 0)
+    result = idx.match_batch(columns, valid=valid, errors=errors)
+    assert [m.tolist() for m in (result[0] if errors == "report" else result)] == \
+        [m.tolist() for m in (idx.match_batch(table, errors=errors)[0] if errors == "report"
+                              else idx.match_batch(table, errors=errors))]
+
+
+@pytest.mark.parametrize("errors", ["raise", "null", "report"])
+def test_a_key_code_outside_the_names_is_refused_by_the_errors_mode(errors):
+    idx = _index()
+    mapped = DeviceMap(*(_to_device_input(a) for a in (np.array([0, 1, 3]), np.array([0, 7, 0]),
+                                                        np.array([2, 2, 2]))), [NAMES[0]])
+    if errors == "raise":
+        with pytest.raises(BadEventError, match=r"^event 1: map 'map' has key code 7, outside its 1 names"):
+            idx.match_batch(mapped)
+        return
+    result = idx.match_batch(mapped, errors=errors)
+    found = result[0] if errors == "report" else result
+    dicts = idx.match_batch([{NAMES[0]: 2}, {NAMES[0]: 2}])
+    assert [m.tolist() for m in found] == [dicts[0].tolist(), dicts[1].tolist() if errors == "null" else []]
+    if errors == "report":
+        assert [(e.event, e.value) for e in result[1]] == [(1, 7)]
+
+
+def test_a_map_beside_columns_merges_and_an_attribute_given_twice_is_an_error():
+    idx = _index()
+    view = idx._state.view
+    table = pa.table({"flag": pa.array([True, None, False]),
+                      "m": pa.array([[(NAMES[0], 2)], [(NAMES[1], 4), ("flag", 1)], [(NAMES[13], 0)]],
+                                    pa.map_(pa.string(), pa.int64()))})
+    columns, valid = arrow_columns(table)
+    batch, _ = encode_device_columns(columns, valid, view, "report")
+    expected = encode_events(table, view, "report")
+    assert _arrays(batch) == _arrays(expected)
+    assert [(e.event, e.attribute) for e in batch.rejected] == [(1, "flag")]       # a number for a boolean
+    twice = pa.table({"flag": pa.array([True, True]),
+                      "m": pa.array([[(NAMES[0], True)], [("flag", True)]], pa.map_(pa.string(), pa.bool_()))})
+    columns, valid = arrow_columns(twice)
+    with pytest.raises(BadEventError, match="^event 0: attribute 'https"):      # a boolean for a number first
+        encode_device_columns(columns, valid, view)
+    twice = twice.set_column(1, "m", pa.array([[], [("flag", True)]], pa.map_(pa.string(), pa.bool_())))
+    columns, valid = arrow_columns(twice)
+    for errors in ("raise", "null"):        # "null" is about values: a repeated attribute is an error still
+        with pytest.raises(BadEventError, match="^event 1: attribute 'flag' is given twice"):
+            encode_device_columns(columns, valid, view, errors)
+    batch, _ = encode_device_columns(columns, valid, view, "report")
+    expected = encode_events(twice, view, "report")
+    assert _arrays(batch) == _arrays(expected) == [[0, 1, 1], [view.attr_ids["flag"]], [1.0], [-1]]
+    assert [(e.event, e.attribute) for e in batch.rejected] == [(e.event, e.attribute) for e in expected.rejected] \
+        == [(1, "flag")]
+
+
+def test_malformed_maps_are_clear_errors_and_change_nothing():
+    idx = _index()
+    before = [m.tolist() for m in idx.match_batch([{NAMES[0]: 1}])]
+    d = _to_device_input
+    bad = [
+        (DeviceMap(d(np.array([0, 2, 1])), d(np.zeros(2, np.int32)), d(np.ones(2)), [NAMES[0]]), ValueError,
+         "offsets decrease"),
+        (DeviceMap(d(np.array([0, 3])), d(np.zeros(2, np.int32)), d(np.ones(2)), [NAMES[0]]), ValueError,
+         "offsets run from 0 to 3, over 2 keys"),
+        (DeviceMap(d(np.array([0.0, 1.0])), d(np.zeros(1, np.int32)), d(np.ones(1)), [NAMES[0]]), ValueError,
+         "integer arrays"),
+        (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.ones(1)), [None]), SchemaError,
+         "key names hold a null"),
+        (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.ones(1)), [NAMES[0]],
+                   valid=d(np.ones(3, bool))), ValueError, "valid is a boolean array of one per event"),
+        (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.ones(1)), pa.array([1])), SchemaError,
+         "key names are not strings: they are int64"),
+        (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.ones(1)), ["\ud800"]), SchemaError,
+         "key names are not strings"),
+        (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.array([1j])), [NAMES[0]]), SchemaError,
+         "values of complex128 have no device form"),
+    ]
+    for mapped, error, message in bad:
+        with pytest.raises(error, match=message):
+            idx.match_batch(mapped)
+    with pytest.raises(ValueError, match="a map's null maps are its own valid"):
+        idx.match_batch({"m": bad[0][0]}, valid={"m": d(np.ones(2, bool))})
+    with pytest.raises(ValueError, match="device columns need backend='cuda'"):
+        cpu = Index(algorithm="scan", backend="cpu")
+        cpu.add(1, "x > 0")
+        cpu.match_batch(bad[0][0])
+    assert [m.tolist() for m in idx.match_batch([{NAMES[0]: 1}])] == before
+
+
+@pytest.mark.parametrize("algorithm", ["opindex", "scan"])
+def test_w3_like_sparse_events_match_on_the_device_as_on_the_host(algorithm):
+    """The generator of W3 (one map column over many attributes): its
+    events, with no dense device form, go in as a DeviceMap."""
+    workload = workloads.opindex_gen(20, 12, dims=200, cardinality=4, gamma_max=3, m=12)
+    assert workload.events.column_names == ["attributes"]
+    idx = Index(algorithm=algorithm, backend="cuda")
+    workloads.add_subscriptions(idx, workload.subscriptions, workload.asts)
+    columns, valid = arrow_columns(workload.events)
+    on_device = idx.match_batch(columns, valid=valid, output="arrow")
+    assert on_device.equals(idx.match_batch(workload.events, output="arrow"))
+    assert on_device.num_rows > 0
+
+
+def test_a_spark_worker_on_a_gpu_executor_sends_the_map_layout_to_the_device(monkeypatch):
+    """The map layout's batches (one map column) went to the host encoder
+    on a GPU executor; a map of numbers now goes as a DeviceMap -- with the
+    same rows out as on cpu, bad events quarantined alike -- and a map of
+    strings still takes the host encoder."""
+    from engine import device_maps
+    from spark_integration.matching import _BatchMatcher
+
+    worker = _BatchMatcher.__new__(_BatchMatcher)
+    worker.event_id, worker.layout, worker.attrs_column, worker.output = "event_id", "map", "attrs", "pairs"
+    worker.on_bad_event, worker.report_bad = "quarantine", True
+    rows = [[(NAMES[0], 2.0), (NAMES[1], 3.0)], None, [("flag", 1.0), (NAMES[13], 1.0)], [(NAMES[4], np.nan)],
+            [(NAMES[2], 3.0), ("nobody", 1.0)]]
+    batch = pa.RecordBatch.from_pydict({"event_id": [f"e{k}" for k in range(len(rows))],
+                                        "attrs": pa.array(rows, pa.map_(pa.string(), pa.float64()))})
+    gpu, cpu = _index(), _index(backend="cpu")
+    encoded = []
+    real = device_maps.map_entries
+    monkeypatch.setattr(device_maps, "map_entries", lambda *a, **k: encoded.append(1) or real(*a, **k))
+    on_gpu = worker.match(gpu, batch).to_pylist()
+    assert encoded              # the device route was taken
+    assert on_gpu == worker.match(cpu, batch).to_pylist()
+    assert {row["event_id"] for row in on_gpu if row["sub_id"] is not None} == {"e0", "e1", "e4"}
+    assert [(row["event_id"], row["attribute"]) for row in on_gpu if row["sub_id"] is None] == \
+        [("e2", "flag"), ("e3", NAMES[4])]
+    strings = pa.RecordBatch.from_pydict({"event_id": ["a"], "attrs": pa.array([[("word", "x")]],
+                                                                              pa.map_(pa.string(), pa.string()))})
+    encoded.clear()
+    assert worker.match(gpu, strings).to_pylist() == worker.match(cpu, strings).to_pylist()
+    assert not encoded
