@@ -229,27 +229,41 @@ def _refuse(name: str, column, row: int, reason: str | None, family: Family = Fa
                          " (pass errors='null' to treat such values as absent)")
 
 
-def _dictionary_codes(name: str, dictionary, schema) -> tuple[pa.Array, np.ndarray]:
+def string_array(label: str, strings) -> pa.Array:
+    """``strings`` (a list, an Arrow string or dictionary array) as an Arrow
+    large_string array; SchemaError, beginning with ``label``, for anything
+    else -- numbers, booleans, bytes (a cast would make 1 the string '1'),
+    a lone surrogate, a null."""
+    if isinstance(strings, pa.ChunkedArray):
+        strings = strings.combine_chunks()
+    if isinstance(strings, pa.Array) and pa.types.is_dictionary(strings.type):
+        strings = strings.dictionary_decode()
+    if isinstance(strings, pa.Array) and not (pa.types.is_string(strings.type) or pa.types.is_large_string(
+            strings.type) or pa.types.is_string_view(strings.type) or pa.types.is_null(strings.type)):
+        raise SchemaError(f"{label} is not a list of strings: it is {strings.type}")
+    try:
+        strings = pa.array(strings, pa.large_string()) if not isinstance(strings, pa.Array) \
+            else strings.cast(pa.large_string())
+    except (pa.ArrowException, UnicodeEncodeError, TypeError) as error:     # a lone surrogate, a non-string
+        raise SchemaError(f"{label} is not a list of strings: {error}") from None
+    if strings.null_count:
+        raise SchemaError(f"{label} holds a null")
+    return strings
+
+
+def _dictionary_codes(name: str, dictionary, schema, attribute: str | None = "") -> tuple[pa.Array, np.ndarray]:
     """The dictionary as an Arrow string array and each entry's code under
     the index's string dictionary (through the host encoder, so that the
-    rules are the same: a lone surrogate, for one, is refused)."""
-    if isinstance(dictionary, pa.ChunkedArray):
-        dictionary = dictionary.combine_chunks()
-    if isinstance(dictionary, pa.Array) and pa.types.is_dictionary(dictionary.type):
-        dictionary = dictionary.dictionary_decode()
-    if isinstance(dictionary, pa.Array) and not (pa.types.is_string(dictionary.type) or pa.types.is_large_string(
-            dictionary.type) or pa.types.is_string_view(dictionary.type) or pa.types.is_null(dictionary.type)):
-        # (a cast would make numbers, booleans or bytes strings: 1 would match s = '1')
-        raise SchemaError(f"column {name!r}: its dictionary is not a list of strings: it is {dictionary.type}")
+    rules are the same: a lone surrogate, for one, is refused), read as
+    values of ``attribute`` (``name`` by default; the codes are the
+    schema's whichever string attribute reads them; None: none does, and
+    the codes are 0)."""
+    strings = string_array(f"column {name!r}: its dictionary", dictionary)
+    attribute = name if attribute == "" else attribute
+    if attribute is None:
+        return strings, np.zeros(len(strings))
     try:
-        strings = pa.array(dictionary, pa.large_string()) if not isinstance(dictionary, pa.Array) \
-            else dictionary.cast(pa.large_string())
-    except (pa.ArrowException, UnicodeEncodeError, TypeError) as error:     # a lone surrogate, a non-string
-        raise SchemaError(f"column {name!r}: its dictionary is not a list of strings: {error}") from None
-    if strings.null_count:
-        raise SchemaError(f"column {name!r}: its dictionary holds a null")
-    try:
-        coded = from_arrow(pa.table({name: strings}), schema, "raise")
+        coded = from_arrow(pa.table({attribute: strings}), schema, "raise")
     except BadEventError as error:
         raise SchemaError(f"column {name!r}: dictionary entry {error.event}: {error.reason}") from None
     return strings, coded.value
@@ -388,27 +402,37 @@ def _with_maps(columns: Mapping, valid: Mapping | None, schema, errors: str) -> 
         raise ValueError(f"valid= names the map {sorted(set(valid) & set(maps))[0]!r}: a map's null maps are its "
                          f"own valid (DeviceMap(..., valid=...))")
     dense = {name: column for name, column in columns.items() if name not in maps}
-    parts, rejected, n_events = [], {}, None
+    if dense:
+        batch, strings = encode_device_columns(dense, valid, schema, errors)
+    else:
+        batch, strings = _assemble(xp, 0, [], None, None, None, [], {})
+    dictionaries = [batch.strings]          # the batch's strings: the columns', then each map's dictionary
+    pair_attrs, pair_tokens = [strings.attr], [strings.token]
+    parts, rejected, n_events = [], {}, batch.n_events if dense else None
     for name, column in maps.items():
-        n, part, refused = device_maps.map_entries(name, column, schema, errors, _device, xp)
+        n, part, refused, coded = device_maps.map_entries(name, column, schema, errors, _device, xp,
+                                                          sum(map(len, dictionaries)))
         if n_events is not None and n != n_events:
             raise ValueError(f"map {name!r} has {n} events where the other columns have {n_events}")
         n_events = n
         parts.append(part)
         for event, error in refused.items():
             rejected.setdefault(event, error)
-    if dense:
-        batch, strings = encode_device_columns(dense, valid, schema, errors)
-        if batch.n_events != n_events:
-            raise ValueError(f"the columns have {batch.n_events} events where the maps have {n_events}")
-    else:
-        batch, strings = _assemble(xp, n_events, [], None, None, None, [], {})
+        if coded is not None:
+            dictionaries.append(coded[0])
+            pair_attrs.append(coded[1])
+            pair_tokens.append(coded[2])
+    if not dense:
+        batch = _assemble(xp, n_events, [], None, None, None, [], {})[0]
     nnz = len(batch.attr)
     rows = xp.searchsorted(batch.offsets[1:], xp.arange(nnz, dtype=np.int64), side="right").astype(np.int64)
-    rows, attr, value = (xp.concatenate([rows] + [p[0] for p in parts]),
-                         xp.concatenate([batch.attr] + [p[1] for p in parts]),
-                         xp.concatenate([batch.value] + [p[2] for p in parts]))
-    token = xp.concatenate([batch.token, xp.full(len(attr) - nnz, -1, dtype=np.int32)])
+    rows, attr, value, token = (xp.concatenate([rows] + [p[0] for p in parts]),
+                                xp.concatenate([batch.attr] + [p[1] for p in parts]),
+                                xp.concatenate([batch.value] + [p[2] for p in parts]),
+                                xp.concatenate([batch.token] + [p[3] for p in parts]))
+    all_strings = pa.concat_arrays([d.cast(pa.large_string()) for d in dictionaries])
+    strings = EventBatch(np.array([0, sum(map(len, pair_attrs))], np.int64), np.concatenate(pair_attrs),
+                         np.zeros(sum(map(len, pair_attrs))), np.concatenate(pair_tokens), all_strings)
     order = xp.argsort(rows * max(len(schema.attr_names), 1) + attr, kind="stable")
     rows, attr, value, token = rows[order], attr[order], value[order], token[order]
     twice = xp.flatnonzero((rows[1:] == rows[:-1]) & (attr[1:] == attr[:-1]))
@@ -429,7 +453,7 @@ def _with_maps(columns: Mapping, valid: Mapping | None, schema, errors: str) -> 
         rows, attr, value, token = rows[keep], attr[keep], value[keep], token[keep]
     offsets = xp.zeros(n_events + 1, dtype=np.int64)
     offsets[1:] = xp.cumsum(xp.bincount(rows, minlength=n_events))
-    merged = EventBatch(offsets, attr.astype(np.int32), value, token, batch.strings)
+    merged = EventBatch(offsets, attr.astype(np.int32), value, token.astype(np.int32), all_strings)
     merged.rejected = tuple(rejected[event] for event in sorted(rejected))
     return merged, strings
 
@@ -559,12 +583,12 @@ def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
     """A host Arrow table's columns on the device, as
     :func:`encode_device_columns` takes them: numbers and booleans as they
     are, strings as dictionary codes plus the dictionary, nulls as
-    ``valid``, a map of numbers or booleans as a
-    :class:`engine.device_maps.DeviceMap` (its keys dictionary-coded).  They
-    cross together: packed into a pinned staging buffer and moved by one
-    DMA (:func:`gpu_kernels.transfer.columns_to_device`).  TypeError for a
-    column this form has no place for (a map of strings, a list, a
-    decimal): the host encoder takes those."""
+    ``valid``, a map as a :class:`engine.device_maps.DeviceMap` (its keys
+    dictionary-coded, and its values if they are strings).  They cross
+    together: packed into a pinned staging buffer and moved by one DMA
+    (:func:`gpu_kernels.transfer.columns_to_device`).  TypeError for a
+    column this form has no place for (a list, a decimal, a map of them):
+    the host encoder takes those."""
     import pyarrow.compute as pc
 
     from gpu_kernels import transfer
@@ -603,6 +627,8 @@ def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
     at = 2 * len(names)
     for name, (column, arrays) in maps.items():     # (columns of the table's order, then its maps)
         offsets, keys, values, present, value_present = device[at:at + len(arrays)]
+        if isinstance(column.values, tuple):        # strings: (codes, dictionary)
+            values = (values, column.values[1])
         columns[name] = DeviceMap(offsets, keys, values, column.names, valid=present, value_valid=value_present)
         at += len(arrays)
     return columns, valid

@@ -15,13 +15,17 @@ column (``engine.events._map_cells``):
 * a key no subscription reads is left out, a null map (``valid``) or a
   null value (``value_valid``) is absent, and of a key repeated within one
   map only the last entry counts (Spark's map layout);
-* values are numbers (an attribute of another family refuses them) or
-  booleans; numbers must be finite and, integers, within +-2**53; an
-  attribute that only IS [NOT] NULL reads takes any value;
+* values are numbers, booleans or strings (an attribute of another family
+  refuses them); numbers must be finite and, integers, within +-2**53; a
+  string arrives as its code into the map's dictionary, which goes through
+  the host encoder once, as a string column's does; an attribute that only
+  IS [NOT] NULL reads takes any value;
 * a key code outside ``names`` is refused like a value, by the errors mode.
 
-What leaves the device is one small vector of flags, and the refused
-values' positions when there are any.
+What leaves the device is one small vector of flags, the refused values'
+positions when there are any, and for a map of strings the distinct
+(attribute, string) pairs its entries hold (the LIKE/MATCHES results are
+computed for those).
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ class DeviceMap:
     ``i``'s entries are positions ``offsets[i]`` to ``offsets[i + 1]`` of
     ``keys`` (integer codes into ``names``, the attribute names, a host
     list or Arrow string array) and of ``values`` (numbers or booleans, one
-    per entry).  ``valid`` (one boolean per event) is False for a null map,
+    per entry; strings as the pair ``(codes, dictionary)``, as for a string
+    column).  ``valid`` (one boolean per event) is False for a null map,
     ``value_valid`` (one per entry) False for a null value.  The arrays are
     anything :func:`engine.device_events.is_device_column` takes; a host
     array among them is copied over.  A cuDF map column (a list of
@@ -64,15 +69,17 @@ class DeviceMap:
     def from_arrow(cls, column: pa.Array | pa.ChunkedArray) -> tuple[DeviceMap, list[np.ndarray]]:
         """A host Arrow map column as the host arrays of a DeviceMap: the map
         (its fields still host arrays, to be replaced by their device
-        copies in the order of the list) and that list.  TypeError for
-        values of a type the device form has no place for (strings,
-        decimals, nested values): the host encoder takes those."""
+        copies in the order of the list) and that list; strings are
+        dictionary-encoded.  TypeError for values of a type the device form
+        has no place for (decimals, nested values): the host encoder takes
+        those."""
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         items_type = column.type.item_type
         if pa.types.is_dictionary(items_type):
             items_type = items_type.value_type
-        if not (pa.types.is_boolean(items_type) or pa.types.is_integer(items_type)
+        strings = pa.types.is_string(items_type) or pa.types.is_large_string(items_type)
+        if not (strings or pa.types.is_boolean(items_type) or pa.types.is_integer(items_type)
                 or pa.types.is_floating(items_type)):
             raise TypeError(f"a map of {column.type.item_type} values has no device-column form")
         offsets = column.offsets.to_numpy()
@@ -82,34 +89,51 @@ class DeviceMap:
         if pa.types.is_dictionary(items.type):
             items = items.dictionary_decode()
         coded = pc.dictionary_encode(keys)
+        valid = items.is_valid().to_numpy(zero_copy_only=False)
+        dictionary = None
+        if strings:
+            coded_items = pc.dictionary_encode(items)
+            items, dictionary = pc.fill_null(coded_items.indices, 0), coded_items.dictionary
         default = False if pa.types.is_boolean(items.type) else 0
         host = [(offsets - lo).astype(np.int64),
                 coded.indices.to_numpy(zero_copy_only=False).astype(np.int32),
                 pc.fill_null(items, default).to_numpy(zero_copy_only=False),
-                column.is_valid().to_numpy(zero_copy_only=False),
-                items.is_valid().to_numpy(zero_copy_only=False)]
-        return cls(*host[:3], coded.dictionary, valid=host[3], value_valid=host[4]), host
+                column.is_valid().to_numpy(zero_copy_only=False), valid]
+        values = host[2] if dictionary is None else (host[2], dictionary)
+        return cls(host[0], host[1], values, coded.dictionary, valid=host[3], value_valid=host[4]), host
 
 
-def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp
-                ) -> tuple[int, tuple, dict[int, BadEventError]]:
-    """``(n_events, (rows, attr, values), refused)``: the entries of the map
-    the index reads, on the device, ordered by (event, attribute) with one
-    entry per attribute of an event -- and, with ``errors="report"``, the
-    first refusal of each event holding one (those events' entries left
-    out).  ``device(x, label)`` puts a given array on the device (in place
-    when it is there already); ``name`` is the map's column, for errors."""
+def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, token_base: int = 0
+                ) -> tuple[int, tuple, dict[int, BadEventError], tuple]:
+    """``(n_events, (rows, attr, values, tokens), refused, strings)``: the
+    entries of the map the index reads, on the device, ordered by (event,
+    attribute) with one entry per attribute of an event -- with,
+    ``errors="report"``, the first refusal of each event holding one (those
+    events' entries left out) -- and, for a map of strings, ``(dictionary,
+    attributes, tokens)``: its dictionary and, on the host, each (attribute,
+    token) pair of its entries, which the LIKE/MATCHES results are computed
+    for.  A string entry's token is its code plus ``token_base`` (the
+    strings before this dictionary in the batch's).  ``device(x, label)``
+    puts a given array on the device (in place when it is there already);
+    ``name`` is the map's column, for errors."""
     offsets = device(column.offsets, f"{name}.offsets")
     keys = device(column.keys, f"{name}.keys")
-    values = device(column.values, f"{name}.values")
+    pair = isinstance(column.values, tuple)
+    if pair and len(column.values) != 2:
+        raise ValueError(f"map {name!r}: string values are a pair (codes, dictionary)")
+    values = device(column.values[0] if pair else column.values, f"{name}.values")
     if offsets.dtype.kind not in "iu" or keys.dtype.kind not in "iu":
         raise ValueError(f"map {name!r}: offsets and keys are integer arrays, not {offsets.dtype} and {keys.dtype}")
     if len(offsets) == 0:
         raise ValueError(f"map {name!r}: offsets hold one entry per event and one more (0 for no events)")
-    kind = values.dtype.kind
-    if kind not in "biuf":
-        raise SchemaError(f"map {name!r}: values of {values.dtype} have no device form (numbers or booleans; "
-                          f"a map of strings goes as an Arrow table)")
+    kind = "s" if pair else values.dtype.kind
+    if pair and values.dtype.kind not in "iu":
+        raise SchemaError(f"map {name!r}: string values are (integer codes, dictionary), not codes of "
+                          f"{values.dtype}")
+    if kind not in "biufs":
+        raise SchemaError(f"map {name!r}: values of {values.dtype} have no device form (numbers, booleans, or "
+                          f"strings as (codes, dictionary))")
+    dictionary, table = _string_dictionary(name, column.values[1], schema) if pair else (None, None)
     n_events = len(offsets) - 1
     bounds = cuda_support.to_host(offsets[xp.asarray([0, n_events])])
     lo, hi = int(bounds[0]), int(bounds[1])
@@ -148,10 +172,12 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp
         last[:-1] = (rows[at[1:]] != rows[at[:-1]]) | (attr[at[1:]] != attr[at[:-1]])
         at = at[last]
     family = xp.asarray(_family_codes(schema.attribute_arrays()[1]))[attr[at]]      # per entry kept
-    own = _FAMILY_CODE[Family.BOOLEAN if kind == "b" else Family.NUMERIC]
+    own = _FAMILY_CODE[Family.BOOLEAN if kind == "b" else Family.STRING if kind == "s" else Family.NUMERIC]
     problem = (family != 0) & (family != own)              # the attribute is of another family
     kept = values[at]
-    if kind in "iuf":
+    if kind == "s":             # a code outside the dictionary is refused, as in a string column
+        problem |= (kept < 0) | (kept >= len(dictionary))
+    elif kind in "iuf":
         as_float = kept.astype(np.float64)
         bad = ~xp.isfinite(as_float)
         if kind == "i":         # exact as float64 only within +-2**53 (compared as integers)
@@ -165,33 +191,41 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp
     refused: dict[int, BadEventError] = {}
     if flags[1] or flags[2]:
         refused = _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outside, at, problem,
-                            xp)
+                            xp, dictionary)
         keep = ~problem
         if refused:                                         # errors="report": the event is set aside whole
             keep &= ~xp.isin(rows[at], xp.asarray(np.fromiter(refused, np.int64, len(refused))))
         at, family = at[keep], family[keep]
     # (an attribute only IS [NOT] NULL reads: presence is all, as the host encoder has it)
-    value = xp.where(family == 0, 0.0, values[at].astype(np.float64))
-    return n_events, (rows[at], attr[at].astype(np.int32), value), refused
+    if kind != "s":
+        value = xp.where(family == 0, 0.0, values[at].astype(np.float64))
+        token = xp.full(len(at), -1, dtype=np.int32)
+        return n_events, (rows[at], attr[at].astype(np.int32), value, token), refused, None
+    string = family == _FAMILY_CODE[Family.STRING]
+    codes = xp.where(string, values[at], 0).astype(np.int64)
+    value = xp.where(string, xp.asarray(table)[codes] if len(dictionary) else 0.0, 0.0)
+    token = xp.where(string, codes + token_base, -1).astype(np.int32)
+    # the (attribute, token) pairs of the string entries: what the pattern results are computed over
+    pairs = cuda_support.to_host(xp.unique(attr[at][string].astype(np.int64) * max(len(dictionary), 1)
+                                           + codes[string]))
+    pair_attr, pair_code = np.divmod(pairs, max(len(dictionary), 1))
+    return n_events, (rows[at], attr[at].astype(np.int32), value, token), refused, \
+        (dictionary, pair_attr.astype(np.int32), (pair_code + token_base).astype(np.int32))
+
+
+def _string_dictionary(name: str, dictionary, schema) -> tuple[pa.Array, np.ndarray]:
+    """A map's value dictionary as an Arrow string array and each entry's
+    code under the index's string dictionary, by the rules of a string
+    column's dictionary."""
+    from engine.device_events import _dictionary_codes
+    reader = next((a for a, f in schema.families.items() if f is Family.STRING), None)
+    return _dictionary_codes(name, dictionary, schema, reader)
 
 
 def _names(name: str, names) -> pa.Array:
     """The key dictionary as an Arrow string array."""
-    if isinstance(names, pa.ChunkedArray):
-        names = names.combine_chunks()
-    if isinstance(names, pa.Array) and pa.types.is_dictionary(names.type):
-        names = names.dictionary_decode()
-    if isinstance(names, pa.Array) and not (pa.types.is_string(names.type) or pa.types.is_large_string(names.type)
-                                            or pa.types.is_string_view(names.type)):
-        # (a cast would make numbers names: the key 1 would be the attribute "1")
-        raise SchemaError(f"map {name!r}: its key names are not strings: they are {names.type}")
-    try:
-        names = pa.array(names, pa.string()) if not isinstance(names, pa.Array) else names.cast(pa.string())
-    except (pa.ArrowException, TypeError, UnicodeEncodeError) as error:       # a lone surrogate, a number
-        raise SchemaError(f"map {name!r}: its key names are not strings: {error}") from None
-    if names.null_count:
-        raise SchemaError(f"map {name!r}: its key names hold a null")
-    return names
+    from engine.device_events import string_array
+    return string_array(f"map {name!r}: its key dictionary", names).cast(pa.string())
 
 
 def _attribute_ids(names: pa.Array, schema) -> np.ndarray:
@@ -201,7 +235,7 @@ def _attribute_ids(names: pa.Array, schema) -> np.ndarray:
         zero_copy_only=False).astype(np.int32)
 
 
-def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outside, at, problem, xp
+def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outside, at, problem, xp, dictionary
               ) -> dict[int, BadEventError]:
     """The refused entries, by the errors mode: raise the first event's
     first one, forget them (``"null"``: they are absent), or return each
@@ -210,19 +244,26 @@ def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outsi
     if errors == "null":
         return {}
     host = cuda_support.to_host
-    found = []              # (event, map position, error): a key outside the names, or a refused value
+    found = []              # (event, attribute id, error): a key outside the names (-1), or a refused value
     where = xp.flatnonzero(outside)
-    for k, event, code in zip(host(where).tolist(), host(rows[where]).tolist(), host(keys[where]).tolist()):
-        found.append((event, k, BadEventError(event, None, code, f"map {name!r} has key code {code}, outside its "
+    for event, code in zip(host(rows[where]).tolist(), host(keys[where]).tolist()):
+        found.append((event, -1, BadEventError(event, None, code, f"map {name!r} has key code {code}, outside its "
                                                                  f"{len(names)} names",
                                               " (pass errors='null' to treat such entries as absent)")))
     where = at[problem]
-    for k, event, attribute, value in zip(host(where).tolist(), host(rows[where]).tolist(),
-                                          host(attr[where]).tolist(), host(values[where]).tolist()):
-        attribute = schema.attr_names[attribute]
+    for event, attr_id, value in zip(host(rows[where]).tolist(), host(attr[where]).tolist(),
+                                     host(values[where]).tolist()):
+        attribute = schema.attr_names[attr_id]
         family = schema.families.get(attribute)
-        found.append((event, k, _value_error(event, attribute, family, bool(value) if kind == "b" else value)))
-    found.sort(key=lambda entry: entry[:2])
+        if kind == "s" and not 0 <= value < len(dictionary):
+            error = BadEventError(event, attribute, value, f"attribute {attribute!r} has code {value}, outside its "
+                                                           f"dictionary of {len(dictionary)}",
+                                  " (pass errors='null' to treat such values as absent)")
+        else:
+            shown = bool(value) if kind == "b" else dictionary[value].as_py() if kind == "s" else value
+            error = _value_error(event, attribute, family, shown)
+        found.append((event, attr_id, error))
+    found.sort(key=lambda entry: entry[:2])         # an event's first problem by attribute, as the host's
     if errors == "raise":
         raise found[0][2]
     first: dict[int, BadEventError] = {}

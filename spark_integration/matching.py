@@ -187,10 +187,10 @@ class _BatchMatcher:
         """``(matches, refused events)`` of one batch's events.  On a GPU
         executor (an index on cuda) the columns go to the device in one
         copy and are encoded there (:mod:`engine.device_events`), the map
-        layout's map of numbers or booleans as a sparse
-        :class:`engine.device_maps.DeviceMap`; a column type the device form
-        lacks (a map of strings, a list) and a column of another family than
-        its attribute take the host encoder, which names each bad event."""
+        layout's map as a sparse :class:`engine.device_maps.DeviceMap`; a
+        column type the device form lacks (a list, a map of lists) and a
+        column of another family than its attribute take the host encoder,
+        which names each bad event."""
         if getattr(index, "backend", "cpu") == "cuda":
             from engine import device_events
             try:

@@ -34,7 +34,8 @@ def _index(algorithm: str = "opindex", backend: str = "cuda") -> Index:
     expressions = [f'"{name}" BETWEEN {k} AND {k + 3}' for k, name in enumerate(NAMES[:16])]
     expressions += [f'"{NAMES[0]}" = 2 AND "{NAMES[1]}" > 1 OR "{NAMES[13]}" < 2',
                     '"flag" = TRUE', '"only_null" IS NULL', f'"{NAMES[3]}" IS NOT NULL AND NOT "flag" = TRUE',
-                    '"word" = \'x\'']       # a string attribute: a number in a map is refused for it
+                    '"word" = \'x\'',       # a string attribute: a number in a map is refused for it
+                    '"word" LIKE \'ab%\' OR "word" > \'b\'', '"label" = \'x\' AND "word" = \'x\'']
     idx.add_many(list(range(1, len(expressions) + 1)), expressions)
     return idx
 
@@ -42,8 +43,11 @@ def _index(algorithm: str = "opindex", backend: str = "cuda") -> Index:
 def _map_table(rng, n_events: int, value_type=pa.int64()) -> pa.Table:
     """Sparse events: a few dozen keys of a larger name space (unknown ones
     too), a key repeated in a map, null maps and null values, values on and
-    around the predicates' bounds."""
+    around the predicates' bounds; strings long, sharing long prefixes,
+    non-ASCII, with a NUL."""
     keys = NAMES[:16] + ["only_null", f"{PREFIX}unread", "not/an/attribute", "ü" * 40]
+    if pa.types.is_string(value_type):      # mostly the string attributes' keys, a few numeric ones refusing
+        keys = ["word", "label"] * 20 + keys[:3] + keys[-4:]
     rows = []
     for _ in range(n_events):
         if rng.random() < 0.08:
@@ -54,35 +58,50 @@ def _map_table(rng, n_events: int, value_type=pa.int64()) -> pa.Table:
         for key in rng.choice(keys, size=size):
             low = 0 if pa.types.is_unsigned_integer(value_type) else -1
             value = None if rng.random() < 0.1 else int(rng.integers(low, 20))
+            if value is not None and pa.types.is_string(value_type):       # long shared prefixes, non-ASCII, NUL
+                value = ["x", "ab", "abc\x00", "b", "abé" * 30, "x" * 300 + str(value)][value % 6]
             entry.append((str(key), value))
         rows.append(entry)
     return pa.table({"attributes": pa.array(rows, pa.map_(pa.string(), value_type))})
 
 
 def _arrays(batch):
+    """The batch's entries; a string entry's token as its string (the device
+    batch's strings are its dictionaries', the host's the distinct ones)."""
     return [host(batch.offsets).tolist(), host(batch.attr).tolist(), host(batch.value).tolist(),
-            host(batch.token).tolist()]
+            [batch.strings[t].as_py() if t >= 0 else -1 for t in host(batch.token).tolist()]]
 
 
-@pytest.mark.parametrize("value_type", [pa.int64(), pa.float32(), pa.uint8()])
+@pytest.mark.parametrize("value_type", [pa.int64(), pa.float32(), pa.uint8(), pa.string()])
 def test_a_map_encodes_on_the_device_entry_for_entry_as_on_the_host(value_type):
     idx = _index()
     view = idx._state.view
     table = _map_table(np.random.default_rng(5), 3000, value_type)
     columns, valid = arrow_columns(table)
     assert isinstance(columns["attributes"], DeviceMap) and is_device_columns(columns)
-    batch, strings = encode_device_columns(columns, valid, view)
-    assert _arrays(batch) == _arrays(encode_events(table, view))
-    assert len(host(batch.attr)) > 5000 and len(strings.attr) == 0
+    batch, strings = encode_device_columns(columns, valid, view, "report")
+    expected = encode_events(table, view, "report")
+    assert _arrays(batch) == _arrays(expected)
+    assert [str(e) for e in batch.rejected] == [str(e) for e in expected.rejected]
+    if value_type == pa.string():       # strings for the numeric attributes are refused; word's and label's read
+        assert len(batch.rejected) > 200 and sum(t >= 0 for t in host(batch.token).tolist()) > 2500
+        assert {(a, batch.strings[t].as_py()) for a, t in zip(strings.attr.tolist(), strings.token.tolist())} == \
+            {(a, batch.strings[t].as_py()) for a, t in zip(host(batch.attr).tolist(), host(batch.token).tolist())
+             if t >= 0}         # the pattern results are computed for exactly the pairs the entries hold
+    else:
+        assert len(host(batch.attr)) > 5000 and len(strings.attr) == 0 and not batch.rejected
     head = table.slice(0, 150)          # (matched under the simulator: a short batch)
     columns, valid = arrow_columns(head)
-    assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == \
-        [m.tolist() for m in idx.match_batch(head)]
+    got, rejected = idx.match_batch(columns, valid=valid, errors="report")
+    want, want_rejected = idx.match_batch(head, errors="report")
+    assert [m.tolist() for m in got] == [m.tolist() for m in want]
+    assert [str(e) for e in rejected] == [str(e) for e in want_rejected]
     # a batch of no events, and a slice of a map column (its offsets past 0) as arrow_columns takes it
     empty = encode_device_columns(arrow_columns(table.slice(0, 0))[0], {}, view)[0]
     assert _arrays(empty) == [[0], [], [], []]
     tail = table.slice(2990)
-    assert _arrays(encode_device_columns(*arrow_columns(tail), view)[0]) == _arrays(encode_events(tail, view))
+    assert _arrays(encode_device_columns(*arrow_columns(tail), view, "report")[0]) == \
+        _arrays(encode_events(tail, view, "report"))
 
 
 def test_a_hand_built_map_with_int32_offsets_that_start_past_zero():
@@ -202,13 +221,13 @@ def test_malformed_maps_are_clear_errors_and_change_nothing():
         (DeviceMap(d(np.array([0.0, 1.0])), d(np.zeros(1, np.int32)), d(np.ones(1)), [NAMES[0]]), ValueError,
          "integer arrays"),
         (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.ones(1)), [None]), SchemaError,
-         "key names hold a null"),
+         "its key dictionary holds a null"),
         (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.ones(1)), [NAMES[0]],
                    valid=d(np.ones(3, bool))), ValueError, "valid is a boolean array of one per event"),
         (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.ones(1)), pa.array([1])), SchemaError,
-         "key names are not strings: they are int64"),
+         "its key dictionary is not a list of strings: it is int64"),
         (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.ones(1)), ["\ud800"]), SchemaError,
-         "key names are not strings"),
+         "its key dictionary is not a list of strings"),
         (DeviceMap(d(np.array([0, 1])), d(np.zeros(1, np.int32)), d(np.array([1j])), [NAMES[0]]), SchemaError,
          "values of complex128 have no device form"),
     ]
@@ -263,8 +282,47 @@ def test_a_spark_worker_on_a_gpu_executor_sends_the_map_layout_to_the_device(mon
     assert {row["event_id"] for row in on_gpu if row["sub_id"] is not None} == {"e0", "e1", "e4"}
     assert [(row["event_id"], row["attribute"]) for row in on_gpu if row["sub_id"] is None] == \
         [("e2", "flag"), ("e3", NAMES[4])]
-    strings = pa.RecordBatch.from_pydict({"event_id": ["a"], "attrs": pa.array([[("word", "x")]],
-                                                                              pa.map_(pa.string(), pa.string()))})
+    strings = pa.RecordBatch.from_pydict({"event_id": ["a", "b", "c"], "attrs": pa.array(
+        [[("word", "x")], [("word", "abc")], [("word", "abc"), (NAMES[0], "2")]], pa.map_(pa.string(), pa.string()))})
     encoded.clear()
-    assert worker.match(gpu, strings).to_pylist() == worker.match(cpu, strings).to_pylist()
-    assert not encoded
+    on_gpu = worker.match(gpu, strings).to_pylist()
+    assert encoded and on_gpu == worker.match(cpu, strings).to_pylist()
+    assert [(row["event_id"], row["sub_id"], row["attribute"]) for row in on_gpu] == \
+        [("a", 19, None), ("a", 21, None), ("a", 22, None), ("b", 19, None), ("b", 22, None),   # (LIKE 'ab%')
+         ("c", None, NAMES[0])]
+    lists = pa.RecordBatch.from_pydict({"event_id": ["a"], "attrs": pa.array(
+        [[("nobody", [1])]], pa.map_(pa.string(), pa.list_(pa.int64())))})
+    encoded.clear()
+    assert worker.match(gpu, lists).to_pylist() == worker.match(cpu, lists).to_pylist()
+    assert not encoded          # a map of lists has no device form: the host encoder took it
+
+
+def test_a_map_of_strings_beside_a_string_column_keeps_each_dictionary():
+    """The batch's strings are the column's dictionary, then the map's:
+    each entry's token points into its own, and the LIKE results are
+    computed for each (attribute, string) pair the entries hold."""
+    idx = _index()
+    view = idx._state.view
+    table = pa.table({"label": pa.array(["x", None, "y"]).dictionary_encode(),
+                      "m": pa.array([[("word", "abc")], [("word", "x"), ("label", "x")], [("word", "zz")]],
+                                    pa.map_(pa.string(), pa.string()))})
+    columns, valid = arrow_columns(table)
+    batch, _ = encode_device_columns(columns, valid, view)
+    assert _arrays(batch) == _arrays(encode_events(table, view))
+    want = [m.tolist() for m in idx.match_batch(table)]
+    assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == want
+    assert want == [[19, 22], [19, 21, 22, 23], [19, 22]]
+    # a code outside the map's dictionary is refused as a string column's is
+    coded = DeviceMap(*(_to_device_input(a) for a in (np.array([0, 1, 2]), np.array([0, 0]))),
+                      (_to_device_input(np.array([0, 5])), ["abc"]), ["word"])
+    with pytest.raises(BadEventError, match="^event 1: attribute 'word' has code 5, outside its dictionary of 1"):
+        idx.match_batch(coded)
+    assert [m.tolist() for m in idx.match_batch(coded, errors="null")] == [[19, 22], [19]]
+    # an index no string attribute of which reads the map: strings for a number are refused, the rest unread
+    numbers = Index(algorithm="scan", backend="cuda")
+    numbers.add_many([1, 2], ["n > 1", "n IS NULL"])
+    mapped = DeviceMap(*(_to_device_input(a) for a in (np.array([0, 1, 2]), np.array([0, 1]))),
+                       (_to_device_input(np.array([0, 1])), ["a", "b"]), ["n", "other"])
+    with pytest.raises(BadEventError, match="^event 0: attribute 'n' is numeric, got 'a'"):
+        numbers.match_batch(mapped)
+    assert [m.tolist() for m in numbers.match_batch(mapped, errors="null")] == [[2], [2]]

@@ -154,13 +154,13 @@ def end_to_end(workload, algorithm: str = "opindex", repeats: int = 3, device_re
     The routes' matches are compared.  A map column of sparse attributes
     (W3's, ABE-Gen's events) goes in as a
     :class:`engine.device_maps.DeviceMap`; a table with no device-column
-    form (a map of strings, a list) has no device-in route (None)."""
+    form (a list, a map of lists) has no device-in route (None)."""
     index = _built(workload, algorithm)
     table = workload.events
     n_events = table.num_rows
     try:
         columns, valid = device_columns(table)
-    except TypeError:       # a column of no device form (a map of strings, a list): no device-in route
+    except TypeError:       # a column of no device form (a list, a map of lists): no device-in route
         columns = valid = None
     device_in = _timed(repeats, lambda: index.match_batch(columns, valid=valid, output="device")) \
         if columns is not None else None
