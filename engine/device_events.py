@@ -20,9 +20,12 @@ device column comes here when the index runs on ``cuda``:
   encoder once (each entry's code under the index's string dictionary, and
   the LIKE/MATCHES results per entry), the codes stay on the device;
 * absent values are given by ``valid={attribute: device boolean column}``
-  (True where the event carries the attribute).  The interface's own
-  ``mask`` field is refused with a pointer to ``valid=``: producers do not
-  agree on its polarity (NumPy's masked arrays mark the *invalid* values).
+  (True where the event carries the attribute); a cuDF ``Series`` among
+  the columns, or a cuDF ``DataFrame`` as the batch, brings its own nulls
+  (read through its ``notna``, :func:`series_column`; cuDF is not
+  imported).  Another producer's interface ``mask`` field is refused with
+  a pointer to ``valid=``: producers do not agree on its form or polarity
+  (cuDF's is a bitmask; NumPy's masked arrays mark the *invalid* values).
 
 Encoding is array operations on the device (CuPy; NumPy stands in under
 numba's CUDA simulator): the columns are stacked as ``[attribute, event]``
@@ -60,13 +63,13 @@ import pyarrow as pa
 from engine import device_maps
 from engine.device_maps import DeviceMap
 from engine.errors import BadEventError, SchemaError
-from engine.events import EventBatch, _value_error, from_arrow
+from engine.events import EventBatch, _value_error, from_arrow, given_twice
 from engine.expr import Family
 from engine.schema import MAX_EXACT_INT
 from gpu_kernels import cuda_support
 
 __all__ = ["DeviceMap", "arrow_columns", "encode_device_columns", "frame_columns", "is_device_column",
-           "is_device_columns", "is_device_frame"]
+           "is_device_columns", "is_device_frame", "is_device_series", "series_column", "series_columns"]
 
 
 #: DLPack device types a CUDA kernel reads in place: kDLCUDA and
@@ -151,40 +154,76 @@ def is_device_frame(events) -> bool:
 
 def frame_columns(frame) -> tuple[dict, dict]:
     """A device DataFrame (:func:`is_device_frame`) as the columns and
-    ``valid`` that :func:`encode_device_columns` takes, through the pandas
-    API that cuDF implements, each step on the device: a null is an absent
-    value (``notna()``, then ``fillna``), a categorical column is its codes
-    plus its categories, and a column of strings is made one
-    (``astype("category")``, cuDF's dictionary encoding).  TypeError for a
-    column of another kind (lists, structs, decimals), which the frame's
-    ``to_arrow()`` takes to the host encoder."""
+    ``valid`` that :func:`encode_device_columns` takes, a column at a time
+    by :func:`series_column`."""
     columns, valid = {}, {}
     for name in list(frame.columns):
-        series = frame[name]
-        kind = str(series.dtype)
-        if kind in ("object", "str", "string"):
-            series, kind = series.astype("category"), "category"
-        nulls = getattr(series, "null_count", None)
-        if nulls is None:
-            nulls = int(series.isna().sum())
-        if nulls:
-            valid[name] = _column_values(series.notna())
-        if kind == "category":
+        columns[name], present = series_column(name, frame[name])
+        if present is not None:
+            valid[name] = present
+    return columns, valid
+
+
+def is_device_series(x) -> bool:
+    """A cuDF ``Series`` (or one of its columns), by the protocol: its class
+    exposes the CUDA Array Interface, and it has the pandas API's
+    ``notna``/``fillna`` and a ``null_count`` -- where a null is."""
+    return not isinstance(x, (tuple, np.ndarray)) and hasattr(type(x), "__cuda_array_interface__") and all(
+        hasattr(type(x), member) for member in ("notna", "fillna", "null_count"))
+
+
+def series_column(name: str, series) -> tuple:
+    """A cuDF-like ``Series`` as ``(column, valid or None)`` in the form
+    :func:`encode_device_columns` takes, through the pandas API that cuDF
+    implements, each step on the device: a null is an absent value
+    (``notna()``, then ``fillna``), a categorical column is its codes plus
+    its categories, and a column of strings is made one
+    (``astype("category")``, cuDF's dictionary encoding).  TypeError for a
+    column of another kind (lists, structs, decimals), which the frame's
+    ``to_arrow()`` takes to the host encoder.  (The interface's own
+    ``mask`` is a bitmask in cuDF; this reads the nulls without it.)"""
+    kind = str(series.dtype)
+    if kind in ("object", "str", "string"):
+        series, kind = series.astype("category"), "category"
+    nulls = getattr(series, "null_count", None)
+    if nulls is None:
+        nulls = int(series.isna().sum())
+    present = _column_values(series.notna()) if nulls else None
+    if kind == "category":
+        categories = series.cat.categories
+        categories = categories.to_arrow() if hasattr(categories, "to_arrow") else pa.array(list(categories))
+        if pa.types.is_string(categories.type) or pa.types.is_large_string(categories.type):
             codes = series.cat.codes
-            categories = series.cat.categories
-            categories = categories.to_arrow() if hasattr(categories, "to_arrow") else pa.array(list(categories))
-            columns[name] = (_column_values(codes.fillna(0) if nulls else codes), categories)
-            continue
-        try:
-            number_kind = np.dtype(series.dtype).kind
-        except TypeError:           # a dtype of the frame library's own (lists, structs, decimals)
-            number_kind = None
-        if number_kind is None or number_kind not in "biuf":
-            raise TypeError(f"column {name!r} of dtype {kind} has no device-column form; pass frame.to_arrow()")
-        values = _column_values(series.fillna(False if number_kind == "b" else 0) if nulls else series)
-        if values is None:
-            raise TypeError(f"column {name!r} of dtype {kind} gives no array of its values")
-        columns[name] = values
+            return (_column_values(codes.fillna(0) if nulls else codes), categories), present
+        try:        # categories of numbers or booleans: the values themselves, decoded on the device
+            series, kind = series.astype(categories.type.to_pandas_dtype()), str(categories.type)
+        except (NotImplementedError, TypeError, ValueError, pa.ArrowException):
+            raise TypeError(f"column {name!r}: a categorical of {categories.type} has no device-column form; "
+                            f"pass frame.to_arrow()") from None
+    try:
+        number_kind = np.dtype(series.dtype).kind
+    except TypeError:           # a dtype of the frame library's own (lists, structs, decimals)
+        number_kind = None
+    if number_kind is None or number_kind not in "biuf":
+        raise TypeError(f"column {name!r} of dtype {kind} has no device-column form; pass frame.to_arrow()")
+    values = _column_values(series.fillna(False if number_kind == "b" else 0) if nulls else series)
+    if values is None:
+        raise TypeError(f"column {name!r} of dtype {kind} gives no array of its values")
+    return values, present
+
+
+def series_columns(columns: Mapping, valid: Mapping | None) -> tuple[Mapping, Mapping | None]:
+    """``(columns, valid)`` with each cuDF-like ``Series`` among the columns
+    (:func:`is_device_series`) in the device-column form: its nulls absent,
+    as well as where ``valid`` says so.  Anything else is left as it is."""
+    if not isinstance(columns, Mapping) or not any(is_device_series(c) for c in columns.values()):
+        return columns, valid
+    columns, valid = dict(columns), dict(valid or {})
+    for name, column in columns.items():
+        if is_device_series(column):
+            columns[name], present = series_column(name, column)
+            if present is not None:
+                valid[name] = present if name not in valid else _device(valid[name], f"valid[{name!r}]") & present
     return columns, valid
 
 
@@ -234,6 +273,8 @@ def string_array(label: str, strings) -> pa.Array:
     large_string array; SchemaError, beginning with ``label``, for anything
     else -- numbers, booleans, bytes (a cast would make 1 the string '1'),
     a lone surrogate, a null."""
+    if not isinstance(strings, (pa.Array, pa.ChunkedArray)) and hasattr(strings, "to_arrow"):
+        strings = strings.to_arrow()        # a cuDF Index or Series (which refuses an implicit conversion)
     if isinstance(strings, pa.ChunkedArray):
         strings = strings.combine_chunks()
     if isinstance(strings, pa.Array) and pa.types.is_dictionary(strings.type):
@@ -391,37 +432,48 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
 def _with_maps(columns: Mapping, valid: Mapping | None, schema, errors: str) -> tuple[EventBatch, EventBatch]:
     """:func:`encode_device_columns` of a batch holding map columns
     (:class:`engine.device_maps.DeviceMap`): the other columns encoded as
-    always, each map's entries beside theirs, merged event by event.  An
-    attribute given twice in an event (a column and a map key, or keys of
-    two maps) is an error of that event, as in a host table; with
-    ``errors="report"`` an event's refusal is its columns' first, then its
-    maps' in their order."""
+    always, each map's entries beside theirs, merged event by event.  The
+    refusals rank as a host table's: ``errors="raise"`` raises the first
+    refused value of the first column (in the order given) holding one,
+    ``errors="report"`` keeps each event's refusal of its first such
+    column.  An attribute given twice in an event (a column and a map key,
+    or keys of two maps) is an error of that event after its values, as
+    in a host table, whatever the errors mode."""
     xp = cuda_support.array_module()
     maps = {name: column for name, column in columns.items() if isinstance(column, DeviceMap)}
     if valid and set(valid) & set(maps):
         raise ValueError(f"valid= names the map {sorted(set(valid) & set(maps))[0]!r}: a map's null maps are its "
                          f"own valid (DeviceMap(..., valid=...))")
+    if valid and set(valid) - set(columns):
+        raise ValueError(f"valid= names {sorted(set(valid) - set(columns))}, which are not among the columns")
+    rank = {name: k for k, name in enumerate(columns)}
+    collect = "report" if errors == "raise" else errors       # every column's refusals first, then rank them
     dense = {name: column for name, column in columns.items() if name not in maps}
     if dense:
-        batch, strings = encode_device_columns(dense, valid, schema, errors)
+        batch, strings = encode_device_columns(dense, valid, schema, collect)
     else:
         batch, strings = _assemble(xp, 0, [], None, None, None, [], {})
+    found = {error.event: (rank.get(error.attribute, -1), error) for error in batch.rejected}
     dictionaries = [batch.strings]          # the batch's strings: the columns', then each map's dictionary
     pair_attrs, pair_tokens = [strings.attr], [strings.token]
-    parts, rejected, n_events = [], {}, batch.n_events if dense else None
+    parts, n_events = [], batch.n_events if dense else None
     for name, column in maps.items():
-        n, part, refused, coded = device_maps.map_entries(name, column, schema, errors, _device, xp,
+        n, part, refused, coded = device_maps.map_entries(name, column, schema, collect, _device, xp,
                                                           sum(map(len, dictionaries)))
         if n_events is not None and n != n_events:
             raise ValueError(f"map {name!r} has {n} events where the other columns have {n_events}")
         n_events = n
         parts.append(part)
         for event, error in refused.items():
-            rejected.setdefault(event, error)
+            if event not in found or found[event][0] > rank[name]:
+                found[event] = (rank[name], error)
         if coded is not None:
             dictionaries.append(coded[0])
             pair_attrs.append(coded[1])
             pair_tokens.append(coded[2])
+    if found and errors == "raise":         # the first column holding a refused value, its first event
+        raise min(found.values(), key=lambda ranked: (ranked[0], ranked[1].event))[1]
+    rejected = {event: error for event, (_, error) in found.items()}
     if not dense:
         batch = _assemble(xp, n_events, [], None, None, None, [], {})[0]
     nnz = len(batch.attr)
@@ -436,23 +488,18 @@ def _with_maps(columns: Mapping, valid: Mapping | None, schema, errors: str) -> 
     order = xp.argsort(rows * max(len(schema.attr_names), 1) + attr, kind="stable")
     rows, attr, value, token = rows[order], attr[order], value[order], token[order]
     twice = xp.flatnonzero((rows[1:] == rows[:-1]) & (attr[1:] == attr[:-1]))
-    refused, rejected = rejected, {error.event: error for error in batch.rejected}     # the columns' first
-    for event, error in refused.items():
-        rejected.setdefault(event, error)
     if len(twice):
         for event, attribute in zip(cuda_support.to_host(rows[twice]).tolist(),
                                     cuda_support.to_host(attr[twice]).tolist()):
-            name = schema.attr_names[attribute]
-            error = BadEventError(event, name, None, f"attribute {name!r} is given twice (a column and a map key, "
-                                                     f"or keys of two maps)")
+            error = given_twice(event, schema.attr_names[attribute])
             if errors != "report":          # "null" is about values: a repeated attribute is an error still
                 raise error
             rejected.setdefault(event, error)
     if rejected:            # a refused event is encoded with no attributes (its matches are dropped)
         keep = ~xp.isin(rows, xp.asarray(np.fromiter(rejected, np.int64, len(rejected))))
         rows, attr, value, token = rows[keep], attr[keep], value[keep], token[keep]
-    offsets = xp.zeros(n_events + 1, dtype=np.int64)
-    offsets[1:] = xp.cumsum(xp.bincount(rows, minlength=n_events))
+    # each event's run in the sorted rows (CuPy's bincount fails on no entries at all)
+    offsets = xp.searchsorted(rows, xp.arange(n_events + 1, dtype=np.int64), side="left").astype(np.int64)
     merged = EventBatch(offsets, attr.astype(np.int32), value, token.astype(np.int32), all_strings)
     merged.rejected = tuple(rejected[event] for event in sorted(rejected))
     return merged, strings
@@ -593,12 +640,14 @@ def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
 
     from gpu_kernels import transfer
 
+    if len(set(table.schema.names)) < table.num_columns:       # (a mapping holds each name once)
+        raise TypeError("a table with two columns of one name has no device-column form")
     names, host, dictionaries, maps = [], [], {}, {}
     for name, column in zip(table.schema.names, table.columns):
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         kind = column.type
-        if pa.types.is_map(kind):           # sparse events: CSR arrays, placed after the columns
+        if pa.types.is_map(kind):           # sparse events: CSR arrays
             maps[name] = DeviceMap.from_arrow(column)
             continue
         if pa.types.is_dictionary(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind):
@@ -619,16 +668,17 @@ def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
     for _, arrays in maps.values():
         host += arrays
     device = transfer.columns_to_device(host)
-    columns, valid = {}, {}
+    placed, valid = {}, {}
     for k, name in enumerate(names):
         values = device[2 * k]
-        columns[name] = (values, dictionaries[name]) if name in dictionaries else values
+        placed[name] = (values, dictionaries[name]) if name in dictionaries else values
         valid[name] = device[2 * k + 1]
     at = 2 * len(names)
-    for name, (column, arrays) in maps.items():     # (columns of the table's order, then its maps)
+    for name, (column, arrays) in maps.items():     # (packed after the columns)
         offsets, keys, values, present, value_present = device[at:at + len(arrays)]
         if isinstance(column.values, tuple):        # strings: (codes, dictionary)
             values = (values, column.values[1])
-        columns[name] = DeviceMap(offsets, keys, values, column.names, valid=present, value_valid=value_present)
+        placed[name] = DeviceMap(offsets, keys, values, column.names, valid=present, value_valid=value_present)
         at += len(arrays)
-    return columns, valid
+    # in the table's order: a refusal ranks by its column's position, as the host encoder's does
+    return {name: placed[name] for name in table.schema.names}, valid

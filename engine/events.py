@@ -398,6 +398,13 @@ def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_posi
     return EventBatch(offsets, attr[order], value[order], token[order], distinct, rejected, **list_fields)
 
 
+def given_twice(event: int, name: str) -> BadEventError:
+    """The error of an event that gives attribute ``name`` twice, in every
+    encoder's words."""
+    return BadEventError(event, name, None, f"attribute {name!r} is given twice (a column and a map key, two "
+                                            f"columns of one name, or keys of two maps)")
+
+
 def _refuse_repeats(schema: Schema, e: np.ndarray, a: np.ndarray, refusals: _Refusals) -> None:
     """An attribute given twice in one event (a column and a map key, or
     two columns of one name) is an error of that event: the first one of
@@ -411,8 +418,7 @@ def _refuse_repeats(schema: Schema, e: np.ndarray, a: np.ndarray, refusals: _Ref
         first = first[:1]           # "null" is about values: a repeated attribute is an error still
     for k in twice[first].tolist():
         name = schema.attr_names[int(a[k])]
-        error = BadEventError(int(e[k]), name, None,
-                              f"attribute {name!r} is given twice (a column and a map key, or two columns of one name)")
+        error = given_twice(int(e[k]), name)
         if refusals.errors != "report":
             raise error
         refusals.add(error, rank=_AFTER_VALUES)

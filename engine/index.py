@@ -715,9 +715,10 @@ class Index:
         Interface or DLPack, one value per event -- and a string attribute
         as the pair ``(device codes, dictionary)``; ``valid`` maps an
         attribute to a device boolean column, True where the event carries
-        it (absent otherwise).  Sparse events (a map column of attribute
-        -> value) come as an :class:`engine.DeviceMap`, alone or among the
-        columns.  They are encoded on the device
+        it (absent otherwise).  A cuDF ``DataFrame`` goes in as it is, and
+        a cuDF ``Series`` among the columns brings its nulls (absent).
+        Sparse events (a map column of attribute -> value) come as an
+        :class:`engine.DeviceMap`, alone or among the columns.  They are encoded on the device
         (:mod:`engine.device_events`) and matched there; ``id_column``
         does not apply."""
         return self._match_batch(self._state, events, output, errors, id_column, valid)
@@ -732,6 +733,7 @@ class Index:
                 raise ValueError("valid= goes with a mapping of device columns; a DataFrame's nulls are its "
                                  "absent values")
             events, valid = device_events.frame_columns(events)
+        events, valid = device_events.series_columns(events, valid)       # cuDF Series among the columns
         if device_events.is_device_columns(events):
             return self._match_device_columns(state, events, valid, output, errors, id_column)
         if valid is not None:

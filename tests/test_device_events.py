@@ -418,7 +418,9 @@ class _CudfLikeSeries:
         return _CudfLikeSeries(np.where(self._valid, self._data, value).astype(self._data.dtype),
                                categories=self._categories)
 
-    def astype(self, kind: str) -> _CudfLikeSeries:
+    def astype(self, kind) -> _CudfLikeSeries:
+        if self._categories is not None:        # a categorical decoded to its categories' type
+            return _CudfLikeSeries(np.asarray(self._categories.to_pylist(), kind)[self._data], self._valid)
         assert kind == "category" and self._data.dtype == object
         categories = sorted({v for v, ok in zip(self._data, self._valid) if ok})
         codes = np.array([categories.index(v) if ok else -1 for v, ok in zip(self._data, self._valid)], np.int32)
@@ -481,9 +483,39 @@ def test_a_cudf_like_dataframe_is_read_through_the_protocol():
     assert [7 in m for m in want] == [True, False, False, False, False, True]
     with pytest.raises(ValueError, match="a DataFrame's nulls are its absent values"):
         idx.match_batch(frame, valid={})
+    # a categorical of numbers is its values, decoded on the device (a dictionary of numbers is no string column)
+    numbers = DataFrame(price=_CudfLikeSeries(np.array([1, 0, 1], np.int8), np.array([True, True, False]),
+                                              pa.array([90.0, 560.0])))
+    assert [m.tolist() for m in idx.match_batch(numbers)] == \
+        [m.tolist() for m in idx.match_batch([{"price": 560.0}, {"price": 90.0}, {}])]
     with pytest.raises(TypeError, match="column 'tags' of dtype complex128 has no device-column form"):
         device_events.frame_columns(DataFrame(tags=_CudfLikeSeries(np.zeros(6, np.complex128))))
     cpu = Index(algorithm="scan", backend="cpu")
     cpu.add(1, "price > 0")
     with pytest.raises(ValueError, match="device columns need backend='cuda'"):
         cpu.match_batch(_frame())
+
+
+def test_cudf_like_series_among_the_columns_bring_their_nulls():
+    """A cuDF ``Series`` in the mapping of columns is read as a frame's
+    column is: its nulls are absent values (its interface's ``mask`` is a
+    bitmask; the Series' own ``notna`` says where the values are), ANDed
+    with ``valid=`` where that names it too; strings become categorical."""
+    from engine import device_events
+
+    idx = _index()
+    frame = _frame()
+    columns = {name: frame[name] for name in ("price", "color", "in_stock")}
+    columns["weight"] = _to_device_input(np.array([w if w is not None else 0 for w in WEIGHT], np.int64))
+    assert all(device_events.is_device_series(frame[name]) for name in ("price", "color", "shade"))
+    assert not device_events.is_device_series(columns["weight"])
+    weight_present = _to_device_input(np.array([w is not None for w in WEIGHT]))
+    got = idx.match_batch(columns, valid={"weight": weight_present})
+    assert [m.tolist() for m in got] == [m.tolist() for m in idx.match_batch(_events())]
+    # valid= for a Series is ANDed with its nulls: price absent in event 0 as well
+    only = np.ones(len(PRICE), bool)
+    only[0] = False
+    events = _events()
+    del events[0]["price"]
+    got = idx.match_batch(columns, valid={"weight": weight_present, "price": _to_device_input(only)})
+    assert [m.tolist() for m in got] == [m.tolist() for m in idx.match_batch(events)]

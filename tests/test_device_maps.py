@@ -326,3 +326,54 @@ def test_a_map_of_strings_beside_a_string_column_keeps_each_dictionary():
     with pytest.raises(BadEventError, match="^event 0: attribute 'n' is numeric, got 'a'"):
         numbers.match_batch(mapped)
     assert [m.tolist() for m in numbers.match_batch(mapped, errors="null")] == [[2], [2]]
+
+
+@pytest.mark.parametrize("errors", ["raise", "report"])
+def test_refusals_rank_by_the_columns_order_as_on_the_host(errors):
+    """A map before a column: the map's refusal is the event's, as the host
+    encoder ranks a table's columns (the columns had come first, whatever
+    the order)."""
+    idx = _index()
+    view = idx._state.view
+    rows = [[(NAMES[0], float("nan"))], [(NAMES[1], 1.0)]]
+    table = pa.table({"m": pa.array(rows, pa.map_(pa.string(), pa.float64())),
+                      NAMES[2]: pa.array([True, True])})           # a boolean for a numeric attribute: refused too
+    columns, valid = arrow_columns(table)
+    assert list(columns) == ["m", NAMES[2]]
+    if errors == "raise":
+        with pytest.raises(BadEventError) as on_host:
+            encode_events(table, view)
+        with pytest.raises(BadEventError) as on_device:
+            encode_device_columns(columns, valid, view)
+        assert str(on_device.value) == str(on_host.value) and on_host.value.attribute == NAMES[0]
+        return
+    batch, _ = encode_device_columns(columns, valid, view, errors)
+    assert [str(e) for e in batch.rejected] == [str(e) for e in encode_events(table, view, errors).rejected]
+    assert [e.attribute for e in batch.rejected] == [NAMES[0], NAMES[2]]
+
+
+def test_a_table_with_two_columns_of_one_name_takes_the_host_encoder():
+    twice = pa.Table.from_arrays([pa.array([[("a", 3.0)]], pa.map_(pa.string(), pa.float64())),
+                                  pa.array([[("c", 1.0)]], pa.map_(pa.string(), pa.float64()))], names=["m", "m"])
+    with pytest.raises(TypeError, match="two columns of one name"):
+        arrow_columns(twice)
+
+
+def test_dictionaries_given_as_objects_with_to_arrow_are_read():
+    """cuDF's Index and Series refuse pyarrow's implicit conversion; their
+    ``to_arrow()`` gives the strings."""
+    class Categories:
+        def __init__(self, strings):
+            self._strings = strings
+
+        def __arrow_array__(self, type=None):
+            raise TypeError("Implicit conversion to a host PyArrow object via __arrow_array__ is not allowed")
+
+        def to_arrow(self):
+            return pa.array(self._strings)
+
+    idx = _index()
+    mapped = DeviceMap(*(_to_device_input(a) for a in (np.array([0, 2]), np.array([0, 1]))),
+                       (_to_device_input(np.array([0, 0])), Categories(["abc"])), Categories(["word", "label"]))
+    assert [m.tolist() for m in idx.match_batch(mapped)] == \
+        [m.tolist() for m in idx.match_batch([{"word": "abc", "label": "abc"}])]
