@@ -140,7 +140,11 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
     if hi < lo or lo < 0 or len(keys) < hi or len(values) < hi:
         raise ValueError(f"map {name!r}: offsets run from {lo} to {hi}, over {len(keys)} keys and "
                          f"{len(values)} values")
-    keys, values = keys[lo:hi], values[lo:hi]
+    # (keys and string codes compared as int64: a narrow dtype beside a Python int past its range is an
+    # OverflowError under NumPy 2's promotion rules, which CuPy follows)
+    keys, values = keys[lo:hi].astype(np.int64, copy=False), values[lo:hi]
+    if kind == "s":
+        values = values.astype(np.int64, copy=False)
     position = xp.arange(lo, hi, dtype=np.int64)
     rows = xp.searchsorted(offsets[1:], position, side="right").astype(np.int64)
     present = xp.ones(hi - lo, dtype=bool)
