@@ -1026,19 +1026,23 @@ _FAMILY_CODE = {None: 0, Family.NUMERIC: 1, Family.STRING: 2, Family.BOOLEAN: 3,
                 Family.STRING_LIST: 5}
 
 
-_last_codes: list = [None, None]     # (families array, its codes): the schema caches the array until it changes
+#: the last (families array, its codes) pair: the schema caches the array until it changes.  One tuple,
+#: replaced whole and read once: two threads encoding for indexes of different schemas never see one's
+#: families beside the other's codes (a list read twice, element by element, could)
+_last_codes: list = [(None, None)]
 
 
 def _family_codes(families: np.ndarray) -> np.ndarray:
     """:data:`_FAMILY_CODE` of each attribute (``families`` from
     :meth:`Schema.attribute_arrays`)."""
-    if _last_codes[0] is families:
-        return _last_codes[1]
+    last_families, last_codes = _last_codes[0]
+    if last_families is families:
+        return last_codes
     codes = np.zeros(len(families), np.int8)
     for family, code in _FAMILY_CODE.items():
         if family is not None:
             codes[families == family] = code
-    _last_codes[:] = [families, codes]
+    _last_codes[0] = (families, codes)
     return codes
 
 
