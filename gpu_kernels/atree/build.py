@@ -50,6 +50,7 @@ from numba import njit
 from gpu_kernels.atree.dag import PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, subexpression_starts
 from gpu_kernels.combinations import first_combination, next_combination
 from gpu_kernels.opcodes import AND, LEAF, OR
+from gpu_kernels.open_addressing import find_slot
 
 # the columns of a node's row
 KIND, USES, C_START, C_LEN, LEAF_CLASS, K_START, K_LEN = range(7)
@@ -694,15 +695,6 @@ def leaf_pids_used(positions, offsets, kinds, args):
     return used
 
 
-@njit(cache=True, inline="always")
-def _key_row_hash(rows, i):
-    h = np.int64(KEY_COLUMNS)
-    for k in range(KEY_COLUMNS):
-        h = (h ^ rows[i, k]) * _MIX
-        h ^= h >> 29
-    return h
-
-
 @njit(cache=True)
 def leaf_classes_of(keys, pids, class_rows, n_classes, class_slots, classes, add):
     """Per predicate ``pids[j]``, the leaf class of its key ``keys[pids[j]]``
@@ -710,31 +702,18 @@ def leaf_classes_of(keys, pids, class_rows, n_classes, class_slots, classes, add
     key, found through ``class_slots`` (open addressing over class ids); or,
     for a key no class has, with ``add`` a new class (its row written at
     ``n_classes``, room for it left by the caller), without it -1.  Returns
-    the number of classes."""
-    mask = len(class_slots) - 1
+    the number of classes (the probe PSTHash's table uses too)."""
     for j in range(len(pids)):
         p = pids[j]
-        at = _key_row_hash(keys, p) & mask
-        while True:
-            c = class_slots[at]
-            if c < 0:
-                if add:
-                    for k in range(KEY_COLUMNS):
-                        class_rows[n_classes, k] = keys[p, k]
-                    class_slots[at] = n_classes
-                    c = n_classes
-                    n_classes += 1
-                classes[p] = c
-                break
-            same = True
+        at = find_slot(class_slots, class_rows, keys, p, KEY_COLUMNS)
+        c = class_slots[at]
+        if c < 0 and add:
             for k in range(KEY_COLUMNS):
-                if class_rows[c, k] != keys[p, k]:
-                    same = False
-                    break
-            if same:
-                classes[p] = c
-                break
-            at = (at + 1) & mask
+                class_rows[n_classes, k] = keys[p, k]
+            class_slots[at] = n_classes
+            c = n_classes
+            n_classes += 1
+        classes[p] = c
     return n_classes
 
 

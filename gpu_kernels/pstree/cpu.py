@@ -39,8 +39,9 @@ from gpu_kernels.compaction import ALL, ONE, ZERO, ctz, emit_group, emit_marked,
 from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, IN, LE, LT, NE, NOT_BETWEEN, NOT_IN, TRUE
 from gpu_kernels.predicates import EVALUATED, INSIDE, OUTSIDE, entry_truth, interval_form
 # the structures and the functions the CUDA twin compiles too (one source, so both see the same spaces and bits)
+from gpu_kernels.open_addressing import find_slot, key_hash
 from gpu_kernels.pstree.layout import (NOT_INDEXABLE, OPERATOR_CLASS, BloomArrays, HashArrays,  # noqa: F401
-                                       SpaceTable, bloom_key_py, bloom_probe_py, elementary_py, key_hash_py)
+                                       SpaceTable, bloom_key_py, bloom_probe_py, elementary_py)
 from gpu_kernels.twins import parallel_and_serial
 
 
@@ -460,9 +461,6 @@ def space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first,
     return keys, owner, packed
 
 
-key_hash = njit(inline="always", nogil=True)(key_hash_py)
-
-
 @njit(parallel=True, nogil=True, cache=True)
 def pack_keys(keys, owner, key_bits, owner_bits):
     """Each N-dim key (components + 1, ``key_bits`` each, first component
@@ -498,28 +496,6 @@ def unpack_group_keys(packed, starts, key_bits, owner_bits, keys):
         for q in range(width - 1, -1, -1):
             keys[g, q] = (v & key_mask) - 1
             v >>= key_bits
-
-
-@njit(inline="always", nogil=True)
-def find_slot(slot_group, group_key, keys, row, width):
-    """The slot of §6.1's hash table (open addressing, linear probing) whose
-    group has the N-dim space id ``keys[row, :width]``, or the empty slot
-    its probe ends at (``slot_group`` -1 there): the one probe that
-    building, inserting, looking up and matching share."""
-    n_slots = len(slot_group)
-    s = np.int64(key_hash(keys, row, width) & np.uint64(n_slots - 1))
-    while True:
-        g = slot_group[s]
-        if g < 0:
-            return s
-        same = True
-        for q in range(width):
-            if group_key[g, q] != keys[row, q]:
-                same = False
-                break
-        if same:
-            return s
-        s = (s + 1) & (n_slots - 1)
 
 
 @njit(nogil=True, cache=True)

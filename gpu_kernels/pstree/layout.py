@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpu_kernels.opcodes import BETWEEN, EQ, GE, GT, IN, LE, LT, N_OPS, NE, NOT_BETWEEN, NOT_IN
+from gpu_kernels.open_addressing import key_hash_py     # the hash of §6.1's table (an N-dim space id), shared
 
 #: the paper's selectivity ranking of operators (§3.3): = > ∈ > BETWEEN > ranges > ∉ > ≠
 #: (NOT BETWEEN, which the paper does not list, goes between ∉ and ≠: it excludes a range, ≠ one value).
@@ -138,18 +139,6 @@ def bloom_probe_py(sig_words, w0, w1, h1, h2, n_hashes):
         if (sig_words[w0 + (b >> 6)] >> np.uint64(b & 63)) & np.uint64(1) == 0:
             return False
     return True
-
-
-def key_hash_py(keys, row, width):
-    """The hash of the N-dim space id ``keys[row, :width]`` (§6.1's hash
-    table, open addressing)."""
-    h = np.uint64(0x243F6A8885A308D3)
-    for q in range(width):
-        x = h ^ np.uint64(keys[row, q] + 1)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        h = x ^ (x >> np.uint64(31))
-    return h
 
 
 # ------------------------------------------------------------------ device copies
