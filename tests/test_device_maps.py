@@ -14,12 +14,15 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine import Index, workloads
 from engine.device_events import arrow_columns, encode_device_columns, is_device_columns
 from engine.device_maps import DeviceMap
 from engine.errors import BadEventError, SchemaError
 from engine.events import encode_events
+from tests import strategies
 from tests.test_cuda_sim import _to_device_input, host, needs_cuda
 
 pytestmark = [pytest.mark.cuda, needs_cuda]
@@ -377,3 +380,63 @@ def test_dictionaries_given_as_objects_with_to_arrow_are_read():
                        (_to_device_input(np.array([0, 0])), Categories(["abc"])), Categories(["word", "label"]))
     assert [m.tolist() for m in idx.match_batch(mapped)] == \
         [m.tolist() for m in idx.match_batch([{"word": "abc", "label": "abc"}])]
+
+
+def _as_maps(events: list[dict], draw) -> pa.Table:
+    """The events as three map columns, one a value type (numbers, strings,
+    booleans), as a sparse producer holds them -- with what such producers
+    send beside: a null map, an unknown key, a key given twice in one map
+    (a first value the last one overrides), a null value."""
+    columns = {"numbers": (pa.float64(), strategies.NUMERIC_ATTRS), "strings": (pa.string(), strategies.STRING_ATTRS),
+               "flags": (pa.bool_(), strategies.BOOLEAN_ATTRS)}
+    table = {}
+    for name, (kind, attrs) in columns.items():
+        rows = []
+        for event in events:
+            if draw(st.integers(0, 19)) == 0:
+                rows.append(None)                                   # a null map
+                continue
+            entries = [(a, event[a]) for a in attrs if a in event]
+            if entries and draw(st.booleans()):                     # given twice: the last one counts
+                a, value = entries[0]
+                entries.insert(0, (a, {pa.float64(): -7.5, pa.string(): "overridden", pa.bool_(): False}[kind]))
+            if draw(st.integers(0, 4)) == 0:
+                entries.append(("unread/attribute", {pa.float64(): 1.0, pa.string(): "x", pa.bool_(): True}[kind]))
+            if draw(st.integers(0, 9)) == 0:
+                entries.append((attrs[0] if draw(st.booleans()) else "only_null", None))      # a null value
+            if draw(st.integers(0, 14)) == 0:       # another family's attribute: refused, or given twice
+                other = draw(st.sampled_from(strategies.NUMERIC_ATTRS + strategies.STRING_ATTRS
+                                             + strategies.BOOLEAN_ATTRS))
+                entries.append((other, {pa.float64(): 2.0, pa.string(): "2", pa.bool_(): True}[kind]))
+            rows.append(entries)
+        table[name] = pa.array(rows, pa.map_(pa.string(), kind))
+    return pa.table(table)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(strategies.events(), max_size=24),
+       asts=st.lists(strategies.expressions(max_leaves=6), min_size=1, max_size=6), data=st.data())
+def test_random_events_as_maps_encode_and_match_as_on_the_host(events, asts, data):
+    """Random events over the conformance schema -- values on and beside
+    the literals, URLs, UUIDs, non-ASCII, NUL -- as map columns: the device
+    batch equals the host's entry for entry (strings as strings), refusals
+    alike, and ``scan`` on cuda matches them as the host table."""
+    idx = Index(algorithm="scan", backend="cuda", schema=strategies.SCHEMA)
+    idx.add_many(list(range(len(asts))), asts)
+    view = idx._state.view
+    table = _as_maps(events, data.draw)
+    columns, valid = arrow_columns(table)
+    for errors in ("raise", "null", "report"):
+        try:
+            expected = encode_events(table, view, errors)
+        except BadEventError as error:          # a refused value; an attribute given twice even with "null"
+            with pytest.raises(BadEventError) as caught:
+                encode_device_columns(columns, valid, view, errors)
+            assert str(caught.value) == str(error)
+            continue
+        batch, _ = encode_device_columns(columns, valid, view, errors)
+        assert _arrays(batch) == _arrays(expected)
+        assert [str(e) for e in batch.rejected] == [str(e) for e in expected.rejected]
+    got = idx.match_batch(columns, valid=valid, errors="report")
+    want = idx.match_batch(table, errors="report")
+    assert [m.tolist() for m in got[0]] == [m.tolist() for m in want[0]]
