@@ -14,10 +14,13 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine import Index
 from engine.device_events import encode_device_columns, is_device_columns
 from engine.errors import BadEventError, SchemaError
+from tests import strategies
 from tests.test_cuda_sim import SIMULATED, _to_device_input, host, needs_cuda
 from tests.test_event_input import DLPackOnly
 
@@ -519,3 +522,32 @@ def test_cudf_like_series_among_the_columns_bring_their_nulls():
     del events[0]["price"]
     got = idx.match_batch(columns, valid={"weight": weight_present, "price": _to_device_input(only)})
     assert [m.tolist() for m in got] == [m.tolist() for m in idx.match_batch(events)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=st.lists(strategies.events(), max_size=24),
+       asts=st.lists(strategies.expressions(max_leaves=6), min_size=1, max_size=6))
+def test_random_events_as_device_columns_encode_and_match_as_on_the_host(events, asts):
+    """Random events over the conformance schema -- values on and beside
+    the literals, URLs, UUIDs, non-ASCII, NUL, absent attributes -- as the
+    wide table a GPU pipeline holds, put on the device by ``arrow_columns``
+    (strings dictionary-coded, nulls as ``valid``): the device batch equals
+    the host's entry for entry, strings as strings, and ``scan`` on cuda
+    matches them as the host table."""
+    from engine.device_events import arrow_columns
+    from engine.events import encode_events
+
+    idx = Index(algorithm="scan", backend="cuda", schema=strategies.SCHEMA)
+    idx.add_many(list(range(len(asts))), asts)
+    view = idx._state.view
+    kinds = {**{a: pa.float64() for a in strategies.NUMERIC_ATTRS}, **{a: pa.string() for a in strategies.STRING_ATTRS},
+             **{a: pa.bool_() for a in strategies.BOOLEAN_ATTRS}}
+    table = pa.table({a: pa.array([event.get(a) for event in events], kind) for a, kind in kinds.items()})
+    columns, valid = arrow_columns(table)
+    batch, _ = encode_device_columns(columns, valid, view)
+    expected = encode_events(table, view)
+    as_strings = lambda b: [b.strings[t].as_py() if t >= 0 else -1 for t in host(b.token).tolist()]  # noqa: E731
+    assert [host(getattr(batch, f)).tolist() for f in ("offsets", "attr", "value")] + [as_strings(batch)] == \
+        [np.asarray(getattr(expected, f)).tolist() for f in ("offsets", "attr", "value")] + [as_strings(expected)]
+    assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == \
+        [m.tolist() for m in idx.match_batch(table)]
