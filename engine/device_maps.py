@@ -145,22 +145,8 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
     keys, values = keys[lo:hi].astype(np.int64, copy=False), values[lo:hi]
     if kind == "s":
         values = values.astype(np.int64, copy=False)
-    position = xp.arange(lo, hi, dtype=np.int64)
-    rows = xp.searchsorted(offsets[1:], position, side="right").astype(np.int64)
-    present = xp.ones(hi - lo, dtype=bool)
-    for label, mask, size, at in (("valid", column.valid, n_events, rows),
-                                  ("value_valid", column.value_valid, None, None)):
-        if mask is None:
-            continue
-        mask = device(mask, f"{name}.{label}")
-        if mask.dtype != np.bool_ or (size is not None and len(mask) != size):
-            raise ValueError(f"map {name!r}: {label} is a boolean array of "
-                             f"{'one per event' if size is not None else 'one per entry'}")
-        if size is None:
-            if len(mask) < hi:
-                raise ValueError(f"map {name!r}: value_valid has {len(mask)} entries for {hi}")
-            mask = mask[lo:hi]
-        present &= mask if at is None else mask[at]
+    rows = xp.searchsorted(offsets[1:], xp.arange(lo, hi, dtype=np.int64), side="right").astype(np.int64)
+    present = _present(name, column, rows, lo, hi, n_events, device, xp)
     names = _names(name, column.names)
     attr_of_key = xp.asarray(_attribute_ids(names, schema))          # name code -> attribute id (-1: unread)
     inside = (keys >= 0) & (keys < len(names))
@@ -176,19 +162,7 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
         last[:-1] = (rows[at[1:]] != rows[at[:-1]]) | (attr[at[1:]] != attr[at[:-1]])
         at = at[last]
     family = xp.asarray(_family_codes(schema.attribute_arrays()[1]))[attr[at]]      # per entry kept
-    own = _FAMILY_CODE[Family.BOOLEAN if kind == "b" else Family.STRING if kind == "s" else Family.NUMERIC]
-    problem = (family != 0) & (family != own)              # the attribute is of another family
-    kept = values[at]
-    if kind == "s":             # a code outside the dictionary is refused, as in a string column
-        problem |= (kept < 0) | (kept >= len(dictionary))
-    elif kind in "iuf":
-        as_float = kept.astype(np.float64)
-        bad = ~xp.isfinite(as_float)
-        if kind == "i":         # exact as float64 only within +-2**53 (compared as integers)
-            bad |= (kept > MAX_EXACT_INT) | (kept < -MAX_EXACT_INT)
-        elif kind == "u":
-            bad |= kept > MAX_EXACT_INT
-        problem |= bad & (family != 0)
+    problem = _refused_values(kind, values[at], family, dictionary, xp)
     flags = cuda_support.to_host(xp.stack([(offsets[1:] < offsets[:-1]).any(), outside.any(), problem.any()]))
     if flags[0]:
         raise ValueError(f"map {name!r}: its offsets decrease")
@@ -215,6 +189,43 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
     pair_attr, pair_code = np.divmod(pairs, max(len(dictionary), 1))
     return n_events, (rows[at], attr[at].astype(np.int32), value, token), refused, \
         (dictionary, pair_attr.astype(np.int32), (pair_code + token_base).astype(np.int32))
+
+
+def _present(name: str, column: DeviceMap, rows, lo: int, hi: int, n_events: int, device, xp):
+    """Per entry ``lo:hi``, whether its map and its value are not null."""
+    present = xp.ones(hi - lo, dtype=bool)
+    if column.valid is not None:
+        valid = device(column.valid, f"{name}.valid")
+        if valid.dtype != np.bool_ or len(valid) != n_events:
+            raise ValueError(f"map {name!r}: valid is a boolean array of one per event")
+        present &= valid[rows]
+    if column.value_valid is not None:
+        value_valid = device(column.value_valid, f"{name}.value_valid")
+        if value_valid.dtype != np.bool_:
+            raise ValueError(f"map {name!r}: value_valid is a boolean array of one per entry")
+        if len(value_valid) < hi:
+            raise ValueError(f"map {name!r}: value_valid has {len(value_valid)} entries for {hi}")
+        present &= value_valid[lo:hi]
+    return present
+
+
+def _refused_values(kind: str, kept, family, dictionary, xp):
+    """Per entry kept (its value ``kept``, its attribute's ``family`` code),
+    whether the host encoder refuses it: an attribute of another family, a
+    string code outside the dictionary, a number not finite or an integer
+    beyond ±2**53 (an attribute only IS [NOT] NULL reads takes any)."""
+    own = _FAMILY_CODE[Family.BOOLEAN if kind == "b" else Family.STRING if kind == "s" else Family.NUMERIC]
+    problem = (family != 0) & (family != own)
+    if kind == "s":
+        problem |= (kept < 0) | (kept >= len(dictionary))
+    elif kind in "iuf":
+        bad = ~xp.isfinite(kept.astype(np.float64))
+        if kind == "i":         # exact as float64 only within +-2**53 (compared as integers)
+            bad |= (kept > MAX_EXACT_INT) | (kept < -MAX_EXACT_INT)
+        elif kind == "u":
+            bad |= kept > MAX_EXACT_INT
+        problem |= bad & (family != 0)
+    return problem
 
 
 def _string_dictionary(name: str, dictionary, schema) -> tuple[pa.Array, np.ndarray]:
