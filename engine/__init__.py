@@ -5,6 +5,7 @@ expressions (docs/README.md).  The public API (docs/architecture.md#the-public-a
     from engine import EventStream      # single events gathered into batches (engine/streaming.py)
     from engine import validate         # check an expression without adding it
     from engine import rules_to_columnar  # a rules table (one row per rule) as columnar subscriptions
+    from engine import DeviceMap        # sparse events on the GPU: a map column in CSR form (engine/device_maps.py)
 
 ``import engine`` never needs a GPU: CUDA is touched only when the ``cuda``
 backend is asked for.
