@@ -440,3 +440,38 @@ def test_random_events_as_maps_encode_and_match_as_on_the_host(events, asts, dat
     got = idx.match_batch(columns, valid=valid, errors="report")
     want = idx.match_batch(table, errors="report")
     assert [m.tolist() for m in got[0]] == [m.tolist() for m in want[0]]
+
+
+def test_concurrent_callers_encode_maps_for_indexes_of_other_schemas():
+    """Threads encoding device maps at once, for two indexes whose schemas
+    give one attribute different families (numeric in one, string in the
+    other): each gets its own index's answer, as one caller alone does --
+    the encoder shares no state between calls but its caches, which must
+    never pair one schema's families with the other's codes."""
+    import threading
+
+    numbers, strings = Index(algorithm="scan", backend="cuda"), Index(algorithm="scan", backend="cuda")
+    numbers.add_many([1, 2], ["a > 1", "b IS NULL"])
+    strings.add_many([1, 2], ["b = 'x'", "a = 'y'"])
+    table = pa.table({"m": pa.array([[("a", 2.0), ("b", 1.0)], [("a", 0.5)], None, [("b", 3.0)]] * 16,
+                                    pa.map_(pa.string(), pa.float64()))})
+    columns, valid = arrow_columns(table)
+    cases = [(idx, idx._state.view) for idx in (numbers, strings)]
+    expected = [(_arrays(encode_events(table, view, "report")),
+                 [str(e) for e in encode_events(table, view, "report").rejected]) for _, view in cases]
+    assert expected[0] != expected[1] and expected[1][1]        # the schemas disagree: strings refuse numbers
+    failures = []
+
+    def work(k: int) -> None:
+        for round_ in range(40):
+            which = (k + round_) % 2
+            batch, _ = encode_device_columns(columns, valid, cases[which][1], "report")
+            if (_arrays(batch), [str(e) for e in batch.rejected]) != expected[which]:
+                failures.append((k, round_))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
