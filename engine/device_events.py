@@ -477,7 +477,7 @@ def _with_maps(columns: Mapping, valid: Mapping | None, schema, errors: str) -> 
     if not dense:
         batch = _assemble(xp, n_events, [], None, None, None, [], {})[0]
     nnz = len(batch.attr)
-    rows = xp.searchsorted(batch.offsets[1:], xp.arange(nnz, dtype=np.int64), side="right").astype(np.int64)
+    rows = device_maps.entry_rows(xp, batch.offsets, 0, nnz)
     rows, attr, value, token = (xp.concatenate([rows] + [p[0] for p in parts]),
                                 xp.concatenate([batch.attr] + [p[1] for p in parts]),
                                 xp.concatenate([batch.value] + [p[2] for p in parts]),
@@ -498,8 +498,7 @@ def _with_maps(columns: Mapping, valid: Mapping | None, schema, errors: str) -> 
     if rejected:            # a refused event is encoded with no attributes (its matches are dropped)
         keep = ~xp.isin(rows, xp.asarray(np.fromiter(rejected, np.int64, len(rejected))))
         rows, attr, value, token = rows[keep], attr[keep], value[keep], token[keep]
-    # each event's run in the sorted rows (CuPy's bincount fails on no entries at all)
-    offsets = xp.searchsorted(rows, xp.arange(n_events + 1, dtype=np.int64), side="left").astype(np.int64)
+    offsets = device_maps.run_offsets(xp, rows, n_events)
     merged = EventBatch(offsets, attr.astype(np.int32), value, token.astype(np.int32), all_strings)
     merged.rejected = tuple(rejected[event] for event in sorted(rejected))
     return merged, strings
@@ -665,8 +664,8 @@ def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
             raise TypeError(f"column {name!r} of type {kind} has no device-column form")
         names.append(name)
         host += [values, column.is_valid().to_numpy(zero_copy_only=False)]
-    for _, arrays in maps.values():
-        host += arrays
+    for column in maps.values():
+        host += column.arrays()
     device = transfer.columns_to_device(host)
     placed, valid = {}, {}
     for k, name in enumerate(names):
@@ -674,11 +673,8 @@ def arrow_columns(table: pa.Table | pa.RecordBatch) -> tuple[dict, dict]:
         placed[name] = (values, dictionaries[name]) if name in dictionaries else values
         valid[name] = device[2 * k + 1]
     at = 2 * len(names)
-    for name, (column, arrays) in maps.items():     # (packed after the columns)
-        offsets, keys, values, present, value_present = device[at:at + len(arrays)]
-        if isinstance(column.values, tuple):        # strings: (codes, dictionary)
-            values = (values, column.values[1])
-        placed[name] = DeviceMap(offsets, keys, values, column.names, valid=present, value_valid=value_present)
-        at += len(arrays)
+    for name, column in maps.items():               # (packed after the columns)
+        placed[name] = column.with_arrays(device[at:at + 5])
+        at += 5
     # in the table's order: a refusal ranks by its column's position, as the host encoder's does
     return {name: placed[name] for name in table.schema.names}, valid

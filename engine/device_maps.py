@@ -42,7 +42,21 @@ from engine.expr import Family
 from engine.schema import MAX_EXACT_INT
 from gpu_kernels import cuda_support
 
-__all__ = ["DeviceMap", "map_entries"]
+__all__ = ["DeviceMap", "entry_rows", "map_entries", "run_offsets"]
+
+
+def entry_rows(xp, offsets, lo: int, hi: int):
+    """The event (row) of each entry ``lo..hi-1`` of a CSR layout whose
+    event ``i`` holds entries ``offsets[i]`` to ``offsets[i + 1]``: a binary
+    search, empty events included."""
+    return xp.searchsorted(offsets[1:], xp.arange(lo, hi, dtype=np.int64), side="right").astype(np.int64)
+
+
+def run_offsets(xp, rows, n_events: int):
+    """The inverse: the offsets of ``n_events`` events from the sorted rows
+    of their entries (a binary search: CuPy's ``bincount`` fails on no
+    entries at all)."""
+    return xp.searchsorted(rows, xp.arange(n_events + 1, dtype=np.int64), side="left").astype(np.int64)
 
 
 class DeviceMap:
@@ -65,11 +79,25 @@ class DeviceMap:
         self.offsets, self.keys, self.values, self.names = offsets, keys, values, names
         self.valid, self.value_valid = valid, value_valid
 
+    def arrays(self) -> list:
+        """Its five arrays -- offsets, keys, values (a string map's codes),
+        valid, value_valid -- in the order :meth:`with_arrays` takes them
+        (None for a mask not given; :meth:`from_arrow` gives all five)."""
+        values = self.values[0] if isinstance(self.values, tuple) else self.values
+        return [self.offsets, self.keys, values, self.valid, self.value_valid]
+
+    def with_arrays(self, arrays) -> DeviceMap:
+        """The same map over other copies of :meth:`arrays` (the device
+        copies of host ones): names and a string dictionary kept."""
+        offsets, keys, values, valid, value_valid = arrays
+        if isinstance(self.values, tuple):
+            values = (values, self.values[1])
+        return DeviceMap(offsets, keys, values, self.names, valid=valid, value_valid=value_valid)
+
     @classmethod
-    def from_arrow(cls, column: pa.Array | pa.ChunkedArray) -> tuple[DeviceMap, list[np.ndarray]]:
-        """A host Arrow map column as the host arrays of a DeviceMap: the map
-        (its fields still host arrays, to be replaced by their device
-        copies in the order of the list) and that list; strings are
+    def from_arrow(cls, column: pa.Array | pa.ChunkedArray) -> DeviceMap:
+        """A host Arrow map column as a DeviceMap of host arrays (to be put
+        on the device by :meth:`arrays` and :meth:`with_arrays`); strings are
         dictionary-encoded.  TypeError for values of a type the device form
         has no place for (decimals, nested values): the host encoder takes
         those."""
@@ -95,12 +123,10 @@ class DeviceMap:
             coded_items = pc.dictionary_encode(items)
             items, dictionary = pc.fill_null(coded_items.indices, 0), coded_items.dictionary
         default = False if pa.types.is_boolean(items.type) else 0
-        host = [(offsets - lo).astype(np.int64),
-                coded.indices.to_numpy(zero_copy_only=False).astype(np.int32),
-                pc.fill_null(items, default).to_numpy(zero_copy_only=False),
-                column.is_valid().to_numpy(zero_copy_only=False), valid]
-        values = host[2] if dictionary is None else (host[2], dictionary)
-        return cls(host[0], host[1], values, coded.dictionary, valid=host[3], value_valid=host[4]), host
+        values = pc.fill_null(items, default).to_numpy(zero_copy_only=False)
+        return cls((offsets - lo).astype(np.int64), coded.indices.to_numpy(zero_copy_only=False).astype(np.int32),
+                   values if dictionary is None else (values, dictionary), coded.dictionary,
+                   valid=column.is_valid().to_numpy(zero_copy_only=False), value_valid=valid)
 
 
 def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, token_base: int = 0
@@ -145,7 +171,7 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
     keys, values = keys[lo:hi].astype(np.int64, copy=False), values[lo:hi]
     if kind == "s":
         values = values.astype(np.int64, copy=False)
-    rows = xp.searchsorted(offsets[1:], xp.arange(lo, hi, dtype=np.int64), side="right").astype(np.int64)
+    rows = entry_rows(xp, offsets, lo, hi)
     present = _present(name, column, rows, lo, hi, n_events, device, xp)
     names = _names(name, column.names)
     attr_of_key = xp.asarray(_attribute_ids(names, schema))          # name code -> attribute id (-1: unread)
