@@ -718,9 +718,9 @@ class Index:
         it (absent otherwise).  A cuDF ``DataFrame`` goes in as it is, and
         a cuDF ``Series`` among the columns brings its nulls (absent).
         Sparse events (a map column of attribute -> value) come as an
-        :class:`engine.DeviceMap`, alone or among the columns.  They are encoded on the device
-        (:mod:`engine.device_events`) and matched there; ``id_column``
-        does not apply."""
+        :class:`engine.DeviceMap`, alone or among the columns.  They are
+        encoded on the device (:mod:`engine.device_events`) and matched
+        there; ``id_column`` does not apply."""
         return self._match_batch(self._state, events, output, errors, id_column, valid)
 
     def _match_batch(self, state: Snapshot, events, output: str, errors: str, id_column, valid):
