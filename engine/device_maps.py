@@ -86,7 +86,7 @@ class DeviceMap:
         values = self.values[0] if isinstance(self.values, tuple) else self.values
         return [self.offsets, self.keys, values, self.valid, self.value_valid]
 
-    def with_arrays(self, arrays) -> DeviceMap:
+    def with_arrays(self, arrays: Sequence) -> DeviceMap:
         """The same map over other copies of :meth:`arrays` (the device
         copies of host ones): names and a string dictionary kept."""
         offsets, keys, values, valid, value_valid = arrays
