@@ -24,6 +24,7 @@ import threading
 import time
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from engine import Index
@@ -31,6 +32,7 @@ from engine.algorithms import registry
 from engine.parse import parse
 from engine.reference import matches
 from tests.forking import held_by_another_thread, in_forked_child
+from tests.test_cuda_sim import SIMULATED, needs_cuda
 
 URLS = [f"https://example.com/{path}" for path in ("a", "b", "a/b", "a/b/c?x=1", "b/a", "c")]
 UUIDS = [f"123e4567-e89b-12d3-a456-4266141740{i:02d}" for i in range(6)]
@@ -101,14 +103,20 @@ class Writer:
         self.history.append(dict(self.live))
 
 
-@pytest.mark.parametrize("algorithm", registry.names("cpu"))
-def test_matches_see_one_state_while_another_thread_updates(algorithm):
+#: the batches the readers match, again and again
+BATCHES = [events(random.Random(seed), 12) for seed in range(8)]
+
+
+def race(index: Index, match, seconds: float = 40.0) -> None:
+    """Reader threads call ``match(k, rng)`` -- the answer for ``BATCHES[k]``
+    as a list of ids per event -- in a loop while this thread updates
+    ``index``; asserts that every answer is the reference answer of one
+    state of the index current during the call, and that no thread raised."""
     rng = random.Random(20261126)
-    index = Index(algorithm=algorithm, backend="cpu")
     writer = Writer(index, rng)
     for _ in range(200):                  # a main segment, a delta and tombstones to start from
         writer.step()
-    batches = [events(random.Random(seed), 12) for seed in range(8)]
+    match(0, random.Random(0))      # (kernels compiled before the clock starts: a cold cache took the time limit)
     observed = []               # (history length before, after, batch number, results)
     failures = []
     stop = threading.Event()
@@ -117,15 +125,9 @@ def test_matches_see_one_state_while_another_thread_updates(algorithm):
         local = random.Random(seed)
         try:
             while not stop.is_set() and len(observed) < 600:
-                k = local.randrange(len(batches))
+                k = local.randrange(len(BATCHES))
                 before = len(writer.history)
-                if local.random() < 0.5:
-                    result = [m.tolist() for m in index.match_batch(batches[k])]
-                else:
-                    table = index.match_batch(batches[k], output="arrow")
-                    result = [[] for _ in batches[k]]
-                    for e, s in zip(table["event"].to_pylist(), table["sub_id"].to_pylist()):
-                        result[e].append(s)
+                result = match(k, local)
                 observed.append((before, len(writer.history), k, result))
         except BaseException as exc:          # any exception in a reader fails the test
             failures.append(exc)
@@ -133,8 +135,8 @@ def test_matches_see_one_state_while_another_thread_updates(algorithm):
     readers = [threading.Thread(target=read, args=(seed,)) for seed in range(3)]
     for thread in readers:
         thread.start()
-    # until the readers have seen many states (and at most 40 s)
-    deadline = time.monotonic() + 40.0
+    # until the readers have seen many states (and at most `seconds`)
+    deadline = time.monotonic() + seconds
     try:
         while time.monotonic() < deadline and not failures and (len(observed) < 60 or writer.ops["add"] < 100):
             writer.step()
@@ -150,12 +152,12 @@ def test_matches_see_one_state_while_another_thread_updates(algorithm):
     truth: dict = {}          # (text, batch) -> is the subscription TRUE on each event, by the reference
 
     def expected(state: int, k: int) -> list[list[int]]:
-        out = [[] for _ in batches[k]]
+        out = [[] for _ in BATCHES[k]]
         for sub_id, text in sorted(writer.history[state].items()):
             found = truth.get((text, k))
             if found is None:
                 node = parse(text)
-                found = truth[(text, k)] = [matches(node, event) for event in batches[k]]
+                found = truth[(text, k)] = [matches(node, event) for event in BATCHES[k]]
             for e, hit in enumerate(found):
                 if hit:
                     out[e].append(sub_id)
@@ -169,7 +171,46 @@ def test_matches_see_one_state_while_another_thread_updates(algorithm):
         assert any(result == cache.setdefault((state, k), expected(state, k)) for state in candidates), \
             f"a match saw no single state of the index between updates {before - 1} and {after}"
     # the final state, once more, without concurrency
-    assert [m.tolist() for m in index.match_batch(batches[0])] == expected(len(writer.history) - 1, 0)
+    assert match(0, random.Random(0)) == expected(len(writer.history) - 1, 0)
+
+
+@pytest.mark.parametrize("algorithm", registry.names("cpu"))
+def test_matches_see_one_state_while_another_thread_updates(algorithm):
+    index = Index(algorithm=algorithm, backend="cpu")
+
+    def match(k: int, local: random.Random) -> list[list[int]]:
+        if local.random() < 0.5:
+            return [m.tolist() for m in index.match_batch(BATCHES[k])]
+        table = index.match_batch(BATCHES[k], output="arrow")
+        result = [[] for _ in BATCHES[k]]
+        for e, s in zip(table["event"].to_pylist(), table["sub_id"].to_pylist()):
+            result[e].append(s)
+        return result
+
+    race(index, match)
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.skipif(SIMULATED, reason="numba's CUDA simulator is not thread-safe: simulated kernels launched from "
+                                      "several threads share its fake thread state; this runs on a GPU")
+@pytest.mark.parametrize("algorithm", registry.names("cuda"))
+def test_device_columns_match_one_state_while_another_thread_updates(algorithm):
+    """Readers match events already on the device (strings as codes plus
+    their dictionary, absent values as ``valid``), read-only and shared by
+    every thread, while the writer grows the string dictionary and merges."""
+    from engine.device_events import arrow_columns
+    index = Index(algorithm=algorithm, backend="cuda")
+    kinds = pa.schema([("url", pa.string()), ("user", pa.string()), ("n", pa.int64())])
+    on_device = [arrow_columns(pa.Table.from_pylist(batch, schema=kinds)) for batch in BATCHES]
+
+    def match(k: int, local: random.Random) -> list[list[int]]:
+        columns, valid = on_device[k]
+        if local.random() < 0.5:
+            return [m.tolist() for m in index.match_batch(columns, valid=valid)]
+        return index.match_batch(columns, valid=valid, output="arrow_lists")["sub_ids"].to_pylist()
+
+    race(index, match, seconds=8.0)
 
 
 def test_failed_update_changes_nothing_a_reader_can_see(monkeypatch):
