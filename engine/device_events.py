@@ -23,9 +23,10 @@ device column comes here when the index runs on ``cuda``:
   (True where the event carries the attribute); a cuDF ``Series`` among
   the columns, or a cuDF ``DataFrame`` as the batch, brings its own nulls
   (read through its ``notna``, :func:`series_column`; cuDF is not
-  imported).  Another producer's interface ``mask`` field is refused with
-  a pointer to ``valid=``: producers do not agree on its form or polarity
-  (cuDF's is a bitmask; NumPy's masked arrays mark the *invalid* values).
+  imported), and so does a column whose CUDA Array Interface carries a
+  ``mask`` (:func:`interface_column`: a bit an event as cuDF and XGBoost
+  export it, or a boolean an event; set where the value is there, as the
+  interface defines it).
 
 Encoding is array operations on the device (CuPy; NumPy stands in under
 numba's CUDA simulator): the columns are stacked as ``[attribute, event]``
@@ -59,17 +60,19 @@ from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine import device_maps
 from engine.device_maps import DeviceMap
 from engine.errors import BadEventError, SchemaError
-from engine.events import EventBatch, _value_error, from_arrow, given_twice
-from engine.expr import Family
+from engine.events import EventBatch, _value_error, encode_events, from_arrow, given_twice
+from engine.expr import Family, lone_surrogate
 from engine.schema import MAX_EXACT_INT
 from gpu_kernels import cuda_support
 
 __all__ = ["DeviceMap", "arrow_columns", "encode_device_columns", "frame_columns", "is_device_column",
-           "is_device_columns", "is_device_frame", "is_device_series", "series_column", "series_columns"]
+           "is_device_columns", "is_device_frame", "is_device_series", "interface_column", "lift_nulls",
+           "series_column"]
 
 
 #: DLPack device types a CUDA kernel reads in place: kDLCUDA and
@@ -212,27 +215,90 @@ def series_column(name: str, series) -> tuple:
     return values, present
 
 
-def series_columns(columns: Mapping, valid: Mapping | None) -> tuple[Mapping, Mapping | None]:
-    """``(columns, valid)`` with each cuDF-like ``Series`` among the columns
-    (:func:`is_device_series`) in the device-column form: its nulls absent,
-    as well as where ``valid`` says so.  Anything else is left as it is."""
-    if not isinstance(columns, Mapping) or not any(is_device_series(c) for c in columns.values()):
+def interface_column(name: str, column) -> tuple:
+    """A column whose CUDA Array Interface carries a ``mask`` as ``(values,
+    valid)``: the values read in place without the mask (CuPy and numba
+    refuse masked arrays), and the mask as a device boolean column, True
+    where the value is there -- the interface's definition of ``mask``.
+    Two forms of mask are read: one bit an event in Arrow's order (typestr
+    ``t1``: bit ``i % 8`` of byte ``i // 8``, cuDF's and XGBoost's form),
+    or one boolean or integer an event (nonzero: there).  ValueError for
+    any other, or for a mask not one per event.  ``(column, None)`` for a
+    column without a mask."""
+    interface = cuda_support.interface_of(column)
+    mask = None if interface is None else interface.get("mask")
+    if mask is None:
+        return column, None
+    n_events = interface["shape"][0] if len(interface.get("shape", ())) == 1 else None
+    described = mask if isinstance(mask, dict) else cuda_support.interface_of(mask)
+    if described is None:
+        raise ValueError(f"column {name!r}: its interface mask exposes no CUDA Array Interface")
+    if n_events is None or tuple(described.get("shape", ())) != (n_events,):
+        raise ValueError(f"column {name!r}: its interface mask must hold one entry per event "
+                         f"(shape {(n_events,)}), not shape {described.get('shape')}")
+    typestr = str(described.get("typestr", ""))
+    xp = cuda_support.array_module()
+    if typestr[1:] == "t1":
+        if described.get("strides") not in (None, (1,)):
+            raise ValueError(f"column {name!r}: a bit mask (typestr {typestr!r}) must be contiguous")
+        octets = cuda_support.interface_array(
+            {**described, "typestr": "|u1", "shape": (-(-n_events // 8),), "strides": None}, mask)
+        position = xp.arange(n_events)
+        present = ((octets[position >> 3].astype(np.int32) >> (position & 7)) & 1).astype(bool)
+    else:
+        try:
+            kind = np.dtype(typestr).kind
+        except TypeError:
+            kind = None
+        if kind is None or kind not in "biu":
+            raise ValueError(f"column {name!r}: an interface mask of typestr {typestr!r} is neither one bit "
+                             f"('<t1') nor one boolean or integer an event")
+        present = cuda_support.interface_array(described, mask) != 0
+    return cuda_support.interface_array(interface, column), present
+
+
+def lift_nulls(columns: Mapping, valid: Mapping | None) -> tuple[Mapping, Mapping | None]:
+    """``(columns, valid)`` with each column that brings its own nulls as
+    its values plus ``valid``: a cuDF-like ``Series`` (:func:`series_column`)
+    or a column -- or a string pair's codes -- whose interface carries a
+    ``mask`` (:func:`interface_column`).  An event is absent there where
+    the column says so, as well as where ``valid`` says so.  Anything else
+    is left as it is."""
+    if not isinstance(columns, Mapping) or valid is not None and not isinstance(valid, Mapping):
+        return columns, valid       # (refused by the encoder)
+
+    def codes(column):
+        return column[0] if isinstance(column, tuple) and len(column) == 2 else column
+
+    def masked(column) -> bool:
+        column = codes(column)
+        if type(column).__module__.partition(".")[0] in ("cupy", "numba", "numba_cuda", "numpy"):
+            return False        # arrays that never carry a mask: their interface is not built (392 columns in W1)
+        interface = cuda_support.interface_of(column)
+        return interface is not None and interface.get("mask") is not None
+
+    if not any(is_device_series(c) or masked(c) for c in columns.values()):
         return columns, valid
     columns, valid = dict(columns), dict(valid or {})
     for name, column in columns.items():
         if is_device_series(column):
             columns[name], present = series_column(name, column)
-            if present is not None:
-                valid[name] = present if name not in valid else _device(valid[name], f"valid[{name!r}]") & present
+        elif masked(column):
+            values, present = interface_column(name, codes(column))
+            columns[name] = (values, column[1]) if isinstance(column, tuple) else values
+        else:
+            continue
+        if present is not None:
+            valid[name] = present if name not in valid else _device(valid[name], f"valid[{name!r}]") & present
     return columns, valid
 
 
 def _device(x, name: str):
     """``x`` as an array of the device's array module, without a copy."""
     interface = getattr(x, "__cuda_array_interface__", None)
-    if isinstance(interface, dict) and interface.get("mask") is not None:
-        raise ValueError(f"column {name!r} carries a CUDA Array Interface mask; pass the valid values as "
-                         f"match_batch(columns, valid={{{name!r}: device boolean array}}) instead")
+    if isinstance(interface, dict) and interface.get("mask") is not None:       # (a column's is lifted first)
+        raise ValueError(f"{name} carries a CUDA Array Interface mask, which is read on a column only (as its "
+                         f"absent values): pass it unmasked")
     if not cuda_support.simulated() and not hasattr(x, "__cuda_array_interface__") and _dlpack_on_device(x):
         import cupy
         return cupy.from_dlpack(x)
@@ -282,6 +348,14 @@ def string_array(label: str, strings) -> pa.Array:
     if isinstance(strings, pa.Array) and not (pa.types.is_string(strings.type) or pa.types.is_large_string(
             strings.type) or pa.types.is_string_view(strings.type) or pa.types.is_null(strings.type)):
         raise SchemaError(f"{label} is not a list of strings: it is {strings.type}")
+    if isinstance(strings, (str, bytes)):
+        raise SchemaError(f"{label} is not a list of strings: it is one {type(strings).__name__}")
+    if not isinstance(strings, pa.Array):
+        strings = list(strings) if hasattr(strings, "__iter__") else strings
+        other = next((s for s in strings if s is not None and not isinstance(s, str)), None) \
+            if isinstance(strings, list) else None
+        if other is not None:       # (pyarrow would take bytes as their UTF-8 text)
+            raise SchemaError(f"{label} is not a list of strings: it holds {type(other).__name__} {other!r}")
     try:
         strings = pa.array(strings, pa.large_string()) if not isinstance(strings, pa.Array) \
             else strings.cast(pa.large_string())
@@ -292,22 +366,54 @@ def string_array(label: str, strings) -> pa.Array:
     return strings
 
 
-def _dictionary_codes(name: str, dictionary, schema, attribute: str | None = "") -> tuple[pa.Array, np.ndarray]:
-    """The dictionary as an Arrow string array and each entry's code under
-    the index's string dictionary (through the host encoder, so that the
-    rules are the same: a lone surrogate, for one, is refused), read as
-    values of ``attribute`` (``name`` by default; the codes are the
-    schema's whichever string attribute reads them; None: none does, and
-    the codes are 0)."""
+def _dictionary_codes(name: str, dictionary, schema, attribute: str | None = ""
+                      ) -> tuple[pa.Array, np.ndarray, dict]:
+    """The dictionary as an Arrow string array, each entry's code under the
+    index's string dictionary (through the host encoder, so that the rules
+    are the same), read as values of ``attribute`` (``name`` by default;
+    the codes are the schema's whichever string attribute reads them; None:
+    none does, and the codes are 0), and the entries the host encoder
+    refuses as such values -- a lone surrogate, a string that is not valid
+    UTF-8 -- as ``{entry: the entry as given}``.  Such an entry is no error
+    of the batch: it stands as "" in the array, and an event whose value is
+    coded to it has that value refused, by the errors mode, as the host
+    refuses it in an event (:func:`_entry_refusal`)."""
+    if isinstance(dictionary, np.ndarray) and dictionary.dtype.kind in "UO":
+        dictionary = dictionary.tolist()
+    unencodable = {}
+    if isinstance(dictionary, (list, tuple)):
+        unencodable = {i: text for i, text in enumerate(dictionary) if lone_surrogate(text) is not None}
+        if unencodable:
+            dictionary = ["" if i in unencodable else text for i, text in enumerate(dictionary)]
     strings = string_array(f"column {name!r}: its dictionary", dictionary)
     attribute = name if attribute == "" else attribute
     if attribute is None:
-        return strings, np.zeros(len(strings))
-    try:
-        coded = from_arrow(pa.table({attribute: strings}), schema, "raise")
-    except BadEventError as error:
-        raise SchemaError(f"column {name!r}: dictionary entry {error.event}: {error.reason}") from None
-    return strings, coded.value
+        return strings, np.zeros(len(strings)), {}
+    coded = from_arrow(pa.table({attribute: strings}), schema, "report")
+    refused = {bad.event: strings.slice(bad.event, 1) for bad in coded.rejected}
+    refused.update((i, text) for i, text in unencodable.items() if _entry_refusal(text, attribute, schema, i))
+    if len(refused) > len(unencodable):         # (not valid UTF-8: kept out of the strings read further on)
+        mask = np.zeros(len(strings), bool)
+        mask[list(refused)] = True
+        strings = pc.replace_with_mask(strings, pa.array(mask), pa.array([""] * int(mask.sum()), strings.type))
+    codes = np.zeros(len(strings))      # (a refused entry has no entry in the batch: one a row for the others)
+    codes[np.diff(coded.offsets) > 0] = coded.value
+    return strings, codes, refused
+
+
+def _entry_refusal(value, attribute: str, schema, event: int) -> BadEventError | None:
+    """The host encoder's error for ``value`` (a Python string, or one
+    entry of an Arrow string array) as ``attribute``'s value in event
+    ``event``, in its words; None where it takes the value."""
+    if isinstance(value, pa.Array):
+        batch = from_arrow(pa.table({attribute: value}), schema, "report")
+    else:
+        batch = encode_events([{attribute: value}], schema, "report")
+    rejected = list(getattr(batch, "rejected", ()))
+    if not rejected:
+        return None
+    error = rejected[0]
+    return BadEventError(event, error.attribute, error.value, error.reason, error.hint)
 
 
 def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, errors: str = "raise"
@@ -320,23 +426,26 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
         raise ValueError(f"errors must be 'raise', 'null' or 'report', not {errors!r}")
     if isinstance(columns, DeviceMap):
         columns = {"map": columns}
+    columns, valid = lift_nulls(columns, valid)
     if any(isinstance(column, DeviceMap) for column in columns.values()):
         return _with_maps(columns, valid, schema, errors)
     rejected: dict[int, BadEventError] = {}
 
-    def refused(name: str, data, bad, present, reason, family: Family = Family.NUMERIC) -> object:
+    def refused(name: str, data, bad, present, reason, family: Family = Family.NUMERIC, error=None) -> object:
         """``present`` without the refused values, after raising (errors=
-        "raise") or recording them (errors="report": first column first)."""
+        "raise") or recording them (errors="report": first column first);
+        ``error(row)``, where given, makes a row's error."""
+        error = error or (lambda row: _refuse(name, data, row, reason(row), family))
         row = _first_bad(xp, bad, present)
         if row is None:
             return present
         if errors == "raise":
-            raise _refuse(name, data, row, reason(row), family)
+            raise error(row)
         if errors == "report":
             rows = cuda_support.to_host(xp.flatnonzero(bad & present)).tolist()
             for r in rows:
                 if r not in rejected:
-                    rejected[r] = _refuse(name, data, r, reason(r), family)
+                    rejected[r] = error(r)
         return present & ~bad
 
     if valid is not None and not isinstance(valid, Mapping):
@@ -381,12 +490,19 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
                 raise SchemaError(f"column {name!r}: (codes, dictionary) is for a string attribute, with integer "
                                   f"codes; {name!r} is {family.value if family else 'untyped'} and the codes are "
                                   f"{data.dtype}")
-            strings, table = _dictionary_codes(name, column[1], schema)
+            strings, table, unread = _dictionary_codes(name, column[1], schema)
             out_of_range = (data < 0) | (data >= len(strings))
-            present = refused(name, data, out_of_range, present,
-                              lambda row, data=data, size=len(strings):
-                              f"has code {int(cuda_support.to_host(data[row:row + 1])[0])}, outside its dictionary "
-                              f"of {size}")
+            bad = out_of_range
+            if unread:          # or coded to an entry the host refuses (a lone surrogate, invalid UTF-8)
+                at_refused = xp.asarray(np.isin(np.arange(len(strings)), list(unread)))
+                bad = out_of_range | at_refused[xp.where(out_of_range, 0, data)]
+
+            def code_error(row, name=name, data=data, strings=strings, unread=unread):
+                code = int(cuda_support.to_host(data[row:row + 1])[0])
+                if code in unread:
+                    return _entry_refusal(unread[code], name, schema, row)
+                return _refuse(name, data, row, f"has code {code}, outside its dictionary of {len(strings)}")
+            present = refused(name, data, bad, present, None, error=code_error)
             codes = xp.where(present, data, 0).astype(np.int64)
             values = xp.asarray(table)[codes] if len(strings) else xp.zeros(n_events)
             tokens = (codes + n_strings).astype(np.int32)
@@ -577,7 +693,9 @@ def _encode_clean(columns: Mapping, valid: dict, schema, xp) -> tuple[EventBatch
             if pair:
                 if family not in (Family.STRING, None) or kind not in "iu":
                     return None
-                strings, table = _dictionary_codes(name, column[1], schema)
+                strings, table, unread = _dictionary_codes(name, column[1], schema)
+                if unread:
+                    return None         # (values to refuse)
                 inside = (data >= 0) & (data < len(strings))
                 flags.append(~inside if present is None else ~inside & present)
                 # (absent events' codes may be anything: read code 0 for them, as for a refused one)

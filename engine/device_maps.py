@@ -159,7 +159,7 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
     if kind not in "biufs":
         raise SchemaError(f"map {name!r}: values of {values.dtype} have no device form (numbers, booleans, or "
                           f"strings as (codes, dictionary))")
-    dictionary, table = _string_dictionary(name, column.values[1], schema) if pair else (None, None)
+    dictionary, table, unread = _string_dictionary(name, column.values[1], schema) if pair else (None, None, {})
     n_events = len(offsets) - 1
     bounds = cuda_support.to_host(offsets[xp.asarray([0, n_events])])
     lo, hi = int(bounds[0]), int(bounds[1])
@@ -188,14 +188,14 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
         last[:-1] = (rows[at[1:]] != rows[at[:-1]]) | (attr[at[1:]] != attr[at[:-1]])
         at = at[last]
     family = xp.asarray(_family_codes(schema.attribute_arrays()[1]))[attr[at]]      # per entry kept
-    problem = _refused_values(kind, values[at], family, dictionary, xp)
+    problem = _refused_values(kind, values[at], family, dictionary, xp, unread)
     flags = cuda_support.to_host(xp.stack([(offsets[1:] < offsets[:-1]).any(), outside.any(), problem.any()]))
     if flags[0]:
         raise ValueError(f"map {name!r}: its offsets decrease")
     refused: dict[int, BadEventError] = {}
     if flags[1] or flags[2]:
         refused = _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outside, at, problem,
-                            xp, dictionary)
+                            xp, dictionary, unread)
         keep = ~problem
         if refused:                                         # errors="report": the event is set aside whole
             keep &= ~xp.isin(rows[at], xp.asarray(np.fromiter(refused, np.int64, len(refused))))
@@ -235,15 +235,26 @@ def _present(name: str, column: DeviceMap, rows, lo: int, hi: int, n_events: int
     return present
 
 
-def _refused_values(kind: str, kept, family, dictionary, xp):
+def _refused_values(kind: str, kept, family, dictionary, xp, unread=None):
     """Per entry kept (its value ``kept``, its attribute's ``family`` code),
     whether the host encoder refuses it: an attribute of another family, a
-    string code outside the dictionary, a number not finite or an integer
-    beyond ±2**53 (an attribute only IS [NOT] NULL reads takes any)."""
+    string code outside the dictionary or coded to an entry the host
+    refuses as a string attribute's value (``unread``: a lone surrogate, a
+    string not valid UTF-8), a number not finite or an integer beyond
+    ±2**53.  An attribute only IS [NOT] NULL reads takes any value but a
+    string not valid UTF-8 (an Arrow entry of ``unread``), as the host
+    encoder has it: it reads an Arrow string's bytes, not a Python string's."""
     own = _FAMILY_CODE[Family.BOOLEAN if kind == "b" else Family.STRING if kind == "s" else Family.NUMERIC]
     problem = (family != 0) & (family != own)
     if kind == "s":
-        problem |= (kept < 0) | (kept >= len(dictionary))
+        outside = (kept < 0) | (kept >= len(dictionary))
+        problem |= outside
+        if unread:
+            entries = np.arange(len(dictionary))
+            for refused, of_family in ((list(unread), family == own),
+                                       ([e for e, v in unread.items() if isinstance(v, pa.Array)], family == 0)):
+                at_refused = xp.asarray(np.isin(entries, refused))
+                problem |= at_refused[xp.where(outside, 0, kept)] & ~outside & of_family
     elif kind in "iuf":
         bad = ~xp.isfinite(kept.astype(np.float64))
         if kind == "i":         # exact as float64 only within +-2**53 (compared as integers)
@@ -254,10 +265,11 @@ def _refused_values(kind: str, kept, family, dictionary, xp):
     return problem
 
 
-def _string_dictionary(name: str, dictionary, schema) -> tuple[pa.Array, np.ndarray]:
-    """A map's value dictionary as an Arrow string array and each entry's
-    code under the index's string dictionary, by the rules of a string
-    column's dictionary."""
+def _string_dictionary(name: str, dictionary, schema) -> tuple[pa.Array, np.ndarray, dict]:
+    """A map's value dictionary as an Arrow string array, each entry's code
+    under the index's string dictionary and the entries the host refuses as
+    a string attribute's value, by the rules of a string column's
+    dictionary (``device_events._dictionary_codes``)."""
     from engine.device_events import _dictionary_codes
     reader = next((a for a, f in schema.families.items() if f is Family.STRING), None)
     return _dictionary_codes(name, dictionary, schema, reader)
@@ -276,8 +288,8 @@ def _attribute_ids(names: pa.Array, schema) -> np.ndarray:
         zero_copy_only=False).astype(np.int32)
 
 
-def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outside, at, problem, xp, dictionary
-              ) -> dict[int, BadEventError]:
+def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outside, at, problem, xp, dictionary,
+              unread) -> dict[int, BadEventError]:
     """The refused entries, by the errors mode: raise the first event's
     first one, forget them (``"null"``: they are absent), or return each
     event's first (``"report"``).  Only the refused positions leave the
@@ -300,6 +312,9 @@ def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outsi
             error = BadEventError(event, attribute, value, f"attribute {attribute!r} has code {value}, outside its "
                                                            f"dictionary of {len(dictionary)}",
                                   " (pass errors='null' to treat such values as absent)")
+        elif kind == "s" and value in unread:       # the host's words for the value as given, in any family
+            from engine.device_events import _entry_refusal
+            error = _entry_refusal(unread[value], attribute, schema, event)
         else:
             shown = bool(value) if kind == "b" else dictionary[value].as_py() if kind == "s" else value
             error = _value_error(event, attribute, family, shown)

@@ -716,7 +716,8 @@ class Index:
         as the pair ``(device codes, dictionary)``; ``valid`` maps an
         attribute to a device boolean column, True where the event carries
         it (absent otherwise).  A cuDF ``DataFrame`` goes in as it is, and
-        a cuDF ``Series`` among the columns brings its nulls (absent).
+        a cuDF ``Series`` among the columns brings its nulls (absent), as
+        does a column whose CUDA Array Interface carries a ``mask``.
         Sparse events (a map column of attribute -> value) come as an
         :class:`engine.DeviceMap`, alone or among the columns.  They are
         encoded on the device (:mod:`engine.device_events`) and matched
@@ -733,9 +734,9 @@ class Index:
                 raise ValueError("valid= goes with a mapping of device columns; a DataFrame's nulls are its "
                                  "absent values")
             events, valid = device_events.frame_columns(events)
-        events, valid = device_events.series_columns(events, valid)       # cuDF Series among the columns
-        if device_events.is_device_columns(events):
-            return self._match_device_columns(state, events, valid, output, errors, id_column)
+        lifted, valid = device_events.lift_nulls(events, valid)      # cuDF Series, interface masks: device columns
+        if lifted is not events or device_events.is_device_columns(events):
+            return self._match_device_columns(state, lifted, valid, output, errors, id_column)
         if valid is not None:
             raise ValueError("valid= goes with device columns (a mapping of attribute to device array)")
         if id_column is not None and output == "device":

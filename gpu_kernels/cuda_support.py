@@ -127,12 +127,62 @@ def is_device_array(x) -> bool:
     CUDA Array Interface (CuPy, numba device arrays); under the simulator,
     what its ``cuda.to_device`` returns.  NumPy arrays are host arrays."""
     if simulated():
-        return _is_fake_device_array(x)
+        return _is_fake_device_array(x) or interface_of(x) is not None
     return hasattr(x, "__cuda_array_interface__")
 
 
 def _is_fake_device_array(x) -> bool:
     return type(x).__name__ == "FakeCUDAArray" and hasattr(x, "copy_to_host")
+
+
+def interface_of(x) -> dict | None:
+    """``x``'s CUDA Array Interface (a dict), None where it has none --
+    or where reading it raises: cuDF's raises for a column it cannot
+    export (strings, and in its later versions a column with nulls)."""
+    if not hasattr(type(x), "__cuda_array_interface__") and "__cuda_array_interface__" not in getattr(
+            x, "__dict__", {}):
+        return None
+    try:
+        interface = x.__cuda_array_interface__
+    except Exception:       # noqa: BLE001 -- the producer's own "cannot export this"
+        return None
+    return interface if isinstance(interface, dict) else None
+
+
+class _Interface:
+    """An object exposing a given CUDA Array Interface, so that CuPy reads a
+    producer's memory as that dict describes it (without its ``mask``,
+    which CuPy refuses); ``owner``, the producer, lives as long as it."""
+
+    def __init__(self, interface: dict, owner):
+        self.__cuda_array_interface__ = interface
+        self.owner = owner
+
+
+def interface_array(interface: dict, owner):
+    """A device array over the memory that ``interface`` (a CUDA Array
+    Interface dict; its ``mask`` is not read) describes, without a copy on
+    a GPU; ``owner`` is the producer, kept alive with the array.  Under the
+    simulator a producer's memory is host memory (the simulator has no
+    other): it is copied out through its address."""
+    interface = {key: value for key, value in interface.items() if key != "mask"}
+    if not simulated():
+        import cupy
+        return cupy.asarray(_Interface(interface, owner))
+    import ctypes
+    dtype, shape = np.dtype(interface["typestr"]), tuple(interface["shape"])
+    strides = interface.get("strides") or None
+    pointer = interface["data"][0]
+    if 0 in shape:
+        return np.zeros(shape, dtype)
+    if strides is not None and min(strides) < 0:
+        raise ValueError("the simulator reads an interface with positive strides only")
+    if strides is None:
+        extent = int(np.prod(shape)) * dtype.itemsize
+    else:
+        extent = sum((n - 1) * stride for n, stride in zip(shape, strides)) + dtype.itemsize
+    memory = (ctypes.c_char * extent).from_address(pointer)
+    return np.ndarray(shape, dtype, buffer=memory, strides=strides).copy()
 
 
 def to_device(x, dtype=None):
@@ -153,7 +203,14 @@ def as_device(x):
     (CuPy, numba device arrays, anything with the CUDA Array Interface);
     host arrays are copied over."""
     if simulated():
-        return x.copy_to_host() if _is_fake_device_array(x) else np.asarray(x)
+        if _is_fake_device_array(x):
+            return x.copy_to_host()
+        interface = interface_of(x)
+        if interface is not None:
+            if interface.get("mask") is not None:       # as CuPy does
+                raise ValueError("a masked array (CUDA Array Interface mask) is not an array of values")
+            return interface_array(interface, x)
+        return np.asarray(x)
     import cupy
     return cupy.asarray(x)
 

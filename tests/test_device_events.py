@@ -11,6 +11,8 @@ arrays; NumPy stands in for CuPy)::
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -176,7 +178,9 @@ def test_refusals_are_clear_and_change_nothing():
     with pytest.raises(ValueError, match="errors must be 'raise', 'null' or 'report'"):
         idx.match_batch({"price": n}, errors="skip")
     with pytest.raises(SchemaError, match="its dictionary is not a list of strings"):
-        idx.match_batch({"color": (_to_device_input(np.array([0, 1, 0], np.int32)), ["red", "a\ud800"])})
+        idx.match_batch({"color": (_to_device_input(np.array([0, 1, 0], np.int32)), ["red", 5])})
+    with pytest.raises(SchemaError, match="its dictionary is not a list of strings: it holds bytes b'a'"):
+        idx.match_batch({"color": (_to_device_input(np.array([0, 1, 0], np.int32)), ["red", b"a"])})
     idx.add(99, "7 IN deals")
     with pytest.raises(SchemaError, match="'deals' is a list attribute .list<numeric>., which device columns cannot"):
         idx.match_batch({"deals": n})
@@ -186,6 +190,59 @@ def test_refusals_are_clear_and_change_nothing():
     cpu.add(1, "price > 1")
     with pytest.raises(ValueError, match="device columns need backend='cuda'"):
         cpu.match_batch({"price": n})
+
+
+def invalid_utf8(strings: list[bytes]) -> pa.Array:
+    """An Arrow string array holding ``strings`` as they are -- pyarrow
+    validates nothing when an array is made from its buffers."""
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in strings])]).astype(np.int32)
+    return pa.Array.from_buffers(pa.string(), len(strings), [None, pa.py_buffer(offsets.tobytes()),
+                                                             pa.py_buffer(b"".join(strings))])
+
+
+def refused_as_on_the_host(columns, view, host_encode, entries) -> list[int]:
+    """Asserts that device columns are refused as the host encoder refuses
+    the same events (``host_encode(errors)``) in every errors mode: the
+    same first error, the same entries (``entries(batch)``), the same
+    events set aside -- whose positions it returns."""
+    with pytest.raises(BadEventError) as on_host:
+        host_encode("raise")
+    with pytest.raises(BadEventError) as on_device:
+        encode_device_columns(columns, None, view, "raise")
+    assert str(on_device.value) == str(on_host.value)
+    for errors in ("null", "report"):
+        batch, _ = encode_device_columns(columns, None, view, errors)
+        expected = host_encode(errors)
+        assert entries(batch) == entries(expected), errors
+        assert [str(e) for e in getattr(batch, "rejected", ())] == [str(e) for e in getattr(expected, "rejected", ())]
+    return [e.event for e in batch.rejected]
+
+
+@pytest.mark.parametrize("dictionary", [["silver", "a\ud800", "red"],
+                                        invalid_utf8([b"silver", b"a\xff", b"red"])], ids=["surrogate", "bad-utf8"])
+def test_a_dictionary_entry_the_host_refuses_is_refused_in_the_events_coded_to_it(dictionary):
+    """A lone surrogate in a dictionary, or a string that is not valid
+    UTF-8, is not an error of the batch: the events whose value is coded to
+    it have that value refused, in the host encoder's words, by the errors
+    mode -- as the host refuses it in those events.  An entry no event is
+    coded to refuses nothing."""
+    from engine.events import encode_events, from_arrow
+    view = _index()._state.view
+    codes = np.array([0, 1, 2, 1, 0], np.int32)
+    columns = {"price": _to_device_input(np.array([550.0, 600, 90, 120, 10])),
+               "color": (_to_device_input(codes), dictionary)}
+    if isinstance(dictionary, list):
+        host_events = [{"price": p, "color": dictionary[c]} for p, c in zip([550.0, 600, 90, 120, 10], codes)]
+        host_encode = lambda errors: encode_events(host_events, view, errors)          # noqa: E731
+    else:
+        table = pa.table({"price": [550.0, 600, 90, 120, 10], "color": dictionary.take(pa.array(codes))})
+        host_encode = lambda errors: from_arrow(table, view, errors)                 # noqa: E731
+    assert refused_as_on_the_host(columns, view, host_encode, _encoded) == [1, 3]
+    strings = encode_device_columns(columns, None, view, "null")[1]
+    assert "" in strings.strings.to_pylist()        # the entry stands as "" where patterns are read
+    unused = {"color": (_to_device_input(np.array([0, 2, 2], np.int32)), dictionary)}
+    batch, _ = encode_device_columns(unused, None, view, "raise")
+    assert _encoded(batch)[3] == ["silver", "red", "red"]
 
 
 def test_a_host_array_among_device_columns_is_copied_over_in_any_order():
@@ -217,15 +274,156 @@ def test_an_empty_batch_and_columns_no_subscription_reads():
     assert [m.tolist() for m in idx.match_batch({"nobody": _to_device_input(np.zeros(2))})] == [[4], [4]]
 
 
-def test_an_interface_mask_is_refused_with_the_way_to_say_it():
-    from engine.device_events import _device
+class InterfaceColumn:
+    """A producer that speaks the CUDA Array Interface (v3) alone, over
+    memory it owns, with an optional ``mask`` -- a device array, or a bare
+    dict as XGBoost gives one -- as other producers (cuDF's columns, Arrow
+    on the GPU) export their nulls.  On a GPU the memory is CuPy's; under
+    the simulator it is host memory, which is the simulator's device
+    memory."""
 
-    class Masked:
-        __cuda_array_interface__ = {"shape": (3,), "typestr": "<f8", "data": (0, False), "version": 3,
-                                    "mask": object()}
+    def __init__(self, values, mask=None, mask_typestr: str | None = None, mask_as_dict: bool = False):
+        self._values = _backing(np.asarray(values))
+        self._mask = None if mask is None else _backing(np.asarray(mask))
+        self._mask_typestr, self._mask_as_dict = mask_typestr, mask_as_dict
+        self._length = len(values)
 
-    with pytest.raises(ValueError, match=r"pass the valid values as match_batch\(columns, valid="):
-        _device(Masked(), "price")
+    @property
+    def __cuda_array_interface__(self):
+        interface = _interface(self._values)
+        if self._mask is not None:
+            mask = _interface(self._mask)
+            if self._mask_typestr is not None:      # one bit an event: the shape counts events, not bytes
+                mask.update(typestr=self._mask_typestr, shape=(self._length,))
+            interface["mask"] = mask if self._mask_as_dict else types.SimpleNamespace(__cuda_array_interface__=mask)
+        return interface
+
+
+def _backing(host_array):
+    if SIMULATED:
+        return np.ascontiguousarray(host_array)
+    import cupy
+    return cupy.asarray(host_array)
+
+
+def _interface(array) -> dict:
+    if SIMULATED:
+        return {"shape": array.shape, "typestr": array.dtype.str, "data": (array.ctypes.data, False),
+                "strides": None, "version": 3}
+    return dict(array.__cuda_array_interface__)
+
+
+def _bits(present) -> np.ndarray:
+    """One bit an event, Arrow's order, padded to 64 bytes as cuDF pads its masks."""
+    packed = np.packbits(np.asarray(present, bool), bitorder="little")
+    return np.concatenate([packed, np.zeros(64 - len(packed), np.uint8)])
+
+
+MASK_FORMS = {      # name -> InterfaceColumn arguments for the presence flags
+    "bits": lambda present: {"mask": _bits(present), "mask_typestr": "<t1"},
+    "bits-as-dict": lambda present: {"mask": _bits(present), "mask_typestr": "|t1", "mask_as_dict": True},
+    "booleans": lambda present: {"mask": np.asarray(present, bool)},
+    "bytes": lambda present: {"mask": np.asarray(present, np.uint8) * np.uint8(7)},
+}
+
+
+def _masked_columns(form: str) -> dict:
+    """The module's events as masked interface columns, with what is under
+    each mask chosen to be refused were it read: NaN, infinity, 2**60, a
+    code outside the dictionary."""
+    present = lambda values: [v is not None for v in values]        # noqa: E731
+    dictionary = ["blue", "green", "red", "silver"]
+    return {
+        "price": InterfaceColumn([np.nan if p is None else p for p in PRICE], **MASK_FORMS[form](present(PRICE))),
+        "color": (InterfaceColumn(np.array([99 if c is None else dictionary.index(c) for c in COLOR], np.int32),
+                                  **MASK_FORMS[form](present(COLOR))), dictionary),
+        "in_stock": InterfaceColumn([bool(v) for v in IN_STOCK], **MASK_FORMS[form](present(IN_STOCK))),
+        "weight": InterfaceColumn(np.array([2 ** 60 if w is None else w for w in WEIGHT], np.int64),
+                                  **MASK_FORMS[form](present(WEIGHT))),
+    }
+
+
+def _encoded(batch) -> tuple:
+    """A batch's entries as host lists, string tokens as their strings."""
+    tokens = host(batch.token).tolist()
+    return (host(batch.offsets).tolist(), host(batch.attr).tolist(), host(batch.value).tolist(),
+            [batch.strings[t].as_py() if t >= 0 else None for t in tokens])
+
+
+@pytest.mark.parametrize("form", list(MASK_FORMS))
+def test_an_interface_mask_marks_the_absent_values(form):
+    """A column whose interface carries a mask -- a bit an event as cuDF
+    exports it, or a boolean or byte an event -- is encoded as the same
+    events as dicts, in every errors mode: an event is absent where the
+    mask is not set, whatever lies beneath (here values that would be
+    refused).  ``valid=`` still applies on top of the mask."""
+    from engine.events import encode_events
+    view = _index()._state.view
+    columns = _masked_columns(form)
+    assert is_device_columns(columns)
+    want = _encoded(encode_events(_events(), view))
+    for errors in ("raise", "null", "report"):
+        batch, _ = encode_device_columns(columns, None, view, errors)
+        assert _encoded(batch) == want, errors
+        assert list(getattr(batch, "rejected", ())) == []
+    events = _events()
+    del events[0]["price"]
+    fewer = {"price": _to_device_input(np.array([False, True, True, True, True, True]))}
+    assert _encoded(encode_device_columns(columns, fewer, view)[0]) == _encoded(encode_events(events, view))
+
+
+def test_masked_interface_columns_match_as_the_same_events_as_dicts():
+    idx = _index()
+    columns = _masked_columns("bits")
+    want = [m.tolist() for m in idx.match_batch(_events())]
+    assert (want[0], want[1], want[3], want[5]) == ([1, 2, 3], [4], [5, 6], [2, 3, 5])   # not a vacuous example
+    assert idx.match_batch(columns, output="arrow_lists")["sub_ids"].to_pylist() == want
+
+
+def test_interface_columns_without_a_mask_are_read_in_place():
+    """The interface alone (no NumPy array, no DLPack) is a device column."""
+    from engine.events import encode_events
+    view = _index()._state.view
+    columns, valid = _columns()
+    plain = {"price": InterfaceColumn([0.0 if p is None else p for p in PRICE]), "color": columns["color"],
+             "in_stock": InterfaceColumn([bool(v) for v in IN_STOCK]),
+             "weight": InterfaceColumn(np.array([0 if w is None else w for w in WEIGHT], np.int64))}
+    assert is_device_columns({"price": plain["price"]})
+    assert _encoded(encode_device_columns(plain, valid, view)[0]) == _encoded(encode_events(_events(), view))
+
+
+def test_a_bit_mask_reads_every_bit_of_a_long_column():
+    """Events beyond the first byte and a length that is not a multiple of
+    eight: bit ``i % 8`` of byte ``i // 8`` is event ``i``'s."""
+    idx = Index(algorithm="opindex", backend="cuda")
+    idx.add(1, "price > 10")
+    idx.add(2, "price IS NULL")
+    idx.merge()
+    rng = np.random.default_rng(3)
+    present = rng.random(77) < 0.6
+    price = rng.uniform(0, 20, 77)
+    column = InterfaceColumn(np.where(present, price, np.nan), mask=_bits(present), mask_typestr="<t1")
+    got = [m.tolist() for m in idx.match_batch({"price": column})]
+    assert got == [([1] if p > 10 else []) if ok else [2] for p, ok in zip(price, present)]
+    assert 10 < sum(not ok for ok in present) < 67
+
+
+def test_a_mask_that_cannot_be_read_is_refused_and_changes_nothing():
+    idx = _index()
+    refusals = [({"mask": np.ones(5, bool)}, r"one entry per event \(shape \(6,\)\)"),
+                ({"mask": np.ones(6, np.float32)}, "neither one bit"),
+                ({"mask": _bits([True] * 6), "mask_typestr": "<t2"}, "neither one bit")]
+    for mask, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            idx.match_batch({"price": InterfaceColumn([1.0] * 6, **mask)})
+    interface = InterfaceColumn([1.0] * 6, mask=np.ones(6, bool)).__cuda_array_interface__
+    interface["mask"] = object()
+    with pytest.raises(ValueError, match="exposes no CUDA Array Interface"):
+        idx.match_batch({"price": types.SimpleNamespace(__cuda_array_interface__=interface)})
+    with pytest.raises(ValueError, match=r"valid\['price'\] carries a CUDA Array Interface mask"):
+        idx.match_batch({"price": InterfaceColumn([1.0] * 6)},
+                        valid={"price": InterfaceColumn(np.ones(6, bool), mask=np.ones(6, bool))})
+    assert [m.tolist() for m in idx.match_batch(_events())][3] == [5, 6]
 
 
 def test_the_gpu_benchmarks_device_columns_are_the_tables_events():
@@ -526,14 +724,16 @@ def test_cudf_like_series_among_the_columns_bring_their_nulls():
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=st.lists(strategies.events(), max_size=24),
-       asts=st.lists(strategies.expressions(max_leaves=6), min_size=1, max_size=6))
-def test_random_events_as_device_columns_encode_and_match_as_on_the_host(events, asts):
+       asts=st.lists(strategies.expressions(max_leaves=6), min_size=1, max_size=6),
+       form=st.sampled_from(list(MASK_FORMS)))
+def test_random_events_as_device_columns_encode_and_match_as_on_the_host(events, asts, form):
     """Random events over the conformance schema -- values on and beside
     the literals, URLs, UUIDs, non-ASCII, NUL, absent attributes -- as the
     wide table a GPU pipeline holds, put on the device by ``arrow_columns``
     (strings dictionary-coded, nulls as ``valid``): the device batch equals
     the host's entry for entry, strings as strings, and ``scan`` on cuda
-    matches them as the host table."""
+    matches them as the host table.  So does the batch with each column's
+    nulls as its interface's ``mask`` (in one of its forms) instead."""
     from engine.device_events import arrow_columns
     from engine.events import encode_events
 
@@ -549,5 +749,12 @@ def test_random_events_as_device_columns_encode_and_match_as_on_the_host(events,
     as_strings = lambda b: [b.strings[t].as_py() if t >= 0 else -1 for t in host(b.token).tolist()]  # noqa: E731
     assert [host(getattr(batch, f)).tolist() for f in ("offsets", "attr", "value")] + [as_strings(batch)] == \
         [np.asarray(getattr(expected, f)).tolist() for f in ("offsets", "attr", "value")] + [as_strings(expected)]
+    masked = {}
+    for name, column in columns.items():
+        values = host(column[0] if isinstance(column, tuple) else column)
+        present = host(valid[name]) if name in valid else np.ones(len(values), bool)
+        as_interface = InterfaceColumn(values, **MASK_FORMS[form](present))
+        masked[name] = (as_interface, column[1]) if isinstance(column, tuple) else as_interface
+    assert _encoded(encode_device_columns(masked, None, view)[0]) == _encoded(batch)
     assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == \
         [m.tolist() for m in idx.match_batch(table)]

@@ -246,6 +246,39 @@ def test_malformed_maps_are_clear_errors_and_change_nothing():
     assert [m.tolist() for m in idx.match_batch([{NAMES[0]: 1}])] == before
 
 
+@pytest.mark.parametrize("bad", ["surrogate", "bad-utf8"])
+def test_a_dictionary_entry_the_host_refuses_is_refused_in_the_entries_coded_to_it(bad):
+    """A map's value dictionary holding a lone surrogate, or a string that
+    is not valid UTF-8: the entries coded to it are refused as the host
+    refuses the same map's values, in every errors mode -- for a string
+    attribute, and (not valid UTF-8 only) for one only IS NULL reads; for a
+    numeric one the value's family is refused first, as on the host."""
+    from tests.test_device_events import invalid_utf8, refused_as_on_the_host
+    view = _index()._state.view
+    if bad == "surrogate":
+        dictionary = ["ab", "x\ud800", "b"]
+    else:
+        dictionary = invalid_utf8([b"ab", b"x\xff", b"b"])
+    names = ["word", "label", "only_null", NAMES[0], "unread"]
+    # event 0: word "ab", label <bad>; 1: word <bad>; 2: only_null <bad>, word "b"; 3: NAMES[0] <bad>; 4: unread <bad>
+    keys = np.array([0, 1, 0, 2, 0, 3, 4], np.int32)
+    codes = np.array([0, 1, 1, 1, 2, 1, 1], np.int32)
+    offsets = np.array([0, 2, 3, 5, 6, 7])
+    d = _to_device_input
+    mapped = {"attributes": DeviceMap(d(offsets), d(keys), (d(codes), dictionary), names)}
+    rows = [[(names[k], c) for k, c in zip(keys[a:b], codes[a:b])] for a, b in zip(offsets[:-1], offsets[1:])]
+    if bad == "surrogate":
+        host_events = [{key: dictionary[c] for key, c in row} for row in rows]
+        host_encode = lambda errors: encode_events(host_events, view, errors)        # noqa: E731
+    else:
+        flat = dictionary.take(pa.array(codes))
+        maps = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(names).take(pa.array(keys)), flat)
+        table = pa.table({"attributes": maps})
+        host_encode = lambda errors: encode_events(table, view, errors)             # noqa: E731
+    set_aside = refused_as_on_the_host(mapped, view, host_encode, _arrays)
+    assert set_aside == ([0, 1, 3] if bad == "surrogate" else [0, 1, 2, 3])
+
+
 @pytest.mark.parametrize("algorithm", ["opindex", "scan"])
 def test_w3_like_sparse_events_match_on_the_device_as_on_the_host(algorithm):
     """The generator of W3 (one map column over many attributes): its
