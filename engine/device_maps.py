@@ -179,6 +179,12 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
     attr = attr_of_key[xp.where(inside, keys, 0)] if len(names) else xp.full(hi - lo, -1, np.int32)
     outside = present & ~inside
     read = present & inside & (attr >= 0)
+    # an entry whose string is not valid UTF-8 is refused, then left out before anything else is read, as the host
+    # encoder reads a map column (events._with_valid_utf8): a repeated key's earlier entry then stands
+    not_utf8 = _not_utf8(values, dictionary, unread, xp) if kind == "s" else None
+    if not_utf8 is not None:
+        not_utf8 &= read
+        read &= ~not_utf8
     # entries ordered by (event, attribute), stable: a repeated key's last entry is its last in map order
     n_attrs = max(len(schema.attr_names), 1)
     at = xp.flatnonzero(read)
@@ -189,13 +195,14 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
         at = at[last]
     family = xp.asarray(_family_codes(schema.attribute_arrays()[1]))[attr[at]]      # per entry kept
     problem = _refused_values(kind, values[at], family, dictionary, xp, unread)
-    flags = cuda_support.to_host(xp.stack([(offsets[1:] < offsets[:-1]).any(), outside.any(), problem.any()]))
+    flags = cuda_support.to_host(xp.stack([(offsets[1:] < offsets[:-1]).any(), outside.any(), problem.any(),
+                                           xp.zeros((), bool) if not_utf8 is None else not_utf8.any()]))
     if flags[0]:
         raise ValueError(f"map {name!r}: its offsets decrease")
     refused: dict[int, BadEventError] = {}
-    if flags[1] or flags[2]:
+    if flags[1] or flags[2] or flags[3]:
         refused = _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outside, at, problem,
-                            xp, dictionary, unread)
+                            xp, dictionary, unread, not_utf8)
         keep = ~problem
         if refused:                                         # errors="report": the event is set aside whole
             keep &= ~xp.isin(rows[at], xp.asarray(np.fromiter(refused, np.int64, len(refused))))
@@ -235,26 +242,31 @@ def _present(name: str, column: DeviceMap, rows, lo: int, hi: int, n_events: int
     return present
 
 
+def _not_utf8(values, dictionary, unread: dict, xp):
+    """Per entry, whether its value is coded to a dictionary string that is
+    not valid UTF-8 (an Arrow entry of ``unread``); None where there is none."""
+    refused = [entry for entry, given in unread.items() if isinstance(given, pa.Array)]
+    if not refused:
+        return None
+    inside = (values >= 0) & (values < len(dictionary))
+    return xp.asarray(np.isin(np.arange(len(dictionary)), refused))[xp.where(inside, values, 0)] & inside
+
+
 def _refused_values(kind: str, kept, family, dictionary, xp, unread=None):
     """Per entry kept (its value ``kept``, its attribute's ``family`` code),
     whether the host encoder refuses it: an attribute of another family, a
-    string code outside the dictionary or coded to an entry the host
-    refuses as a string attribute's value (``unread``: a lone surrogate, a
-    string not valid UTF-8), a number not finite or an integer beyond
-    ±2**53.  An attribute only IS [NOT] NULL reads takes any value but a
-    string not valid UTF-8 (an Arrow entry of ``unread``), as the host
-    encoder has it: it reads an Arrow string's bytes, not a Python string's."""
+    string code outside the dictionary or, for a string attribute, coded to
+    an entry the host refuses as its value (``unread``: a lone surrogate),
+    a number not finite or an integer beyond ±2**53 (an attribute only IS
+    [NOT] NULL reads takes any)."""
     own = _FAMILY_CODE[Family.BOOLEAN if kind == "b" else Family.STRING if kind == "s" else Family.NUMERIC]
     problem = (family != 0) & (family != own)
     if kind == "s":
         outside = (kept < 0) | (kept >= len(dictionary))
         problem |= outside
         if unread:
-            entries = np.arange(len(dictionary))
-            for refused, of_family in ((list(unread), family == own),
-                                       ([e for e, v in unread.items() if isinstance(v, pa.Array)], family == 0)):
-                at_refused = xp.asarray(np.isin(entries, refused))
-                problem |= at_refused[xp.where(outside, 0, kept)] & ~outside & of_family
+            at_refused = xp.asarray(np.isin(np.arange(len(dictionary)), list(unread)))
+            problem |= at_refused[xp.where(outside, 0, kept)] & ~outside & (family == own)
     elif kind in "iuf":
         bad = ~xp.isfinite(kept.astype(np.float64))
         if kind == "i":         # exact as float64 only within +-2**53 (compared as integers)
@@ -289,14 +301,25 @@ def _attribute_ids(names: pa.Array, schema) -> np.ndarray:
 
 
 def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outside, at, problem, xp, dictionary,
-              unread) -> dict[int, BadEventError]:
+              unread, not_utf8) -> dict[int, BadEventError]:
     """The refused entries, by the errors mode: raise the first event's
     first one, forget them (``"null"``: they are absent), or return each
-    event's first (``"report"``).  Only the refused positions leave the
-    device."""
+    event's first (``"report"``).  A string that is not valid UTF-8 comes
+    before any other problem, as the host reads it first (the first such
+    entry in map order).  Only the refused positions leave the device."""
     if errors == "null":
         return {}
     host = cuda_support.to_host
+    from engine.device_events import _entry_refusal
+    first: dict[int, BadEventError] = {}
+    if not_utf8 is not None:
+        where = xp.flatnonzero(not_utf8)
+        for event, attr_id, value in zip(host(rows[where]).tolist(), host(attr[where]).tolist(),
+                                         host(values[where]).tolist()):
+            if errors == "raise":
+                raise _entry_refusal(unread[value], schema.attr_names[attr_id], schema, event)
+            if event not in first:
+                first[event] = _entry_refusal(unread[value], schema.attr_names[attr_id], schema, event)
     found = []              # (event, attribute id, error): a key outside the names (-1), or a refused value
     where = xp.flatnonzero(outside)
     for event, code in zip(host(rows[where]).tolist(), host(keys[where]).tolist()):
@@ -313,7 +336,6 @@ def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outsi
                                                            f"dictionary of {len(dictionary)}",
                                   " (pass errors='null' to treat such values as absent)")
         elif kind == "s" and value in unread:       # the host's words for the value as given, in any family
-            from engine.device_events import _entry_refusal
             error = _entry_refusal(unread[value], attribute, schema, event)
         else:
             shown = bool(value) if kind == "b" else dictionary[value].as_py() if kind == "s" else value
@@ -322,7 +344,6 @@ def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outsi
     found.sort(key=lambda entry: entry[:2])         # an event's first problem by attribute, as the host's
     if errors == "raise":
         raise found[0][2]
-    first: dict[int, BadEventError] = {}
     for event, _, error in found:
         first.setdefault(event, error)
     return first

@@ -35,6 +35,8 @@ engine refuses it, tests/test_hostile_input.py checks that).
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
 import re2
 from hypothesis import strategies as st
 
@@ -319,3 +321,20 @@ def events():
     values.update({a: event_lists(numeric_event_values) for a in NUMERIC_LIST_ATTRS})
     values.update({a: event_lists(string_event_values) for a in STRING_LIST_ATTRS})
     return st.fixed_dictionaries({}, optional=values)
+
+
+def not_utf8_at(strings: pa.Array, draw) -> pa.Array:
+    """``strings`` (an Arrow string array) with one of its non-empty values,
+    drawn, no longer valid UTF-8 (its first byte made 0xFF) -- what a
+    Parquet file, an IPC stream or a binary array's view can put in a
+    string column, since Arrow does not check the bytes; ``strings`` as it
+    is where no value is non-empty."""
+    rows = [row for row, value in enumerate(strings.to_pylist()) if value]
+    if not rows:
+        return strings
+    row = draw(st.sampled_from(rows))
+    validity, offsets, data = strings.buffers()
+    data = bytearray(data.to_pybytes())
+    data[np.frombuffer(offsets, np.int32)[strings.offset + row]] = 0xFF
+    return pa.Array.from_buffers(strings.type, len(strings), [validity, offsets, pa.py_buffer(bytes(data))],
+                                 strings.null_count, strings.offset)

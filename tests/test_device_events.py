@@ -725,15 +725,17 @@ def test_cudf_like_series_among_the_columns_bring_their_nulls():
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=st.lists(strategies.events(), max_size=24),
        asts=st.lists(strategies.expressions(max_leaves=6), min_size=1, max_size=6),
-       form=st.sampled_from(list(MASK_FORMS)))
-def test_random_events_as_device_columns_encode_and_match_as_on_the_host(events, asts, form):
+       form=st.sampled_from(list(MASK_FORMS)), data=st.data())
+def test_random_events_as_device_columns_encode_and_match_as_on_the_host(events, asts, form, data):
     """Random events over the conformance schema -- values on and beside
-    the literals, URLs, UUIDs, non-ASCII, NUL, absent attributes -- as the
-    wide table a GPU pipeline holds, put on the device by ``arrow_columns``
-    (strings dictionary-coded, nulls as ``valid``): the device batch equals
-    the host's entry for entry, strings as strings, and ``scan`` on cuda
-    matches them as the host table.  So does the batch with each column's
-    nulls as its interface's ``mask`` (in one of its forms) instead."""
+    the literals, URLs, UUIDs, non-ASCII, NUL, absent attributes, now and
+    then a string that is not valid UTF-8 -- as the wide table a GPU
+    pipeline holds, put on the device by ``arrow_columns`` (strings
+    dictionary-coded, nulls as ``valid``): the device batch equals the
+    host's entry for entry, strings as strings, refusals alike in every
+    errors mode, and ``scan`` on cuda matches them as the host table.  So
+    does the batch with each column's nulls as its interface's ``mask`` (in
+    one of its forms) instead."""
     from engine.device_events import arrow_columns
     from engine.events import encode_events
 
@@ -743,18 +745,31 @@ def test_random_events_as_device_columns_encode_and_match_as_on_the_host(events,
     kinds = {**{a: pa.float64() for a in strategies.NUMERIC_ATTRS}, **{a: pa.string() for a in strategies.STRING_ATTRS},
              **{a: pa.bool_() for a in strategies.BOOLEAN_ATTRS}}
     table = pa.table({a: pa.array([event.get(a) for event in events], kind) for a, kind in kinds.items()})
+    if data.draw(st.integers(0, 3)) == 0:
+        name = data.draw(st.sampled_from(strategies.STRING_ATTRS))
+        table = table.set_column(table.schema.get_field_index(name), name,
+                                 strategies.not_utf8_at(table[name].combine_chunks(), data.draw))
     columns, valid = arrow_columns(table)
-    batch, _ = encode_device_columns(columns, valid, view)
-    expected = encode_events(table, view)
-    as_strings = lambda b: [b.strings[t].as_py() if t >= 0 else -1 for t in host(b.token).tolist()]  # noqa: E731
-    assert [host(getattr(batch, f)).tolist() for f in ("offsets", "attr", "value")] + [as_strings(batch)] == \
-        [np.asarray(getattr(expected, f)).tolist() for f in ("offsets", "attr", "value")] + [as_strings(expected)]
+    for errors in ("raise", "null", "report"):
+        try:
+            expected = encode_events(table, view, errors)
+        except BadEventError as error:
+            with pytest.raises(BadEventError) as caught:
+                encode_device_columns(columns, valid, view, errors)
+            assert str(caught.value) == str(error)
+            continue
+        batch, _ = encode_device_columns(columns, valid, view, errors)
+        assert _encoded(batch) == _encoded(expected), errors
+        assert [str(e) for e in getattr(batch, "rejected", ())] == [str(e) for e in getattr(expected, "rejected", ())]
     masked = {}
     for name, column in columns.items():
         values = host(column[0] if isinstance(column, tuple) else column)
         present = host(valid[name]) if name in valid else np.ones(len(values), bool)
         as_interface = InterfaceColumn(values, **MASK_FORMS[form](present))
         masked[name] = (as_interface, column[1]) if isinstance(column, tuple) else as_interface
-    assert _encoded(encode_device_columns(masked, None, view)[0]) == _encoded(batch)
-    assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == \
-        [m.tolist() for m in idx.match_batch(table)]
+    assert _encoded(encode_device_columns(masked, None, view, "null")[0]) == \
+        _encoded(encode_device_columns(columns, valid, view, "null")[0])
+    got, rejected = idx.match_batch(columns, valid=valid, errors="report")
+    want, want_rejected = idx.match_batch(table, errors="report")
+    assert [m.tolist() for m in got] == [m.tolist() for m in want]
+    assert [str(e) for e in rejected] == [str(e) for e in want_rejected]

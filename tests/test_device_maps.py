@@ -419,7 +419,8 @@ def _as_maps(events: list[dict], draw) -> pa.Table:
     """The events as three map columns, one a value type (numbers, strings,
     booleans), as a sparse producer holds them -- with what such producers
     send beside: a null map, an unknown key, a key given twice in one map
-    (a first value the last one overrides), a null value."""
+    (a first value the last one overrides), a null value, now and then a
+    string that is not valid UTF-8."""
     columns = {"numbers": (pa.float64(), strategies.NUMERIC_ATTRS), "strings": (pa.string(), strategies.STRING_ATTRS),
                "flags": (pa.bool_(), strategies.BOOLEAN_ATTRS)}
     table = {}
@@ -443,6 +444,10 @@ def _as_maps(events: list[dict], draw) -> pa.Table:
                 entries.append((other, {pa.float64(): 2.0, pa.string(): "2", pa.bool_(): True}[kind]))
             rows.append(entries)
         table[name] = pa.array(rows, pa.map_(pa.string(), kind))
+        if kind == pa.string() and draw(st.integers(0, 3)) == 0:        # a value that is not valid UTF-8
+            column = table[name]
+            table[name] = pa.MapArray.from_arrays(column.offsets, column.keys,
+                                                  strategies.not_utf8_at(column.items, draw), mask=column.is_null())
     return pa.table(table)
 
 
