@@ -492,10 +492,8 @@ def encode_device_columns(columns: Mapping, valid: Mapping | None, schema, error
                                   f"{data.dtype}")
             strings, table, unread = _dictionary_codes(name, column[1], schema)
             out_of_range = (data < 0) | (data >= len(strings))
-            bad = out_of_range
-            if unread:          # or coded to an entry the host refuses (a lone surrogate, invalid UTF-8)
-                at_refused = xp.asarray(np.isin(np.arange(len(strings)), list(unread)))
-                bad = out_of_range | at_refused[xp.where(out_of_range, 0, data)]
+            # or coded to an entry the host refuses (a lone surrogate, invalid UTF-8)
+            bad = out_of_range | device_maps.coded_to(data, unread, len(strings), xp) if unread else out_of_range
 
             def code_error(row, name=name, data=data, strings=strings, unread=unread):
                 code = int(cuda_support.to_host(data[row:row + 1])[0])

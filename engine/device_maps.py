@@ -42,7 +42,7 @@ from engine.expr import Family
 from engine.schema import MAX_EXACT_INT
 from gpu_kernels import cuda_support
 
-__all__ = ["DeviceMap", "entry_rows", "map_entries", "run_offsets"]
+__all__ = ["DeviceMap", "coded_to", "entry_rows", "map_entries", "run_offsets"]
 
 
 def entry_rows(xp, offsets, lo: int, hi: int):
@@ -242,14 +242,22 @@ def _present(name: str, column: DeviceMap, rows, lo: int, hi: int, n_events: int
     return present
 
 
+def coded_to(codes, entries, size: int, xp):
+    """Per code into a dictionary of ``size`` entries, whether it is one of
+    ``entries`` (False for a code outside the dictionary)."""
+    inside = (codes >= 0) & (codes < size)
+    if not len(entries):
+        return xp.zeros(len(codes), dtype=bool)
+    flags = np.zeros(size, bool)
+    flags[list(entries)] = True
+    return xp.asarray(flags)[xp.where(inside, codes, 0)] & inside
+
+
 def _not_utf8(values, dictionary, unread: dict, xp):
     """Per entry, whether its value is coded to a dictionary string that is
     not valid UTF-8 (an Arrow entry of ``unread``); None where there is none."""
     refused = [entry for entry, given in unread.items() if isinstance(given, pa.Array)]
-    if not refused:
-        return None
-    inside = (values >= 0) & (values < len(dictionary))
-    return xp.asarray(np.isin(np.arange(len(dictionary)), refused))[xp.where(inside, values, 0)] & inside
+    return coded_to(values, refused, len(dictionary), xp) if refused else None
 
 
 def _refused_values(kind: str, kept, family, dictionary, xp, unread=None):
@@ -262,11 +270,9 @@ def _refused_values(kind: str, kept, family, dictionary, xp, unread=None):
     own = _FAMILY_CODE[Family.BOOLEAN if kind == "b" else Family.STRING if kind == "s" else Family.NUMERIC]
     problem = (family != 0) & (family != own)
     if kind == "s":
-        outside = (kept < 0) | (kept >= len(dictionary))
-        problem |= outside
+        problem |= (kept < 0) | (kept >= len(dictionary))
         if unread:
-            at_refused = xp.asarray(np.isin(np.arange(len(dictionary)), list(unread)))
-            problem |= at_refused[xp.where(outside, 0, kept)] & ~outside & (family == own)
+            problem |= coded_to(kept, unread, len(dictionary), xp) & (family == own)
     elif kind in "iuf":
         bad = ~xp.isfinite(kept.astype(np.float64))
         if kind == "i":         # exact as float64 only within +-2**53 (compared as integers)
