@@ -390,12 +390,13 @@ def _dictionary_codes(name: str, dictionary, schema, attribute: str | None = ""
     if attribute is None:
         return strings, np.zeros(len(strings)), {}
     coded = from_arrow(pa.table({attribute: strings}), schema, "report")
-    refused = {bad.event: strings.slice(bad.event, 1) for bad in coded.rejected}
+    not_utf8 = [bad.event for bad in coded.rejected]        # (the only value a string attribute refuses in Arrow)
+    refused = {entry: strings.slice(entry, 1) for entry in not_utf8}
     refused.update((i, text) for i, text in unencodable.items() if _entry_refusal(text, attribute, schema, i))
-    if len(refused) > len(unencodable):         # (not valid UTF-8: kept out of the strings read further on)
+    if not_utf8:            # kept out of the strings read further on (the patterns' results)
         mask = np.zeros(len(strings), bool)
-        mask[list(refused)] = True
-        strings = pc.replace_with_mask(strings, pa.array(mask), pa.array([""] * int(mask.sum()), strings.type))
+        mask[not_utf8] = True
+        strings = pc.replace_with_mask(strings, pa.array(mask), pa.array([""] * len(not_utf8), strings.type))
     codes = np.zeros(len(strings))      # (a refused entry has no entry in the batch: one a row for the others)
     codes[np.diff(coded.offsets) > 0] = coded.value
     return strings, codes, refused
