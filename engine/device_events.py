@@ -568,7 +568,8 @@ def _with_maps(columns: Mapping, valid: Mapping | None, schema, errors: str) -> 
         batch, strings = encode_device_columns(dense, valid, schema, collect)
     else:
         batch, strings = _assemble(xp, 0, [], None, None, None, [], {})
-    found = {error.event: (rank.get(error.attribute, -1), error) for error in batch.rejected}
+    # event -> (its column's rank, the error's place in the order its column's refusals are found, the error)
+    found = {error.event: (rank.get(error.attribute, -1), error.event, error) for error in batch.rejected}
     dictionaries = [batch.strings]          # the batch's strings: the columns', then each map's dictionary
     pair_attrs, pair_tokens = [strings.attr], [strings.token]
     parts, n_events = [], batch.n_events if dense else None
@@ -579,16 +580,16 @@ def _with_maps(columns: Mapping, valid: Mapping | None, schema, errors: str) -> 
             raise ValueError(f"map {name!r} has {n} events where the other columns have {n_events}")
         n_events = n
         parts.append(part)
-        for event, error in refused.items():
+        for place, (event, error) in enumerate(refused.items()):
             if event not in found or found[event][0] > rank[name]:
-                found[event] = (rank[name], error)
+                found[event] = (rank[name], place, error)
         if coded is not None:
             dictionaries.append(coded[0])
             pair_attrs.append(coded[1])
             pair_tokens.append(coded[2])
-    if found and errors == "raise":         # the first column holding a refused value, its first event
-        raise min(found.values(), key=lambda ranked: (ranked[0], ranked[1].event))[1]
-    rejected = {event: error for event, (_, error) in found.items()}
+    if found and errors == "raise":         # the first column holding a refused value, its first one found
+        raise min(found.values(), key=lambda ranked: ranked[:2])[2]
+    rejected = {event: error for event, (_, _, error) in found.items()}
     if not dense:
         batch = _assemble(xp, n_events, [], None, None, None, [], {})[0]
     nnz = len(batch.attr)

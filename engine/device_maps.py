@@ -135,7 +135,8 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
     entries of the map the index reads, on the device, ordered by (event,
     attribute) with one entry per attribute of an event -- with,
     ``errors="report"``, the first refusal of each event holding one (those
-    events' entries left out) -- and, for a map of strings, ``(dictionary,
+    events' entries left out; in the order the host encoder finds them,
+    which is the order it raises in) -- and, for a map of strings, ``(dictionary,
     attributes, tokens)``: its dictionary and, on the host, each (attribute,
     token) pair of its entries, which the LIKE/MATCHES results are computed
     for.  A string entry's token is its code plus ``token_base`` (the
@@ -310,9 +311,10 @@ def _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outsi
               unread, not_utf8) -> dict[int, BadEventError]:
     """The refused entries, by the errors mode: raise the first event's
     first one, forget them (``"null"``: they are absent), or return each
-    event's first (``"report"``).  A string that is not valid UTF-8 comes
-    before any other problem, as the host reads it first (the first such
-    entry in map order).  Only the refused positions leave the device."""
+    event's first (``"report"``: in the host encoder's order of finding
+    them).  A string that is not valid UTF-8 comes before any other
+    problem, as the host reads the whole map for those first (the first
+    such entry in map order).  Only the refused positions leave the device."""
     if errors == "null":
         return {}
     host = cuda_support.to_host

@@ -279,6 +279,24 @@ def test_a_dictionary_entry_the_host_refuses_is_refused_in_the_entries_coded_to_
     assert set_aside == ([0, 1, 3] if bad == "surrogate" else [0, 1, 2, 3])
 
 
+def test_a_string_not_valid_utf8_is_raised_before_an_earlier_events_other_problem():
+    """The host reads a map column's strings for valid UTF-8 before
+    anything else, so ``errors="raise"`` names event 1's bad string, not
+    event 0's number for a numeric attribute -- and so does the device."""
+    from tests.test_device_events import invalid_utf8, refused_as_on_the_host
+    view = _index()._state.view
+    dictionary = invalid_utf8([b"2", b"x\xff"])
+    names = [NAMES[0], "word"]
+    keys, codes, offsets = np.array([0, 1], np.int32), np.array([0, 1], np.int32), np.array([0, 1, 2])
+    d = _to_device_input
+    mapped = {"attributes": DeviceMap(d(offsets), d(keys), (d(codes), dictionary), names)}
+    table = pa.table({"attributes": pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(names),
+                                                            dictionary)})
+    assert refused_as_on_the_host(mapped, view, lambda errors: encode_events(table, view, errors), _arrays) == [0, 1]
+    with pytest.raises(BadEventError, match="event 1: attribute 'word' holds a string that is not valid UTF-8"):
+        encode_device_columns(mapped, None, view, "raise")
+
+
 @pytest.mark.parametrize("algorithm", ["opindex", "scan"])
 def test_w3_like_sparse_events_match_on_the_device_as_on_the_host(algorithm):
     """The generator of W3 (one map column over many attributes): its
