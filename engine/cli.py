@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from engine._version import __version__
 from engine.algorithms import registry
-from engine.errors import BexmatchError
+from engine.errors import BadEventError, BexmatchError
 
 EVENT_BATCH = 8192
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
@@ -70,6 +70,21 @@ def _parquet_errors(path: str):
 
 #: a subscription id in a text file: ASCII digits, an optional minus sign
 _DECIMAL_ID = re.compile(r"-?[0-9]+")
+
+
+def open_subscriptions(path: str, algorithm: str | None = None, backend: str | None = None,
+                       progress: bool = True):
+    """The index ``--subs`` names: a saved index as it was saved (another
+    algorithm or backend only where asked for), or a new one filled by
+    :func:`load_subscriptions` from text or Parquet."""
+    from engine import Index
+    from engine.index_file import is_index_file
+
+    if is_index_file(path):
+        return Index.load(path, algorithm=algorithm, backend=backend)    # IndexFileError names the path
+    index = Index(algorithm=algorithm, backend=backend)
+    load_subscriptions(index, path, progress=progress)
+    return index
 
 
 def load_subscriptions(index, path: str, progress: bool = True) -> None:
@@ -304,16 +319,13 @@ class MatchWriter:
 
 
 def command_match(args) -> int:
-    from engine import Index
-
     if args.batch_size < 1:
         raise BexmatchError(f"--batch-size must be at least 1, not {args.batch_size}")
     writer = MatchWriter(args.out, args.id_field)     # first: a bad --out fails before any work
     seen = matched = 0
     bar = None
     try:
-        index = Index(algorithm=args.algorithm, backend=args.backend)
-        load_subscriptions(index, args.subs, progress=not args.quiet)
+        index = open_subscriptions(args.subs, args.algorithm, args.backend, progress=not args.quiet)
         index.merge()
         bar = tqdm(total=_count_events(args.events), desc="match", unit="event", disable=args.quiet or None)
         for batch, lines in event_batches(args.events, args.batch_size):
@@ -345,19 +357,19 @@ def command_match(args) -> int:
 
 def command_explain(args) -> int:
     """Print why subscription ``--id`` matches ``--event`` or not."""
-    from engine import Index
-
     try:
         event = json.loads(args.event)
     except json.JSONDecodeError as exc:
         raise BexmatchError(f"--event is not JSON: {exc}") from None
     if not isinstance(event, dict):
         raise BexmatchError(f"--event must be a JSON object (one event), not {type(event).__name__}")
-    index = Index()
-    load_subscriptions(index, args.subs, progress=False)
+    index = open_subscriptions(args.subs, progress=False)
     if args.id not in index:
         raise BexmatchError(f"--id {args.id}: no such subscription in {args.subs}")
-    explanation = index.explain(args.id, event)
+    try:
+        explanation = index.explain(args.id, event)
+    except BadEventError as exc:        # its hint names errors= modes, which explain has not: one event, judged
+        raise BexmatchError(f"--event: {exc.reason}") from None
     if args.json:
         print(json.dumps({"id": args.id, "matches": explanation.matches, "explanation": explanation.to_dict()}))
     else:
@@ -375,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     match = commands.add_parser("match", help="match a file of events against a file of subscriptions",
                                 description="Match events against subscriptions and write (event, sub_id) "
                                 "pairs; event numbers count from 0 in input order.")
-    match.add_argument("--subs", required=True, help="id<TAB>expression text, or Parquet in the columnar form")
+    match.add_argument("--subs", required=True, help="id<TAB>expression text ('#' lines are comments), Parquet in "
+                       "the columnar form, or a saved index (Index.save)")
     match.add_argument("--events", required=True, help="JSON Lines or Parquet, one event per line/row")
     match.add_argument("--out", help="output file: .parquet for Parquet, anything else for JSON Lines "
                        "(default: JSON Lines on stdout)")
@@ -394,7 +407,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   description="Print subscription --id of --subs as the index holds it, each "
                                   "predicate and connective with its value on --event (TRUE, FALSE, or NULL "
                                   "with the absent attribute).")
-    explain.add_argument("--subs", required=True, help="id<TAB>expression text, or Parquet in the columnar form")
+    explain.add_argument("--subs", required=True, help="id<TAB>expression text ('#' lines are comments), Parquet "
+                         "in the columnar form, or a saved index (Index.save)")
     explain.add_argument("--id", required=True, type=int, help="the subscription id")
     explain.add_argument("--event", required=True, help="the event as a JSON object, e.g. '{\"price\": 550}'")
     explain.add_argument("--json", action="store_true", help="print the explanation as JSON instead of a tree")

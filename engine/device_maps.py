@@ -110,6 +110,11 @@ class DeviceMap:
         if not (strings or pa.types.is_boolean(items_type) or pa.types.is_integer(items_type)
                 or pa.types.is_floating(items_type)):
             raise TypeError(f"a map of {column.type.item_type} values has no device-column form")
+        key_type = column.type.key_type
+        key_type = key_type.value_type if pa.types.is_dictionary(key_type) else key_type
+        if not (pa.types.is_string(key_type) or pa.types.is_large_string(key_type)):
+            raise TypeError(f"a map with {column.type.key_type} keys has no device-column form (keys are "
+                            f"attribute names)")
         offsets = column.offsets.to_numpy()
         lo, hi = int(offsets[0]), int(offsets[-1])
         keys = pc.cast(column.keys.slice(lo, hi - lo), pa.string())

@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
@@ -66,7 +66,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.errors import BadEventError
+from engine.errors import BadEventError, SchemaError
 from engine.expr import ELEMENT_OF, Family
 from engine.schema import MAX_EXACT_INT, Schema, is_integer
 
@@ -453,6 +453,13 @@ def from_dicts(events, schema: Schema, errors: str = "raise") -> EventBatch:
             continue
         for name, raw in event.items():
             attr = attr_ids.get(name)
+            if attr is None and not isinstance(name, str):
+                # an attribute is named by a str: such a key is no attribute's, and is not passed over unsaid
+                refusals.add(BadEventError(i, None, name, f"key {_shown(name)} ({type(name).__name__}) is not an "
+                                           f"attribute name: attribute names are str"))
+                if errors == "report":
+                    break
+                continue
             if attr is None or raw is None:
                 continue
             family = families[name]
@@ -635,6 +642,7 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
                 continue                # unknown, or absent from every event (wide, sparse tables: most columns)
         column = _without_views(column)
         if pa.types.is_map(column.type):
+            _check_map_keys(column.type, name)
             column = _with_valid_utf8(column, name, schema, refusals, rank)
         if pa.types.is_map(column.type) and _is_list_type(column.type.item_type):
             rows, attr = _map_list_cells(column, schema, refusals, rank, lists, size)
@@ -957,6 +965,10 @@ def from_pandas(frame, schema: Schema, errors: str = "raise") -> EventBatch:
     refusals = _Refusals(errors)
     columns = []
     for label, series in frame.items():
+        if not isinstance(label, str):
+            raise SchemaError(f"DataFrame column label {label!r} ({type(label).__name__}) is not an attribute "
+                              f"name: attribute names are str (rename the columns, e.g. "
+                              f"frame.columns = frame.columns.astype(str))")
         name = str(label)
         if name not in schema.attr_ids:
             continue
@@ -1044,6 +1056,17 @@ def _family_codes(families: np.ndarray) -> np.ndarray:
             codes[families == family] = code
     _last_codes[0] = (families, codes)
     return codes
+
+
+def _check_map_keys(dtype: pa.DataType, name: str) -> None:
+    """A map column's keys name attributes: SchemaError unless they are
+    Arrow strings (string, large_string, a dictionary of them; views are
+    gone by now) -- an int, a binary or a struct key would otherwise be cast
+    to some text, or fail deep in the cast."""
+    key = dtype.key_type.value_type if pa.types.is_dictionary(dtype.key_type) else dtype.key_type
+    if not (pa.types.is_string(key) or pa.types.is_large_string(key)):
+        raise SchemaError(f"map column {name!r}: its keys are attribute names, so they must be strings, "
+                          f"not {dtype.key_type}")
 
 
 def map_entries(column, names):
@@ -1186,8 +1209,9 @@ def encode_events(events, schema: Schema, errors: str = "raise") -> EventBatch:
     if isinstance(events, Mapping):
         raise TypeError("match_batch takes a sequence of events; use match() for a single event (host columns "
                         "by attribute go in as a table: pyarrow.table(columns))")
-    if isinstance(events, (str, bytes, bytearray)):
-        raise TypeError(f"match_batch takes a sequence of events, not a {type(events).__name__}")
+    if isinstance(events, (str, bytes, bytearray)) or not isinstance(events, Iterable):
+        raise TypeError(f"match_batch takes a sequence of events (dicts), a pyarrow Table or RecordBatch or a "
+                        f"pandas DataFrame, not {type(events).__name__}")
     return from_dicts(list(events), schema, errors)
 
 

@@ -143,6 +143,16 @@ def _as_ids(ids) -> list[int]:
     return [_as_id(i) for i in ids]
 
 
+def _sub_id_array(ids) -> np.ndarray:
+    """``ids`` as an int64 array, checked as :func:`_as_ids` checks them (an
+    integer NumPy array in range goes through whole: the shards of
+    :meth:`Index.split`)."""
+    if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu" and ids.ndim == 1:
+        if ids.dtype.kind == "i" or not len(ids) or int(ids.max()) < 2 ** 63:
+            return ids.astype(np.int64, copy=False)
+    return np.array(_as_ids(ids), dtype=np.int64)
+
+
 def _parse(text: str) -> Node:
     from engine.parse import parse   # the lark grammar is built on first use
     return parse(text)
@@ -201,6 +211,9 @@ class Index:
         shared = {name: value for name, value in self._options.keywords(self.backend).items()
                   if name in ScanOptions.__dataclass_fields__}
         self._residual_options = self._residual.make_options(shared, self.backend)
+        if schema is not None and not isinstance(schema, Mapping):
+            raise TypeError(f"schema is a mapping of attribute name to type family, e.g. {{'price': 'numeric'}}, "
+                            f"not {type(schema).__name__}")
         self._schema = Schema()
         for attr, family in (schema or {}).items():
             self._schema.declare(attr, family)
@@ -342,11 +355,12 @@ class Index:
         """A new index holding only the given subscriptions (compiled form
         copied, nothing re-parsed), with the whole schema, so that it codes
         and judges events exactly like this one -- e.g. one shard of a
-        sharded Spark job.  KeyError for an id not in the index."""
+        sharded Spark job.  KeyError for an id not in the index; TypeError
+        for one that is not an integer (as :meth:`add` says)."""
+        ids = np.unique(_sub_id_array(ids))
         with self._write_lock:
             self.merge()
             state = self._state
-            ids = np.unique(np.asarray(ids, dtype=np.int64))
             positions = np.searchsorted(state.main.sub_ids, ids)
             found = positions < len(state.main.sub_ids)
             found[found] = (state.main.sub_ids[positions[found]] == ids[found]) & (state.alive[positions[found]] != 0)
@@ -368,6 +382,8 @@ class Index:
         """``k`` indexes by subscription id, all of one state of this one:
         the s-th holds the s-th of ``k`` contiguous, equally sized runs of the
         sorted ids (:meth:`subset` of each)."""
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"shards must be an int, not {type(k).__name__} {k!r}")
         if k < 1:
             raise ValueError(f"shards must be >= 1, not {k}")
         with self._write_lock:

@@ -156,6 +156,17 @@ def _digest(array: np.ndarray) -> str:
 
 
 # ------------------------------------------------------------------- reading
+def is_index_file(path) -> bool:
+    """Whether ``path`` is a file that starts as a saved index does (a zip
+    archive's local header) -- a truncated or corrupt one too, which
+    :func:`read_index_file` then reports: for callers choosing how to read
+    a path that may also hold text or Parquet."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
 def read_index_file(path) -> tuple[dict, dict[str, np.ndarray]]:
     """``(meta, arrays)`` of the file at ``path``: meta.json with every field
     checked for type and range, and the arrays checked against their

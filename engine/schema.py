@@ -104,7 +104,9 @@ def _family_error(where: str, pred: Pred, known: Family, family: Family) -> Sche
     if family in ELEMENT_OF and known not in ELEMENT_OF:
         return SchemaError(f"{where}: {pred.attr!r} is {known.value}, not a list: {pred.op.value} applies to list "
                            f"attributes only")
-    return SchemaError(f"{where}: {pred.attr!r} is {known.value}, but {pred.op.value} "
+    # CONTAINS is the AST's name for 'value IN attr': the text's words, since that is what the user wrote
+    op = {Op.CONTAINS: "IN", Op.NOT_CONTAINS: "NOT IN"}.get(pred.op, pred.op.value)
+    return SchemaError(f"{where}: {pred.attr!r} is {known.value}, but {op} "
                        f"compares it with a {ELEMENT_OF.get(family, family).value} literal {_show(pred.values)}")
 
 

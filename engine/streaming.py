@@ -102,6 +102,9 @@ class EventStream:
 
     def __init__(self, index: Index, batch_size: int = 1024, max_wait: float | None = 0.005, *, errors: str = "raise",
                  name: str = "bexmatch-event-stream"):
+        if not callable(getattr(index, "match_batch", None)):
+            raise TypeError(f"EventStream matches through an Index (anything with match_batch), "
+                            f"not {type(index).__name__} {index!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
         if max_wait is not None and (isinstance(max_wait, bool) or not isinstance(max_wait, (int, float))

@@ -179,24 +179,16 @@ def generate_workload(name: str, scale: float, n_events: int, seed: int, data_di
     return workload.subscriptions, events_path, time.perf_counter() - start, cached, n_events_found
 
 
-def _is_saved_index(path: str) -> bool:
-    """A saved index is a zip archive: it starts with a zip local header
-    (a truncated one too, which Index.load then reports as corrupt)."""
-    if not os.path.isfile(path):
-        return False
-    with open(path, "rb") as f:
-        return f.read(4) == b"PK\x03\x04"
-
-
 def build_index(subs, algorithm: str | None):
     """An engine.Index from a columnar table, or a saved index's path
     (validated here, on the driver)."""
     from engine import Index
+    from engine.index_file import is_index_file
 
     if isinstance(subs, str):
         if not os.path.exists(subs):
             raise JobError(f"--subs {subs!r} does not exist")
-        if _is_saved_index(subs):
+        if is_index_file(subs):
             from spark_integration.shipping import load_validated
             index, _ = load_validated(subs)
             return index

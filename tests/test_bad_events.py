@@ -164,6 +164,59 @@ def test_an_event_that_is_not_a_mapping_is_a_bad_event_and_a_type_error():
         event_batches.encode_events("abc", schema, "report")
 
 
+@pytest.mark.parametrize("key", [0, 1.5, b"n", ("n",), None], ids=["int", "float", "bytes", "tuple", "None"])
+def test_a_key_that_is_no_str_is_refused_not_passed_over(key):
+    """Attributes are named by str: a dict key of another type names none, and
+    is refused by the errors mode like a bad value (not skipped unsaid, as
+    an unknown attribute's name is)."""
+    schema = _schema()
+    events = [{"n": 1}, {"s": "a", key: 5}, {"s": "b", "zz_unknown": 5}]
+    with pytest.raises(BadEventError, match=r"^event 1: key .* is not an attribute name: attribute names are str"):
+        event_batches.encode_events(events, schema)
+    # "null" forgets the key as it forgets a bad value: the event keeps its other attributes
+    assert_encoded_as_without(event_batches.encode_events(events, schema, "null"),
+                              event_batches.encode_events([events[0], {"s": "a"}, events[2]], schema), [])
+    batch = event_batches.encode_events(events, schema, "report")
+    assert [(e.event, e.attribute, e.value) for e in batch.rejected] == [(1, None, key)]
+    assert_encoded_as_without(batch, event_batches.encode_events([events[0], events[2]], schema), [1])
+
+
+def test_a_dataframe_column_label_that_is_no_str_is_a_schema_error():
+    schema = _schema()
+    for frame in (pd.DataFrame({0: [1.0], "n": [2.0]}), pd.DataFrame([[1.0, 2.0]], columns=pd.MultiIndex.from_tuples(
+            [("n", "x"), ("s", "y")]))):
+        for errors in ("raise", "null", "report"):
+            with pytest.raises(SchemaError, match="is not an attribute name: attribute names are str"):
+                event_batches.encode_events(frame, schema, errors)
+    frame = pd.DataFrame({0: [1.0]})
+    frame.columns = frame.columns.astype(str)       # the fix the error suggests
+    assert event_batches.encode_events(frame, schema).n_events == 1
+
+
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.float64(), pa.bool_(), pa.binary(), pa.list_(pa.string())],
+                         ids=str)
+def test_a_map_column_whose_keys_are_not_strings_is_a_schema_error(key_type):
+    """Arrow would cast an int key 0 to the name "0" and a bool one to "true", and fail on a binary key that is
+    not UTF-8 or on a nested one; a map's keys name attributes, so they are strings or the batch is refused."""
+    schema = _schema()
+    key = {"int64": 0, "double": 0.0, "bool": True, "binary": b"\xff", "list<item: string>": ["n"]}[str(key_type)]
+    table = pa.table({"n": [1.0], "attrs": pa.array([[(key, 2.0)]], pa.map_(key_type, pa.float64()))})
+    for errors in ("raise", "null", "report"):
+        with pytest.raises(SchemaError, match="map column 'attrs': its keys are attribute names, so they must be "
+                                              "strings"):
+            event_batches.encode_events(table, schema, errors)
+    for key_type in (pa.string(), pa.large_string(), pa.dictionary(pa.int32(), pa.string())):
+        good = pa.table({"attrs": pa.array([[("n", 2.0)]], pa.map_(pa.string(), pa.float64())).cast(
+            pa.map_(key_type, pa.float64()))})
+        assert event_batches.encode_events(good, schema).n_events == 1
+
+
+@pytest.mark.parametrize("events", [None, 5, object()], ids=["None", "int", "object"])
+def test_a_batch_that_is_no_container_of_events_is_a_type_error_saying_what_is_taken(events):
+    with pytest.raises(TypeError, match="match_batch takes a sequence of events \\(dicts\\), a pyarrow Table"):
+        event_batches.encode_events(events, _schema())
+
+
 def test_an_attribute_given_twice_in_an_event_is_a_bad_event():
     """A column and a map key of the same attribute, in some events only."""
     schema = _schema()

@@ -57,6 +57,23 @@ def test_match_parquet_in_and_out_with_small_batches(files):
     assert list(zip(table["event"].to_pylist(), table["sub_id"].to_pylist())) == [(0, 1), (1, 2), (1, 3), (3, 3)]
 
 
+@pytest.mark.parametrize("algorithm", [None, "scan"], ids=["its own", "another"])
+def test_match_a_saved_index(files, capsys, algorithm):
+    """--subs takes an index saved by Index.save (as `bexmatch run --subs` does): its own algorithm, or the one
+    --algorithm asks for; a truncated file is refused naming it."""
+    tmp, subs, events = files
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many([1, 2, 3], ["price <= 580 AND color = 'silver'", "price > 600 OR color LIKE 'g%'",
+                               "brand IS NULL"])
+    index.save(tmp / "subs.bexidx")
+    argv = ["match", "--subs", str(tmp / "subs.bexidx"), "--events", str(events), "--quiet"]
+    assert main(argv + (["--algorithm", algorithm] if algorithm else [])) == 0
+    assert [(r["event"], r["sub_id"]) for r in map(json.loads, capsys.readouterr().out.splitlines())] == EXPECTED
+    (tmp / "cut.bexidx").write_bytes((tmp / "subs.bexidx").read_bytes()[:200])
+    assert main(["match", "--subs", str(tmp / "cut.bexidx"), "--events", str(events), "--quiet"]) == 2
+    assert "cut.bexidx" in capsys.readouterr().err
+
+
 def test_match_parquet_subscriptions_with_connective_rows(files):
     """The SUBS texts as Parquet, sub 2's OR a connective row: the same
     matches as the texts."""

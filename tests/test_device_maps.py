@@ -413,6 +413,20 @@ def test_a_table_with_two_columns_of_one_name_takes_the_host_encoder():
         arrow_columns(twice)
 
 
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.binary()], ids=str)
+def test_a_map_whose_keys_are_not_strings_takes_the_host_encoder_which_refuses_it(key_type):
+    """No int key becomes the name "0" on the device either: the table goes to the host encoder (TypeError from
+    arrow_columns, as for any type the device form lacks), whose SchemaError the batch then gets."""
+    key = b"a" if key_type == pa.binary() else 0
+    table = pa.table({"m": pa.array([[(key, 3.0)]], pa.map_(key_type, pa.float64()))})
+    with pytest.raises(TypeError, match="keys has no device-column form"):
+        arrow_columns(table)
+    index = Index(algorithm="scan", backend="cuda")
+    index.add(1, '"0" > 1 OR a > 1')
+    with pytest.raises(SchemaError, match="map column 'm': its keys are attribute names"):
+        index.match_batch(table)
+
+
 def test_dictionaries_given_as_objects_with_to_arrow_are_read():
     """cuDF's Index and Series refuse pyarrow's implicit conversion; their
     ``to_arrow()`` gives the strings."""

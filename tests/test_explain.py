@@ -147,6 +147,16 @@ def test_cli_explain(tmp_path, capsys):
     assert "--id 5: no such subscription" in capsys.readouterr().err
     assert main(["explain", "--subs", str(subs), "--id", "1", "--event", "[1]"]) == 2
     assert "--event must be a JSON object" in capsys.readouterr().err
+    # a value of the wrong family: the reason, without the errors= modes match_batch takes (explain has none)
+    assert main(["explain", "--subs", str(subs), "--id", "1", "--event", '{"price": "x"}']) == 2
+    err = capsys.readouterr().err
+    assert err == "bexmatch: error: --event: attribute 'price' is numeric, got 'x'\n"
+    # a saved index is read as it was saved
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many([1, 2], ["price <= 580 AND color = 'silver'", "price > 600 OR color LIKE 'g%'"])
+    index.save(tmp_path / "subs.bexidx")
+    assert main(["explain", "--subs", str(tmp_path / "subs.bexidx"), "--id", "2", "--event", '{"price": 700}']) == 0
+    assert capsys.readouterr().out.startswith("subscription 2 matches:")
 
 
 def test_numpy_and_decimal_values_are_explained_as_match_reads_them():

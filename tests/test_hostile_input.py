@@ -24,7 +24,8 @@ What is documented (engine/index.py, engine/events.py, README "Semantics"):
   the attribute does not take (the one value rule of engine/events.py),
   nothing with ``errors="null"`` (the value is absent then); `TypeError`
   for an event that is not a mapping; `ValueError` for a bad ``errors`` or
-  ``output`` argument; keys no subscription uses are ignored.
+  ``output`` argument; str keys no subscription uses are ignored, a key
+  that is not a str is refused as a bad value is.
 
 Anything else (IndexError, a bare KeyError or ValueError from inside,
 RecursionError, OverflowError, re2.error...) is a defect.  Whatever is
@@ -653,7 +654,10 @@ def _judge(events):
     for j, event in enumerate(events):
         plain = {}
         for key, value in event.items():
-            if not isinstance(key, str) or key not in _FAMILIES or value is None:
+            if not isinstance(key, str):
+                refused.add((j, key))                       # names no attribute: refused, not passed over
+                continue
+            if key not in _FAMILIES or value is None:
                 continue                                    # not an attribute of the index: ignored
             taken = documented_value(value, _FAMILIES[key])
             if taken is REFUSED:
@@ -675,9 +679,9 @@ def _expected_for(attacked: Attacked, cleaned, events):
 
 
 def _check_schema_error(exc, refused):
-    found = re.match(r"event (\d+): attribute (.+?) is ", str(exc))
-    assert found, f"the SchemaError does not name the event and the attribute: {exc}"
-    named = (int(found.group(1)), found.group(2))
+    found = re.match(r"event (\d+): (?:attribute (.+?) is |key (.+?) \(\w+\) is not an attribute name)", str(exc))
+    assert found, f"the SchemaError does not name the event and the attribute (or key): {exc}"
+    named = (int(found.group(1)), found.group(2) or found.group(3))
     assert any(named == (j, repr(a)) for j, a in refused), f"{exc} names no refused value {refused}"
 
 
@@ -703,7 +707,7 @@ def test_hostile_events():
             if not single:
                 _check_schema_error(exc, refused)
             else:
-                assert re.match(r"event 0: attribute ", str(exc)) and refused, exc
+                assert re.match(r"event 0: (attribute|key) ", str(exc)) and refused, exc
             assert attacked.results() == attacked.expected      # a refused batch leaves nothing behind
         else:
             outcomes["accepted"] += 1

@@ -306,6 +306,35 @@ def test_ids_and_subset_split_an_index_without_changing_answers(index):
     assert 8 in part and matches(index) == full
 
 
+@pytest.mark.parametrize("ids, error", [([7.9], TypeError), ([True], TypeError), (["7"], TypeError),
+                                        ([np.float64(7)], TypeError), ([2 ** 64], OverflowError),
+                                        ([np.uint64(2 ** 64 - 1)], OverflowError),
+                                        (np.array([2 ** 64 - 1], np.uint64), OverflowError)],
+                         ids=["float", "bool", "str", "np.float64", "2**64", "np.uint64", "uint64 array"])
+def test_subset_takes_ids_as_add_does(index, ids, error):
+    """An id subset() is given is checked as add() checks it: 7.9 is not taken for 7, True for 1."""
+    before = index.ids().tolist()
+    with pytest.raises(error):
+        index.subset(ids)
+    assert index.ids().tolist() == before
+    assert index.subset(np.array([7, 10], np.uint32)).ids().tolist() == [7, 10]
+    assert index.subset(iter([np.int64(10)])).ids().tolist() == [10]
+
+
+def test_split_takes_an_int_number_of_shards(index):
+    for shards in (2.5, True, "2"):
+        with pytest.raises(TypeError, match="shards must be an int"):
+            index.split(shards)
+    assert [part.ids().tolist() for part in index.split(np.int64(2))] == [[7, 8], [9, 10]]
+
+
+def test_constructor_arguments_of_the_wrong_type_say_what_is_taken():
+    with pytest.raises(TypeError, match="schema is a mapping of attribute name to type family"):
+        Index(schema=[("price", "numeric")])
+    with pytest.raises(TypeError, match="options of algorithm 'opindex' are a mapping of option name to value"):
+        Index(algorithm="opindex", backend="cpu", options=[1])
+
+
 def test_unknown_algorithm_options_are_refused():
     with pytest.raises(TypeError, match="takes no option"):
         Index(algorithm="scan", backend="cpu", options={"segments": 4})

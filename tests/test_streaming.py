@@ -249,6 +249,12 @@ def test_bad_arguments(index, kwargs):
         EventStream(index, **kwargs)
 
 
+@pytest.mark.parametrize("index", [None, "not an index"], ids=["None", "str"])
+def test_the_stream_needs_an_index(index):
+    with pytest.raises(TypeError, match="EventStream matches through an Index"):
+        EventStream(index)
+
+
 def test_the_readme_example_runs_from_the_package():
     """``from engine import EventStream`` (the README's example): the same
     ids as ``match`` for each submitted event."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +54,9 @@ class Options:
         """The options named in ``mapping`` for ``backend``, every other
         field at its default: TypeError for a name the algorithm does not
         take or one of another backend, ValueError/TypeError for a bad value."""
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise TypeError(f"options of algorithm {cls.algorithm!r} are a mapping of option name to value, "
+                            f"not {type(mapping).__name__} {mapping!r}")
         mapping = dict(mapping or {})
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(mapping) - set(fields))
