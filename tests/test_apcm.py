@@ -235,6 +235,47 @@ def test_a_compressed_event_is_the_or_of_its_members():
     assert compressed > 5 and clusters.compressed_events() >= 6
 
 
+def stage3(m: APCMMatcher, batch, truth, parallel_paths: bool):
+    """Stage 3 as :meth:`APCMMatcher._runs` runs it: (clusters, the work items' clusters, per cluster the
+    candidate c-nodes its compressed event's walk collected, in order)."""
+    clusters, _, _, _, _, _, _, ce = cpu_stages(m, batch, truth)
+    ce_start, ce_end, ce_attr, _, _, _, ce_key_end, ce_keys = ce
+    t = m.tree
+    node, p_top, p_attr = t.table.node, t.table.p_top, t.tree.p_attr
+    n = clusters.n_clusters
+    item_cluster, item_pnode = C.path_items(n, ce_start, ce_end, ce_attr, node, p_attr, parallel_paths)
+    off, cand = m._traverse(item_cluster, item_pnode, ce_start, ce_end, ce_attr, ce_key_end, ce_keys, node, p_top,
+                            p_attr, max(m.layout.n_attrs, t.table.n_attrs), n, parallel_paths)
+    return clusters, item_cluster, [cand[off[c]:off[c + 1]].tolist() for c in range(n)]
+
+
+def test_one_walk_per_compressed_event_reaches_every_leaf_a_member_reaches():
+    """Stage 3 (§V-A, with §V-B's unrolling and §V-C's parallel paths): the tree is walked once per compressed
+    event -- one work item per cluster, or one per root path it carries -- and collects each candidate c-node
+    once; what it collects holds every c-node that any member's own walk reaches (so the per-member check of
+    stage 4 misses no match), and the parallel paths collect the same c-nodes as one walk from the root."""
+    seg, batch, truth = compiled(EXPRESSIONS + LEAF_CHECKS + BOUNDS_EXPRESSIONS, SIMILAR_EVENTS + BOUNDS_EVENTS)
+    alone = APCMMatcher(seg, "cpu", **{**DEEP_PCM, "cluster_size": 1, "adaptive": False})
+    singles, _, reached = stage3(alone, batch, truth, parallel_paths=False)
+    assert singles.n_clusters == batch.n_events
+    of_event = {int(singles.perm[singles.off[c]]): set(reached[c]) for c in range(singles.n_clusters)}
+    m = APCMMatcher(seg, "cpu", **{**DEEP_PCM, "adaptive": False})       # (the same clusters in both walks)
+    clusters, items, whole = stage3(m, batch, truth, parallel_paths=False)
+    assert items.tolist() == list(range(clusters.n_clusters))          # one walk per compressed event
+    again, path_items, paths = stage3(m, batch, truth, parallel_paths=True)
+    assert again.perm.tolist() == clusters.perm.tolist() and again.off.tolist() == clusters.off.tolist()
+    assert len(path_items) > clusters.n_clusters and np.unique(path_items).tolist() == list(range(clusters.n_clusters))
+    wider = 0
+    for c in range(clusters.n_clusters):
+        members = clusters.perm[clusters.off[c]:clusters.off[c + 1]].tolist()
+        assert len(whole[c]) == len(set(whole[c])) and len(paths[c]) == len(set(paths[c]))   # each c-node once
+        assert set(paths[c]) == set(whole[c])
+        union = set().union(*(of_event[e] for e in members))
+        assert union <= set(whole[c]), (c, members)
+        wider += len(members) > 1 and all(of_event[e] < union for e in members)
+    assert clusters.compressed_events() >= 6 and wider >= 2      # clusters whose walk served members reaching apart
+
+
 # ============================================================ maintenance
 def _layout_index(options=None):
     exprs = [f"n{i % 4} BETWEEN {i} AND {i + 3} AND s{i % 2} != 'u/{i}'" for i in range(40)]
