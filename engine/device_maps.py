@@ -178,27 +178,30 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
     if kind == "s":
         values = values.astype(np.int64, copy=False)
     rows = entry_rows(xp, offsets, lo, hi)
-    present = _present(name, column, rows, lo, hi, n_events, device, xp)
+    in_map, has_value = _present(name, column, rows, lo, hi, n_events, device, xp)
+    present = in_map & has_value
     names = _names(name, column.names)
     attr_of_key = xp.asarray(_attribute_ids(names, schema))          # name code -> attribute id (-1: unread)
     inside = (keys >= 0) & (keys < len(names))
     attr = attr_of_key[xp.where(inside, keys, 0)] if len(names) else xp.full(hi - lo, -1, np.int32)
     outside = present & ~inside
-    read = present & inside & (attr >= 0)
-    # an entry whose string is not valid UTF-8 is refused, then left out before anything else is read, as the host
-    # encoder reads a map column (events._with_valid_utf8): a repeated key's earlier entry then stands
+    keyed = in_map & inside & (attr >= 0)
+    # an entry whose string is not valid UTF-8 is refused, then read as a null value, as the host encoder reads a
+    # map column (events._with_valid_utf8)
     not_utf8 = _not_utf8(values, dictionary, unread, xp) if kind == "s" else None
     if not_utf8 is not None:
-        not_utf8 &= read
-        read &= ~not_utf8
-    # entries ordered by (event, attribute), stable: a repeated key's last entry is its last in map order
+        not_utf8 &= keyed & has_value
+        has_value = has_value & ~not_utf8
+    # entries ordered by (event, attribute), stable: a repeated key's last entry is its last in map order, and
+    # the one that counts (events.map_entries): a null value there leaves the attribute absent
     n_attrs = max(len(schema.attr_names), 1)
-    at = xp.flatnonzero(read)
+    at = xp.flatnonzero(keyed)
     at = at[xp.argsort(rows[at] * n_attrs + attr[at], kind="stable")]
     if len(at):
         last = xp.ones(len(at), dtype=bool)
         last[:-1] = (rows[at[1:]] != rows[at[:-1]]) | (attr[at[1:]] != attr[at[:-1]])
         at = at[last]
+        at = at[has_value[at]]
     family = xp.asarray(_family_codes(schema.attribute_arrays()[1]))[attr[at]]      # per entry kept
     problem = _refused_values(kind, values[at], family, dictionary, xp, unread)
     flags = cuda_support.to_host(xp.stack([(offsets[1:] < offsets[:-1]).any(), outside.any(), problem.any(),
@@ -231,21 +234,22 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
 
 
 def _present(name: str, column: DeviceMap, rows, lo: int, hi: int, n_events: int, device, xp):
-    """Per entry ``lo:hi``, whether its map and its value are not null."""
-    present = xp.ones(hi - lo, dtype=bool)
+    """Per entry ``lo:hi``: whether its map is not null, and whether its value is not."""
+    in_map = xp.ones(hi - lo, dtype=bool)
+    has_value = xp.ones(hi - lo, dtype=bool)
     if column.valid is not None:
         valid = device(column.valid, f"{name}.valid")
         if valid.dtype != np.bool_ or len(valid) != n_events:
             raise ValueError(f"map {name!r}: valid is a boolean array of one per event")
-        present &= valid[rows]
+        in_map = valid[rows]
     if column.value_valid is not None:
         value_valid = device(column.value_valid, f"{name}.value_valid")
         if value_valid.dtype != np.bool_:
             raise ValueError(f"map {name!r}: value_valid is a boolean array of one per entry")
         if len(value_valid) < hi:
             raise ValueError(f"map {name!r}: value_valid has {len(value_valid)} entries for {hi}")
-        present &= value_valid[lo:hi]
-    return present
+        has_value = value_valid[lo:hi]
+    return in_map, has_value
 
 
 def coded_to(codes, entries, size: int, xp):

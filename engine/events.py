@@ -897,7 +897,10 @@ def _with_valid_utf8(column, name: str, schema: Schema, refusals: _Refusals, ran
             wanted.discard(int(rows[k]))      # (one error an event)
             key = keys[k].as_py()
             refusals.add(BadEventError(int(rows[k]), key, None, f"attribute {key!r} {_NOT_UTF8}", _HINT), rank)
-    keep = ~(bad_key | bad_value)
+    # a refused value is made null, not its entry removed: a repeated key's last entry is still the one that
+    # counts (map_entries), and a null one leaves the attribute absent
+    items = items.take(pa.array(np.arange(len(items)), mask=bad_value))
+    keep = ~bad_key
     kept = np.zeros(len(column) + 1, np.int64)
     np.cumsum(np.bincount(rows[keep], minlength=len(column)), out=kept[1:])
     mask = pc.invert(column.is_valid()) if column.null_count else None
@@ -1071,11 +1074,14 @@ def _check_map_keys(dtype: pa.DataType, name: str) -> None:
 
 def map_entries(column, names):
     """The entries of a ``map<string, V>`` column that the engine reads:
-    keys found in ``names`` (a string array), in a non-null map, with a
-    non-null value, and of a key repeated within one map only the last (as
-    in Spark's map layout).  Returns ``(rows, key index into names, entry
-    positions into items, items)``, entries ordered by (row, key); ``items``
-    is the column's value array for its slice (dictionaries decoded)."""
+    keys found in ``names`` (a string array), in a non-null map, of a key
+    repeated within one map only the last (as in Spark's map layout, whose
+    duplicate keys keep the last value), and of those the ones whose value
+    is not null -- a last entry with a null value leaves its attribute
+    absent, whatever came before it.  Returns ``(rows, key index into names,
+    entry positions into items, items)``, entries ordered by (row, key);
+    ``items`` is the column's value array for its slice (dictionaries
+    decoded)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     offsets = column.offsets.to_numpy()
@@ -1090,22 +1096,22 @@ def map_entries(column, names):
     keep = key >= 0
     if column.null_count:
         keep &= column.is_valid().to_numpy(zero_copy_only=False)[rows]
-    if items.null_count:
-        keep &= items.is_valid().to_numpy(zero_copy_only=False)
     entry = np.flatnonzero(keep)
     entry = entry[_event_attr_order(rows[entry], key[entry])]     # stable: repeats stay in map order
     last = np.ones(len(entry), bool)
     last[:-1] = (rows[entry[1:]] != rows[entry[:-1]]) | (key[entry[1:]] != key[entry[:-1]])
     entry = entry[last]
+    if items.null_count:
+        entry = entry[items.is_valid().to_numpy(zero_copy_only=False)[entry]]
     return rows[entry], key[entry], entry, items
 
 
 def _map_cells(column, schema: Schema, refusals: _Refusals, rank: int):
     """The cells of a ``map<string, V>`` column (key = attribute name, null
-    map or value = absent; a key repeated in one map: the last one wins, as
-    in Spark's map layout): (event rows, attribute ids, codes, string
-    positions among the cells, their strings) -- vectorised over all
-    entries, whatever the number of distinct keys."""
+    map or value = absent; a key repeated in one map: the last one wins,
+    null or not, as in Spark's map layout): (event rows, attribute ids,
+    codes, string positions among the cells, their strings) -- vectorised
+    over all entries, whatever the number of distinct keys."""
     value_family = _arrow_family(column.type.item_type)
     names, families = schema.attribute_arrays()
     rows, attr, entry, items = map_entries(column, names)

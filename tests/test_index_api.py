@@ -435,6 +435,24 @@ def test_map_columns_hold_sparse_events_by_attribute_name():
     assert [m.tolist() for m in idx.match_batch(nested.slice(1, 1))] == [[2, 4]]
 
 
+def test_a_repeated_key_whose_last_value_is_null_leaves_its_attribute_absent():
+    """The last entry of a key repeated in one map counts even when its value is null (Spark's LAST_WIN
+    keeps the null): the attribute is absent, the earlier value does not stand. So too when the last value is
+    refused (a string that is not valid UTF-8, errors="null")."""
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add_many([1, 2, 3], ["n0 IS NULL", "n0 = 3", "s = 'x'"])
+    nums = pa.array([[("n0", 3.0), ("n0", None)], [("n0", None), ("n0", 3.0)], [("n0", 3.0)]],
+                    pa.map_(pa.string(), pa.float64()))
+    assert [m.tolist() for m in idx.match_batch(pa.table({"m": nums}))] == [[1], [2], [2]]
+    strs = pa.array([[("s", "x"), ("s", "y")], [("s", "x"), ("s", "y")]], pa.map_(pa.string(), pa.string()))
+    items = pa.array(["x", "y", "x", "y"], pa.binary()).to_pylist()
+    items[3] = b"\xff"                                      # event 1's last s: not valid UTF-8
+    bad = pa.MapArray.from_arrays(strs.offsets, strs.keys, pa.array(items, pa.binary()).view(pa.string()))
+    with pytest.raises(BadEventError, match="event 1: attribute 's' holds a string that is not valid UTF-8"):
+        idx.match_batch(pa.table({"m": bad}))
+    assert [m.tolist() for m in idx.match_batch(pa.table({"m": bad}), errors="null")] == [[1], [1]]
+
+
 def test_map_columns_follow_families_fixed_later():
     """An attribute first seen in IS NULL (no family yet) takes any value in
     a map; once a predicate fixes its family, a value of another family is
