@@ -547,6 +547,26 @@ def test_the_leaf_index_touches_only_the_true_leaves():
     assert m_full.leaf_work == (900 + 300 + 300 + 300 + 600, len(events))
 
 
+@pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
+def test_a_connective_of_thousands_of_children_builds_and_matches_under_every_option(options):
+    """A flat OR (and AND) of 3,000 predicates is one level deep, far inside the nesting limit: every option
+    builds it -- the binary tree as a chain 3,000 deep, made in a loop (it recursed once per child, and a
+    thousand children ended in RecursionError at every match after the merge) -- and matches it as scan."""
+    from engine.expr import And, Op, Or, Pred
+    wide_or = Or(tuple(Pred("n0", Op.EQ, (float(i),)) for i in range(3000)))
+    wide_and = And(tuple(Pred("n1", Op.NE, (float(i),)) for i in range(3000)))
+    idx, ref = Index(algorithm="atree", backend="cpu", options=options), Index(algorithm="scan", backend="cpu")
+    for index in (idx, ref):
+        index.add_many([1, 2, 3], ["n1 = 1", wide_or, wide_and])
+        index.merge()
+    events = [{"n0": 5.0, "n1": 1}, {"n0": 2999.0, "n1": 3000}, {"n0": 3000.0, "n1": 2999}, {"n1": -1}]
+    assert [m.tolist() for m in idx.match_batch(events)] == [m.tolist() for m in ref.match_batch(events)] \
+        == [[1, 2], [2, 3], [], [3]]
+    idx.remove(2)                               # and a merge that releases the chain
+    idx.merge()
+    assert [m.tolist() for m in idx.match_batch(events)] == [[1], [3], [], [3]]
+
+
 def test_the_papers_ablations_change_the_structure_they_name():
     # Figure 8's binary tree: two children per AND/OR, the wide AND shared as a chain; Figure 10's
     # optimisations off: FALSE propagates everywhere (every node exact) / an AND is linked from every child

@@ -176,10 +176,14 @@ class ATreeDag:
     def _operator(self, op: int, flat: tuple) -> int:
         """The node of operator ``op`` over the (sorted) child nodes ``flat``, found or made."""
         if self.binary and (op == AND or op == OR) and len(flat) > 2:
-            rest = self._operator(op, flat[1:])
-            node = self._operator(op, tuple(sorted((flat[0], rest))))
-            if self.uses[rest] == 0:         # the pair existed already: the chain made for it is unused
-                self._remove(rest)
+            # the right-leaning chain (flat[0], (flat[1], (... (flat[-2], flat[-1])))), made from its far end in
+            # a loop: a node of a thousand children is a chain a thousand deep (no recursion per child)
+            node = self._operator(op, flat[-2:])
+            for first in reversed(flat[:-2]):
+                rest = node
+                node = self._operator(op, tuple(sorted((first, rest))))
+                if self.uses[rest] == 0:     # the pair existed already: the chain made for it is unused
+                    self._remove(rest)
             return node
         key = (op, flat) if self.sharing else None
         if key is not None:
