@@ -92,8 +92,9 @@ def test_apcm_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
     assert len(fig8) == 1 and all(name in fig8[0] for name in ("opindex", "betree", "apcm-bitmap", "apcm-cuppre"))
     over = [t for t in html if "OpIndex lists: compressed / per event" in t]
     assert len(over) == 1 and "full scale (C2)" in over[0] and "this run" in over[0]
-    # Fig. 8, over OpIndex, Fig. 9(a-c), Fig. 12
+    # Fig. 8, over OpIndex, Fig. 9(a-c), Fig. 12 (its table with W1's recording too)
     assert sum("full scale (C2)" in t and "this run" in t for t in html) == 1 + 1 + 3 + 1
+    assert sum("W1 (C4)" in t and "apcm-bitmap" in t for t in html) == 1
     standard = html[-1]
     assert all(name in standard for name in ("W1", "W6", "full scale, machine C2", "apcm-parallel"))
 
@@ -124,16 +125,16 @@ def test_pstree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
 def test_atree_notebook_reproduces_the_papers_figures(tmp_path, monkeypatch):
     """notebooks/atree.ipynb: A-Tree Fig. 8-10 (every ablation), 11-13 (a-c) with scan, opindex and
     pstbloom through DNF, and the conjunctive workloads at a tiny scale, beside the run recorded in
-    notebooks/data (BENCHMARKS.md, "A-Tree (issue 15)")."""
+    notebooks/data (BENCHMARKS.md, "A-Tree experiments again")."""
     outputs = run_paper_notebook("atree.ipynb", tmp_path, monkeypatch, "0.0005", "40", one_repeat=True)
     names = ["fig8.png", "fig9.png", "fig10.png"] + [f"fig{n}{t}.png" for t in "abc" for n in (12, 11, 13)]
     for name in names:
         assert (tmp_path / "figures" / name).stat().st_size > 10_000, name
     assert sum("image/png" in o.get("data", {}) for o in outputs) == len(names)
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
-    assert sum("this run" in t and "recorded (C2)" in t for t in html) == 3 + 3 + 1
+    assert sum("this run" in t and "recorded (C4)" in t for t in html) == 3 + 3 + 1
     assert any("atree / best other" in t and "abe-near-conjunctive" in t for t in html)
     rows = pd.read_csv(tmp_path / "rows.csv")
     assert rows["correct"].all() and {"atree-binary", "atree-noopt", "atree-reorg", "pstbloom"} <= set(rows["algorithm"])
-    recorded = pd.read_csv(ROOT / "notebooks" / "data" / "atree_c2.csv")
+    recorded = pd.read_csv(ROOT / "notebooks" / "data" / "atree_c4.csv")
     assert set(recorded["figure"]) == set(rows["figure"]) and recorded["n_subscriptions"].max() >= 20_000
