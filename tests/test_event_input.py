@@ -405,3 +405,18 @@ def test_host_dlpack_producers_are_not_device_columns(column):
     with pytest.raises(TypeError, match=r"pyarrow\.table\(columns\)"):
         idx.match_batch({"price": column})
     assert [m.tolist() for m in idx.match_batch(pa.table({"price": [1.0, 700.0]}))] == [[], [1]]
+
+
+def test_a_nul_is_an_ordinary_character_in_every_dataframe_column_but_a_pandas_categorical():
+    """'a\\x00' is not 'a' from an object, a pandas string or an Arrow-backed column. A pandas Categorical has
+    merged them before bexmatch reads it (pandas hashes such strings up to the NUL): pinned here, since
+    docs/language.md says so -- when pandas fixes it, this fails and the docs change."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add_many([1, 2], ["s = 'a\x00'", "s = 'a'"])
+    values = ["a", "a\x00", "b\x00c", None]
+    for dtype in (object, "string", pd.ArrowDtype(pa.string())):
+        frame = pd.DataFrame({"s": pd.Series(values, dtype=dtype)})
+        assert [m.tolist() for m in index.match_batch(frame)] == [[2], [1], [], []], dtype
+    merged = pd.Categorical(["a", "a\x00"])
+    assert list(merged.categories) == ["a"]
+    assert [m.tolist() for m in index.match_batch(pd.DataFrame({"s": merged}))] == [[2], [2]]
