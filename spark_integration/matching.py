@@ -342,11 +342,15 @@ def match_events(events_df: DataFrame, index_or_path: Index | str | os.PathLike 
     if repeated:                # (Spark's own error is an AMBIGUOUS_REFERENCE stack trace)
         raise ValueError(f"the events have more than one column named {repeated[0]!r} (a join?): each "
                          f"attribute is one column; rename or drop the others")
+    quarantine = on_bad_event == "quarantine"
+    outputs = ["sub_id" if output == "pairs" else "sub_ids"] + ([ATTRIBUTE_COLUMN, ERROR_COLUMN] if quarantine else [])
+    if event_id in outputs:     # (the batches' columns would collapse into one: a JVM stack trace at the first)
+        raise ValueError(f"the event id column {event_id!r} has the name of an output column ({', '.join(outputs)}): "
+                         f"rename it, e.g. events_df.withColumnRenamed({event_id!r}, 'event_id')")
     chosen, columns = layouts.detect_layout(events_df, layout=layout, attrs_column=attrs_column,
                                             event_id=event_id, attributes=parts[0].attributes)
     if arrow_batch_size is not None:
         spark.conf.set(ARROW_BATCH_CONF, str(int(arrow_batch_size)))
-    quarantine = on_bad_event == "quarantine"
     # the columns travel under plain names, given back on the worker: mapInArrow resolves each column by
     # its name unquoted, so a name with a dot ("a.b", an attribute the language allows) failed to resolve
     source = events_df.select(*[F.col(layouts.quote(c)).alias(f"_bexmatch_{k}") for k, c in enumerate(columns)])
@@ -367,19 +371,23 @@ def match_events(events_df: DataFrame, index_or_path: Index | str | os.PathLike 
     combined = frames[0]
     for frame in frames[1:]:
         combined = combined.unionAll(frame)
-    if output == "grouped" and len(frames) > 1:
-        aggs = [F.array_sort(F.flatten(F.collect_list("sub_ids"))).alias("sub_ids")]
-        if quarantine:      # only shard 0 reports a refused event: one non-null of each
-            aggs.append(F.max(ATTRIBUTE_COLUMN).alias(ATTRIBUTE_COLUMN))
-            aggs.append(F.max(ERROR_COLUMN).alias(ERROR_COLUMN))
-        combined = combined.groupBy(event_id).agg(*aggs)
+    id_column = F.col(layouts.quote(event_id))      # (a name with a dot is one column, not a field of one)
+
+    def merged(rows):
+        """Shard mode's grouped rows: each id's lists from every shard as one set, ascending."""
+        return rows.groupBy(id_column).agg(F.array_sort(F.array_distinct(F.flatten(F.collect_list("sub_ids"))))
+                                           .alias("sub_ids"))
+
     if not quarantine:
-        return combined
-    keep = [c for c in combined.columns if c not in (ATTRIBUTE_COLUMN, ERROR_COLUMN)]
-    matches = combined.filter(F.col(ERROR_COLUMN).isNull()).select(*keep)
+        return merged(combined) if output == "grouped" and len(frames) > 1 else combined
+    # refused events (only shard 0 reports them, one row each) apart from the matched ones before any merge: an
+    # event with the id of a refused one (or both without id) keeps its matches
+    matches = combined.filter(F.col(ERROR_COLUMN).isNull()).drop(ATTRIBUTE_COLUMN, ERROR_COLUMN)
     if output == "pairs":
         matches = matches.filter(F.col("sub_id").isNotNull())
-    refused = combined.filter(F.col(ERROR_COLUMN).isNotNull()).select(event_id, ATTRIBUTE_COLUMN, ERROR_COLUMN)
+    elif len(frames) > 1:
+        matches = merged(matches)
+    refused = combined.filter(F.col(ERROR_COLUMN).isNotNull()).select(id_column, ATTRIBUTE_COLUMN, ERROR_COLUMN)
     return MatchResult(matches, refused, combined)
 
 

@@ -284,6 +284,36 @@ def test_quarantined_rows_carry_the_attribute_and_reason_of_the_engines_error(sp
             assert set(collected(result.matches)) == expected_pairs(index, good)
 
 
+def test_a_refused_event_sharing_its_id_keeps_the_other_events_matches_and_odd_id_columns(spark):
+    """Shard mode, grouped output, quarantine: a good event whose id a refused one also has (or both without
+    id) keeps its matches -- the refused rows are set apart before the shards' rows are merged, which used to
+    send the merged row to the quarantine. An id column named with a dot works in every mode; one named as an
+    output column is a clear ValueError up front (it was a JVM stack trace)."""
+    from spark_integration import match_events
+
+    index = Index()
+    index.add_many([1, 2, 3, 4], ["a = 5", "a IS NULL", "a >= 3", "a < 100"])
+    table = pa.table({"event_id": pa.array([7, 7, 8, None, None], pa.int64()),
+                      "a": pa.array([5.0, float("nan"), 1.0, 3.0, float("inf")])})
+    result = match_events(to_spark(spark, table, 2), index, mode="shard", shards=2, output="grouped",
+                          on_bad_event="quarantine")
+    assert sorted((row["event_id"] or 0, row["sub_ids"]) for row in result.matches.collect()) == \
+        [(0, [3, 4]), (7, [1, 3, 4]), (8, [4])]
+    assert sorted((row["event_id"] or 0, row["attribute"]) for row in result.quarantine.collect()) == \
+        [(0, "a"), (7, "a")]
+    dotted = to_spark(spark, pa.table({"my.id": [1, 2], "a": [5, 1]}), 2)
+    for kwargs in ({"mode": "shard", "shards": 2, "output": "grouped"}, {"on_bad_event": "quarantine"},
+                   {"mode": "shard", "shards": 2, "output": "grouped", "on_bad_event": "quarantine"}):
+        found = match_events(dotted, index, event_id="my.id", **kwargs)
+        rows = (found.matches if kwargs.get("on_bad_event") else found).collect()
+        got = sorted((row["my.id"], tuple(row["sub_ids"]) if "sub_ids" in row else row["sub_id"]) for row in rows)
+        assert got == ([(1, (1, 3, 4)), (2, (4,))] if kwargs.get("output") else [(1, 1), (1, 3), (1, 4), (2, 4)])
+    for name, kwargs in (("sub_id", {}), ("sub_ids", {"output": "grouped"}), ("error", {"on_bad_event": "quarantine"})):
+        events = to_spark(spark, pa.table({name: [1, 2], "a": [5, 1]}), 1)
+        with pytest.raises(ValueError, match=f"the event id column '{name}' has the name of an output column"):
+            match_events(events, index, event_id=name, **kwargs)
+
+
 def test_bad_events_in_the_map_layout_are_quarantined(spark, workload):
     """The map layout reaches the engine as a map column (no wide table in
     between) and its bad values are still named by event id: event 7's a0
