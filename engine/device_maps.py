@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.errors import BadEventError, SchemaError
-from engine.events import _FAMILY_CODE, _family_codes, _value_error
+from engine.events import _FAMILY_CODE, _family_codes, _value_error, string_keyed
 from engine.expr import Family
 from engine.schema import MAX_EXACT_INT
 from gpu_kernels import cuda_support
@@ -110,9 +110,7 @@ class DeviceMap:
         if not (strings or pa.types.is_boolean(items_type) or pa.types.is_integer(items_type)
                 or pa.types.is_floating(items_type)):
             raise TypeError(f"a map of {column.type.item_type} values has no device-column form")
-        key_type = column.type.key_type
-        key_type = key_type.value_type if pa.types.is_dictionary(key_type) else key_type
-        if not (pa.types.is_string(key_type) or pa.types.is_large_string(key_type)):
+        if not string_keyed(column.type):
             raise TypeError(f"a map with {column.type.key_type} keys has no device-column form (keys are "
                             f"attribute names)")
         offsets = column.offsets.to_numpy()

@@ -1061,13 +1061,18 @@ def _family_codes(families: np.ndarray) -> np.ndarray:
     return codes
 
 
+def string_keyed(dtype: pa.DataType) -> bool:
+    """Whether a map type's keys are Arrow strings (string, large_string, a
+    dictionary of them) -- the only keys that name attributes."""
+    key = dtype.key_type.value_type if pa.types.is_dictionary(dtype.key_type) else dtype.key_type
+    return pa.types.is_string(key) or pa.types.is_large_string(key)
+
+
 def _check_map_keys(dtype: pa.DataType, name: str) -> None:
     """A map column's keys name attributes: SchemaError unless they are
-    Arrow strings (string, large_string, a dictionary of them; views are
-    gone by now) -- an int, a binary or a struct key would otherwise be cast
-    to some text, or fail deep in the cast."""
-    key = dtype.key_type.value_type if pa.types.is_dictionary(dtype.key_type) else dtype.key_type
-    if not (pa.types.is_string(key) or pa.types.is_large_string(key)):
+    Arrow strings (views are gone by now) -- an int, a binary or a struct
+    key would otherwise be cast to some text, or fail deep in the cast."""
+    if not string_keyed(dtype):
         raise SchemaError(f"map column {name!r}: its keys are attribute names, so they must be strings, "
                           f"not {dtype.key_type}")
 
