@@ -38,7 +38,8 @@ from engine.workloads import abe_gen, add_subscriptions
 from gpu_kernels import cuda_support
 from gpu_kernels.cuda_support import LaunchConfig
 from tests.test_atree import THREE_VALUED
-from tests.test_cuda_sim import EVENTS, EXPRESSIONS, _on_device, _to_device_input, compiled, host, needs_cuda
+from tests.test_cuda_sim import (EVENTS, EXPRESSIONS, _on_device, _to_device_input, compiled, host, in_cuda_slice,
+                                needs_cuda)
 
 pytestmark = pytest.mark.cuda
 
@@ -333,6 +334,7 @@ def test_cuda_path_errors():
 
 
 # ============================================================ without a GPU
+@in_cuda_slice
 def test_atree_cuda_kernels_compile_to_ptx():
     """The simulator runs kernels as Python and so cannot catch what the
     real compiler rejects: compile the three kernels to sm_90 PTX with

@@ -43,6 +43,11 @@ HAVE_CUDA = "cuda" in available_backends()
 needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU with CuPy, or numba's simulator "
                                                       "(NUMBA_ENABLE_CUDASIM=1 set before the run)")
 SIMULATED = HAVE_CUDA and cuda_support.simulated()
+#: a check that needs no GPU but belongs to the cuda slice (CI runs it there,
+#: beside the whole suite): the whole suite without a CUDA backend leaves it
+#: to that slice rather than run it twice
+in_cuda_slice = pytest.mark.skipif(not HAVE_CUDA, reason="runs in the cuda slice (pytest -m cuda, with a GPU or "
+                                                         "NUMBA_ENABLE_CUDASIM=1), not twice")
 
 SCHEMA = strategies.SCHEMA
 
@@ -191,6 +196,7 @@ PTX_CHECK = textwrap.dedent("""
 """)
 
 
+@in_cuda_slice
 def test_cuda_kernels_compile_to_ptx():
     """The simulator runs kernels as Python and so cannot catch what the
     real compiler rejects: compile every CUDA kernel to sm_90 PTX (needs
