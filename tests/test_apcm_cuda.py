@@ -83,8 +83,8 @@ def _check_stages(m: APCMMatcher, batch, truth):
     matcher._attach(m)
     n = len(batch.attr)
     d_main, d_over = dev(np.zeros(n, np.int64)), dev(np.zeros(n, np.int64))
-    ent = K.cluster_entries(clusters.off, clusters.perm, batch.offsets, batch.attr, ev_key, lay.main_bits,
-                            lay.over_bits)
+    ent = K.ClusterEntries(*map(host, K.cluster_entries(clusters.off, clusters.perm, batch.offsets, batch.attr,
+                                                        ev_key, lay.main_bits, lay.over_bits)))
     n_or = int(ent.job_word_off[-1])
     d_store = dev(np.zeros(n_entry + n_or + 1, np.uint64))
     K.encode_entries_cuda(2, 3, dev(batch.attr), dev(batch.value), dev(batch.token), dev(store_at),
@@ -119,6 +119,88 @@ def _check_stages(m: APCMMatcher, batch, truth):
                     compared += rel >= 0
                 assert slice_words_at(ptr, n_w, lay.table, d_store) == slice_words_at(cpu_ptr, n_w, lay.table, store)
     return compared, clusters
+
+
+def reference_cluster_entries(cl_off, perm, ev_offsets, ev_attr, ev_key, main_bits, over_bits) -> dict:
+    """:func:`gpu_kernels.apcm.cuda.cluster_entries` one cluster at a time,
+    in plain Python: a singleton's entries each its own compressed entry;
+    a cluster of several's entries by attribute, then key (ties in member
+    order), one compressed entry per attribute with its distinct keys and
+    its members, and an OR job per slice the layout gives the attribute."""
+    out = {name: [] for name in ("ce_attr", "ce_absent", "ce_keys", "ce_src", "ce_or", "mem_k", "job_ce",
+                                 "job_kind")}
+    ce_off, key_off, mem_off, word_off = [0], [0], [0], [0]
+    for c in range(len(cl_off) - 1):
+        members = [int(e) for e in perm[cl_off[c]:cl_off[c + 1]]]
+        entries = [k for e in members for k in range(ev_offsets[e], ev_offsets[e + 1])]
+        if len(members) == 1:
+            runs = [[k] for k in entries]
+        else:
+            entries.sort(key=lambda k: (int(ev_attr[k]), int(ev_key[k])))      # (a stable sort)
+            runs = []
+            for k in entries:
+                if runs and ev_attr[runs[-1][-1]] == ev_attr[k]:
+                    runs[-1].append(k)
+                else:
+                    runs.append([k])
+        for run in runs:
+            n_ce = len(out["ce_attr"])
+            a = int(ev_attr[run[0]])
+            out["ce_attr"].append(a)
+            out["ce_absent"].append(int(len(members) > 1 and len(run) < len(members)))
+            out["ce_keys"] += sorted({int(ev_key[k]) for k in run})
+            key_off.append(len(out["ce_keys"]))
+            out["ce_src"].append(run[0] if len(members) == 1 else -1)
+            ors = [-1, -1]
+            if len(members) > 1:
+                out["mem_k"] += run
+                for kind, bits in enumerate((main_bits, over_bits)):
+                    if a < len(bits) and bits[a] > 0:
+                        ors[kind] = word_off[-1]
+                        out["job_ce"].append(n_ce)
+                        out["job_kind"].append(kind)
+                        word_off.append(word_off[-1] + (int(bits[a]) + 63) // 64)
+            mem_off.append(len(out["mem_k"]))
+            out["ce_or"].append(ors)
+        ce_off.append(len(out["ce_attr"]))
+    out.update(ce_off=ce_off, ce_key_off=key_off, mem_off=mem_off, job_word_off=word_off)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cluster_bookkeeping_on_the_device_is_the_clusters_one_by_one(seed):
+    """The compressed entries made by array operations on the device (CuPy's
+    stable sorts and cumulative sums) against a cluster-by-cluster Python
+    reference: singletons and clusters of several, members without entries,
+    an attribute repeated in an event (a list's), keys equal across members,
+    attributes beyond the layout's, attributes without an overflow slice --
+    and a chunk with no entries at all."""
+    from gpu_kernels.apcm import cuda as K
+    rng = np.random.default_rng(seed)
+    n_events, n_attrs = int(rng.integers(1, 40)), 5
+    lengths = rng.integers(0, 5, n_events) if seed else np.zeros(n_events, np.int64)
+    ev_offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    ev_attr = rng.integers(0, n_attrs + 2, int(ev_offsets[-1])).astype(np.int32)
+    ev_key = rng.integers(0, 4, int(ev_offsets[-1])).astype(np.uint64) << np.uint64(61)
+    main_bits = rng.choice([0, 3, 64, 130], n_attrs).astype(np.int64)
+    over_bits = rng.choice([0, 0, 1, 65], n_attrs).astype(np.int64)
+    perm = rng.permutation(n_events).astype(np.int64)
+    sizes = []
+    while sum(sizes) < n_events:
+        sizes.append(int(min(rng.choice([1, 1, 2, 3, 8]), n_events - sum(sizes))))
+    cl_off = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    want = reference_cluster_entries(cl_off, perm, ev_offsets, ev_attr, ev_key, main_bits, over_bits)
+    got = K.cluster_entries(*(cuda_support.to_device(x) for x in (cl_off, perm, ev_offsets, ev_attr, ev_key,
+                                                                   main_bits, over_bits)))
+    n_ce = len(want["ce_attr"])
+    assert int(host(got.ce_off)[-1]) == n_ce
+    for name, values in want.items():
+        have = host(getattr(got, name))
+        if name == "ce_or":
+            have = have.reshape(-1, 2)
+        assert have[:len(values)].tolist() == values, name       # (an empty array: one padding element)
+    if seed:
+        assert any(want["ce_absent"]) and len(want["job_ce"]) and min(want["ce_src"], default=0) == -1
 
 
 def test_encoding_and_compression_kernels_match_cpu():

@@ -15,9 +15,10 @@ call walks the batch in chunks sized to the device memory budget
 1. on the host, the entries' 64-bit keys, the clusters of the matcher's
    variant (online stream re-ordering, :mod:`engine.algorithms.osr`, with
    its adaptive cluster size; per event for ``bitmap`` and ``parallel``;
-   arrival runs without ``reorder``) and the clusters' bookkeeping
-   (:func:`gpu_kernels.apcm.cuda.cluster_entries`);
-2. on the device (:mod:`gpu_kernels.apcm.cuda`): the bitmap encoding (one
+   arrival runs without ``reorder``);
+2. on the device (:mod:`gpu_kernels.apcm.cuda`): the clusters' bookkeeping
+   by CuPy's sorts and cumulative sums
+   (:func:`gpu_kernels.apcm.cuda.cluster_entries`), the bitmap encoding (one
    thread per entry; the store's offsets by a cumulative sum), the
    compressed events' ORs (one thread per word), and the traversal with its
    leaf scans (one block per cluster), bits of the chunk's result bit
@@ -60,8 +61,11 @@ from gpu_kernels.compaction import n_tiles_for
 
 #: device bytes per attribute entry besides the entry itself and its slices' words: its key (8), slice
 #: pointers (16), store offset and the glue's temporaries (32), at most one compressed entry (attribute,
-#: flag, key and member offsets, key, source, OR places, pointers, member: 101) and two OR jobs (34)
-ENTRY_BYTES = 192
+#: flag, key and member offsets, key, source, OR places, pointers, member: 101) and two OR jobs (34) --
+#: and, while the clusters' bookkeeping makes those, its temporaries (positions, members, entries,
+#: clusters, attributes, keys, sort order and the sort's scratch, flags: under 96; freed before the
+#: store is made)
+ENTRY_BYTES = 288
 #: device bytes per event of a chunk besides its bit row and compaction: its place in the cluster
 #: permutation, cluster offsets and work list (int64 each) and an overflow flag
 EVENT_BYTES = 32
@@ -246,16 +250,15 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
             before = (0, 0) if start == 0 else self.call_clusters
             self.call_clusters = (before[0] + clusters.n_clusters, before[1] + clusters.compressed_events())
             lay = host.layout
-            ent = K.cluster_entries(clusters.off, clusters.perm, ev_offsets, ev_attr, ev_key, lay.main_bits,
-                                    lay.over_bits)
-            n_ce = len(ent.ce_attr)
-            n_or_words = int(ent.job_word_off[-1])
+            bm = self.bitmap_d
             dev = cuda_support.to_device
             cl_off_d, perm_d = dev(clusters.off), dev(clusters.perm)
-            ce_d = {name: dev(getattr(ent, name)) for name in ("ce_off", "ce_attr", "ce_absent", "ce_key_off",
-                                                                "ce_keys", "mem_off", "mem_k", "job_ce",
-                                                                "job_kind", "job_word_off")}
-        bm = self.bitmap_d
+            # (on the device: the clusters, the keys and the layout's bits in, the compressed entries out)
+            ent = K.cluster_entries(cl_off_d, perm_d, ev_offsets_d, ev_attr_d, dev(ev_key), bm.main_bits,
+                                    bm.over_bits)
+            n_ce = int(ent.ce_off[-1])
+            n_or_words = int(ent.job_word_off[-1])
+            ce_d = ent._asdict()
         threads, blocks = self.threads, self._blocks()
         with self.phases("encoding"):
             n_ent = b - a
@@ -284,10 +287,10 @@ class APCMCudaMatcher(HostStructureCudaMatcher):
                              ce_d["job_kind"], ce_d["mem_off"], ce_d["mem_k"], e_main, e_over, bm.table, store)
             # the compressed entries' slices: a singleton's are its entry's, a cluster's its ORs
             if n_ce:
-                src = dev(ent.ce_src)
+                src = ent.ce_src
                 has = src >= 0
                 from_src = xp.maximum(src, 0)
-                ors = dev(ent.ce_or)
+                ors = ent.ce_or
                 pointers = []
                 for kind, e_ptr in enumerate((e_main, e_over)):
                     rel = ors[:, kind]

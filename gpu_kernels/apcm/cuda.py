@@ -3,12 +3,13 @@ ICDE 2014, §IV-§VI) over the very structures the CPU build makes: the BE-Tree'
 node table, the A-PCM leaf arrays (``l_head``, ``v_attr``, ``v_slot``) and the
 bitmap layout (:mod:`gpu_kernels.apcm.layout`), copied to the device once.
 
-The host keeps what is cheap and sequential by nature: online stream
-re-ordering (:mod:`engine.algorithms.osr`, a BE-Tree insertion per buffered
-batch, the batches over the host's cores) and the clusters' bookkeeping (:func:`cluster_entries`: per cluster
-its compressed entries -- attribute, whether a member lacks it, the members'
-distinct keys, ascending -- and the member entries whose slices each one
-ORs).  Everything that touches bits runs on the device:
+The host keeps what is sequential by nature: online stream re-ordering
+(:mod:`engine.algorithms.osr`, a BE-Tree insertion per buffered batch, the
+batches over the host's cores).  The clusters' bookkeeping is made on the
+device by CuPy's sorts and cumulative sums (:func:`cluster_entries`: per
+cluster its compressed entries -- attribute, whether a member lacks it, the
+members' distinct keys, ascending -- and the member entries whose slices
+each one ORs).  Everything that touches bits runs on the device:
 
 1. **Encoding** (:func:`build_encode_kernel`, one thread per event entry):
    a tabled attribute's slice *is* a row of its precomputed table, found by
@@ -70,7 +71,6 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
 from gpu_kernels import cuda_support
 from gpu_kernels.apcm.layout import NULL_SLOT
@@ -134,9 +134,9 @@ def device_index(node, p_top, p_attr, l_head, v_attr, v_slot) -> DeviceIndex:
                        np.ascontiguousarray(v_attr, np.int32), np.ascontiguousarray(v_slot, np.int32))
 
 
-# ------------------------------------------------------------ host bookkeeping
+# ------------------------------------------------------------ the clusters' bookkeeping
 class ClusterEntries(NamedTuple):
-    """A chunk's clusters as compressed events (host arrays, see
+    """A chunk's clusters as compressed events (device arrays, see
     :func:`cluster_entries`)."""
 
     ce_off: np.ndarray      # int64 [n_clusters + 1]: the compressed entries of each cluster
@@ -153,106 +153,93 @@ class ClusterEntries(NamedTuple):
     job_word_off: np.ndarray  # int64 [n_jobs + 1]: each OR's words in the OR region (the region's size last)
 
 
-@njit(nogil=True, cache=True)
-def _cluster_entries(cl_off, perm, ev_offsets, ev_attr, ev_key, main_bits, over_bits):
-    n_cl = len(cl_off) - 1
-    n_ent = len(ev_attr)
-    n_attrs = len(main_bits)
-    # at most one compressed entry, key, member and two ORs per event entry
-    ce_off = np.zeros(n_cl + 1, np.int64)
-    ce_attr = np.empty(n_ent, np.int32)
-    ce_absent = np.zeros(n_ent, np.uint8)
-    ce_key_off = np.zeros(n_ent + 1, np.int64)
-    ce_keys = np.empty(n_ent, np.uint64)
-    ce_src = np.full(n_ent, -1, np.int64)
-    ce_or = np.full((n_ent, 2), -1, np.int64)
-    mem_off = np.zeros(n_ent + 1, np.int64)
-    mem_k = np.empty(n_ent, np.int64)
-    job_ce = np.empty(2 * n_ent, np.int64)
-    job_kind = np.empty(2 * n_ent, np.uint8)
-    job_word_off = np.zeros(2 * n_ent + 1, np.int64)
-    n_ce = 0
-    n_key = 0
-    n_mem = 0
-    n_job = 0
-    for c in range(n_cl):
-        m0 = cl_off[c]
-        m1 = cl_off[c + 1]
-        if m1 - m0 == 1:        # a singleton: its own entries, keys and slices (nothing ORed)
-            e = perm[m0]
-            for k in range(ev_offsets[e], ev_offsets[e + 1]):
-                ce_attr[n_ce] = ev_attr[k]
-                ce_src[n_ce] = k
-                ce_keys[n_key] = ev_key[k]
-                n_key += 1
-                ce_key_off[n_ce + 1] = n_key
-                mem_off[n_ce + 1] = n_mem
-                n_ce += 1
-            ce_off[c + 1] = n_ce
-            continue
-        n = 0
-        for m in range(m0, m1):
-            e = perm[m]
-            n += ev_offsets[e + 1] - ev_offsets[e]
-        ks = np.empty(n, np.int64)
-        n = 0
-        for m in range(m0, m1):
-            e = perm[m]
-            for k in range(ev_offsets[e], ev_offsets[e + 1]):
-                ks[n] = k
-                n += 1
-        # by attribute, then key: each attribute's run ORs its members, its distinct keys ascending
-        ks = ks[np.argsort(ev_key[ks], kind="mergesort")]
-        ks = ks[np.argsort(ev_attr[ks], kind="mergesort")]
-        i = 0
-        while i < n:
-            a = ev_attr[ks[i]]
-            j = i
-            while j < n and ev_attr[ks[j]] == a:
-                j += 1
-            ce_attr[n_ce] = a
-            ce_absent[n_ce] = 1 if j - i < m1 - m0 else 0
-            for q in range(i, j):
-                if q == i or ev_key[ks[q]] != ev_key[ks[q - 1]]:
-                    ce_keys[n_key] = ev_key[ks[q]]
-                    n_key += 1
-                mem_k[n_mem] = ks[q]
-                n_mem += 1
-            ce_key_off[n_ce + 1] = n_key
-            mem_off[n_ce + 1] = n_mem
-            if a < n_attrs:
-                for kind in range(2):
-                    bits = main_bits[a] if kind == 0 else over_bits[a]
-                    if bits > 0:
-                        ce_or[n_ce, kind] = job_word_off[n_job]
-                        job_ce[n_job] = n_ce
-                        job_kind[n_job] = kind
-                        job_word_off[n_job + 1] = job_word_off[n_job] + ((bits + 63) >> 6)
-                        n_job += 1
-            n_ce += 1
-            i = j
-        ce_off[c + 1] = n_ce
-    return (ce_off, ce_attr[:n_ce].copy(), ce_absent[:n_ce].copy(), ce_key_off[:n_ce + 1].copy(),
-            ce_keys[:n_key].copy(), ce_src[:n_ce].copy(), ce_or[:n_ce].copy(), mem_off[:n_ce + 1].copy(),
-            mem_k[:n_mem].copy(), job_ce[:n_job].copy(), job_kind[:n_job].copy(), job_word_off[:n_job + 1].copy())
+def _stable_order(xp, values):
+    """The stable sort order of ``values`` (CuPy's argsort is always stable;
+    NumPy's only when asked)."""
+    return xp.argsort(values, kind="stable")
 
 
 def cluster_entries(cl_off, perm, ev_offsets, ev_attr, ev_key, main_bits, over_bits) -> ClusterEntries:
     """The compressed events of clusters ``perm[cl_off[c]:cl_off[c + 1]]``
-    (host arrays of one chunk: events ``ev_offsets``, their entries'
-    attributes and keys; the layout's bits per attribute): per cluster its
-    compressed entries -- per attribute a member carries, ascending: whether
-    a member lacks it, the members' distinct keys ascending, and for a
-    cluster of several the member entries and the OR jobs that make its
-    slices (as :func:`gpu_kernels.apcm.cpu.compress_clusters` does, bits
-    aside); a singleton's entries are its own."""
-    return ClusterEntries(*_cluster_entries(np.ascontiguousarray(cl_off, np.int64),
-                                            np.ascontiguousarray(perm, np.int64),
-                                            np.ascontiguousarray(ev_offsets, np.int64),
-                                            np.ascontiguousarray(ev_attr, np.int32),
-                                            np.ascontiguousarray(ev_key, np.uint64),
-                                            np.ascontiguousarray(main_bits, np.int64),
-                                            np.ascontiguousarray(over_bits, np.int64)))
+    (one chunk: events ``ev_offsets``, their entries' attributes and keys;
+    the layout's bits per attribute): per cluster its compressed entries --
+    per attribute a member carries, ascending: whether a member lacks it,
+    the members' distinct keys ascending, and for a cluster of several the
+    member entries and the OR jobs that make its slices (as
+    :func:`gpu_kernels.apcm.cpu.compress_clusters` does, bits aside); a
+    singleton's entries are its own, one compressed entry each.
+
+    Made on the device with CuPy's array operations (NumPy's under the
+    simulator), from arrays on the host or the device: the chunk's entries
+    in cluster order, stably sorted by attribute then key within a cluster
+    of several, their runs found by comparing neighbours and numbered by
+    cumulative sums -- nothing goes through the host but the sizes."""
+    xp = cuda_support.array_module()
+    i64 = np.int64
+    cl_off, perm, ev_offsets, main_bits, over_bits = (
+        xp.asarray(x).astype(i64, copy=False) for x in (cl_off, perm, ev_offsets, main_bits, over_bits))
+    ev_attr = xp.asarray(ev_attr).astype(np.int32, copy=False)
+    ev_key = xp.asarray(ev_key).astype(np.uint64, copy=False)
+    n_cl = int(cl_off.shape[0]) - 1
+    size = cl_off[1:] - cl_off[:-1]                              # members of each cluster
+    # the entries in cluster order: each member's (``perm``'s order) entries in their own order
+    member_len = (ev_offsets[1:] - ev_offsets[:-1])[perm]
+    member_first = cuda_support.exclusive_cumsum(member_len)
+    n = int(member_first[-1])
+    at = xp.arange(n, dtype=i64)
+    member = xp.searchsorted(member_first[1:], at, side="right")
+    entry = ev_offsets[perm][member] + (at - member_first[member])
+    cluster = xp.searchsorted(cl_off[1:], member, side="right")
+    several = size[cluster] > 1
+    # within a cluster of several, by attribute then key (stable sorts, the least significant first); a
+    # singleton's entries stay in their order, each its own compressed entry
+    attr, key = ev_attr[entry], ev_key[entry]
+    order = _stable_order(xp, xp.where(several, key, xp.zeros(1, np.uint64)))
+    order = order[_stable_order(xp, xp.where(several, attr, 0)[order])]
+    order = order[_stable_order(xp, cluster[order])]
+    entry, cluster, several, attr, key = entry[order], cluster[order], several[order], attr[order], key[order]
+    # a compressed entry starts at each singleton's entry and at each new (cluster, attribute) run
+    new_ce = xp.ones(n, dtype=bool)
+    if n > 1:
+        new_ce[1:] = ~several[1:] | (cluster[1:] != cluster[:-1]) | (attr[1:] != attr[:-1])
+    starts = xp.flatnonzero(new_ce)
+    n_ce = int(starts.shape[0])
+    ends = xp.concatenate((starts[1:], xp.full(1, n, dtype=i64))) if n_ce else starts
+    ce_cluster = cluster[starts]
+    ce_several = several[starts]
+    ce_off = cuda_support.exclusive_cumsum(xp.bincount(ce_cluster, minlength=n_cl)[:n_cl].astype(i64))
+    ce_attr = attr[starts]
+    ce_absent = (ce_several & (ends - starts < size[ce_cluster])).astype(np.uint8)
+    ce_src = xp.where(ce_several, -1, entry[starts]).astype(i64)
+    # the distinct keys of each compressed entry: a key differing from its predecessor in the run
+    new_key = new_ce.copy()
+    if n > 1:
+        new_key[1:] |= key[1:] != key[:-1]
+    ce_of = xp.cumsum(new_ce) - 1                              # each sorted entry's compressed entry
+    ce_keys = key[new_key]
+    ce_key_off = cuda_support.exclusive_cumsum(xp.bincount(ce_of[new_key], minlength=n_ce)[:n_ce].astype(i64))
+    # the members of a cluster of several's compressed entries, whose slices the ORs read
+    mem_k = entry[several]
+    mem_off = cuda_support.exclusive_cumsum(xp.where(ce_several, ends - starts, 0).astype(i64))
+    # the OR jobs: main, then overflow, of each compressed entry of several members on an attribute of the layout
+    n_attrs = int(main_bits.shape[0])      # (a device copy of none holds one 0: no jobs either way)
+    indexed = ce_several & (ce_attr < n_attrs)
+    a = xp.where(indexed, ce_attr, 0)
+    bits = xp.stack((xp.where(indexed, main_bits[a], 0), xp.where(indexed, over_bits[a], 0)), axis=1)
+    wanted = (bits > 0).reshape(-1)                            # (entry, kind) pairs, in job order
+    jobs = xp.flatnonzero(wanted)
+    job_ce = (jobs // 2).astype(i64)
+    job_kind = (jobs % 2).astype(np.uint8)
+    job_word_off = cuda_support.exclusive_cumsum((bits.reshape(-1)[jobs] + 63) >> 6)
+    ce_or = xp.full(2 * n_ce, -1, dtype=i64)
+    ce_or[jobs] = job_word_off[:-1]
+    # (an empty array gets one padding element, as cuda_support.to_device gives it: no kernel argument is a
+    # null pointer)
+    padded = (x if x.shape[0] else xp.zeros(1, dtype=x.dtype) for x in (ce_attr, ce_absent, ce_keys, ce_src))
+    ce_attr, ce_absent, ce_keys, ce_src = padded
+    mem_k, job_ce, job_kind = (x if x.shape[0] else xp.zeros(1, dtype=x.dtype) for x in (mem_k, job_ce, job_kind))
+    return ClusterEntries(ce_off, ce_attr, ce_absent, ce_key_off, ce_keys, ce_src, ce_or.reshape(n_ce, 2),
+                          mem_off, mem_k, job_ce, job_kind, job_word_off)
 
 
 # -------------------------------------------------------------------- kernels
