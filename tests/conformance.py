@@ -722,8 +722,10 @@ def _saved(run: Run, tmp_path) -> None:
     run.index = Index.load(path, backend=run.backend)
     assert (run.index.algorithm, run.index.backend) == (run.algorithm, run.backend)
     run.check(where="after save and load")
-    for other in BACKENDS:       # the file loaded on the other backend, and that one's file back on this one
-        if other != run.backend and other in registry.get(run.algorithm).backends and available(other):
+    # the file loaded on the other backend, and that one's file back on this one (where the options apply
+    # there: ``over`` is an option of apcm on cpu only, and loading refuses it on cuda)
+    for other in registry.get(run.algorithm).option_backends(run.options):
+        if other != run.backend and available(other):
             there = Index.load(path, backend=other)     # (run.check asserts the options kept)
             run.check(there, where=f"saved on {run.backend}, loaded on {other}")
             back = tmp_path / f"conformance-{next(_FILES)}.bexidx"
