@@ -210,7 +210,7 @@ def test_sort_and_segment_counts_runs_and_collapses_clauses():
 
 
 # ============================================================ differential
-@settings(max_examples=4, **HYPOTHESIS)     # (each example runs dozens of simulated launches)
+@settings(max_examples=8, **HYPOTHESIS)
 @given(exprs=st.lists(strategies.expressions(max_leaves=6, with_not_matches=True).filter(strategies.fits_normal_form), min_size=1, max_size=8),
        events=st.lists(strategies.events(), min_size=1, max_size=3),
        data=st.data())
