@@ -814,7 +814,7 @@ def pool_event(rng: random.Random) -> dict:
     return event
 
 
-def check_large_batch(algorithm: str, backend: str, n_events: int = 1500, max_examples: int = 2,
+def check_large_batch(algorithm: str, backend: str, n_events: int = 1500, max_examples: int = 1,
                       options: dict | None = None) -> None:
     """One batch of ``n_events`` pool events (DuckDB takes them through
     Arrow) against 60 subscriptions in the main segment, from dicts and
