@@ -207,7 +207,8 @@ def cluster_entries(cl_off, perm, ev_offsets, ev_attr, ev_key, main_bits, over_b
     ends = xp.concatenate((starts[1:], xp.full(1, n, dtype=i64))) if n_ce else starts
     ce_cluster = cluster[starts]
     ce_several = several[starts]
-    ce_off = cuda_support.exclusive_cumsum(xp.bincount(ce_cluster, minlength=n_cl)[:n_cl].astype(i64))
+    # (offsets by binary search of the ascending owners, not bincount: CuPy's refuses an empty input)
+    ce_off = xp.searchsorted(ce_cluster, xp.arange(n_cl + 1, dtype=i64), side="left").astype(i64)
     ce_attr = attr[starts]
     ce_absent = (ce_several & (ends - starts < size[ce_cluster])).astype(np.uint8)
     ce_src = xp.where(ce_several, -1, entry[starts]).astype(i64)
@@ -217,7 +218,7 @@ def cluster_entries(cl_off, perm, ev_offsets, ev_attr, ev_key, main_bits, over_b
         new_key[1:] |= key[1:] != key[:-1]
     ce_of = xp.cumsum(new_ce) - 1                              # each sorted entry's compressed entry
     ce_keys = key[new_key]
-    ce_key_off = cuda_support.exclusive_cumsum(xp.bincount(ce_of[new_key], minlength=n_ce)[:n_ce].astype(i64))
+    ce_key_off = xp.searchsorted(ce_of[new_key], xp.arange(n_ce + 1, dtype=i64), side="left").astype(i64)
     # the members of a cluster of several's compressed entries, whose slices the ORs read
     mem_k = entry[several]
     mem_off = cuda_support.exclusive_cumsum(xp.where(ce_several, ends - starts, 0).astype(i64))
@@ -235,9 +236,9 @@ def cluster_entries(cl_off, perm, ev_offsets, ev_attr, ev_key, main_bits, over_b
     ce_or[jobs] = job_word_off[:-1]
     # (an empty array gets one padding element, as cuda_support.to_device gives it: no kernel argument is a
     # null pointer)
-    padded = (x if x.shape[0] else xp.zeros(1, dtype=x.dtype) for x in (ce_attr, ce_absent, ce_keys, ce_src))
-    ce_attr, ce_absent, ce_keys, ce_src = padded
-    mem_k, job_ce, job_kind = (x if x.shape[0] else xp.zeros(1, dtype=x.dtype) for x in (mem_k, job_ce, job_kind))
+    ce_attr, ce_absent, ce_keys, ce_src, mem_k, job_ce, job_kind = (
+        x if x.shape[0] else xp.zeros(1, dtype=x.dtype) for x in (ce_attr, ce_absent, ce_keys, ce_src, mem_k,
+                                                                   job_ce, job_kind))
     return ClusterEntries(ce_off, ce_attr, ce_absent, ce_key_off, ce_keys, ce_src, ce_or.reshape(n_ce, 2),
                           mem_off, mem_k, job_ce, job_kind, job_word_off)
 
