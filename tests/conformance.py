@@ -15,9 +15,9 @@ defaults never take (``betree`` with ``max_cap=1, min_size=1`` builds a
 real tree; with its default capacity of 20 the workloads here sit in the
 root leaf).  The checks take them as ``options`` (``Index(...,
 options=options)``); :data:`VARIANT_CHECKS` says which checks run them on
-each backend (on ``cpu`` every check but the ``delta`` life cycle, which
-``scan`` matches whatever the options; on ``cuda``, two life cycles only:
-the simulator slice's time).
+each backend (every life cycle but ``delta``'s, which ``scan`` matches
+whatever the options; on ``cuda`` no other check: the simulator slice's
+time).
 
 A *life cycle* is where the subscriptions sit when the events are matched:
 
@@ -180,14 +180,13 @@ def backend_marks(backend: str) -> list:
 #: per backend (None: every check).  On ``cpu`` every check but the
 #: ``delta`` life cycle: the delta is matched by ``scan`` whatever the
 #: algorithm's options (engine/snapshot.py, ``delta_part``), so the
-#: defaults' ``delta`` case covers it.  On ``cuda`` only the ``main`` and
-#: ``merged`` life cycles: CI's simulator slice runs every CUDA thread in
-#: Python under a time limit; ``main`` builds the variant's structure from
-#: scratch and ``merged`` matches it mixed with the delta and tombstones,
-#: then merges into it -- the device paths the options change.  Every
-#: other check runs the variants on ``cpu``.
+#: defaults' ``delta`` case covers it.  On ``cuda`` the same life cycles,
+#: and no other check: CI's simulator slice runs every CUDA thread in
+#: Python under a time limit, and the pinned examples and the limit checks
+#: exercise the host's parsing and residual routing, the same whatever the
+#: backend.
 VARIANT_CHECKS = {"cpu": ("main", "tombstones", "merged", "saved", "subset", "pinned", "large batch", "limit"),
-                  "cuda": ("main", "merged")}
+                  "cuda": ("main", "tombstones", "merged", "saved", "subset")}
 
 
 def case_database(*case, default=...):

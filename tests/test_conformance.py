@@ -37,8 +37,7 @@ from tests.sql_oracle import OracleCannotRepresent, _check_stored, duckdb_matche
 
 
 # ------------------------------------------------------------------ the suite
-# (the option variants: on cpu every life cycle but delta's, on cuda main and merged only,
-# conformance.VARIANT_CHECKS)
+# (the option variants: every life cycle but delta's, conformance.VARIANT_CHECKS)
 @pytest.mark.parametrize("algorithm,backend,options,lifecycle", lifecycle_cases())
 def test_lifecycle(algorithm, backend, options, lifecycle, tmp_path):
     conformance.check_lifecycle(algorithm, backend, lifecycle, tmp_path, options=options)
@@ -92,9 +91,9 @@ def test_every_registered_algorithm_is_a_case():
         runs = set(LIFECYCLES if not options or conformance.VARIANT_CHECKS[backend] is None
                    else conformance.VARIANT_CHECKS[backend]) & set(LIFECYCLES)
         assert {lc for a, b, o, lc in life if (a, b, o) == (name, backend, options)} == runs
-    assert conformance.VARIANT_CHECKS["cuda"] == ("main", "merged")
-    # on cpu, the variants run every check but the delta's (matched by scan whatever the options)
-    assert set(LIFECYCLES) - set(conformance.VARIANT_CHECKS["cpu"]) == {"delta"}
+    # the variants run every life cycle but the delta's (matched by scan whatever the options)
+    for backend in conformance.BACKENDS:
+        assert set(LIFECYCLES) - set(conformance.VARIANT_CHECKS[backend]) == {"delta"}
     assert {"pinned", "large batch", "limit"} <= set(conformance.VARIANT_CHECKS["cpu"])
 
 
