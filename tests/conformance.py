@@ -134,7 +134,7 @@ class Size:
 #: the simulator runs every CUDA thread in Python: a few subscriptions and
 #: events per example, few examples -- but every life cycle
 SIZES = {"cpu": Size(min_exprs=2, max_exprs=14, max_events=8, max_leaves=10,
-                     flavours=("mixed", "mixed", "strings", "deep"), examples=10, witnesses=3),
+                     flavours=("mixed", "mixed", "strings", "deep"), examples=8, witnesses=3),
          "cuda": Size(min_exprs=3, max_exprs=5, max_events=3, max_leaves=6,
                       flavours=("mixed", "strings"), examples=2, witnesses=2)}
 
