@@ -1,18 +1,14 @@
 """Shared pytest fixtures."""
 
 import os
-import sys
 
 import pytest
 from hypothesis import Phase, settings
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    # numba's CUDA simulator runs each CUDA thread as a Python thread, and its block manager polls them
-    # in a loop that never sleeps: every handoff of the GIL to a thread released from a syncthreads waits
-    # out the interpreter's switch interval (5 ms by default).  At 100 us the simulated kernels run about
-    # ten times faster (test_bench_gpu's toy run: 105 s -> 11 s; 1 ms: 28 s, 20 us: 14 s), and far less
-    # at the mercy of a second process on the machine (CI runs the whole suite beside this slice).
-    sys.setswitchinterval(1e-4)
+    # a shorter switch interval and a lock on shared arrays (tests/cuda_simulator.py says why)
+    from tests import cuda_simulator
+    cuda_simulator.install()
 
 # `pytest --hypothesis-profile=no-shrink` reports a failing example at once
 # instead of spending minutes shrinking it (for local runs while debugging)
