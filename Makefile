@@ -3,6 +3,7 @@
 #
 #   make run   [ARGS=...]          the Spark main job (local Spark, generated workload)
 #   make test  [PYTEST_ARGS=...]   the test suite, e.g. PYTEST_ARGS='-m "not slow"'
+#              [TEST_WORKERS=N]    over N processes (pytest-xdist; 2 by default, 0 for one process)
 #   make bench [ARGS=...]          benchmarks on the CPU backend
 #   make bench-gpu [ARGS=...]      W1-W4, every cuda algorithm on cpu and cuda, and the ratios (needs a GPU)
 #   make clean                     remove the venv and every build or run output
@@ -17,6 +18,8 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 
 ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist worker processes for `make test` (each starts its own local Spark when it runs a Spark test)
+TEST_WORKERS ?= 2
 
 # Spark needs a Java runtime (Spark 4: Java 17). Use JAVA_HOME when set, else
 # the JDK behind the `java` on PATH.
@@ -50,7 +53,7 @@ run: $(STAMP)
 	$(VENV)/bin/bexmatch run $(ARGS)
 
 test: $(STAMP)
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/bexmatch bench $(ARGS)
