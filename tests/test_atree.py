@@ -45,8 +45,8 @@ def atree_of(index: Index) -> ATreeMatcher:
     return matcher
 
 
-def index_of(expressions: dict, **options) -> Index:
-    index = Index(algorithm="atree", backend="cpu", options=options or None)
+def index_of(expressions: dict, algorithm="atree", **options) -> Index:
+    index = Index(algorithm=algorithm, backend="cpu", options=options or None)
     index.add_many(list(expressions), list(expressions.values()))
     index.merge()
     return index
@@ -160,12 +160,49 @@ def test_self_adjustment_makes_sharing_independent_of_arrival_order(self_adjust)
     index = index_of({1: big, 2: small}, self_adjust=self_adjust)
     assert [r.tolist() for r in index.match_batch([{"p1": 1, "p2": 2}, {"p1": 1, "p2": 2, "p3": 3, "p4": 4}])] \
         == [[2], [1, 2]]
-    # deleting the small one keeps its node: the big one links it now
+    # deleting the small one (§4.2.4): self-adjusted, the big one still links its node, and consumes its
+    # children in its place -- the node goes, the big one links P1..P4 as it was made with
     index.remove(2)
     index.merge()
     m = atree_of(index)
     check_use_counts(m)
+    assert children(m, m.roots[0]) == ["p11", "p22", "p33", "p44"] and len(m.dag) == 5
     assert [r.tolist() for r in index.match_batch([{"p1": 1, "p2": 2, "p3": 3, "p4": 4}])] == [[1]]
+
+
+@pytest.mark.parametrize("dag", ["compiled", "python"])
+def test_deletion_splices_a_node_into_every_parent_that_adopted_it(dag, monkeypatch):
+    """§4.2.4: a node whose useCount reaches zero while parents that took
+    it in by Algorithm 3 still link it is spliced: each such parent links
+    its children instead, and it goes -- in cascade (P1 ^ P2 ^ P3, adopted
+    by the first expression, adopted P1 ^ P2, which the second adopted too)."""
+    texts = {1: f"{P(1)} AND {P(2)} AND {P(3)} AND {P(4)}", 2: f"{P(1)} AND {P(2)} AND {P(5)}",
+             3: f"{P(1)} AND {P(2)} AND {P(3)}", 4: f"{P(1)} AND {P(2)}"}
+    if dag == "python":
+        import engine.algorithms.atree as atree_module
+        monkeypatch.setattr(atree_module, "ArrayDag", lambda reorganize, self_adjust: ATreeDag(True, reorganize,
+                                                                                               self_adjust))
+    index, scan = index_of(texts), index_of(texts, algorithm="scan")
+    before = atree_of(index)
+    assert isinstance(before.dag, ArrayDag if dag == "compiled" else ATreeDag)
+    children = lambda m, n: sorted(node_text(m, c) for c in m.dag.children[n])   # noqa: E731
+    assert children(before, before.roots[0]) == ["((p11 & p22) & p33)", "p44"]
+    assert children(before, before.roots[1]) == ["(p11 & p22)", "p55"]
+    # useCounts (the paper's): what each node was made with, whatever it links now
+    assert before.dag.refs[before.roots[2]] == 1 and before.dag.uses[before.roots[2]] == 2
+    assert before.dag.refs[before.roots[3]] == 1 and before.dag.uses[before.roots[3]] == 3
+    events = [{f"p{i}": i for i in range(1, 6) if i != gone} for gone in range(6)]
+    for target in (index, scan):
+        target.remove(3)
+        target.remove(4)
+        target.merge()
+    after = atree_of(index)
+    check_use_counts(after)
+    assert children(after, after.roots[0]) == ["p11", "p22", "p33", "p44"]
+    assert children(after, after.roots[1]) == ["p11", "p22", "p55"]
+    assert len(after.dag) == 7                          # the two r-nodes and five leaves: nothing else
+    assert [r.tolist() for r in index.match_batch(events)] == [r.tolist() for r in scan.match_batch(events)]
+    assert [r.tolist() for r in index.match_batch(events)][0] == [1, 2]
 
 
 def test_delete_removes_unshared_nodes_and_keeps_shared_ones():
@@ -287,18 +324,24 @@ def random_event(rng) -> dict:
 
 
 def check_use_counts(m: ATreeMatcher) -> None:
-    """§4.2.3's use count of every node = the links to it + the
-    subscriptions that are it, and no node without a use is left."""
+    """Every node's uses = the links to it + the subscriptions that are it;
+    its useCount (§4.2.3) = the nodes made with it + those subscriptions;
+    no node without a useCount is left (§4.2.4: spliced if still linked)."""
     dag = m.dag
     want = np.zeros(len(dag.kind), np.int64)
+    refs = np.zeros(len(dag.kind), np.int64)
     for n, kind in enumerate(dag.kind):
         if kind != REMOVED:
             for c in dag.children[n]:
                 assert dag.kind[c] != REMOVED
                 want[c] += 1
+            for c in dag.born.get(n, dag.children[n]):
+                refs[c] += 1
     np.add.at(want, m.roots, 1)
+    np.add.at(refs, m.roots, 1)
     live = np.array(dag.kind) != REMOVED
     assert (np.array(dag.uses)[live] == want[live]).all() and (want[live] > 0).all()
+    assert (np.array(dag.refs)[live] == refs[live]).all() and (refs[live] > 0).all()
     assert len(dag.table) == (live.sum() if dag.sharing else 0)
 
 
@@ -744,8 +787,32 @@ def test_a_saved_dag_of_other_construction_options_is_built_again(tmp_path):
     assert [m.tolist() for m in loaded.match_batch([{"a": 1, "b": 2, "c": 3}])] == [[1, 2]]
 
 
-@pytest.mark.parametrize("craft", ["child_out_of_range", "uses", "leaf_without_predicate", "float_kind",
-                                   "root_out_of_range", "missing", "duplicate_key"])
+def test_a_dag_saved_in_format_1_loads_with_the_children_its_nodes_have_as_those_they_were_made_with(tmp_path):
+    """A file of format 1 (before useCounts were saved) loads: each node's
+    useCount is then its uses, as the DAG it saved had no splice to make.
+    Its expressions match, and deleting one releases what it links."""
+    from tests.test_index_file import members, rewritten
+    texts = {1: f"{P(1)} AND {P(2)} AND {P(3)}", 2: f"{P(4)} OR {P(5)}", 3: f"{P(1)} AND {P(2)} AND {P(3)} AND {P(6)}"}
+    index, path = saved_atree(tmp_path, texts)
+    meta, arrays = members(path.read_bytes())
+    assert meta["matcher"]["meta"]["format"] == 2
+    meta["matcher"]["meta"]["format"] = 1
+    old = tmp_path / "format1.bexidx"
+    old.write_bytes(rewritten(meta, {k: v for k, v in arrays.items()
+                                     if k not in ("matcher.refs", "matcher.born_len", "matcher.born_idx")}))
+    loaded = Index.load(old)
+    m = atree_of(loaded)
+    assert m.dag.refs == m.dag.uses and m.dag.born == {}
+    events = [{"p1": 1, "p2": 2, "p3": 3, "p6": 6}, {"p5": 5}]
+    assert [r.tolist() for r in loaded.match_batch(events)] == [[1, 3], [2]]
+    loaded.remove(3)
+    loaded.merge()
+    check_use_counts(atree_of(loaded))
+    assert [r.tolist() for r in loaded.match_batch(events)] == [[1], [2]] and len(atree_of(loaded).dag) == 7
+
+
+@pytest.mark.parametrize("craft", ["child_out_of_range", "uses", "refs", "born_out_of_range", "leaf_without_predicate",
+                                   "float_kind", "root_out_of_range", "missing", "duplicate_key"])
 def test_a_crafted_saved_dag_is_a_file_error(tmp_path, craft):
     from engine import IndexFileError
     from tests.test_index_file import members, rewritten
@@ -757,6 +824,13 @@ def test_a_crafted_saved_dag_is_a_file_error(tmp_path, craft):
         arrays["matcher.child_idx"] = arrays["matcher.child_idx"] + 100
     elif craft == "uses":
         arrays["matcher.uses"] = arrays["matcher.uses"] + 1
+    elif craft == "refs":
+        arrays["matcher.refs"] = arrays["matcher.refs"] + 1
+    elif craft == "born_out_of_range":
+        born_len = arrays["matcher.born_len"].copy()
+        born_len[0] = 1
+        arrays["matcher.born_len"] = born_len
+        arrays["matcher.born_idx"] = np.array([10_000], np.int64)
     elif craft == "leaf_without_predicate":
         pid = arrays["matcher.leaf_pid"].copy()
         pid[np.flatnonzero(pid >= 0)[0]] = -1
@@ -830,6 +904,7 @@ def inserted_one_by_one(dag: ATreeDag, segment, positions) -> list:
 
 def dag_state(dag: ATreeDag, roots) -> dict:
     return {"kind": dag.kind, "children": dag.children, "pred": dag.pred, "uses": dag.uses, "key": dag.key,
+            "refs": dag.refs, "born": dict(dag.born),
             "table": dag.table, "n_removed": dag.n_removed, "roots": list(roots),
             "parents": {n: set(p) for n, p in dag.parents.items() if p}}
 
@@ -1027,9 +1102,12 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
         assert any(k is not None and k[0] != "L" and tuple(sorted(set(c))) != k[1]
                    for k, c in zip(python.key, python.children))
     gone = rng.choice(n, n // 2, replace=False)
+    spliced, splice = [], ATreeDag._spliced
+    monkeypatch.setattr(ATreeDag, "_spliced", lambda dag, node: splice(dag, node) and not spliced.append(node))
     python.release_all(np.asarray(roots_p)[gone].tolist())
     compiled.release_all(np.asarray(roots_c)[gone])
     assert dag_state(compiled, roots_c) == dag_state(python, roots_p) and python.n_removed > 0
+    assert len(spliced) > (3 if self_adjust else -1) and (self_adjust or not spliced)   # (§4.2.4's splices)
     kept = np.setdiff1d(np.arange(n), gone)
     python, roots_p = python.compacted(np.asarray(roots_p)[kept].tolist())
     compiled, roots_c = compiled.compacted(np.asarray(roots_c)[kept].tolist())
@@ -1041,14 +1119,16 @@ def test_the_compiled_dag_is_the_python_dag(reorganize, self_adjust, monkeypatch
     assert all(np.array_equal(saved[name], python_saved[name]) for name in saved)
     fields = [saved[name] for name in ("kind", "uses", "leaf_pid")] + [key] + \
         [saved[name] for name in ("child_len", "child_idx", "key_len", "key_idx")]
-    assert dag_state(ArrayDag.restored(reorganize, self_adjust, *fields), roots_c) == dag_state(python, roots_p)
+    born = {name: saved[name] for name in ("refs", "born_len", "born_idx")}
+    assert dag_state(ArrayDag.restored(reorganize, self_adjust, *fields, **born), roots_c) \
+        == dag_state(python, roots_p)
     k_at = np.concatenate(([0], np.cumsum(np.maximum(saved["key_len"], 0))))
     a, b = [node for node in range(len(saved["kind"]))
             if saved["kind"][node] == AND and saved["key_len"][node] == 2][:2]
     key_idx = saved["key_idx"].copy()
     key_idx[k_at[b]:k_at[b + 1]] = key_idx[k_at[a]:k_at[a + 1]]
     with pytest.raises(ValueError, match="two nodes with one expression id"):
-        ArrayDag.restored(reorganize, self_adjust, *fields[:-1], key_idx)
+        ArrayDag.restored(reorganize, self_adjust, *fields[:-1], key_idx, **born)
     roots_p = python.insert_programs(range(n), offsets, kinds, args, key)
     roots_c = compiled.insert_programs(np.arange(n), offsets, kinds, args, key)
     assert dag_state(compiled, roots_c) == dag_state(python, roots_p)

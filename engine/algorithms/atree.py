@@ -30,8 +30,9 @@ How the paper maps onto this module and :mod:`gpu_kernels.atree`:
 
 Updates (docs/architecture.md#the-index-life-cycle): a merge derives the
 next matcher from this one (:meth:`ATreeMatcher.merged`): a copy of the
-DAG loses the removed subscriptions' uses (nodes reaching zero go,
-Algorithm 5) and gains the added ones (Algorithm 4, sharing the nodes
+DAG loses the removed subscriptions' uses (nodes reaching a useCount of
+zero go, Algorithm 5, spliced into the parents that adopted them, §4.2.4)
+and gains the added ones (Algorithm 4, sharing the nodes
 that exist), and is flattened again.  Leaves are keyed by their
 predicate's key, not its id, so the renumbered predicate table of a merged
 segment and a grown string dictionary change no node.
@@ -203,15 +204,18 @@ class ATreeMatcher(HostMatcher):
         return runs
 
     # ---------------------------------------------------------- persistence
-    #: version of the saved DAG (:meth:`to_arrays`)
-    SAVED_FORMAT = 1
+    #: version of the saved DAG (:meth:`to_arrays`); format 1 (without useCounts and the children nodes were
+    #: made with) is read too, as a DAG whose nodes have the children they were made with
+    SAVED_FORMAT = 2
+    _READ_FORMATS = (1, 2)
     #: the options a saved DAG was built with: another value asks for another DAG
     _SHAPE = ("sharing", "reorganize", "self_adjust", "binary")
 
     def to_arrays(self):
         """The host DAG as arrays (removed nodes left out): per node its
-        kind, uses, leaf predicate (id in the segment, -1 for an operator)
-        and children (CSR); per node with an expression id its key's
+        kind, uses, leaf predicate (id in the segment, -1 for an operator),
+        children (CSR), useCount and the children it was made with (CSR,
+        ``born_len`` -1 when they are its children); per node with an expression id its key's
         children (CSR, ``key_len`` -1 without a key; a leaf's key is its
         predicate's) -- a reorganised or self-adjusted node is keyed by its
         flat child set, not by the children it links; and each
@@ -228,16 +232,17 @@ class ATreeMatcher(HostMatcher):
         could not have made), then flattened -- no insertion replayed.  A
         file saved with other construction options is built again."""
         options = settings.options.keywords("cpu")
-        if meta.get("format") != cls.SAVED_FORMAT:
+        if meta.get("format") not in cls._READ_FORMATS:
             raise ValueError(f"saved A-Tree: format {meta.get('format')!r} (this version reads {cls.SAVED_FORMAT})")
         if not isinstance(meta.get("merges"), int) or any(not isinstance(meta.get(n), bool) for n in cls._SHAPE):
             raise ValueError("saved A-Tree: meta 'merges' or a construction option missing")
         if any(meta[name] != options[name] for name in cls._SHAPE):
             return cls.build(segment, settings)
-        missing = sorted(set(SAVED_ARRAYS) - set(arrays))
+        wanted = SAVED_ARRAYS + (BORN_ARRAYS if meta["format"] >= 2 else ())
+        missing = sorted(set(wanted) - set(arrays))
         if missing:
             raise ValueError(f"saved A-Tree: arrays {missing} missing")
-        if any(np.asarray(arrays[name]).dtype.kind not in "iu" or np.ndim(arrays[name]) != 1 for name in SAVED_ARRAYS):
+        if any(np.asarray(arrays[name]).dtype.kind not in "iu" or np.ndim(arrays[name]) != 1 for name in wanted):
             raise ValueError("saved A-Tree: an array is not 1-d integers")
         new = object.__new__(cls)
         new.schema = settings.schema
@@ -303,8 +308,10 @@ def _progress(positions, total=None):
                 delay=PROGRESS_AFTER_S, disable=None, leave=False)
 
 
-#: the arrays of a saved A-Tree (:meth:`ATreeMatcher.to_arrays`)
+#: the arrays of a saved A-Tree (:meth:`ATreeMatcher.to_arrays`), and those format 2 added: the useCounts and the
+#: children a node was made with (CSR, ``born_len`` -1 where they are its children)
 SAVED_ARRAYS = ("kind", "uses", "leaf_pid", "child_len", "child_idx", "key_len", "key_idx", "roots")
+BORN_ARRAYS = ("refs", "born_len", "born_idx")
 
 
 def _restored_dag(meta: dict, arrays: dict, keys: PredicateKeys):
@@ -329,14 +336,27 @@ def _restored_dag(meta: dict, arrays: dict, keys: PredicateKeys):
             or (leaf != (child_len == 0)).any() or (leaf != (leaf_pid >= 0)).any() \
             or (leaf_pid.size and leaf_pid.max() >= len(keys)) or (leaf & (key_len > 0)).any():
         raise ValueError("saved A-Tree: a node's kind, children, key or predicate is out of range")
+    if "refs" in arrays:
+        refs, born_len = np.asarray(arrays["refs"], np.int64), np.asarray(arrays["born_len"], np.int64)
+        born_idx = np.asarray(arrays["born_idx"], np.int64)
+        if len(refs) != n or len(born_len) != n or (born_len < -1).any() \
+                or born_len[born_len > 0].sum() != len(born_idx) \
+                or (born_idx.size and (born_idx.min() < 0 or born_idx.max() >= n)):
+            raise ValueError("saved A-Tree: a node's useCount or the children it was made with are out of range")
+    else:                                    # (format 1: every node has the children it was made with)
+        refs, born_len, born_idx = np.asarray(arrays["uses"], np.int64), np.full(n, -1, np.int64), np.zeros(0, np.int64)
     if n:
         roots = np.asarray(arrays["roots"], np.int64).clip(0, n - 1)
         uses = np.bincount(child_idx, minlength=n) + np.bincount(roots, minlength=n)
         if not np.array_equal(uses, np.asarray(arrays["uses"], np.int64)):
             raise ValueError("saved A-Tree: use counts differ from the links and r-nodes")
+        # the useCounts: the r-nodes and the children nodes were made with (their own where born_len is -1)
+        made_with = np.concatenate([child_idx[np.repeat(born_len < 0, child_len)], born_idx])
+        if not np.array_equal(np.bincount(made_with, minlength=n) + np.bincount(roots, minlength=n), refs):
+            raise ValueError("saved A-Tree: useCounts differ from the children nodes were made with and r-nodes")
     if meta["sharing"] and not meta["binary"]:
         return ArrayDag.restored(meta["reorganize"], meta["self_adjust"], kind, np.asarray(arrays["uses"], np.int64),
-                                 leaf_pid, keys, child_len, child_idx, key_len, key_idx)
+                                 leaf_pid, keys, child_len, child_idx, key_len, key_idx, refs, born_len, born_idx)
     dag = ATreeDag(meta["sharing"], meta["reorganize"], meta["self_adjust"], meta["binary"])
     c_at = np.concatenate(([0], np.cumsum(child_len))).tolist()
     k_at = np.concatenate(([0], np.cumsum(np.maximum(key_len, 0)))).tolist()
@@ -345,6 +365,10 @@ def _restored_dag(meta: dict, arrays: dict, keys: PredicateKeys):
     dag.children = [tuple(children[c_at[i]:c_at[i + 1]]) for i in range(n)]
     dag.pred = [keys(p) if p >= 0 else None for p in leaf_pid.tolist()]
     dag.uses = np.asarray(arrays["uses"], np.int64).tolist()
+    dag.refs = refs.tolist()
+    b_at = np.concatenate(([0], np.cumsum(np.maximum(born_len, 0)))).tolist()
+    born = born_idx.tolist()
+    dag.born = {node: tuple(born[b_at[node]:b_at[node + 1]]) for node in np.flatnonzero(born_len >= 0).tolist()}
     dag.key = [None if kl < 0 else ("L", dag.pred[i]) if kl == 0 else
                (dag.kind[i], tuple(key_children[k_at[i]:k_at[i + 1]])) for i, kl in enumerate(key_len.tolist())]
     dag.table = {key: i for i, key in enumerate(dag.key) if key is not None}

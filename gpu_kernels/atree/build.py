@@ -9,8 +9,10 @@ compares the two and the paper's one-by-one insertion), with the same
 algorithms run by :func:`insert_programs_kernel`:
 
 * **nodes** are rows of one int32 matrix (kind, use count, children and
-  expression id as slices of two int32 pools, leaf class): 28 bytes a
-  node (node ids and pool offsets stay below 2**31: checked before an
+  expression id as slices of two int32 pools, leaf class, the paper's
+  useCount and the slice of a third pool holding the children a node was
+  made with once Algorithm 3 or a splice changed them): 40 bytes a node
+  (node ids and pool offsets stay below 2**31: checked before an
   insertion).  What only an insertion reads -- the sizes of the
   expression ids a node is a child in, the heads and lengths of its AND
   and its OR parent lists -- is a second matrix, ``ins``, made before an
@@ -33,8 +35,11 @@ algorithms run by :func:`insert_programs_kernel`:
   still links all the children, which the paper makes anyway.  The lists
   are dropped after an insertion (matching never reads them) and made
   again from the links before the next;
-* **Algorithms 4 and 5** (use counts, insertion, deletion) as in the
-  Python DAG.
+* **Algorithms 4 and 5** (use counts, insertion, deletion and its splice)
+  as in the Python DAG.  A deletion finds the parents of a node to splice
+  through an index of all the links, made when the first splice of a
+  :func:`release_all` call needs it (there are no parent lists between
+  insertions).
 
 The Python DAG stays the reference, and makes the ablations this one does
 not (``sharing=False`` and ``binary``).  :meth:`ArrayDag.python` gives an
@@ -53,16 +58,18 @@ from gpu_kernels.opcodes import AND, LEAF, OR
 from gpu_kernels.open_addressing import find_slot
 
 # the columns of a node's row
-KIND, USES, C_START, C_LEN, LEAF_CLASS, K_START, K_LEN = range(7)
-N_COLUMNS = 7
+# (REFS: the paper's useCount; B_START, B_LEN: the children a node was made with, in ``born_pool``, once they
+# changed; B_START -1 while they are its children)
+KIND, USES, C_START, C_LEN, LEAF_CLASS, K_START, K_LEN, REFS, B_START, B_LEN = range(10)
+N_COLUMNS = 10
 # the columns of a node's row in ``ins``, what only an insertion reads (made for one, dropped after it): the
 # sizes of the expression ids the node is a child in (Algorithm 2), and its AND parents and its OR parents
 # as two lists (Algorithm 3 walks one operator's): P_HEAD and P_COUNT for AND, the two after them for OR
 MEMBERS, P_HEAD, P_COUNT = range(3)
 N_INS_COLUMNS = 5
 # the counters (``ctr``)
-N_NODES, C_USED, K_USED, P_USED, T_FILLED, N_REMOVED = range(6)
-N_COUNTERS = 6
+N_NODES, C_USED, K_USED, P_USED, T_FILLED, N_REMOVED, B_USED = range(7)
+N_COUNTERS = 7
 EMPTY, TOMBSTONE = -1, -2
 _MIX = -7046029254386353131          # 0x9E3779B97F4A7C15 as an int64 (Fibonacci hashing)
 # a table slot holds a node id in its low 32 bits and 31 more bits of its key's hash above them, so that
@@ -276,6 +283,9 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, ins, child_p
     ctr[N_NODES] = node + 1
     nodes[node, KIND] = op
     nodes[node, USES] = 0
+    nodes[node, REFS] = 0
+    nodes[node, B_START] = -1
+    nodes[node, B_LEN] = 0
     c0 = ctr[C_USED]
     for i in range(nc):
         child_pool[c0 + i] = children[i]
@@ -303,6 +313,7 @@ def _new(op, children, nc, key, nk, leaf_class, self_adjust, nodes, ins, child_p
                 ins[key[i], MEMBERS] |= bit
     for i in range(nc):
         nodes[children[i], USES] += 1
+        nodes[children[i], REFS] += 1
     if self_adjust and (op == AND or op == OR):
         signature = _signature(children, 0, nc)
         for i in range(nc):
@@ -331,6 +342,8 @@ def _forget(node, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, lea
             _table_drop(node, nodes, key_pool, slots)
     nodes[node, KIND] = REMOVED
     nodes[node, C_LEN] = 0
+    nodes[node, B_START] = -1
+    nodes[node, B_LEN] = 0
     nodes[node, K_LEN] = -1
     nodes[node, LEAF_CLASS] = -1
     if len(ins):
@@ -339,40 +352,180 @@ def _forget(node, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, lea
 
 
 @njit(cache=True)
-def release(node, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node):
-    """Algorithm 5: one use less; at zero the node goes, and with it one use of each of its children."""
+def _push(stack, depth, value):
+    """``value`` on the ``stack`` (grown when full); the stack and its new depth."""
+    if depth == len(stack):
+        grown = np.empty(2 * len(stack), np.int64)
+        grown[:depth] = stack
+        stack = grown
+    stack[depth] = value
+    return stack, depth + 1
+
+
+@njit(cache=True)
+def _drop(n, self_adjust, nodes, ins, child_pool, born_pool, key_pool, slots, ctr, leaf_node, stack, depth):
+    """A node nothing uses removed (``ATreeDag._settle``): one use less of
+    each child it links, one useCount less of each it was made with, all
+    of them pushed; the stack and its depth."""
+    c0, nc = nodes[n, C_START], nodes[n, C_LEN]
+    b0, nb = nodes[n, B_START], nodes[n, B_LEN]
+    for i in range(c0, c0 + nc):
+        nodes[child_pool[i], USES] -= 1
+        stack, depth = _push(stack, depth, child_pool[i])
+    if b0 < 0:
+        for i in range(c0, c0 + nc):
+            nodes[child_pool[i], REFS] -= 1
+    else:
+        for i in range(b0, b0 + nb):
+            nodes[born_pool[i], REFS] -= 1
+            stack, depth = _push(stack, depth, born_pool[i])
+    _forget(n, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
+    return stack, depth
+
+
+@njit(cache=True)
+def _remove(node, self_adjust, nodes, ins, child_pool, born_pool, key_pool, slots, ctr, leaf_node):
+    """``ATreeDag._remove``: a node an insertion made and nothing links
+    removed, and what it was made with released, without a splice."""
     stack = np.empty(64, np.int64)
     stack[0] = node
     depth = 1
     while depth:
         depth -= 1
         n = stack[depth]
-        nodes[n, USES] -= 1
-        if nodes[n, USES] == 0:
-            c0, nc = nodes[n, C_START], nodes[n, C_LEN]
-            if depth + nc > len(stack):
-                grown = np.empty(2 * (depth + nc), np.int64)
-                grown[:depth] = stack[:depth]
-                stack = grown
-            for i in range(nc):
-                stack[depth] = child_pool[c0 + i]
-                depth += 1
-            _forget(n, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
+        if nodes[n, KIND] == REMOVED or nodes[n, REFS] > 0 or nodes[n, USES] > 0:
+            continue
+        stack, depth = _drop(n, self_adjust, nodes, ins, child_pool, born_pool, key_pool, slots, ctr, leaf_node,
+                             stack, depth)
 
 
 @njit(cache=True)
-def release_all(roots, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node):
-    for root in roots:
-        release(root, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
-
-
-@njit(cache=True)
-def _remove(node, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node):
-    """``_remove``: the node forgotten, then one use of each of its children released."""
+def _keep_born(node, nodes, child_pool, born_pool, ctr):
+    """The children ``node`` was made with copied to ``born_pool`` (grown when
+    full) before they first change; the pool."""
+    if nodes[node, B_START] >= 0:
+        return born_pool
     c0, nc = nodes[node, C_START], nodes[node, C_LEN]
-    _forget(node, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
-    for i in range(nc):                 # (the pool keeps the slice: forgetting only cut its length)
-        release(child_pool[c0 + i], self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
+    at = ctr[B_USED]
+    if at + nc > len(born_pool):
+        grown = np.empty(2 * len(born_pool) + nc, born_pool.dtype)
+        grown[:at] = born_pool[:at]
+        born_pool = grown
+    born_pool[at:at + nc] = child_pool[c0:c0 + nc]
+    nodes[node, B_START] = at
+    nodes[node, B_LEN] = nc
+    ctr[B_USED] = at + nc
+    return born_pool
+
+
+@njit(cache=True)
+def _parent_index(nodes, child_pool, n_nodes):
+    """Every live node's parents (CSR: starts per node, parents), from the links."""
+    start = np.zeros(n_nodes + 1, np.int64)
+    for p in range(n_nodes):
+        if nodes[p, KIND] != REMOVED:
+            for i in range(nodes[p, C_START], nodes[p, C_START] + nodes[p, C_LEN]):
+                start[child_pool[i] + 1] += 1
+    for n in range(n_nodes):
+        start[n + 1] += start[n]
+    fill = start[:-1].copy()
+    parents = np.empty(start[n_nodes], np.int64)
+    for p in range(n_nodes):
+        if nodes[p, KIND] != REMOVED:
+            for i in range(nodes[p, C_START], nodes[p, C_START] + nodes[p, C_LEN]):
+                parents[fill[child_pool[i]]] = p
+                fill[child_pool[i]] += 1
+    return start, parents
+
+
+@njit(cache=True)
+def _linking(p, n, nodes, child_pool, found, count):
+    """``found[:count]`` with ``p`` added when it is live, links ``n`` and is not there yet."""
+    if nodes[p, KIND] == REMOVED or not _holds(child_pool, nodes[p, C_START], nodes[p, C_LEN], n) \
+            or _holds(found, 0, count, p):
+        return found, count
+    return _push(found, count, p)
+
+
+@njit(cache=True)
+def release_all(roots, self_adjust, nodes, ins, child_pool, born_pool, key_pool, slots, ctr, leaf_node):
+    """Algorithm 5 for each of ``roots`` (``ATreeDag.release``), with the
+    splice of §4.2.4; returns the child and born pools (a splice that
+    widens a parent writes its children anew at the pool's end)."""
+    stack = np.empty(64, np.int64)
+    found = np.empty(16, np.int64)
+    buf = np.empty(16, np.int64)
+    p_start, p_list = np.zeros(1, np.int64), np.zeros(0, np.int64)
+    indexed = False
+    added = np.empty(16, np.int64)      # links splices made since the index: (parent, child) pairs
+    n_added = 0
+    for root in roots:
+        nodes[root, USES] -= 1
+        nodes[root, REFS] -= 1
+        stack[0] = root
+        depth = 1
+        while depth:
+            depth -= 1
+            n = stack[depth]
+            if nodes[n, KIND] == REMOVED or nodes[n, REFS] > 0:
+                continue
+            if nodes[n, USES] > 0:
+                op = nodes[n, KIND]
+                if not self_adjust or (op != AND and op != OR):
+                    continue
+                if not indexed:
+                    p_start, p_list = _parent_index(nodes, child_pool, ctr[N_NODES])
+                    indexed = True
+                count = 0
+                for k in range(p_start[n], p_start[n + 1]):
+                    found, count = _linking(p_list[k], n, nodes, child_pool, found, count)
+                for k in range(0, n_added, 2):
+                    if added[k + 1] == n:
+                        found, count = _linking(added[k], n, nodes, child_pool, found, count)
+                if count != nodes[n, USES]:
+                    continue
+                same = True
+                for k in range(count):
+                    if nodes[found[k], KIND] != op:
+                        same = False
+                if not same:
+                    continue
+                _sort(found, 0, count)
+                m0, mc = nodes[n, C_START], nodes[n, C_LEN]
+                for k in range(count):
+                    p = found[k]
+                    born_pool = _keep_born(p, nodes, child_pool, born_pool, ctr)
+                    c0, nc = nodes[p, C_START], nodes[p, C_LEN]
+                    if len(buf) < nc + mc:
+                        buf = np.empty(2 * (nc + mc), np.int64)
+                    m = 0
+                    for i in range(c0, c0 + nc):
+                        if child_pool[i] != n:
+                            buf[m] = child_pool[i]
+                            m += 1
+                    for i in range(m0, m0 + mc):
+                        c = child_pool[i]
+                        if not _holds(child_pool, c0, nc, c):
+                            buf[m] = c
+                            m += 1
+                            nodes[c, USES] += 1
+                            added, n_added = _push(added, n_added, p)
+                            added, n_added = _push(added, n_added, c)
+                    nodes[n, USES] -= 1
+                    _sort(buf, 0, m)
+                    if m > nc:                  # wider: written anew at the pool's end
+                        c0 = ctr[C_USED]
+                        if c0 + m > len(child_pool):
+                            grown = np.empty(2 * len(child_pool) + m, child_pool.dtype)
+                            grown[:c0] = child_pool[:c0]
+                            child_pool = grown
+                        ctr[C_USED] = c0 + m
+                        nodes[p, C_START] = c0
+                    child_pool[c0:c0 + m] = buf[:m]
+                    nodes[p, C_LEN] = m
+            stack, depth = _drop(n, self_adjust, nodes, ins, child_pool, born_pool, key_pool, slots, ctr, leaf_node,
+                                 stack, depth)
+    return child_pool, born_pool
 
 
 @njit(cache=True)
@@ -462,18 +615,20 @@ def _reorganized(op, flat, n, out, nodes, ins, key_pool, slots, bloom, elig, idx
 
 
 @njit(cache=True)
-def _take_place(parent, node, op, flat, n, nodes, ins, child_pool, par_pool, ctr):
+def _take_place(parent, node, op, flat, n, nodes, ins, child_pool, par_pool, ctr, born_pool):
     """Algorithm 3 at one node (``ATreeDag._take_place``): ``parent``, an
     ``op`` node linking all of ``flat[:n]`` and more, links ``node`` in
-    their place."""
+    their place; returns ``born_pool`` (the children ``parent`` was made
+    with kept there first)."""
     if parent == node or nodes[parent, KIND] != op:
-        return
+        return born_pool
     c0, nc = nodes[parent, C_START], nodes[parent, C_LEN]
     if nc <= n:
-        return
+        return born_pool
     for i in range(n):
         if not _holds(child_pool, c0, nc, flat[i]):
-            return
+            return born_pool
+    born_pool = _keep_born(parent, nodes, child_pool, born_pool, ctr)
     m = 0                               # (fewer than before: the new children fit where the old ones were)
     for k in range(c0, c0 + nc):
         c = child_pool[k]
@@ -489,15 +644,17 @@ def _take_place(parent, node, op, flat, n, nodes, ins, child_pool, par_pool, ctr
     for i in range(n):
         ins[flat[i], P_COUNT + _side(op)] -= 1
         nodes[flat[i], USES] -= 1
+    return born_pool
 
 
 @njit(cache=True)
-def _adjusted(node, op, flat, n, nodes, ins, child_pool, par_pool, ctr, reserve):
+def _adjusted(node, op, flat, n, nodes, ins, child_pool, par_pool, ctr, reserve, born_pool):
     """Algorithm 3 (``ATreeDag._adjusted``): the ``op`` parents of the child
     of ``flat[:n]`` with the fewest, each checked to link all of ``flat``.
-    Returns the parent lists' pool, grown so that ``reserve`` entries stay free."""
+    Returns the parent lists' pool, grown so that ``reserve`` entries stay
+    free, and the born pool."""
     if n == 0:
-        return par_pool
+        return par_pool, born_pool
     side = _side(op)
     pivot = flat[0]
     for i in range(1, n):
@@ -516,19 +673,19 @@ def _adjusted(node, op, flat, n, nodes, ins, child_pool, par_pool, ctr, reserve)
                 break
             older |= _signature_bit(flat[i])
         if par_pool[e, 2] & older == older:
-            _take_place(parent, node, op, flat, n, nodes, ins, child_pool, par_pool, ctr)
+            born_pool = _take_place(parent, node, op, flat, n, nodes, ins, child_pool, par_pool, ctr, born_pool)
         e = par_pool[e, 1]
-    return par_pool
+    return par_pool, born_pool
 
 
 @njit(cache=True)
 def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_class_of_pid, reorganize, self_adjust,
-                           nodes, ins, child_pool, key_pool, par_pool, slots, bloom, ctr, leaf_node, roots):
+                           nodes, ins, child_pool, key_pool, par_pool, slots, bloom, ctr, leaf_node, roots, born_pool):
     """Algorithm 4 for the postfix program of each of ``positions[begin:end]``
     (well formed: :func:`subexpression_starts` checked them): its r-node
     into ``roots``.  Stops before a program the arrays might not hold
     (nodes, pools, the table at half full); returns how far it got and
-    the parent lists' pool (grown here when it fills)."""
+    the parent lists' and the born pools (grown here when they fill)."""
     longest = 1
     for i in range(begin, end):
         longest = max(longest, offsets[positions[i] + 1] - offsets[positions[i]])
@@ -551,7 +708,7 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
         if ctr[N_NODES] + length > min(len(nodes), len(ins)) or ctr[C_USED] + length > len(child_pool) \
                 or ctr[K_USED] + length > len(key_pool) or ctr[P_USED] + length > len(par_pool) \
                 or 2 * (ctr[T_FILLED] + length) > len(slots):
-            return i, par_pool
+            return i, par_pool, born_pool
         # each instruction's parent operator: an AND in an AND (OR in OR) is flattened, not interned
         depth = 0
         for at in range(length):
@@ -618,10 +775,12 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
                         for k in range(n):      # _drop_unused: children covered and used by nothing else
                             c = flat[k]
                             if not _holds(out, 0, n_out, c) and nodes[c, USES] == 0:
-                                _remove(c, self_adjust, nodes, ins, child_pool, key_pool, slots, ctr, leaf_node)
+                                _remove(c, self_adjust, nodes, ins, child_pool, born_pool, key_pool, slots, ctr,
+                                        leaf_node)
                     _bloom_set(bloom, _hash(kind, flat, 0, n))
                     if self_adjust and (kind == AND or kind == OR):
-                        par_pool = _adjusted(node, kind, flat, n, nodes, ins, child_pool, par_pool, ctr, length)
+                        par_pool, born_pool = _adjusted(node, kind, flat, n, nodes, ins, child_pool, par_pool, ctr,
+                                                        length, born_pool)
             top = s
             entry[depth] = top
             vals[top] = node
@@ -629,8 +788,9 @@ def insert_programs_kernel(positions, begin, end, offsets, kinds, args, leaf_cla
             depth += 1
         root = vals[0]
         nodes[root, USES] += 1
+        nodes[root, REFS] += 1
         roots[i] = root
-    return end, par_pool
+    return end, par_pool, born_pool
 
 
 @njit(cache=True)
@@ -736,7 +896,7 @@ def _grown(array: np.ndarray, needed: int, fill=None) -> np.ndarray:
 
 #: an ArrayDag's arrays (what a copy copies and ``nbytes`` counts)
 _ARRAYS = ("nodes", "ins", "child_pool", "key_pool", "par_pool", "slots", "bloom", "ctr", "leaf_node", "class_rows",
-           "class_slots")
+           "class_slots", "born_pool")
 
 
 class ArrayDag:
@@ -745,7 +905,8 @@ class ArrayDag:
     matcher does with it -- :meth:`insert_programs`, :meth:`release_all`,
     :meth:`copy`, :meth:`compacted`, ``n_removed`` and ``len`` -- and its
     Python twin by :meth:`python` (or the same attributes: ``kind``,
-    ``children``, ``pred``, ``uses``, ``key``, ``table``, ``parents``).
+    ``children``, ``pred``, ``uses``, ``refs``, ``born``, ``key``, ``table``,
+    ``parents``).
     Always shares nodes and never makes binary chains."""
 
     sharing = True
@@ -758,6 +919,8 @@ class ArrayDag:
         self.nodes = np.zeros((capacity, N_COLUMNS), np.int32)
         self.child_pool = np.zeros(4 * capacity, np.int32)
         self.key_pool = np.zeros(4 * capacity, np.int32)
+        #: the children of the nodes whose children changed, as they were made with them (B_START, B_LEN)
+        self.born_pool = np.zeros(16, np.int32)
         self.par_pool = np.zeros((4 * capacity, PAR_COLUMNS), np.int64)
         #: what only an insertion reads, a row a node (MEMBERS and the parent lists' heads and counts); dropped
         #: after each insertion (no rows), made again before the next (:func:`insertion_rows`)
@@ -844,10 +1007,10 @@ class ArrayDag:
         done = 0
         while done < len(positions):
             end = min(done + self.CHUNK, len(positions))
-            reached, self.par_pool = insert_programs_kernel(
+            reached, self.par_pool, self.born_pool = insert_programs_kernel(
                 positions, done, end, offsets, kinds, args, classes, self.reorganize, self.self_adjust, self.nodes,
                 self.ins, self.child_pool, self.key_pool, self.par_pool, self.slots, self.bloom, self.ctr,
-                self.leaf_node, roots)
+                self.leaf_node, roots, self.born_pool)
             if progress is not None and reached > done:
                 progress(reached - done)
             done = reached
@@ -876,16 +1039,18 @@ class ArrayDag:
         self.nodes = self.nodes[:self.n_nodes + 1].copy()
         self.child_pool = self.child_pool[:int(self.ctr[C_USED]) + 1].copy()
         self.key_pool = self.key_pool[:int(self.ctr[K_USED]) + 1].copy()
+        self.born_pool = self.born_pool[:int(self.ctr[B_USED]) + 1].copy()
         self.par_pool = np.zeros((0, PAR_COLUMNS), np.int64)
         self.ctr[P_USED] = 0
         self.ins = np.zeros((0, N_INS_COLUMNS), np.int32)
 
     # ------------------------------------------------------------- deletion
     def release_all(self, roots) -> None:
-        """Algorithm 5 for each of ``roots``."""
+        """Algorithm 5 for each of ``roots``, splices included."""
         self._python = None
-        release_all(np.asarray(roots, np.int64), self.self_adjust, self.nodes, self.ins, self.child_pool,
-                    self.key_pool, self.slots, self.ctr, self.leaf_node)
+        self.child_pool, self.born_pool = release_all(
+            np.asarray(roots, np.int64), self.self_adjust, self.nodes, self.ins, self.child_pool, self.born_pool,
+            self.key_pool, self.slots, self.ctr, self.leaf_node)
 
     # ------------------------------------------------------------ compaction
     def compacted(self, roots):
@@ -912,12 +1077,18 @@ class ArrayDag:
         gone = np.where(k_len > 0, gone, 0)
         rows[:, C_START] = np.concatenate(([0], np.cumsum(c_len)))[:-1]
         rows[:, K_START] = k_off[:-1]
+        changed = rows[:, B_START] >= 0
+        b_len = np.where(changed, rows[:, B_LEN], 0)
+        born_idx = old_to_new[_gathered(self.born_pool, rows[:, B_START], b_len)]
+        rows[:, B_START] = np.where(changed, np.concatenate(([0], np.cumsum(b_len)))[:-1], -1)
+        new.born_pool = _grown(born_idx.astype(np.int32), len(born_idx) + 1)
         rows[gone > 0, K_LEN] = -1
         new.nodes = _grown(rows, len(rows) + 1)
         new.child_pool = _grown(child_idx.astype(np.int32), len(child_idx) + 1)
         new.key_pool = _grown(np.where(key_idx < 0, 0, key_idx).astype(np.int32), len(key_idx) + 1)
         new.ctr = np.zeros(N_COUNTERS, np.int64)
         new.ctr[N_NODES], new.ctr[C_USED], new.ctr[K_USED] = len(rows), len(child_idx), len(key_idx)
+        new.ctr[B_USED] = len(born_idx)
         new.leaf_node = np.full(len(self.leaf_node), -1, np.int32)
         leaves = np.flatnonzero((rows[:, KIND] == LEAF) & (rows[:, K_LEN] >= 0))
         new.leaf_node[rows[leaves, LEAF_CLASS]] = leaves
@@ -929,18 +1100,27 @@ class ArrayDag:
 
     @classmethod
     def restored(cls, reorganize: bool, self_adjust: bool, kind, uses, leaf_pid, keys, child_len, child_idx,
-                 key_len, key_idx) -> "ArrayDag":
+                 key_len, key_idx, refs=None, born_len=None, born_idx=None) -> "ArrayDag":
         """A saved DAG (:meth:`saved`'s arrays, ``leaf_pid`` read through
         ``keys``, the :class:`PredicateKeys`), its ranges and use counts
         checked by the caller: the table and its filter and the leaf
         classes made again (``ins`` and the parent lists by the next
-        insertion).  ValueError when two nodes have one expression id."""
+        insertion).  Without ``refs``, ``born_len`` and ``born_idx`` (a
+        file of format 1) each node was made with the children it has.
+        ValueError when two nodes have one expression id."""
         n = len(kind)
         if n + len(child_idx) + len(key_idx) > _ID_LIMIT:
             raise ValueError("saved A-Tree: more nodes and links than int32 ids hold")
         new = cls(reorganize, self_adjust, capacity=n + 1)
         nodes = new.nodes
         nodes[:n, KIND], nodes[:n, USES] = kind, uses
+        nodes[:n, REFS] = uses if refs is None else refs
+        born_len = np.full(n, -1, np.int64) if born_len is None else np.asarray(born_len, np.int64)
+        born_idx = np.zeros(0, np.int64) if born_idx is None else np.asarray(born_idx, np.int64)
+        nodes[:n, B_LEN] = np.maximum(born_len, 0)
+        nodes[:n, B_START] = np.where(born_len >= 0, np.concatenate(([0], np.cumsum(nodes[:n, B_LEN])))[:-1], -1)
+        new.born_pool = _grown(born_idx.astype(np.int32), len(born_idx) + 1)
+        new.ctr[B_USED] = len(born_idx)
         nodes[:n, C_LEN], nodes[:n, K_LEN] = child_len, key_len
         nodes[:n, C_START] = np.concatenate(([0], np.cumsum(child_len)))[:-1]
         nodes[:n, K_START] = np.concatenate(([0], np.cumsum(np.maximum(key_len, 0))))[:-1]
@@ -992,14 +1172,19 @@ class ArrayDag:
     def saved(self, keys: PredicateKeys) -> dict:
         """The arrays :meth:`engine.algorithms.atree.ATreeMatcher.to_arrays`
         saves (of a compacted DAG: no removed node): per node its kind,
-        uses, leaf predicate id, children (CSR) and expression id's
-        children (CSR; ``key_len`` -1 without one, 0 for a leaf)."""
+        uses, leaf predicate id, children (CSR), expression id's children
+        (CSR; ``key_len`` -1 without one, 0 for a leaf), useCount and the
+        children it was made with (CSR; ``born_len`` -1 when they are its
+        children)."""
         kind, child_len, child_idx, leaf_pid = self.csr(keys)
         nodes = self.nodes[:self.n_nodes]
         key_len = nodes[:, K_LEN].copy()
+        changed = nodes[:, B_START] >= 0
         return {"kind": kind, "uses": self.use_counts(), "leaf_pid": leaf_pid, "child_len": child_len,
                 "child_idx": child_idx, "key_len": key_len,
-                "key_idx": _gathered(self.key_pool, nodes[:, K_START], np.maximum(key_len, 0))}
+                "key_idx": _gathered(self.key_pool, nodes[:, K_START], np.maximum(key_len, 0)),
+                "refs": nodes[:, REFS].astype(np.int64), "born_len": np.where(changed, nodes[:, B_LEN], -1),
+                "born_idx": _gathered(self.born_pool, nodes[:, B_START], np.where(changed, nodes[:, B_LEN], 0))}
 
     def python(self) -> ATreeDag:
         """The Python twin of this DAG: the same nodes, ids, children,
@@ -1020,6 +1205,11 @@ class ArrayDag:
         class_keys = list(map(tuple, self.class_rows.tolist()))
         dag.pred = [class_keys[c] if c >= 0 else None for c in leaf_class.tolist()]
         dag.uses = self.use_counts().tolist()
+        dag.refs = nodes[:, REFS].astype(np.int64).tolist()
+        changed = np.flatnonzero(nodes[:, B_START] >= 0)
+        born = _gathered(self.born_pool, nodes[changed, B_START], nodes[changed, B_LEN]).tolist()
+        b_at = np.concatenate(([0], np.cumsum(nodes[changed, B_LEN]))).tolist()
+        dag.born = {int(node): tuple(born[b_at[i]:b_at[i + 1]]) for i, node in enumerate(changed.tolist())}
         dag.key = [None if kl < 0 else ("L", dag.pred[i]) if dag.kind[i] == LEAF else
                    (dag.kind[i], tuple(keys[k_at[i]:k_at[i + 1]])) for i, kl in enumerate(k_len.tolist())]
         dag.table = {key: i for i, key in enumerate(dag.key) if key is not None}
@@ -1035,6 +1225,8 @@ class ArrayDag:
     children = property(lambda self: self.python().children)
     pred = property(lambda self: self.python().pred)
     uses = property(lambda self: self.python().uses)
+    refs = property(lambda self: self.python().refs)
+    born = property(lambda self: self.python().born)
     key = property(lambda self: self.python().key)
     table = property(lambda self: self.python().table)
     parents = property(lambda self: self.python().parents)

@@ -24,11 +24,20 @@
   (all of them up to :data:`SUBSET_ENUMERATION` children, pairs up to
   :data:`PAIR_ENUMERATION`, none beyond) -- only sub-sets whose children
   all are in some expression id of that size, as no other can be found.
-* **Use counts** (§4.2.3, Algorithms 4-5): ``uses[n]`` = parents that
-  link to ``n`` + subscriptions whose expression ``n`` is.  Insertion of
-  an expression that exists only adds a use; deletion removes a use and,
-  at zero, the node, its table entry and one use of each child
-  (recursively).
+* **Use counts** (§4.2.3, Algorithms 4-5): ``refs[n]`` is the paper's
+  *useCount*: the subscriptions whose expression ``n`` is + the nodes
+  made with ``n`` among their children (``born``: the children a node was
+  made with, kept when Algorithm 3 or a splice changes them).  ``uses[n]``
+  counts what links to ``n`` now: parents + subscriptions.  Insertion of
+  an expression that exists only adds a use; deletion removes one and, at
+  a useCount of zero, the node goes with its table entry and one useCount
+  of each child it was made with (recursively).  A node whose useCount is
+  zero may still be linked by a parent that took it in through Algorithm 3
+  (its *adopter*, an AND/OR of its operator): as §4.2.4 says, that parent
+  consumes the node's children in its place (the *splice*: ``a ∧ (b ∧ c)``
+  is ``a ∧ b ∧ c``), then the node goes.  An insertion removes nodes too
+  (a covered child, a binary chain made twice), only nodes nothing links:
+  it never splices, as the compiled DAG's parent lists could not follow.
 * **Self-adjustment** (§4.2.3, Algorithm 3): a new AND/OR node N becomes
   a child of every existing node P of its operator whose children include
   all of N's (found by intersecting the parent sets of N's children), in
@@ -97,6 +106,10 @@ class ATreeDag:
         self.children: list[tuple] = []
         self.pred: list = []
         self.uses: list[int] = []
+        #: the paper's useCount (see the module doc) and, per node whose children changed since it was made,
+        #: the children it was made with
+        self.refs: list[int] = []
+        self.born: dict = {}
         self.key: list = []
         self.table: dict = {}
         self.n_removed = 0
@@ -113,6 +126,7 @@ class ATreeDag:
         new.self_adjust, new.parents, new._owned = self.self_adjust, dict(self.parents), set()
         new.kind, new.children, new.pred = list(self.kind), list(self.children), list(self.pred)
         new.uses, new.key, new.table = list(self.uses), list(self.key), dict(self.table)
+        new.refs, new.born = list(self.refs), dict(self.born)
         new._key_members = None if self._key_members is None else \
             {size: set(members) for size, members in self._key_members.items()}
         return new
@@ -127,6 +141,7 @@ class ATreeDag:
         self.children.append(children)
         self.pred.append(pred)
         self.uses.append(0)
+        self.refs.append(0)
         self.key.append(key)
         if key is not None:
             self.table[key] = node
@@ -134,6 +149,7 @@ class ATreeDag:
                 self._add_key_members(key)
         for child in children:
             self.uses[child] += 1
+            self.refs[child] += 1
         if self.self_adjust:
             for child in set(children):
                 self._parent_set(child).add(node)
@@ -219,12 +235,14 @@ class ATreeDag:
         kids = self.children[parent]
         if parent == node or self.kind[parent] != op or len(kids) <= len(wanted) or not wanted.issubset(kids):
             return
+        self.born.setdefault(parent, kids)
         self.children[parent] = tuple(sorted([c for c in kids if c not in wanted] + [node]))
         self.uses[node] += 1
         self._parent_set(node).add(parent)
         for child in wanted:
             self._parent_set(child).discard(parent)
             self.uses[child] -= 1           # still >= 1: ``node`` reaches every child of ``wanted``
+            # (its useCount stays: ``parent`` was made with it, and deleting ``parent`` releases that)
 
     def _reorganized(self, op: int, flat: tuple) -> tuple:
         """Algorithm 2: existing ``op`` nodes over sub-sets of ``flat``,
@@ -287,6 +305,7 @@ class ATreeDag:
         more (a new r-node, or an existing node that now is one too)."""
         node = self._intern(expr)
         self.uses[node] += 1
+        self.refs[node] += 1
         return node
 
     def insert_programs(self, positions, offsets, kinds, args, leaf_key) -> list:
@@ -363,6 +382,7 @@ class ATreeDag:
             first = (starts[start:stop] - start).tolist()
             roots.append(nodes_of([len(ops) - 1])[0])
             self.uses[roots[-1]] += 1
+            self.refs[roots[-1]] += 1
         return roots
 
     # ----------------------------------------------------------- reading it
@@ -388,8 +408,13 @@ class ATreeDag:
                               len(kind))
         key_idx = np.fromiter(chain.from_iterable(k[1] for k in self.key if k is not None and k[0] != "L"),
                               np.int64, int(key_len[key_len > 0].sum()))
+        born_len = np.fromiter((len(self.born[n]) if n in self.born else -1 for n in range(len(kind))), np.int64,
+                               len(kind))
+        born_idx = np.fromiter(chain.from_iterable(self.born[n] for n in sorted(self.born)), np.int64,
+                               int(born_len[born_len > 0].sum()))
         return {"kind": kind, "uses": self.use_counts(), "leaf_pid": leaf_pid, "child_len": child_len,
-                "child_idx": child_idx, "key_len": key_len, "key_idx": key_idx}
+                "child_idx": child_idx, "key_len": key_len, "key_idx": key_idx,
+                "refs": np.array(self.refs, np.int64), "born_len": born_len, "born_idx": born_idx}
 
     def use_counts(self) -> np.ndarray:
         return np.array(self.uses, np.int64)
@@ -401,21 +426,59 @@ class ATreeDag:
             self.release(node)
 
     def release(self, node: int) -> None:
-        """Algorithm 5: one use less; at zero the node goes, and with it one
-        use of each of its children."""
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            self.uses[n] -= 1
-            if self.uses[n] == 0:
-                stack.extend(self.children[n])
-                self._forget(n)
+        """Algorithm 5 for a subscription whose expression is ``node``: one
+        use less; at a useCount of zero the node goes (spliced into the
+        parents that adopted it) and releases the children it was made with."""
+        self.uses[node] -= 1
+        self.refs[node] -= 1
+        self._settle([node], splice=True)
 
     def _remove(self, node: int) -> None:
-        children = self.children[node]
-        self._forget(node)                  # (first: it unlinks the node from its children's parent sets)
-        for child in children:
-            self.release(child)
+        """A node an insertion made but nothing links (and that nothing was made with) removed, and what it
+        was made with released: no splice while inserting."""
+        self._settle([node], splice=False)
+
+    def _settle(self, stack: list, splice: bool) -> None:
+        """The nodes of ``stack`` whose useCount is zero removed, in turn
+        pushing what they link and were made with; one still linked is
+        spliced into its adopters first (with ``splice``), else left."""
+        while stack:
+            n = stack.pop()
+            if self.kind[n] == REMOVED or self.refs[n] > 0:
+                continue
+            if self.uses[n] > 0 and not (splice and self._spliced(n)):
+                continue
+            kids, born = self.children[n], self.born.get(n)
+            self._forget(n)
+            for child in kids:
+                self.uses[child] -= 1
+            for child in kids if born is None else born:
+                self.refs[child] -= 1
+            stack.extend(kids)
+            if born is not None:
+                stack.extend(born)
+
+    def _spliced(self, node: int) -> bool:
+        """§4.2.4: each parent still linking ``node`` (one that adopted it:
+        Algorithm 3 links only a node of the parent's own operator) links
+        ``node``'s children in its place; False, changing nothing, when a
+        parent is of another operator (never, by construction: then the
+        node stays)."""
+        op, kids = self.kind[node], self.children[node]
+        parents = sorted(self.parents.get(node, ())) if self.self_adjust else []
+        if (op != AND and op != OR) or any(self.kind[p] != op for p in parents) or len(parents) != self.uses[node]:
+            return False
+        for parent in parents:
+            old = self.children[parent]
+            self.born.setdefault(parent, old)
+            linked = set(old)
+            new = [c for c in kids if c not in linked]
+            self.children[parent] = tuple(sorted([c for c in old if c != node] + new))
+            self.uses[node] -= 1
+            for child in new:
+                self.uses[child] += 1
+                self._parent_set(child).add(parent)
+        return True
 
     def _forget(self, node: int) -> None:
         if self.self_adjust:
@@ -427,6 +490,7 @@ class ATreeDag:
             del self.table[key]
         self.kind[node] = REMOVED
         self.children[node] = ()
+        self.born.pop(node, None)
         self.pred[node] = None
         self.key[node] = None
         self.n_removed += 1
@@ -444,6 +508,9 @@ class ATreeDag:
             new.children.append(tuple(old_to_new[c] for c in self.children[n]))
             new.pred.append(self.pred[n])
             new.uses.append(self.uses[n])
+            new.refs.append(self.refs[n])
+            if n in self.born:
+                new.born[old_to_new[n]] = tuple(old_to_new[c] for c in self.born[n])
             key = self.key[n]
             if key is not None and key[0] != "L":
                 # a reorganised node is keyed by its flat child set, whose unlinked members may be gone:
