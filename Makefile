@@ -18,7 +18,8 @@ PIP_FLAGS ?= --quiet --disable-pip-version-check
 
 ARGS ?=
 PYTEST_ARGS ?=
-# pytest-xdist worker processes for `make test` (each starts its own local Spark when it runs a Spark test)
+# pytest-xdist worker processes for `make test` (each starts its own local Spark when it runs a Spark test;
+# work stealing: an idle worker takes tests queued for the other, so a long test at the end idles no core)
 TEST_WORKERS ?= 2
 
 # Spark needs a Java runtime (Spark 4: Java 17). Use JAVA_HOME when set, else
@@ -53,7 +54,7 @@ run: $(STAMP)
 	$(VENV)/bin/bexmatch run $(ARGS)
 
 test: $(STAMP)
-	$(VPY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist worksteal) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/bexmatch bench $(ARGS)
