@@ -1076,8 +1076,8 @@ def _programs(rng, count: int):
                 part = leaves[:int(rng.integers(2, width))]
                 programs.append(([LEAF] * len(part) + [op], part + [len(part)]))
     offsets = np.cumsum([0] + [len(k) for k, _ in programs]).astype(np.int64)
-    return (offsets, np.array([x for k, _ in programs for x in k], np.int64),
-            np.array([x for _, a in programs for x in a], np.int64))
+    return (offsets, np.array([x for k, _ in programs for x in k], np.int8),     # (a segment's dtypes: the
+            np.array([x for _, a in programs for x in a], np.int32))     # kernels compiled for it serve)
 
 
 @pytest.mark.parametrize("reorganize, self_adjust", list(product((True, False), repeat=2)))
