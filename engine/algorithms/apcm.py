@@ -34,7 +34,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from engine.algorithms.base import BuildSettings, HostMatcher, list_truth_of
+from engine.algorithms.base import BuildSettings, HostMatcher, alive_flags, list_truth_of
 from engine.algorithms.betree import DEFAULT_LIMIT, BETreeMatcher
 from engine.algorithms.betree import check_expression as _betree_check
 from engine.algorithms.host_tasks import SERIAL_EVENTS, Runs, match_in_tasks, one_thread
@@ -190,7 +190,7 @@ class APCMMatcher(HostMatcher):
 
     def _runs(self, batch, pattern_truth, alive):
         n_subs = len(self.segment)
-        alive = np.ascontiguousarray(alive, dtype=np.uint8)
+        alive = alive_flags(alive)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         list_truth = list_truth_of(batch)
         t = self.tree

@@ -44,7 +44,7 @@ import sys
 
 import numpy as np
 
-from engine.algorithms.base import HostMatcher, list_truth_of
+from engine.algorithms.base import HostMatcher, alive_flags, list_truth_of
 from engine.algorithms.host_tasks import Runs, match_in_tasks
 from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
@@ -177,7 +177,7 @@ class ATreeMatcher(HostMatcher):
         n_events = batch.n_events
         if n_events == 0 or len(self.segment) == 0:
             return Runs.empty(n_events)
-        alive = np.ascontiguousarray(alive, dtype=np.uint8)
+        alive = alive_flags(alive)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         list_truth = list_truth_of(batch)
         a, x, preds = self.arrays, self.leaf_index, self.segment.predicates

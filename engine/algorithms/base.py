@@ -76,6 +76,20 @@ def list_truth_of(batch):
     return table
 
 
+def alive_flags(alive) -> np.ndarray:
+    """A segment's ``alive`` flags as every CPU kernel takes them: uint8,
+    contiguous and read-only (a read-only view: no copy).  numba compiles a
+    kernel again for each new type of argument, and a read-only array is
+    one: the snapshot's flags are read-only (nobody may change a published
+    state), so all the others are handed over so too, and each kernel is
+    compiled once."""
+    flags = np.ascontiguousarray(alive, dtype=np.uint8)
+    if flags.flags.writeable:
+        flags = flags.view()
+        flags.flags.writeable = False
+    return flags
+
+
 @dataclass(frozen=True)
 class BuildSettings:
     """What a matcher is built with: the Index's schema view (string

@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from engine.algorithms.base import HostMatcher, list_truth_of
+from engine.algorithms.base import HostMatcher, alive_flags, list_truth_of
 from engine.algorithms.host_tasks import Runs, match_in_tasks
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE
 from engine.algorithms.units import Units, check_dnf, dnf_units
@@ -409,7 +409,7 @@ class BETreeMatcher(HostMatcher):
         n_subs = len(self.segment)
         if n_events == 0 or n_subs == 0:
             return Runs.empty(n_events)
-        alive = np.ascontiguousarray(alive, dtype=np.uint8)
+        alive = alive_flags(alive)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         list_truth = list_truth_of(batch)
         ev_key = event_keys(batch.value, batch.attr, self.string_attr, self.str_map)

@@ -90,7 +90,7 @@ import hashlib
 
 import numpy as np
 
-from engine.algorithms.base import HostMatcher, list_truth_of
+from engine.algorithms.base import HostMatcher, alive_flags, list_truth_of
 from engine.algorithms.host_tasks import Runs, match_in_tasks
 from engine.algorithms.options import OpIndexOptions
 from engine.algorithms.units import program_tree
@@ -1106,7 +1106,7 @@ class OpIndexMatcher(HostMatcher):
         n_subs = len(self.segment)
         if n_events == 0 or n_subs == 0:
             return Runs.empty(n_events)
-        alive = np.ascontiguousarray(alive, dtype=np.uint8)
+        alive = alive_flags(alive)
         pattern_truth = np.ascontiguousarray(pattern_truth, dtype=np.uint8)
         list_truth = list_truth_of(batch)
         list_words = list_bits_words(list_truth)

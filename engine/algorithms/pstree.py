@@ -136,7 +136,7 @@ import copy
 import numba
 import numpy as np
 
-from engine.algorithms.base import HostMatcher, list_truth_of
+from engine.algorithms.base import HostMatcher, alive_flags, list_truth_of
 from engine.algorithms.host_tasks import SERIAL_EVENTS, Runs, match_in_tasks, sort_on_every_core
 from engine.algorithms.units import check_dnf, dnf_units
 from engine.compile import Segment
@@ -668,7 +668,7 @@ class _PSTreeMatcher(HostMatcher):
         if batch.n_events == 0 or len(self.segment) == 0:
             return Runs.empty(batch.n_events)
         launch = self._launcher(batch, np.ascontiguousarray(pattern_truth, np.uint8),
-                                np.ascontiguousarray(alive, np.uint8), np.zeros(0, np.int64))
+                                alive_flags(alive), np.zeros(0, np.int64))
         # (64 events a group from one event on: one event alone went no slower that way, W2 at 300 K)
         runs, self._matches_per_event = match_in_tasks(batch.n_events, launch, self._matches_per_event,
                                                        K.LANES if self.lanes > 1 else 1)
@@ -702,7 +702,7 @@ class _PSTreeMatcher(HostMatcher):
         ``stats``), for tests and tuning."""
         stats = np.zeros(3, np.int64)
         launch = self._launcher(batch, np.ascontiguousarray(pattern_truth, np.uint8),
-                                np.ascontiguousarray(alive, np.uint8), stats)
+                                alive_flags(alive), stats)
         n = batch.n_events
         cap = 1 << 20
         out = np.empty(cap, np.int32)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.algorithms.base import HostMatcher, list_truth_of
+from engine.algorithms.base import HostMatcher, alive_flags, list_truth_of
 from engine.compile import Segment
 from engine.events import EventBatch
 from gpu_kernels.compaction import compact_hits
@@ -37,6 +37,7 @@ class ScanMatcher(HostMatcher):
         chunk = int(max(1, min(batch.n_events, HIT_MATRIX_BYTES // n_subs)))
         hits = np.empty((chunk, n_subs), dtype=np.uint8)
         list_truth = list_truth_of(batch)
+        alive = alive_flags(alive)
         events, positions = [], []
         for start in range(0, batch.n_events, chunk):
             n = min(chunk, batch.n_events - start)
