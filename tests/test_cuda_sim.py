@@ -262,6 +262,7 @@ def test_scan_kernel_matches_cpu_twin(launch):
     preds = seg.predicates
     alive = np.ones(len(seg), np.uint8)
     alive[[2, 7]] = 0
+    alive.setflags(write=False)          # (as a matcher hands them: the cpu kernel compiled once, for the suite)
     event_start, n_chunk = 1, 4
     want = np.full((n_chunk, len(seg)), 9, np.uint8)
     args = [batch.offsets, batch.attr, batch.value, batch.token, seg.prog_offsets, seg.prog_kind, seg.prog_arg,

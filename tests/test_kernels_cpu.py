@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.algorithms.base import alive_flags
 from gpu_kernels import compaction
 from gpu_kernels.list_truth import list_bits_words
 
@@ -88,7 +89,7 @@ def test_opindex_kernels_take_the_struct_whole():
     preds = seg.predicates
     pairs = np.unique(np.stack([preds.attr, preds.aux], axis=1)[np.isin(preds.op, PATTERN_CODES)], axis=0)
     truth = event_batches.pattern_truth(batch, matcher.schema, pairs)
-    alive = np.ones(len(seg), np.uint8)
+    alive = alive_flags(np.ones(len(seg), np.uint8))      # (read-only, as a matcher hands the kernels)
     want_e, want_p = matcher.positions(batch, truth, alive)
     assert len(want_p)
     for kernel, n_tasks in ((cpu.opindex_match_kernel, 2), (cpu.opindex_match_serial, 1)):

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pytest
 
 from engine import available_backends
+from engine.algorithms.base import alive_flags
 from engine.events import EventBatch
 from gpu_kernels import cuda_support, opcodes
 from gpu_kernels import predicates as P
@@ -189,7 +190,7 @@ def scan_arguments():
     prog_offsets = np.arange(n + 1, dtype=np.int64)
     prog_kind = np.full(n, opcodes.LEAF, np.int8)
     prog_arg = np.arange(n, dtype=np.int32)
-    args = [b.offsets, b.attr, b.value, b.token, prog_offsets, prog_kind, prog_arg, np.ones(n, np.uint8),
+    args = [b.offsets, b.attr, b.value, b.token, prog_offsets, prog_kind, prog_arg, alive_flags(np.ones(n, np.uint8)),
             attr, op, lo, hi, set_offsets, set_values, aux, np.zeros((1, 1), np.uint8), b.list_truth]
     return args, (want_matrix() == opcodes.TRUE).astype(np.uint8)
 

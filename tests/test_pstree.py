@@ -619,7 +619,8 @@ def check_structure(m) -> None:
                for u in s.units[s.group_off[g]:s.group_off[g + 1]]}
         assert len(got) == len(s.units)                 # no unit twice under one key
         keys, owner, _ = K.space_combinations(m.units.offsets, m._pids, s.access, m.arity,
-                                              rows.attr.astype(np.int64), cov_off, cov_first, cov_last, m.n_access)
+                                              rows.attr.astype(np.int64), cov_off, cov_first, cov_last, m.n_access,
+                                              0, 0)
         assert got == {(tuple(k), int(u)) for k, u in zip(keys, owner)}
         for i in occupied:                              # each key is found where a probe looks
             h = int(K.key_hash(s.group_key, s.slot_group[i], m.n_access) & np.uint64(len(s.slot_group) - 1))
@@ -857,7 +858,7 @@ def test_keys_packed_as_enumerated_group_as_the_key_matrix_does():
         _, (cov_off, cov_first, cov_last), _ = predicate_spaces(rows, m.indexable, m.defining, m.n_attrs)
         args = (m.units.offsets, m._pids, s.access, m.arity, rows.attr.astype(np.int64), cov_off, cov_first,
                 cov_last, n_access)
-        keys, owner, packed = K.space_combinations(*args)
+        keys, owner, packed = K.space_combinations(*args, 0, 0)
         assert len(packed) == 0 and len(keys) == len(owner) > 1000
         want = grouped_keys(keys, owner)
         n_spaces = int(m.spaces.space_off[-1])

@@ -362,7 +362,7 @@ class BETreeMatcher(HostMatcher):
         for e in range(n):
             K.betree_match_serial(np.array([e]), np.array([e + 1]), out, 0, ev_count, stop, need, len(self.segment),
                                   offsets, attr, value, token, ev_key, truth, list_truth, self.table, self.tree.p_attr,
-                                  self.leaf, self.units.rows, np.ones(len(self.segment), np.uint8), loss)
+                                  self.leaf, self.units.rows, alive_flags(np.ones(len(self.segment), np.uint8)), loss)
         return loss / max(n, 1)
 
     def _recycle(self, dyn: DynamicTree, unit_map: np.ndarray) -> tuple[int, int]:

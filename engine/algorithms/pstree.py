@@ -214,7 +214,9 @@ def grouped_space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, co
         packed = K.space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width,
                                       key_bits, owner_bits)[2]
         return _grouped_packed(packed, width, key_bits, owner_bits)
-    keys, owner, _ = K.space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width)
+    # (0, 0: unpacked; passed, not left to the defaults, which numba would compile a kernel apart for)
+    keys, owner, _ = K.space_combinations(unit_off, pids, acc, arity, row_attr, cov_off, cov_first, cov_last, width,
+                                          0, 0)
     return grouped_keys(keys, owner)
 
 
@@ -1001,7 +1003,7 @@ class PSTHashMatcher(_PSTreeMatcher):
         acc, arity = fx["acc"].copy(), fx["arity"].copy()
         limit_combinations(acc, arity, n_cov[self._pids[np.maximum(acc, 0)]], self.max_combinations)
         keys, owner, _ = K.space_combinations(fx["f_off"], self._pids, acc, arity, rows.attr.astype(np.int64),
-                                              iv_off, cov_first, cov_last, width)
+                                              iv_off, cov_first, cov_last, width, 0, 0)
         # the old keys: each old space became the new spaces lo..hi (one when kept or merged, several when split)
         n_old = int(old.spaces.space_off[-1])
         pe = fx["parent_elem"]

@@ -985,7 +985,7 @@ class ArrayDag:
         each position's postfix program inserted in order; their r-nodes.
         ``progress(k)`` is told each time k more are in."""
         positions = np.asarray(list(positions) if not isinstance(positions, np.ndarray) else positions, np.int64)
-        offsets, kinds, args = np.asarray(offsets, np.int64), np.asarray(kinds), np.asarray(args)
+        offsets, kinds, args = np.asarray(offsets, np.int64), _as(kinds, np.int8), _as(args, np.int32)
         if len(positions) == 0:
             return []
         starts = subexpression_starts(offsets, kinds, args)
@@ -1230,6 +1230,18 @@ class ArrayDag:
     key = property(lambda self: self.python().key)
     table = property(lambda self: self.python().table)
     parents = property(lambda self: self.python().parents)
+
+
+def _as(values, dtype) -> np.ndarray:
+    """``values`` in a segment's dtype for them (int8 kinds, int32 arguments), so that the kernels are
+    compiled for those only; ValueError for a value that dtype does not hold."""
+    values = np.asarray(values)
+    if values.dtype != dtype:
+        info = np.iinfo(dtype)
+        if values.size and (values.min() < info.min or values.max() > info.max):
+            raise ValueError(f"malformed postfix program: a value beyond {np.dtype(dtype).name}")
+        values = values.astype(dtype)
+    return values
 
 
 def _gathered(pool: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:

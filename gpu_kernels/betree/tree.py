@@ -519,7 +519,7 @@ def insert_units(T, units, start):
         _link(C, P, U, u, c)
         if C[c, COUNT] > C[c, CAP]:
             work[0] = c
-            work, n_work = resolve_overflow(T, work, 1)
+            work, n_work = resolve_overflow(T, work, np.int64(1))      # (int64, as the other call: one compile)
             if n_work > 0:
                 return i + 1, work, n_work
     return len(units), work, 0
