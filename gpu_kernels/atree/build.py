@@ -1051,6 +1051,7 @@ class ArrayDag:
         self.child_pool, self.born_pool = release_all(
             np.asarray(roots, np.int64), self.self_adjust, self.nodes, self.ins, self.child_pool, self.born_pool,
             self.key_pool, self.slots, self.ctr, self.leaf_node)
+        self._trim()                    # (a splice that widened a parent may have doubled a pool)
 
     # ------------------------------------------------------------ compaction
     def compacted(self, roots):
