@@ -135,11 +135,7 @@ class Snapshot:
                     if len(order) > 1 and (order[1:] < order[:-1]).any():
                         segment = segment.take(order)
                     segment = segment.coded(self.view)
-                    alive = np.ones(len(segment), np.uint8)
-                    # read-only as the main part's (``__init__``): numba types a read-only array apart, and each
-                    # kernel would be compiled a second time for a writable ``alive``
-                    alive.setflags(write=False)
-                    part = self._delta_part = (segment, alive, ScanMatcher(segment, "cpu"))
+                    part = self._delta_part = (segment, np.ones(len(segment), np.uint8), ScanMatcher(segment, "cpu"))
         return part
 
     def matchers(self, builder) -> list:
