@@ -382,10 +382,12 @@ def _restored_dag(meta: dict, arrays: dict, keys: PredicateKeys):
 
 
 def sharing_statistics(dag: ATreeDag, arrays, roots) -> dict:
-    """Node counts, and the sharing §6.1 measures: the average use count
-    (§4.2.3: parents linking to a node plus subscriptions that are it) of
-    the l-nodes (a predicate's sharing) and of the i-nodes -- operator
-    nodes that are no subscription's whole expression (a subexpression's);
+    """Node counts, and the sharing §6.1 measures: the average number of
+    uses of a node -- parents linking to it now plus subscriptions that
+    are it (``uses``; not the useCount ``refs``, whose parents are those
+    made with the node, before self-adjustment relinked any) -- over the
+    l-nodes (a predicate's sharing) and over the i-nodes, operator nodes
+    that are no subscription's whole expression (a subexpression's);
     r-nodes are the subscriptions' distinct expressions."""
     kind = dag.kinds()
     uses = dag.use_counts()

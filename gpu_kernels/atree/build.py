@@ -448,10 +448,74 @@ def _linking(p, n, nodes, child_pool, found, count):
 
 
 @njit(cache=True)
+def _adopters(n, nodes, child_pool, p_start, p_list, added, n_added, found):
+    """The live parents linking ``n``: those the parent index lists and those
+    splices linked since it was made (``added``, pairs); into ``found``, and
+    their number."""
+    count = 0
+    for k in range(p_start[n], p_start[n + 1]):
+        found, count = _linking(p_list[k], n, nodes, child_pool, found, count)
+    for k in range(0, n_added, 2):
+        if added[k + 1] == n:
+            found, count = _linking(added[k], n, nodes, child_pool, found, count)
+    return found, count
+
+
+@njit(cache=True)
+def _splice(n, adopters, count, nodes, child_pool, born_pool, ctr, buf, added, n_added):
+    """§4.2.4's splice: each of ``adopters[:count]`` (sorted) links the
+    children of ``n`` in its place, those it does not link already
+    (``a op (b op c)`` = ``a op b op c`` for AND and OR); each new link is
+    recorded in ``added``.  A parent keeps the children it was made with
+    first (``_keep_born``).  Returns the pools, the buffer and ``added``
+    (each grown when full) and the number of entries in ``added``."""
+    m0, mc = nodes[n, C_START], nodes[n, C_LEN]
+    for k in range(count):
+        p = adopters[k]
+        born_pool = _keep_born(p, nodes, child_pool, born_pool, ctr)
+        c0, nc = nodes[p, C_START], nodes[p, C_LEN]
+        if len(buf) < nc + mc:
+            buf = np.empty(2 * (nc + mc), np.int64)
+        m = 0
+        for i in range(c0, c0 + nc):
+            if child_pool[i] != n:
+                buf[m] = child_pool[i]
+                m += 1
+        for i in range(m0, m0 + mc):
+            c = child_pool[i]
+            if not _holds(child_pool, c0, nc, c):
+                buf[m] = c
+                m += 1
+                nodes[c, USES] += 1
+                added, n_added = _push(added, n_added, p)
+                added, n_added = _push(added, n_added, c)
+        nodes[n, USES] -= 1
+        _sort(buf, 0, m)
+        if m > nc:                  # wider: written anew at the pool's end
+            c0 = ctr[C_USED]
+            if c0 + m > len(child_pool):
+                grown = np.empty(2 * len(child_pool) + m, child_pool.dtype)
+                grown[:c0] = child_pool[:c0]
+                child_pool = grown
+            ctr[C_USED] = c0 + m
+            nodes[p, C_START] = c0
+        child_pool[c0:c0 + m] = buf[:m]
+        nodes[p, C_LEN] = m
+    return child_pool, born_pool, buf, added, n_added
+
+
+@njit(cache=True)
 def release_all(roots, self_adjust, nodes, ins, child_pool, born_pool, key_pool, slots, ctr, leaf_node):
     """Algorithm 5 for each of ``roots`` (``ATreeDag.release``), with the
     splice of §4.2.4; returns the child and born pools (a splice that
-    widens a parent writes its children anew at the pool's end)."""
+    widens a parent writes its children anew at the pool's end).
+
+    A node whose useCount (``REFS``) reaches zero goes, releasing its
+    children in cascade, unless parents still link it (``USES``): those
+    adopted it through self-adjustment.  When every one of them has its
+    operator, it is spliced into them and then goes; otherwise it stays.
+    Parents are found through an index of every link, made at the first
+    node that needs it (there are no parent lists between insertions)."""
     stack = np.empty(64, np.int64)
     found = np.empty(16, np.int64)
     buf = np.empty(16, np.int64)
@@ -476,12 +540,7 @@ def release_all(roots, self_adjust, nodes, ins, child_pool, born_pool, key_pool,
                 if not indexed:
                     p_start, p_list = _parent_index(nodes, child_pool, ctr[N_NODES])
                     indexed = True
-                count = 0
-                for k in range(p_start[n], p_start[n + 1]):
-                    found, count = _linking(p_list[k], n, nodes, child_pool, found, count)
-                for k in range(0, n_added, 2):
-                    if added[k + 1] == n:
-                        found, count = _linking(added[k], n, nodes, child_pool, found, count)
+                found, count = _adopters(n, nodes, child_pool, p_start, p_list, added, n_added, found)
                 if count != nodes[n, USES]:
                     continue
                 same = True
@@ -491,38 +550,8 @@ def release_all(roots, self_adjust, nodes, ins, child_pool, born_pool, key_pool,
                 if not same:
                     continue
                 _sort(found, 0, count)
-                m0, mc = nodes[n, C_START], nodes[n, C_LEN]
-                for k in range(count):
-                    p = found[k]
-                    born_pool = _keep_born(p, nodes, child_pool, born_pool, ctr)
-                    c0, nc = nodes[p, C_START], nodes[p, C_LEN]
-                    if len(buf) < nc + mc:
-                        buf = np.empty(2 * (nc + mc), np.int64)
-                    m = 0
-                    for i in range(c0, c0 + nc):
-                        if child_pool[i] != n:
-                            buf[m] = child_pool[i]
-                            m += 1
-                    for i in range(m0, m0 + mc):
-                        c = child_pool[i]
-                        if not _holds(child_pool, c0, nc, c):
-                            buf[m] = c
-                            m += 1
-                            nodes[c, USES] += 1
-                            added, n_added = _push(added, n_added, p)
-                            added, n_added = _push(added, n_added, c)
-                    nodes[n, USES] -= 1
-                    _sort(buf, 0, m)
-                    if m > nc:                  # wider: written anew at the pool's end
-                        c0 = ctr[C_USED]
-                        if c0 + m > len(child_pool):
-                            grown = np.empty(2 * len(child_pool) + m, child_pool.dtype)
-                            grown[:c0] = child_pool[:c0]
-                            child_pool = grown
-                        ctr[C_USED] = c0 + m
-                        nodes[p, C_START] = c0
-                    child_pool[c0:c0 + m] = buf[:m]
-                    nodes[p, C_LEN] = m
+                child_pool, born_pool, buf, added, n_added = _splice(n, found, count, nodes, child_pool, born_pool,
+                                                                     ctr, buf, added, n_added)
             stack, depth = _drop(n, self_adjust, nodes, ins, child_pool, born_pool, key_pool, slots, ctr, leaf_node,
                                  stack, depth)
     return child_pool, born_pool
