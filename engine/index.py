@@ -679,7 +679,15 @@ class Index:
 
     def match(self, event: Mapping[str, object]) -> np.ndarray:
         """Ids of the subscriptions TRUE on one event (dict), ascending."""
-        return self.pinned().match(event)
+        return self._match_one(self._state, event)
+
+    def _match_one(self, state: Snapshot, event: Mapping[str, object]) -> np.ndarray:
+        """:meth:`match` against the snapshot ``state``: the batch route
+        without what only a batch needs (output forms, event slices sized
+        to a memory budget: one event's matches are at most the index)."""
+        if not isinstance(event, Mapping):
+            raise TypeError(f"match takes one event as a dict (a mapping), not {type(event).__name__}")
+        return self._match_encoded(state, event_batches.encode_events([event], state.view, "raise"))[1]
 
     def pinned(self) -> "PinnedIndex":
         """The index as it is now, for several matches that must agree: its
@@ -1084,9 +1092,7 @@ class PinnedIndex:
 
     def match(self, event: Mapping[str, object]) -> np.ndarray:
         """:meth:`Index.match` against this state."""
-        if not isinstance(event, Mapping):
-            raise TypeError(f"match takes one event as a dict (a mapping), not {type(event).__name__}")
-        return self.match_batch([event])[0]
+        return self._index._match_one(self._state, event)
 
     def match_batch(self, events: Events | Mapping[str, Any], *, output: str = "list", errors: str = "raise",
                     id_column: str | None = None, valid: Mapping[str, Any] | None = None):
