@@ -390,10 +390,14 @@ def _assemble(schema: Schema, n_events: int, event_idx, attr, value, string_posi
         value[positions] = counts
         token[positions] = np.arange(len(positions), dtype=np.int32)
         list_fields = dict(list_offsets=list_offsets, list_keys=list_keys, list_attr=attr[positions].copy())
-    if order is None:
-        order = _event_attr_order(event_idx, attr)
-    counts = np.bincount(event_idx, minlength=n_events) if len(event_idx) else np.zeros(n_events, np.int64)
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    if n_events == 1:           # (one event: its attributes' order, without the batch's composite key)
+        order = np.argsort(attr, kind="stable") if order is None else order
+        offsets = np.array([0, len(attr)], np.int64)
+    else:
+        if order is None:
+            order = _event_attr_order(event_idx, attr)
+        counts = np.bincount(event_idx, minlength=n_events) if len(event_idx) else np.zeros(n_events, np.int64)
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     rejected = refusals.rejected() if refusals is not None else ()
     return EventBatch(offsets, attr[order], value[order], token[order], distinct, rejected, **list_fields)
 
@@ -498,13 +502,19 @@ def from_dicts(events, schema: Schema, errors: str = "raise") -> EventBatch:
                   pa.array(items, pa.large_string()) if element_family is Family.STRING else np.array(items, np.float64),
                   element_family)
     return _assemble(schema, len(events), event_idx, attrs, values, np.array(string_positions, np.int64),
-                     pa.array(strings, pa.large_string()), refusals=refusals, lists=lists)
+                     pa.array(strings, pa.large_string()) if strings else _NO_STRINGS, refusals=refusals,
+                     lists=lists)
 
 
 def _code(raw, family: Family | None) -> float | None:
     """The numeric code of one event value, or None if the attribute does
     not take it (the module's rule).  Strings get their code later,
     vectorised."""
+    kind = type(raw)        # the common cases first: a single event pays for each attribute's checks
+    if family is Family.NUMERIC and (kind is float or kind is int):
+        if kind is int:
+            return float(raw) if -MAX_EXACT_INT <= raw <= MAX_EXACT_INT else None
+        return raw if math.isfinite(raw) else None
     if family is None:      # only IS [NOT] NULL uses the attribute: presence is all that counts
         return 0.0
     if family is Family.BOOLEAN:
