@@ -93,8 +93,9 @@ class PredicateTable:
         (the key columns of a table never change)."""
         if getattr(self, "_pattern_pairs", None) is None:
             rows = np.isin(self.op, PATTERN_CODES)
+            # (most tables have none: np.unique over rows costs a small delta's table 0.1 ms)
             self._pattern_pairs = np.unique(np.stack([self.attr[rows].astype(np.int64), self.aux[rows]], axis=1),
-                                            axis=0)
+                                            axis=0) if rows.any() else np.zeros((0, 2), np.int64)
         return self._pattern_pairs
 
     def list_pairs(self) -> np.ndarray:
@@ -132,6 +133,9 @@ class PredicateTable:
         if self.coded_version == schema.version and self.lo is not None:
             return self
         table = PredicateTable(*self.key_columns())
+        for derived in ("_pattern_pairs", "_list_pairs", "_list_index"):      # (of the keys alone: shared)
+            if getattr(self, derived, None) is not None:
+                setattr(table, derived, getattr(self, derived))
         table.recode(schema)
         return table
 
@@ -141,8 +145,12 @@ class PredicateTable:
         only for a table no match can see yet (see :meth:`coded`)."""
         if self.coded_version == schema.version and self.lo is not None:
             return
-        string_attr = np.array([schema.families[name] is Family.STRING for name in schema.attr_names] or [False])
-        is_string = string_attr[self.attr] if len(self.attr) else np.zeros(0, bool)
+        is_string = np.zeros(len(self.attr), bool)
+        if len(self.attr):          # (the attributes the table uses: a small delta need not look at 20 K)
+            used = np.unique(self.attr)
+            names = schema.attr_names
+            string_used = np.array([schema.families[names[a]] is Family.STRING for a in used.tolist()])
+            is_string = string_used[np.searchsorted(used, self.attr)]
         plain = is_string & ~np.isin(self.op, SET_CODES + PATTERN_CODES) & (self.op != opcodes.IS_NULL) \
             & (self.op != opcodes.IS_NOT_NULL)
         self.lo = self.lo_key.copy()

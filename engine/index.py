@@ -924,9 +924,10 @@ class Index:
     def _pattern_truth(self, state: Snapshot, batch) -> np.ndarray:
         """The LIKE/MATCHES results of ``batch``'s strings for the patterns
         of the snapshot's segments (:func:`engine.events.pattern_truth`)."""
-        matchers = state.matchers(self)
-        pairs = matchers[0][0].predicates.pattern_pairs() if len(matchers) == 1 else \
-            np.unique(np.concatenate([seg.predicates.pattern_pairs() for seg, _, _ in matchers]), axis=0)
+        parts = [pairs for pairs in (seg.predicates.pattern_pairs() for seg, _, _ in state.matchers(self))
+                 if len(pairs)]
+        pairs = parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts), axis=0) if parts else \
+            np.zeros((0, 2), np.int64)
         return event_batches.pattern_truth(batch, state.view, pairs)
 
     def _match_encoded(self, state: Snapshot, batch, device: bool = False, strings=None, truth=None):
