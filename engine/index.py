@@ -336,7 +336,7 @@ class Index:
             raise TypeError(f"explain takes one event as a dict (a mapping), not {type(event).__name__}")
         state = self._state
         node = self._expression_node(state, sub_id)
-        self.match_batch([event])                 # the same checks of the event as match's
+        self._match_one(state, event)            # match's checks of the event (BadEventError)
         return explain(node, event)
 
     @staticmethod
