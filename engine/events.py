@@ -575,6 +575,8 @@ def decimal_codes(values) -> np.ndarray:
     decimal -> float64 cast is not always the nearest float64."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
+    if values.type.bit_width < 128:         # decimal32/64: Arrow has no dictionary_encode kernel for them
+        values = values.cast(pa.decimal128(values.type.precision, values.type.scale))
     encoded = pc.dictionary_encode(values)
     codes = [_decimal_code(d) for d in encoded.dictionary.to_pylist()]
     codes = np.array([math.nan if c is None else c for c in codes] + [math.nan])    # the last: nulls
@@ -782,7 +784,7 @@ def _is_view(dtype: pa.DataType) -> bool:
 
 def _without_views(column):
     """An event column (or a map's values) in the layouts this module's
-    pyarrow kernels read: a dictionary of lists as its lists, string views
+    pyarrow kernels read: run-end encoded ones decoded, a dictionary of lists as its lists, string views
     as large strings (no take or filter kernel reads them, so neither a
     dictionary of them nor a map's values could be decoded), and list
     views rebuilt as large lists from their views' lengths and values
@@ -790,6 +792,8 @@ def _without_views(column):
     offset 0 -- an invalid array that reads wrong without an error;
     tests/test_lists.py's views in any order)."""
     dtype = column.type
+    if pa.types.is_run_end_encoded(dtype):          # runs of one value: the values, one a row
+        return _without_views(pc.run_end_decode(column))
     if pa.types.is_dictionary(dtype) and pa.types.is_string_view(dtype.value_type):
         if isinstance(column, pa.ChunkedArray):
             return pa.chunked_array([_without_views(chunk) for chunk in column.chunks], pa.large_string())
@@ -972,7 +976,8 @@ def from_pandas(frame, schema: Schema, errors: str = "raise") -> EventBatch:
     values, or one pyarrow refuses (a lone surrogate, an int beyond int64),
     is read value by value under the dict rule, so that each bad value is
     named or (``errors="null"``) dropped alone."""
-    from pandas.api.types import infer_dtype     # pandas is optional: a DataFrame brings it
+    import pandas as pd                          # pandas is optional: a DataFrame brings it
+    from pandas.api.types import infer_dtype
 
     _check_errors_mode(errors)
     refusals = _Refusals(errors)
@@ -983,12 +988,20 @@ def from_pandas(frame, schema: Schema, errors: str = "raise") -> EventBatch:
                               f"name: attribute names are str (rename the columns, e.g. "
                               f"frame.columns = frame.columns.astype(str))")
         name = str(label)
+        # a column pandas holds as Arrow (pd.ArrowDtype) is read as that Arrow column: a map column's keys
+        # are attributes, and lists keep their nulls and exact integers (to_numpy would make floats of them)
+        arrow = isinstance(series.dtype, pd.ArrowDtype)
+        if arrow and pa.types.is_map(series.dtype.pyarrow_dtype):
+            columns.append((name, pa.array(series)))
+            continue
         if name not in schema.attr_ids:
             continue
         array = None
-        if schema.families[name] in ELEMENT_OF:
+        if arrow:
+            array = pa.array(series)
+        elif schema.families[name] in ELEMENT_OF:
             pass            # lists: read by the dict rule below (pyarrow would guess element types)
-        elif series.dtype != object or infer_dtype(series, skipna=True) in _ONE_KIND:
+        elif series.dtype != object or _one_kind(series, infer_dtype):
             try:
                 array = pa.array(series, from_pandas=True)
             except (pa.ArrowException, UnicodeEncodeError, OverflowError, TypeError, ValueError):
@@ -997,6 +1010,17 @@ def from_pandas(frame, schema: Schema, errors: str = "raise") -> EventBatch:
             array = _by_dict_rule(series, name, schema.families[name], refusals, len(columns))
         columns.append((name, array))
     return _from_columns(columns, len(frame), schema, refusals)
+
+
+def _one_kind(series, infer_dtype) -> bool:
+    """Whether an object column holds one kind of value that pyarrow
+    converts as the dict rule reads it (:data:`_ONE_KIND`) -- not floats
+    among which a ``numpy.longdouble`` hides: pyarrow rounds it to float64,
+    where the dict rule refuses a value float64 cannot hold."""
+    kind = infer_dtype(series, skipna=True)
+    if kind == "floating" and np.longdouble is not np.float64:
+        return not any(type(value) is np.longdouble for value in series.tolist())
+    return kind in _ONE_KIND
 
 
 def _pandas_missing(value) -> bool:

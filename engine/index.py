@@ -1177,14 +1177,15 @@ def _split_event_ids(events, id_column: str):
         ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
         return rest, ids
     if isinstance(events, (list, tuple)):
-        try:
-            ids = [event[id_column] for event in events]
-        except KeyError:
-            at = next(i for i, event in enumerate(events) if id_column not in event)
-            raise KeyError(f"id_column {id_column!r}: event {at} has no such key") from None
-        except TypeError:
-            raise TypeError("events with id_column are dicts, a pyarrow Table/RecordBatch or a pandas DataFrame")
-        return [{k: v for k, v in event.items() if k != id_column} for event in events], _id_array(ids, id_column)
+        # an event that is no mapping has no id (null) and goes on as it is: the encoder refuses it, naming
+        # its place, as it does without id_column (errors="report": that event alone)
+        at = next((i for i, event in enumerate(events) if isinstance(event, Mapping) and id_column not in event),
+                  None)
+        if at is not None:
+            raise KeyError(f"id_column {id_column!r}: event {at} has no such key")
+        ids = [event[id_column] if isinstance(event, Mapping) else None for event in events]
+        return ([{k: v for k, v in event.items() if k != id_column} if isinstance(event, Mapping) else event
+                 for event in events], _id_array(ids, id_column))
     if type(events).__module__.startswith("pandas"):
         if id_column in events.columns:
             return events.drop(columns=[id_column]), _id_array(events[id_column], id_column)

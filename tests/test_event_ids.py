@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine import Index
+from engine.events import NotAnEventError
 from engine.cli import main
 
 SUBS = ["price < 600", "color = 'red'", "id IS NULL"]     # an attribute named like the id: never matched
@@ -73,6 +74,12 @@ def test_id_column_errors(idx):
     found, rejected = idx.match_batch(EVENTS + [{"eid": "e-4", "price": "cheap"}], output="arrow",
                                       id_column="eid", errors="report")
     assert [bad.event for bad in rejected] == [3] and "e-4" not in found["eid"].to_pylist()
+    # an event that is no dict has no id: it is that event's error, as without id_column
+    found, rejected = idx.match_batch(EVENTS + ["oops"], output="arrow", id_column="eid", errors="report")
+    assert [(bad.event, type(bad).__name__) for bad in rejected] == [(3, "NotAnEventError")]
+    assert found.to_pydict() == expected(["e-1", "e-2", "e-3"])
+    with pytest.raises(NotAnEventError, match="^event 3: not a mapping"):
+        idx.match_batch(EVENTS + ["oops"], output="arrow", id_column="eid")
 
 
 def test_cli_id_field(tmp_path, capsys):

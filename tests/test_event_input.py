@@ -149,6 +149,61 @@ def test_decimals_follow_one_rule_in_every_form(form, errors):
     assert [m.tolist() for m in idx.match_batch(events, errors="null")] == want
 
 
+@pytest.mark.parametrize("arrow_type", [pa.decimal32(9, 2), pa.decimal64(18, 2)], ids=str)
+def test_narrow_arrow_decimals_read_as_wide_ones(arrow_type):
+    """decimal32 and decimal64 columns, map values and list elements
+    match as decimal128 ones (Arrow's dictionary_encode has no kernel for
+    them, which the encoder used to call as it is)."""
+    idx = Index(algorithm="scan", backend="cpu", schema={"x": "numeric", "l": "list<numeric>"})
+    idx.add_many([1, 2, 3], ["x = 0.1", "x IS NULL", "0.1 IN l"])
+    values = [Decimal("0.10"), Decimal("-7.25"), None]
+    want = [[1], [], [2]]
+    column = pa.array(values, arrow_type)
+    forms = {"column": pa.table({"x": column}),
+             "map": pa.table({"attrs": pa.array([[] if v is None else [("x", v)] for v in values],
+                                                pa.map_(pa.string(), arrow_type))})}
+    for name, events in forms.items():
+        assert [m.tolist() for m in idx.match_batch(events)] == want, name
+    lists = pa.table({"l": pa.array([[v] for v in values], pa.list_(arrow_type))})
+    assert [m.tolist() for m in idx.match_batch(lists)] == [[2, 3], [2], [2]]
+
+
+def test_pandas_arrow_backed_columns_read_as_arrow():
+    """A DataFrame column pandas holds as Arrow (``pd.ArrowDtype``) reads as
+    the Arrow column: a list keeps its null elements (dropped) and its exact
+    integers (2**53 + 1 refused, not rounded to 2**53), and a map column's
+    keys are attributes."""
+    idx = Index(algorithm="scan", backend="cpu", schema={"ln": "list<numeric>", "price": "numeric"})
+    idx.add_many([1, 2, 3, 4], ["1 IN ln", "9007199254740992 IN ln", "price > 10", "price IS NULL"])
+    table = pa.table({"ln": pa.array([[None, 1], [2 ** 53 + 1], None], pa.list_(pa.int64())),
+                      "attrs": pa.array([[("price", 12.5)], [], None], pa.map_(pa.string(), pa.float64()))})
+    frame = table.to_pandas(types_mapper=pd.ArrowDtype)
+    for events in (table, frame):
+        found, rejected = idx.match_batch(events, errors="report")
+        assert [m.tolist() for m in found] == [[1, 3], [], [4]]
+        assert [(bad.event, bad.attribute) for bad in rejected] == [(1, "ln")]
+
+
+def test_run_end_encoded_columns_read_as_their_values():
+    idx = Index(algorithm="scan", backend="cpu", schema={"s": "string", "x": "numeric"})
+    idx.add_many([1, 2, 3], ["s = 'a'", "x >= 2", "s IS NULL"])
+    table = pa.table({"s": pa.RunEndEncodedArray.from_arrays(pa.array([2, 3], pa.int32()), pa.array(["a", None])),
+                      "x": pa.RunEndEncodedArray.from_arrays(pa.array([1, 3], pa.int32()), pa.array([1.0, 2.0]))})
+    assert [m.tolist() for m in idx.match_batch(table)] == [[1], [1, 2], [2, 3]]
+
+
+def test_a_longdouble_among_floats_in_an_object_column_follows_the_dict_rule():
+    """pyarrow would round ``np.longdouble('0.1')`` to 0.1 in an object
+    column of floats; the dict rule refuses what float64 cannot hold."""
+    idx = Index(algorithm="scan", backend="cpu", schema={"x": "numeric"})
+    idx.add_many([1, 2], ["x = 0.1", "x = 0.5"])
+    frame = pd.DataFrame({"x": pd.Series([np.longdouble("0.1"), 0.5], dtype=object)})
+    found, rejected = idx.match_batch(frame, errors="report")
+    exact = np.longdouble("0.1") == np.float64(0.1)        # (a platform whose longdouble is float64)
+    assert [m.tolist() for m in found] == [[1] if exact else [], [2]]
+    assert [bad.event for bad in rejected] == ([] if exact else [0])
+
+
 def test_non_finite_decimals_are_wrong_values():
     idx = Index(algorithm="scan", backend="cpu")
     idx.add_many([1, 2], ["x > 0", "x IS NULL"])

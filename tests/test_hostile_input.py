@@ -46,7 +46,9 @@ import re
 from decimal import Decimal
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import re2
 from hypothesis import HealthCheck, assume, given, settings
@@ -792,6 +794,10 @@ _ARROW_COLUMNS = {
     "decimal128": (pa.decimal128(38, 20), st.one_of(st.decimals(min_value=-10 ** 17, max_value=10 ** 17, places=20,
                                                                 allow_nan=False, allow_infinity=False), st.none())),
     "decimal256": (pa.decimal256(60, 0), st.one_of(st.integers(-(10 ** 59), 10 ** 59).map(Decimal), st.none())),
+    "decimal32": (pa.decimal32(9, 2), st.one_of(st.decimals(min_value=-(10 ** 6), max_value=10 ** 6, places=2,
+                                                            allow_nan=False, allow_infinity=False), st.none())),
+    "decimal64": (pa.decimal64(18, 4), st.one_of(st.decimals(min_value=-(10 ** 13), max_value=10 ** 13, places=4,
+                                                             allow_nan=False, allow_infinity=False), st.none())),
     "string": (pa.string(), st.one_of(strategies.string_event_values, st.none())),
     "large_string": (pa.large_string(), st.one_of(strategies.strings(), st.none())),
     "string_view": (pa.string_view(), st.one_of(strategies.string_event_values, st.none())),
@@ -819,6 +825,8 @@ def hostile_tables(draw):
             assume(False)
         if kind == "string" and draw(st.booleans()):
             array = array.dictionary_encode()
+        elif kind not in ("null", "struct", "list", "string_view") and draw(st.booleans()):   # Arrow's REE
+            array = pc.run_end_encode(array)
         columns[name] = array
     return pa.table(columns) if columns else pa.table({"other": pa.nulls(n)})
 
@@ -835,6 +843,10 @@ def test_hostile_arrow_tables():
         cleaned, refused = _judge(events)
         want = _expected_for(attacked, cleaned, events)
         assert [m.tolist() for m in attacked.index.match_batch(table, errors="null")] == want
+        if not any(pa.types.is_run_end_encoded(t) for t in table.schema.types):     # (pandas has no such dtype)
+            # the same columns held by pandas as Arrow (pd.ArrowDtype) read as the table's
+            frame = table.to_pandas(types_mapper=pd.ArrowDtype)
+            assert [m.tolist() for m in attacked.index.match_batch(frame, errors="null")] == want
         try:
             got = [m.tolist() for m in attacked.index.match_batch(table)]
         except SchemaError as exc:
