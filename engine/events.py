@@ -50,7 +50,10 @@ in one event (a column and a map key, or two columns of one name) a
 BadEventError: raised with ``"raise"`` and ``"null"``, rejected with
 ``"report"``.  A DataFrame column goes through Arrow when pyarrow converts it
 faithfully (one kind of value); an object column that mixes kinds, or that
-pyarrow refuses, is read value by value under the dict rule.
+pyarrow refuses, is read value by value under the dict rule.  A column
+pandas holds as Arrow (``pd.ArrowDtype``) is that Arrow column, a map
+column's keys included.  Run-end encoded Arrow columns are read as their
+values.
 """
 
 from __future__ import annotations
