@@ -25,7 +25,7 @@ from engine.algorithms.options import ATreeOptions
 from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import abe_gen, add_subscriptions
 from gpu_kernels.atree.cpu import IN_KEYS, N_CLASSES
-from gpu_kernels.atree.build import ArrayDag, PredicateKeys
+from gpu_kernels.atree.build import ArrayDag, PredicateKeys, members_gone
 from gpu_kernels.atree.dag import (PAIR_ENUMERATION, REMOVED, SUBSET_ENUMERATION, ATreeDag, program_expression,
                                    subexpression_starts)
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
@@ -1226,3 +1226,13 @@ def test_the_level_arrays_offsets_are_int32_until_their_totals_pass_it():
         assert [ids.tolist() for ids in got] == ([[1], [1], [2]] * 3)[:len(batch)]     # (TRUE XOR NULL: NULL)
     arrays = atree_of(index).arrays
     assert arrays.child_off.dtype == arrays.par_off.dtype == arrays.sub_off.dtype == np.int32
+
+
+def test_members_gone_counts_every_node_s_removed_key_members():
+    """A compaction drops the key of a node whose key members are gone: the
+    count per node, the last keyed node's last member included when only
+    nodes without a key (leaves) follow it."""
+    k_off = np.array([0, 2, 2, 2])          # a node keyed by two members, then two leaves
+    assert members_gone(np.array([5, -1]), k_off).tolist() == [1, 0, 0]
+    assert members_gone(np.array([-1, -1, 3, -1]), np.array([0, 1, 1, 4])).tolist() == [1, 0, 2]
+    assert members_gone(np.zeros(0, np.int64), np.zeros(3, np.int64)).tolist() == [0, 0]

@@ -1102,9 +1102,7 @@ class ArrayDag:
         # a reorganised node is keyed by its flat child set, whose unlinked members may be gone: such a key
         # names nodes no insertion can produce again, so it is dropped (as the Python DAG does)
         k_off = np.concatenate(([0], np.cumsum(np.maximum(k_len, 0))))
-        gone = np.add.reduceat((key_idx < 0).astype(np.int64), k_off[:-1].clip(max=max(len(key_idx) - 1, 0))) \
-            if len(key_idx) else np.zeros(len(rows), np.int64)
-        gone = np.where(k_len > 0, gone, 0)
+        gone = members_gone(key_idx, k_off)
         rows[:, C_START] = np.concatenate(([0], np.cumsum(c_len)))[:-1]
         rows[:, K_START] = k_off[:-1]
         changed = rows[:, B_START] >= 0
@@ -1272,6 +1270,15 @@ def _as(values, dtype) -> np.ndarray:
             raise ValueError(f"malformed postfix program: a value beyond {np.dtype(dtype).name}")
         values = values.astype(dtype)
     return values
+
+
+def members_gone(key_idx: np.ndarray, k_off: np.ndarray) -> np.ndarray:
+    """Per node, how many of its key members ``key_idx[k_off[i]:k_off[i + 1]]``
+    are gone (-1), as a difference of running counts (``np.add.reduceat``
+    over offsets clipped to the pool missed the last member of the last
+    keyed node when only nodes without a key came after it)."""
+    removed = np.concatenate(([0], np.cumsum(key_idx < 0)))
+    return removed[k_off[1:]] - removed[k_off[:-1]]
 
 
 def _gathered(pool: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
