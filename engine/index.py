@@ -591,7 +591,9 @@ class Index:
     def _changed(self, bulk: bool = False) -> None:
         state = self._state
         if len(state.delta) > 32:      # many small adds: one delta segment (matches concatenate less)
-            self._publish(delta=(concat_segments(list(state.delta)),))
+            # sorted by id, as every delta segment is: the id lookups search them (unsorted, an id already
+            # there could be added again)
+            self._publish(delta=(sorted_by_id(concat_segments(list(state.delta))),))
             state = self._state
         main = len(state.main)
         if bulk or state.delta_size > max(1024, main // 16) or state.n_dead > max(1024, main // 4):

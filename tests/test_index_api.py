@@ -104,6 +104,25 @@ def test_add_many_refuses_duplicate_ids_and_adds_nothing(index):
     assert 20 not in index and 21 not in index and len(index) == 4
 
 
+@pytest.mark.parametrize("algorithm", ["scan", "opindex"])
+def test_an_id_added_one_by_one_is_refused_again_after_the_delta_is_joined(algorithm):
+    """More than 32 single adds join the delta's segments into one; ids
+    added in descending order must still be found there: adding one again
+    is a KeyError, and removing it removes the subscription."""
+    index = Index(algorithm=algorithm, backend="cpu")
+    for i in range(40, 0, -1):
+        index.add(i, f"x = {i}")
+    assert len(index._state.delta) < 40             # (the segments were joined)
+    with pytest.raises(KeyError, match="subscription id 30 is already in the index"):
+        index.add(30, "x = 1000")
+    assert len(index) == 40 and index.match({"x": 1000}).tolist() == []
+    index.remove(30)
+    assert 30 not in index and index.match({"x": 30}).tolist() == [] and index.match({"x": 29}).tolist() == [29]
+    index.add(30, "x = 1000")
+    index.merge()
+    assert index.ids().tolist() == list(range(1, 41)) and index.match({"x": 1000}).tolist() == [30]
+
+
 def test_bad_ids_are_type_errors(index):
     with pytest.raises(TypeError):
         index.add("x", "price = 1")
