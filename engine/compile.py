@@ -23,6 +23,7 @@ de-duplication of their predicate tables.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,11 +133,18 @@ class PredicateTable:
         concurrent match may be reading its codes."""
         if self.coded_version == schema.version and self.lo is not None:
             return self
+        table = self.uncoded()
+        table.recode(schema)
+        return table
+
+    def uncoded(self) -> "PredicateTable":
+        """A new table, not coded yet, sharing this one's key columns and
+        what is derived from them alone (pattern and list pairs, the list
+        index): what is coded in place instead of a published table."""
         table = PredicateTable(*self.key_columns())
-        for derived in ("_pattern_pairs", "_list_pairs", "_list_index"):      # (of the keys alone: shared)
+        for derived in ("_pattern_pairs", "_list_pairs", "_list_index"):
             if getattr(self, derived, None) is not None:
                 setattr(table, derived, getattr(self, derived))
-        table.recode(schema)
         return table
 
     def recode(self, schema: Schema) -> None:
@@ -751,8 +759,15 @@ def merge_segments(main: Segment, alive: np.ndarray, delta: list, coded: Predica
     old_to_new[kept] = position[:len(kept)]   # (the surviving main rows come first in the concatenation)
     source = shared_rows(merged.predicates, main.predicates)
     segment, rows = compact_predicates(merged)
+    table = segment.predicates
+    if table.coded_version == schema.version and table.lo is not None and table.set_offsets is not None:
+        return segment, old_to_new          # coded under this dictionary already (shared or not): as it is
+    if any(table is published for published in (main.predicates, coded, *(d.predicates for d in delta))):
+        # the table of a published segment (a merge that only drops tombstones, or of a delta segment alone),
+        # whose codes snapshots and subsets still read: a copy is coded, never that table in place
+        segment = dataclasses.replace(segment, predicates=segment.predicates.uncoded())
     carry_codes(segment.predicates, source[rows], coded, schema)
-    segment.predicates.recode(schema)     # (not published yet: coded in place)
+    segment.predicates.recode(schema)     # (its own table, published by no one yet: coded in place)
     return segment, old_to_new
 
 

@@ -123,6 +123,41 @@ def test_an_id_added_one_by_one_is_refused_again_after_the_delta_is_joined(algor
     assert index.ids().tolist() == list(range(1, 41)) and index.match({"x": 1000}).tolist() == [30]
 
 
+_SHARED_TEXTS = ["x = 'a'", "x = 'a' AND x < 'b'", "x < 'b'"]
+_SHARED_EVENTS = [{"x": "a"}, {"x": "B"}]
+_SHARED_WANT = [[1, 2, 3], [3]]
+
+
+def _recoding_merge(index):
+    """A merge whose predicate table is the published one (it only drops a
+    tombstone, and every predicate is still used), after a string that
+    sorts first moved every string code."""
+    index.add(4, "x = 'A'")
+    index.remove(4)
+    index.remove(2)
+    index.merge()
+
+
+@pytest.mark.parametrize("algorithm", ["scan", "opindex", "betree", "apcm", "pstbloom", "psthash", "atree"])
+def test_a_merge_never_recodes_a_table_that_other_states_read(algorithm):
+    """What a pinned state, and an index made by ``subset``, answer does not
+    change when the index they came from merges: a merged segment's table
+    is coded as a copy when it is a published one (the main one, or the
+    delta's), never in place."""
+    index = Index(algorithm=algorithm, backend="cpu")
+    index.add_many([1, 2, 3], _SHARED_TEXTS)        # in the delta
+    in_delta = index.pinned()
+    index.merge()                                   # that segment becomes the main one
+    merged = index.pinned()
+    subset = index.subset([1, 2, 3])
+    _recoding_merge(index)
+    subset.add(5, "x = 'zzz'")                      # the subset's own string: its codes move too
+    for name, state in (("pinned in the delta", in_delta), ("pinned after the merge", merged),
+                        ("subset", subset)):
+        assert [m.tolist() for m in state.match_batch(_SHARED_EVENTS)] == _SHARED_WANT, name
+    assert [m.tolist() for m in index.match_batch(_SHARED_EVENTS)] == [[1, 3], [3]]
+
+
 def test_bad_ids_are_type_errors(index):
     with pytest.raises(TypeError):
         index.add("x", "price = 1")
