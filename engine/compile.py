@@ -137,6 +137,17 @@ class PredicateTable:
         table.recode(schema)
         return table
 
+    def string_rows(self, schema) -> np.ndarray:
+        """Per row, whether its attribute is a string one under ``schema``,
+        read for the attributes the table uses only (a small delta's table
+        need not look at 20 K attributes)."""
+        if not len(self.attr):
+            return np.zeros(0, bool)
+        used = np.unique(self.attr)
+        names = schema.attr_names
+        string_used = np.array([schema.families.get(names[a]) is Family.STRING for a in used.tolist()])
+        return string_used[np.searchsorted(used, self.attr)]
+
     def uncoded(self) -> "PredicateTable":
         """A new table, not coded yet, sharing this one's key columns and
         what is derived from them alone (pattern and list pairs, the list
@@ -153,12 +164,7 @@ class PredicateTable:
         only for a table no match can see yet (see :meth:`coded`)."""
         if self.coded_version == schema.version and self.lo is not None:
             return
-        is_string = np.zeros(len(self.attr), bool)
-        if len(self.attr):          # (the attributes the table uses: a small delta need not look at 20 K)
-            used = np.unique(self.attr)
-            names = schema.attr_names
-            string_used = np.array([schema.families[names[a]] is Family.STRING for a in used.tolist()])
-            is_string = string_used[np.searchsorted(used, self.attr)]
+        is_string = self.string_rows(schema)
         plain = is_string & ~np.isin(self.op, SET_CODES + PATTERN_CODES) & (self.op != opcodes.IS_NULL) \
             & (self.op != opcodes.IS_NOT_NULL)
         self.lo = self.lo_key.copy()
@@ -720,8 +726,7 @@ def carry_codes(table: PredicateTable, source: np.ndarray, old: PredicateTable, 
     if table is old or old.lo is None or old.set_offsets is None or not (source >= 0).any():
         return                                     # recode() codes what it must when it is needed
     if old.coded_version != schema.version:       # string codes may have moved since
-        string_attr = np.array([schema.families.get(name) is Family.STRING for name in schema.attr_names])
-        source = np.where((source >= 0) & ~string_attr[table.attr], source, -1)
+        source = np.where((source >= 0) & ~table.string_rows(schema), source, -1)
     carried, fresh = np.flatnonzero(source >= 0), np.flatnonzero(source < 0)
     src = source[carried]
     recoded = table.take(fresh)
