@@ -52,7 +52,8 @@ BadEventError: raised with ``"raise"`` and ``"null"``, rejected with
 faithfully (one kind of value); an object column that mixes kinds, or that
 pyarrow refuses, is read value by value under the dict rule.  A column
 pandas holds as Arrow (``pd.ArrowDtype``) is that Arrow column, a map
-column's keys included.  Run-end encoded Arrow columns are read as their
+column's keys included; an object column of dicts is a map column too,
+each dict read as a dict event's attributes.  Run-end encoded Arrow columns are read as their
 values.
 """
 
@@ -998,6 +999,10 @@ def from_pandas(frame, schema: Schema, errors: str = "raise") -> EventBatch:
             columns.append((name, pa.array(series)))
             continue
         if name not in schema.attr_ids:
+            if series.dtype == object and infer_dtype(series, skipna=True) == "mixed":
+                # an object column of dicts is a map column: its keys are attributes, as in an Arrow map
+                columns.extend(_mapping_cells(series.to_numpy(dtype=object).tolist(), name, schema, refusals,
+                                              len(columns)))
             continue
         array = None
         if arrow:
@@ -1040,24 +1045,37 @@ def _pandas_missing(value) -> bool:
 def _by_dict_rule(series, name: str, family: Family | None, refusals: _Refusals, rank: int) -> pa.Array:
     """A DataFrame column read value by value under the dict rule, as an
     Arrow column that :func:`_from_columns` takes as it is: strings, booleans,
-    or float64 codes; null where absent or wrong (refused: ``refusals``)."""
-    raw = series.to_numpy(dtype=object)
+    or float64 codes; null where absent or wrong (refused: ``refusals``).
+    pandas' missing markers (None, NaN, NA, NaT, a quiet NaN decimal) are
+    absent, as in other columns; a null of a pyarrow list column arrives as
+    pd.NA."""
+    raw = series.to_numpy(dtype=object).tolist()
+    if family in ELEMENT_OF:
+        present = np.array([not (value is None or _pandas_missing(value)) for value in raw], bool)
+    else:
+        try:
+            present = ~series.isna().to_numpy(dtype=bool)
+        except InvalidOperation:    # pandas compares a signalling-NaN decimal, which raises: value by value
+            present = np.array([not _pandas_missing(value) for value in raw], bool)
+    return _dict_rule_column(raw, present, name, family, refusals, rank)
+
+
+def _dict_rule_column(raw: list, present: np.ndarray, name: str, family: Family | None, refusals: _Refusals,
+                      rank: int) -> pa.Array:
+    """The values ``raw`` (a list, one an event) of attribute ``name``
+    coded by the dict rule where ``present``, as an Arrow column (see
+    :func:`_by_dict_rule`); the values the attribute does not take are
+    refused and null."""
     if family in ELEMENT_OF:
         cells = []
-        for row, value in enumerate(raw.tolist()):
-            # pandas' missing markers (None, NaN, NA, NaT, a NaN decimal) are absent, as in other columns:
-            # a null of a pyarrow list column arrives as pd.NA
-            missing = value is None or _pandas_missing(value)
-            elements = None if missing else list_elements(value, family)
-            if elements is None and not missing:
+        for row, value in enumerate(raw):
+            elements = list_elements(value, family) if present[row] else None
+            if elements is None and present[row]:
                 refusals.value(row, name, family, value, rank)
             cells.append(elements)
         element = pa.large_string() if ELEMENT_OF[family] is Family.STRING else pa.float64()
         return pa.array(cells, pa.large_list(element))
-    try:
-        present = ~series.isna().to_numpy(dtype=bool)
-    except InvalidOperation:        # pandas compares a signalling-NaN decimal, which raises: value by value
-        present = np.array([not _pandas_missing(value) for value in raw.tolist()], bool)
+    present = present.copy()
     codes = np.zeros(len(raw))
     for row in np.flatnonzero(present).tolist():
         code = _code(raw[row], family)
@@ -1067,10 +1085,57 @@ def _by_dict_rule(series, name: str, family: Family | None, refusals: _Refusals,
         else:
             codes[row] = code
     if family is Family.STRING:
-        return pa.array(np.where(present, raw, None), pa.large_string())
+        return pa.array([value if keep else None for value, keep in zip(raw, present.tolist())], pa.large_string())
     if family is Family.BOOLEAN:
         return pa.array(codes.astype(bool), mask=~present)
     return pa.array(codes, mask=~present)
+
+
+def _mapping_cells(cells: list, name: str, schema: Schema, refusals: _Refusals, rank: int) -> list:
+    """A DataFrame's object column ``name`` of dicts (attribute -> value,
+    one an event; missing cells are events without its attributes) as
+    ``(attribute, Arrow column)`` pairs, the attributes in the schema's
+    order, each value read by the dict rule: a key or a None value as in a
+    dict event, ``errors`` as for its attributes' columns.  A cell that is
+    neither a mapping nor missing is that event's error, as a dict event
+    that is not a mapping is."""
+    if not any(isinstance(cell, Mapping) for cell in cells):
+        return []           # not a map column: an object column no subscription reads
+    attr_ids = schema.attr_ids
+    by_attribute: dict[str, list] = {}
+    pending = None          # the error to raise, once the events before it are read: the first event's is raised
+    for row, cell in enumerate(cells):
+        if not isinstance(cell, Mapping):
+            if cell is None or _pandas_missing(cell):
+                continue
+            pending = NotAnEventError(row, None, cell, f"column {name!r} holds mappings of attribute to value, "
+                                                       f"this event's is a {type(cell).__name__}")
+        else:
+            for key, value in cell.items():
+                if isinstance(key, str):
+                    if value is not None and key in attr_ids:
+                        by_attribute.setdefault(key, [None] * len(cells))[row] = value
+                    continue
+                error = BadEventError(row, None, key, f"key {_shown(key)} ({type(key).__name__}) in column "
+                                                      f"{name!r} is not an attribute name: attribute names are str")
+                if refusals.errors == "raise":
+                    pending = error
+                    break
+                refusals.add(error, rank)       # kept by "report", passed over by "null"
+        if pending is not None:
+            if refusals.errors != "report":
+                break
+            refusals.add(pending, rank)
+            pending = None
+    columns = []
+    for key in sorted(by_attribute, key=attr_ids.__getitem__):
+        values = by_attribute[key]
+        present = np.array([value is not None for value in values], bool)
+        columns.append((key, _dict_rule_column(values, present, key, schema.families[key], refusals,
+                                               rank + len(columns))))
+    if pending is not None:
+        raise pending
+    return columns
 
 
 #: Family -> small int, for vectorised family checks of map entries

@@ -475,3 +475,43 @@ def test_a_nul_is_an_ordinary_character_in_every_dataframe_column_but_a_pandas_c
     merged = pd.Categorical(["a", "a\x00"])
     assert list(merged.categories) == ["a"]
     assert [m.tolist() for m in index.match_batch(pd.DataFrame({"s": merged}))] == [[2], [2]]
+
+
+def test_a_pandas_object_column_of_dicts_is_a_map_column():
+    """A DataFrame column of dicts (attribute -> value; how a JSON source
+    or ``to_pandas`` of a map of mixed values arrives) holds attributes by
+    key, as an Arrow map column does, each value read by the dict rule:
+    before, the column was passed over as no attribute's, and every event
+    matched as if empty."""
+    idx = Index(algorithm="scan", backend="cpu", schema={"price": "numeric", "color": "string",
+                                                         "sizes": "list<numeric>", "ok": "boolean"})
+    idx.add_many([1, 2, 3, 4, 5], ["price < 5", "color = 'red'", "2 IN sizes", "ok = TRUE", "price IS NULL"])
+    cells = [{"price": 1, "color": "red"}, {"sizes": [1, 2], "ok": True, "unknown": object()}, None, np.nan, {},
+             {"price": None, "color": "blue"}, {"price": Decimal("4.5")}]
+    frame = pd.DataFrame({"attributes": pd.Series(cells, dtype=object)})
+    assert [m.tolist() for m in idx.match_batch(frame)] == [[1, 2], [3, 4, 5], [5], [5], [5], [5], [1]]
+    # beside flat columns: an attribute in both, for one event, is given twice
+    mixed = pd.DataFrame({"color": ["red", None], "attributes": [{"price": 9}, {"color": "red", "price": 1}]})
+    assert [m.tolist() for m in idx.match_batch(mixed)] == [[2], [1, 2]]
+    twice = pd.DataFrame({"price": [1.0, np.nan], "attributes": [{"color": "red"}, {"price": 1}]})
+    assert [m.tolist() for m in idx.match_batch(twice)] == [[1, 2], [1]]
+    with pytest.raises(SchemaError, match=r"^event 0: attribute 'price' is given twice"):
+        idx.match_batch(pd.DataFrame({"price": [1.0], "attributes": [{"price": 2}]}))
+
+
+def test_the_bad_cells_of_a_pandas_column_of_dicts_are_its_events_errors():
+    idx = Index(algorithm="scan", backend="cpu", schema={"price": "numeric", "color": "string"})
+    idx.add_many([1, 2], ["price < 5", "color IS NULL"])
+    frame = pd.DataFrame({"attributes": pd.Series([{"price": "cheap"}, {"price": 1}, "price=1", {7: 1},
+                                                   {"price": float("nan"), "color": 5}], dtype=object)})
+    with pytest.raises(SchemaError, match=r"^event 0: attribute 'price' is numeric, got 'cheap'"):
+        idx.match_batch(frame)
+    found, rejected = idx.match_batch(frame, errors="report")
+    assert [m.tolist() for m in found] == [[], [1, 2], [], [], []]     # set aside: no matches
+    assert [(bad.event, bad.attribute) for bad in rejected] == [(0, "price"), (2, None), (3, None), (4, "price")]
+    assert isinstance(rejected[1], TypeError) and "holds mappings" in str(rejected[1])
+    # errors="null": a bad value is absent, a key that names no attribute passed over, but a cell that is
+    # not a mapping is still an error (as a dict event that is not a mapping is)
+    with pytest.raises(TypeError, match=r"^event 2: column 'attributes' holds mappings"):
+        idx.match_batch(frame, errors="null")
+    assert [m.tolist() for m in idx.match_batch(frame.drop(index=2), errors="null")] == [[2], [1, 2], [2], [2]]

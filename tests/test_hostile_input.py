@@ -700,6 +700,9 @@ def test_hostile_events():
         want = _expected_for(attacked, cleaned, events)
         # errors="null": never an error; what the rule refuses is absent
         assert [m.tolist() for m in attacked.index.match_batch(events, errors="null")] == want
+        # the same dicts as a DataFrame's object column: a map column, its values read by the dict rule
+        frame = pd.DataFrame({"attributes": pd.Series(events, dtype=object)})
+        assert [m.tolist() for m in attacked.index.match_batch(frame, errors="null")] == want
         # errors="raise": a SchemaError naming a refused (event, attribute), or the answers
         try:
             got = [attacked.index.match(e).tolist() for e in events] if single else \
