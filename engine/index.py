@@ -285,10 +285,13 @@ class Index:
         return _main_position(state, sub_id) >= 0 or any(sub_id in s.sub_ids for s in state.delta)
 
     def ids(self) -> np.ndarray:
-        """Every subscription id in the index, ascending."""
-        self.merge()
+        """Every subscription id in the index, ascending, of one snapshot
+        (an update in another thread lands wholly before or after)."""
         state = self._state
-        return state.main.sub_ids[np.flatnonzero(state.alive)]
+        alive = state.main.sub_ids[np.flatnonzero(state.alive)]
+        if not state.delta:
+            return alive
+        return np.sort(np.concatenate([alive, *(segment.sub_ids for segment in state.delta)]))
 
     # ------------------------------------------------------------- reading back
     def expression(self, sub_id: int) -> str:
@@ -309,14 +312,13 @@ class Index:
         snapshot current at the call (the texts made one by one as the
         iteration goes)."""
         from engine.parse import to_text
-        state = self._state
+        state = self._state         # read here, not at the first next(): updates after the call are not seen
         where = [(int(i), state.main, int(p)) for p in np.flatnonzero(state.alive)
                  for i in (state.main.sub_ids[p],)]
         for segment in state.delta:
             where += [(int(i), segment, p) for p, i in enumerate(segment.sub_ids.tolist())]
         where.sort(key=lambda item: item[0])
-        for sub_id, segment, position in where:
-            yield sub_id, to_text(segment.expression(position, state.view))
+        return ((sub_id, to_text(segment.expression(position, state.view))) for sub_id, segment, position in where)
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         """Iterating over an index gives :meth:`items`: ``(id, text)`` pairs."""

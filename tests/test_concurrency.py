@@ -250,6 +250,56 @@ def test_published_alive_flags_are_not_changed_by_a_remove():
     assert 5 not in index
 
 
+def test_ids_and_items_read_one_state_while_another_thread_updates():
+    """``ids()`` merged, then read the main segment of whatever state came
+    next: a remove and an add landing between the two made it answer a set
+    of ids the index never held.  ``items()`` read its state at the first
+    ``next()``, not at the call."""
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add_many([1, 2, 3], ["a = 1", "a = 2", "a = 3"])
+    idx.merge()
+    it = idx.items()
+    idx.add(4, "a = 4")
+    idx.remove(1)
+    assert [sub_id for sub_id, _ in it] == [1, 2, 3]
+    # the states a writer goes through, over and over: {1,2,3} -> +5 -> -1 -> +1 -> -5
+    idx.add(1, "a = 1")
+    idx.remove(4)
+    stop, seen = threading.Event(), []
+
+    def writer():
+        while not stop.is_set():
+            for step in (lambda: idx.add(5, "a = 5"), lambda: idx.remove(1), lambda: idx.add(1, "a = 1"),
+                         lambda: idx.remove(5)):
+                step()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            seen.append(tuple(idx.ids().tolist()))
+            seen.append(tuple(sub_id for sub_id, _ in idx.items()))
+    finally:
+        stop.set()
+        thread.join()
+    states = {(1, 2, 3), (1, 2, 3, 5), (2, 3, 5)}
+    assert set(seen) <= states, set(seen) - states
+    assert len(set(seen)) > 1          # the writer was seen at work
+    # the interleaving that broke it, made certain: another thread's updates right after any merge ids() does
+    idx.merge()
+    merge = idx.merge
+
+    def merge_then_another_thread_updates():
+        merge()
+        other = threading.Thread(target=lambda: (idx.add(5, "a = 5"), idx.remove(1)))
+        other.start()
+        other.join()
+
+    idx.merge = merge_then_another_thread_updates
+    assert tuple(idx.ids().tolist()) in states
+
+
 def test_schema_rollback_takes_back_only_what_no_view_saw():
     from engine.expr import Family
     from engine.schema import Schema
