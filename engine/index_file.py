@@ -43,7 +43,7 @@ from engine.backend import BACKENDS
 from engine.compile import LIST_SET_CODES, PATTERN_CODES, SET_CODES, PredicateTable, Segment, program_depths
 from engine.errors import IndexFileError
 from engine.expr import Family
-from engine.schema import Schema, like_to_regex
+from engine.schema import Schema, check_attribute_name, like_to_regex
 from gpu_kernels import opcodes
 
 FILE_MAGIC = "bexmatch-index"
@@ -284,6 +284,8 @@ def _check_schema(schema) -> None:
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
                 and (entry[1] is None or entry[1] in families)):
             raise ValueError(f"schema attribute {entry!r} is not [name, family]")
+    for name, _ in schema["attributes"]:
+        check_attribute_name(name, "schema")        # a name no expression could use would not read back
     # ids are positions: a repeated name, string or pattern would shift them
     _check_unique([name for name, _ in schema["attributes"]], "attribute")
     if not all(isinstance(s, str) for s in schema["strings"]):
@@ -434,11 +436,32 @@ def _check_predicates(table: PredicateTable, schema: Schema) -> None:
     string_operands = np.concatenate((lo[compares & string], hi[is_range & string]))
     if not np.isfinite(operands).all() or not _string_ids(string_operands, schema).all():
         raise ValueError("a predicate's operand is not a finite number or a dictionary string")
-    # IN lists of string attributes hold string ids: count the other keys per list
     set_offsets, set_keys = schema.set_csr()
+    _check_in_lists(set_offsets, set_keys, np.unique(aux[is_set]))
+    # a boolean's operands are 0 and 1, its IN lists' keys too
+    boolean = np.array([f is Family.BOOLEAN for f in families] + [False])[attr]
+    booleans = np.concatenate((lo[compares & boolean], hi[is_range & boolean]))
+    in_boolean = np.isin(np.repeat(np.arange(schema.n_sets), np.diff(set_offsets)), aux[is_set & boolean])
+    if not np.isin(booleans, (0.0, 1.0)).all() or not np.isin(set_keys[in_boolean], (0.0, 1.0)).all():
+        raise ValueError("a predicate of a boolean attribute has an operand that is not TRUE or FALSE")
+    # IN lists of string attributes hold string ids: count the other keys per list
     others = np.concatenate(([0], np.cumsum(~_string_ids(set_keys, schema))))
     if (others[set_offsets[1:]] - others[set_offsets[:-1]])[aux[is_set & string_keys]].any():
         raise ValueError("an IN list of a string attribute holds a key that is not a dictionary string")
+
+
+def _check_in_lists(offsets: np.ndarray, keys: np.ndarray, used: np.ndarray) -> None:
+    """The IN lists ``used`` are as the schema registers them: canonical,
+    their keys ascending and distinct, at least one.  (A repeated key would
+    count twice where a kernel counts the list's hits.)"""
+    lengths = np.diff(offsets)
+    if (lengths[used] == 0).any():
+        raise ValueError("an IN list holds no value")
+    in_used = np.isin(np.repeat(np.arange(len(lengths)), lengths), used)
+    follows = np.ones(len(keys), bool)
+    follows[offsets[:-1][lengths > 0]] = False      # a list's first key follows none of its own
+    if (np.diff(keys) <= 0)[(follows & in_used)[1:]].any():
+        raise ValueError("an IN list's keys are not ascending and distinct")
 
 
 def _string_ids(keys: np.ndarray, schema: Schema) -> np.ndarray:

@@ -228,6 +228,13 @@ def _schema(meta: dict, **changes) -> dict:
     lambda m, a: (m, {**a, "pred_lo_key": a["pred_lo_key"] - 1000.5}),
     lambda m, a: (m, {**a, "set_offsets": a["set_offsets"] + 1}),
     lambda m, a: (m, {**a, "set_keys": -a["set_keys"] - 1}),
+    lambda m, a: (_schema(m, attributes=[["", "numeric"]] + m["schema"]["attributes"][1:]), a),
+    # IN lists as the schema makes them: one key at least, ascending and distinct (a repeated key counted
+    # twice by OpIndex's hit counts satisfied an AND alone); a boolean's operands TRUE and FALSE
+    lambda m, a: (m, {**a, "set_offsets": np.concatenate(([0], a["set_offsets"][:-1], a["set_offsets"][-1:]))}),
+    lambda m, a: (m, {**a, "set_keys": np.repeat(a["set_keys"][:1], len(a["set_keys"]))}),
+    lambda m, a: (m, {**a, "set_keys": a["set_keys"][::-1].copy()}),
+    lambda m, a: (m, {**a, "pred_lo_key": np.where(a["pred_lo_key"] == 1.0, 2.0, a["pred_lo_key"])}),
     lambda m, a: (m, {**a, "sub_ids": a["sub_ids"][::-1].copy()}),
     lambda m, a: (m, {**a, "sub_ids": a["sub_ids"].astype(np.int32)}),
     lambda m, a: (m, {**a, "sub_ids": a["sub_ids"].astype(">i8")}),
