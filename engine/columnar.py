@@ -101,7 +101,8 @@ class _Rows:
             if not name:
                 row = int(np.flatnonzero(self.attr_index == k)[0])
                 raise SchemaError(f"columnar subscriptions: row {self.number(row)} (sub_id "
-                                  f"{int(self.sub_id[row])}): an empty attribute name")
+                                  f"{int(self.sub_id[row])}): {'a null' if name is None else 'an empty'} "
+                                  f"attribute name")
         op_names, op_index = ops
         op_codes = []
         used = np.bincount(op_index, minlength=len(op_names)) > 0
@@ -211,7 +212,15 @@ def _factorize(column) -> tuple[list, np.ndarray]:
     if not pa.types.is_dictionary(array.type):
         array = pc.dictionary_encode(array)
     indices = array.indices.to_numpy(zero_copy_only=False)
-    return array.dictionary.to_pylist(), indices if indices.dtype.kind == "i" else indices.astype(np.int64)
+    indices = indices if indices.dtype.kind == "i" else indices.astype(np.int64)
+    values = array.dictionary.to_pylist()
+    used = np.bincount(indices, minlength=len(values)) > 0 if len(indices) else np.zeros(len(values), bool)
+    if not used.all():
+        # a dictionary keeps the entries no row uses any more (after a filter, from a Parquet file): they
+        # name nothing here (an attribute registered for one would be an attribute no subscription has)
+        values = [value for value, keep in zip(values, used.tolist()) if keep]
+        indices = (np.cumsum(used) - 1).astype(indices.dtype)[indices]
+    return values, indices
 
 
 def _valid(column, n):

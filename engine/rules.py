@@ -122,6 +122,11 @@ def _from_pandas(frame, id_column):
 
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"rules must be a pandas DataFrame or an Arrow Table, not {type(frame).__name__}")
+    for label in frame.columns:
+        if not isinstance(label, str):      # Arrow would make 0 the attribute "0", True "True"
+            raise SchemaError(f"rules table: column label {label!r} ({type(label).__name__}) is not a name: "
+                              f"attribute names are str (rename the columns, e.g. "
+                              f"frame.columns = frame.columns.astype(str))")
     repeated = frame.columns[frame.columns.duplicated()]
     if len(repeated):
         raise SchemaError(f"rules table: more than one column named {repeated[0]!r}")
@@ -161,6 +166,9 @@ def _as_list_cell(value):
 
 
 def _attribute_and_op(column: str, how):
+    if isinstance(how, tuple) and (len(how) != 2 or not isinstance(how[0], str)):
+        raise SchemaError(f"rules table: column {column!r}: {how!r} is not (attribute, operator): columns= "
+                          f"maps a column to an operator, to (attribute name, operator), or to None")
     attribute, op_name = (column, None) if how is None else how if isinstance(how, tuple) else (column, how)
     if op_name is None:
         return attribute, None

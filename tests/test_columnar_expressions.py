@@ -240,6 +240,30 @@ def test_plain_tables_and_unused_dictionary_entries_keep_the_plain_form():
         assert index._state.main.prog_kind.tolist()[-2:] == [0, 1]       # a plain one-row subscription: LEAF, AND
 
 
+def test_attribute_dictionary_entries_no_row_uses_name_nothing():
+    """An ``attr`` dictionary keeps the entries a filter took away: an empty
+    or null one made the table an IndexError, and an unused name became an
+    attribute of no family in the schema."""
+    full = pa.table({"sub_id": pa.array([1, 2, 3], pa.int64()),
+                     "attr": pa.array(["", "price", "color"]).dictionary_encode(),
+                     "op": ["=", "<", "="], "value": [1.0, 5.0, 2.0]})
+    table = full.filter(pa.array([False, True, False]))
+    assert table["attr"].combine_chunks().dictionary.to_pylist() == ["", "price", "color"]
+    nulls = pa.table({"sub_id": pa.array([2], pa.int64()), "op": ["<"], "value": [5.0],
+                      "attr": pa.DictionaryArray.from_arrays(pa.array([1], pa.int8()), pa.array([None, "price"]))})
+    for given in (table, nulls):
+        index = Index(algorithm="scan", backend="cpu")
+        index.add_many(given)
+        assert dict(index) == {2: "price < 5"} and dict(index.schema) == {"price": "numeric"}
+        assert index.match({"price": 1}).tolist() == [2]
+    used_null = pa.table({"sub_id": pa.array([2], pa.int64()), "op": ["<"], "value": [5.0],
+                          "attr": pa.DictionaryArray.from_arrays(pa.array([0], pa.int8()), pa.array([None, "x"]))})
+    index = Index(algorithm="scan", backend="cpu")
+    with pytest.raises(SchemaError, match=r"row 0 \(sub_id 2\): a null attribute name"):
+        index.add_many(used_null)
+    assert len(index) == 0 and dict(index.schema) == {}
+
+
 def test_abe_gen_as_columns_matches_its_asts():
     """ABE-Gen's shared ASTs (W5's generator) written out as rows."""
     from engine.workloads import abe_gen

@@ -126,6 +126,14 @@ def test_arrow_input_dictionary_and_large_list_columns_and_the_pandas_index():
     (pd.DataFrame({"rule_id": [1], "a": [2 ** 53 + 1]}), {}, "column 'a'"),
     (pd.DataFrame({"rule_id": [1], "a": [[1, None]]}), {}, "a null in it"),
     (pd.DataFrame({"a": [1]}), {}, "no id column 'rule_id'"),
+    # a label that is not a str: Arrow made 0 the attribute "0" (and 0 beside "0" an Arrow KeyError)
+    (pd.DataFrame({"rule_id": [1], 0: [5]}), {}, r"column label 0 \(int\) is not a name"),
+    (pd.DataFrame({"rule_id": [1], True: ["x"]}), {}, r"column label True \(bool\) is not a name"),
+    (pd.DataFrame({"rule_id": [1], 0: [5], "0": [6]}), {}, r"column label 0 \(int\) is not a name"),
+    (pd.DataFrame({0: [1], "c": ["x"]}), {"id_column": 0}, r"column label 0 \(int\) is not a name"),
+    (pd.DataFrame({"rule_id": [1], "c": ["x"]}), {"columns": {"c": ("a", "=", 1)}},
+     r"column 'c': \('a', '=', 1\) is not \(attribute, operator\)"),
+    (pd.DataFrame({"rule_id": [1], "c": ["x"]}), {"columns": {"c": (1, "=")}}, r"is not \(attribute, operator\)"),
 ])
 def test_what_cannot_be_rules_is_refused_naming_rule_and_column(frame, kwargs, message):
     with pytest.raises(SchemaError, match=message):
