@@ -19,7 +19,8 @@ table cannot mean is refused with the rule id and column named, and
 nothing is added: a list cell under a scalar operator or the reverse, an
 empty list (``IN ()`` is never TRUE: a null cell says "any"), a rule that
 constrains nothing, a repeated or null rule id, a column of a type no
-attribute family has.
+attribute family has, a pandas column label that is not a ``str`` (Arrow
+would make ``0`` the attribute ``"0"``).
 """
 
 from __future__ import annotations
