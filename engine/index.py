@@ -536,7 +536,12 @@ class Index:
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         if not isinstance(table, pa.Table):
-            table = pa.table(table)
+            try:
+                table = pa.table(table)         # a mapping of columns, a DataFrame
+            except (TypeError, ValueError, pa.ArrowException) as exc:
+                raise TypeError(f"add_many with one argument takes the columnar form (a pyarrow Table or "
+                                f"RecordBatch, or a mapping of its columns), not {type(table).__name__}; texts "
+                                f"and ASTs go as add_many(ids, expressions)") from exc
         segment, _ = compile_columnar(table, self._schema, check_ids=self._refuse_present)
         # conjunctions are native to every algorithm; an expression of connective rows is checked, as an
         # AST is, by an algorithm with a limit (OpIndex's DNF/CNF size...): residual, or refused when strict
@@ -1048,8 +1053,8 @@ class Index:
         too); a missing file raises FileNotFoundError."""
         meta, arrays = read_index_file(path)
         schema, segment = restore_contents(path, meta, arrays)
-        algorithm = algorithm or meta["algorithm"]
-        backend = resolve_backend(backend or meta["backend"])
+        algorithm = meta["algorithm"] if algorithm is None else algorithm       # ("" is no algorithm's name)
+        backend = resolve_backend(meta["backend"] if backend is None else backend)
         same = algorithm == meta["algorithm"]
         saved_options = check_saved_options(path, registry.get(meta["algorithm"]), meta["backend"], backend,
                                             meta["options"])

@@ -591,3 +591,22 @@ def test_numpy_literals_in_an_ast_print_and_evaluate_as_their_values():
     assert to_text(node) == "a = 1.5" and parse(to_text(node)) == Pred("a", Op.EQ, (1.5,))
     assert to_text(Pred("s", Op.EQ, (np.str_("x'y"),))) == "s = 'x''y'"
     assert evaluate(node, {"a": 1.5}) is True and evaluate(node, {"a": np.float64(2.5)}) is False
+
+
+def test_add_many_without_expressions_takes_a_table_and_says_so():
+    idx = Index(algorithm="scan", backend="cpu")
+    with pytest.raises(TypeError, match=r"takes the columnar form .* not list; texts and ASTs go as "
+                                        r"add_many\(ids, expressions\)"):
+        idx.add_many([2, 3])
+    assert len(idx) == 0
+
+
+def test_load_refuses_an_empty_algorithm_or_backend_name(tmp_path):
+    """``""`` is no algorithm's name: it was taken as "the saved one"."""
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add(1, "a = 1")
+    idx.save(tmp_path / "x.bexidx")
+    with pytest.raises(BackendUnavailable, match="unknown algorithm ''"):
+        Index.load(tmp_path / "x.bexidx", algorithm="")
+    with pytest.raises(BackendUnavailable, match="unknown backend ''"):
+        Index.load(tmp_path / "x.bexidx", backend="")
