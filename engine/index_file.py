@@ -85,6 +85,9 @@ def write_index_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     that directory."""
     meta = {"magic": FILE_MAGIC, "version": FILE_VERSION, **meta,
             "sha256": {name: _digest(array) for name, array in arrays.items()}}
+    asked = path
+    # a link (current.bexidx -> v3.bexidx) stays a link: the file it names is the one replaced
+    path = os.path.realpath(path) if os.path.islink(path) else path
     directory = os.path.dirname(os.path.abspath(path))
     _remove_orphaned_temp_files(directory)
     tmp = os.path.join(directory, f"{TEMP_PREFIX}{_host()}-{os.getpid()}-{secrets.token_hex(8)}{TEMP_SUFFIX}")
@@ -93,7 +96,7 @@ def write_index_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         # would hide the file from the readers that share the directory
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError as exc:
-        raise _about(path, exc) from exc
+        raise _about(asked, exc) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             with zipfile.ZipFile(f, "w") as archive:
@@ -109,7 +112,7 @@ def write_index_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if isinstance(exc, OSError) and exc.errno is not None:
-            raise _about(path, exc) from exc
+            raise _about(asked, exc) from exc
         raise
 
 

@@ -290,6 +290,19 @@ def test_encrypted_or_compressed_members_are_refused(saved, tmp_path):
         Index.load(tmp_path / "deflated.bexidx")
 
 
+def test_a_save_through_a_link_replaces_the_file_it_names(tmp_path):
+    """The save is atomic by renaming a temp file onto the path: onto a
+    link, that replaced the link with a file and left its target stale."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, "a = 1")
+    index.save(tmp_path / "v1.bexidx")
+    (tmp_path / "current.bexidx").symlink_to("v1.bexidx")
+    index.add(2, "a = 2")
+    index.save(tmp_path / "current.bexidx")
+    assert (tmp_path / "current.bexidx").is_symlink()
+    assert Index.load(tmp_path / "v1.bexidx").ids().tolist() == [1, 2]
+
+
 def test_a_missing_file_and_a_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.bexidx"):
         Index.load(tmp_path / "missing.bexidx")
