@@ -240,7 +240,13 @@ class Schema:
 
     # ---------------------------------------------------------------- attributes
     def declare(self, attr: str, family) -> None:
+        """Declare ``attr`` of ``family`` -- or, for None, an attribute of no
+        family yet (as ``dict(index.schema)`` lists one that only IS [NOT]
+        NULL has used), which the first predicate with a literal fixes."""
         check_attribute_name(attr, "a declared attribute")
+        if family is None:
+            self._add_attr(attr, None)
+            return
         family = parse_family(family)
         known = self.families.get(attr)
         if known is not None and known != family:

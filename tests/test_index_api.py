@@ -610,3 +610,17 @@ def test_load_refuses_an_empty_algorithm_or_backend_name(tmp_path):
         Index.load(tmp_path / "x.bexidx", algorithm="")
     with pytest.raises(BackendUnavailable, match="unknown backend ''"):
         Index.load(tmp_path / "x.bexidx", backend="")
+
+
+def test_a_schema_read_from_an_index_declares_another():
+    """``dict(index.schema)`` lists an attribute only IS [NOT] NULL used as
+    None, which ``Index(schema=...)`` refused as an unknown family."""
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add_many([1, 2], ["a IS NULL", "b = 'x'"])
+    assert dict(idx.schema) == {"a": None, "b": "string"}
+    copy = Index(algorithm="scan", backend="cpu", schema=dict(idx.schema))
+    assert dict(copy.schema) == dict(idx.schema)
+    copy.add(1, "a > 5")                    # the first literal fixes the family, as in the original
+    assert dict(copy.schema) == {"a": "numeric", "b": "string"}
+    with pytest.raises(SchemaError, match="unknown type family 'none'"):
+        Index(schema={"a": "none"})
