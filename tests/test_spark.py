@@ -453,6 +453,42 @@ def test_streaming_foreach_batch_quarantine_is_idempotent(spark, workload, tmp_p
     assert sorted(refused["event_id"].to_pylist()) == sorted(bad)
 
 
+def test_a_json_stream_never_makes_an_unreadable_record_an_event_without_attributes(spark, tmp_path):
+    """Spark reads JSON permissively: a line it cannot read, or a value of
+    another type than the schema's, became an event with every attribute
+    absent (its id too), which matched ``x IS NULL`` and lost its real
+    matches -- quarantined nothing, failed nothing."""
+    from spark_integration import start_stream
+
+    index = Index(algorithm="opindex")
+    index.add_many([1, 2], ["x > 5", "x IS NULL"])
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "part-0.json").write_text('{"event_id": 0, "x": 6}\n{"event_id": 1, "x": 7.5}\n'
+                                        '{"event_id": 2, "x": 9\n{"event_id": 3}\n')
+    # quarantined: the two records Spark could not read, by their text; the others matched
+    out, refused_out = tmp_path / "out", tmp_path / "refused"
+    query = start_stream(spark, str(source), index, str(out), str(tmp_path / "checkpoint"), source_format="json",
+                         schema="event_id long, x long", sink="foreachBatch", on_bad_event="quarantine",
+                         quarantine_path=str(refused_out))
+    query.awaitTermination(timeout=120)
+    assert query.exception() is None
+    matches = pq.read_table(out)
+    assert sorted(zip(matches["event_id"].to_pylist(), matches["sub_id"].to_pylist())) == [(0, 1), (3, 2)]
+    refused = pq.read_table(refused_out)
+    errors = sorted(refused["error"].to_pylist())
+    assert len(errors) == 2 and all("Spark could not read it" in error for error in errors)
+    assert '"x": 7.5' in errors[0] and '"x": 9' in errors[1]
+    # failing: the query stops at the first such record
+    query = start_stream(spark, str(source), index, str(tmp_path / "out2"), str(tmp_path / "checkpoint2"),
+                         source_format="json", schema="event_id long, x long")
+    from pyspark.errors import StreamingQueryException
+    with pytest.raises(StreamingQueryException) as failed:
+        query.awaitTermination(timeout=120)
+    assert "STREAM_FAILED" in str(failed.value)
+    assert not list((tmp_path / "out2").glob("*.parquet"))        # nothing matched from the file
+
+
 @pytest.mark.parametrize("algorithm", ["opindex", "betree"])
 def test_strings_users_send_match_exactly_through_spark(spark, algorithm):
     """Long URLs and UUIDs sharing prefixes, non-ASCII and NUL go through
