@@ -233,6 +233,16 @@ def _refused_event(path: str, lines, seen: int, n: int, exc: Exception) -> Bexma
     return BexmatchError(f"{path}:{lines[k]}: {problem}" if lines else f"{path}: row {seen + k + 1}: {problem}")
 
 
+def _event_without_id(path: str, lines, seen: int, n: int, id_field: str, exc: KeyError) -> BexmatchError:
+    """An event without its ``--id-field`` as an error naming its line, as
+    :func:`_refused_event` names a refused event's."""
+    found = re.search(r"event (\d+) has no such key", str(exc.args[0]))
+    if found is None:
+        return _refused_event(path, lines, seen, n, ValueError(f"--id-field {id_field}: {exc.args[0]}"))
+    return _refused_event(path, lines, seen, n, ValueError(f"event {found.group(1)}: --id-field {id_field}: "
+                                                           f"the event has no such key"))
+
+
 class MatchWriter:
     """Matches to Parquet or JSON Lines: to stdout, or to a file that
     appears only once the run succeeds (written beside it under a temp
@@ -333,8 +343,7 @@ def command_match(args) -> int:
             try:
                 result = index.match_batch(batch, output="arrow", errors=args.errors, id_column=args.id_field)
             except KeyError as exc:                  # an event without its --id-field
-                raise BexmatchError(f"--id-field {args.id_field}: {exc.args[0]} (in batch from event {seen})"
-                                    ) from None
+                raise _event_without_id(args.events, lines, seen, n, args.id_field, exc) from None
             except (ValueError, TypeError) as exc:   # the engine's refusals of bad events (BexmatchError too)
                 raise _refused_event(args.events, lines, seen, n, exc) from None
             if args.id_field is None:

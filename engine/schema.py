@@ -721,6 +721,12 @@ def _attribute_arrays(names: list, families: list) -> tuple:
     return pa.array(names, pa.string()), array
 
 
+#: RE2 logs to stderr (through absl) each time a search outgrows its DFA's memory and falls back to the
+#: NFA: a long pattern on long values printed a line an event, on every batch.  The answer is the same.
+_QUIET_RE2 = re2.Options()
+_QUIET_RE2.log_errors = False
+
+
 def compiled_pattern(cache: dict, key: tuple[str, str]):
     """The ``str -> bool`` test of one (kind, text) pattern, compiled once
     into ``cache`` (keyed by the pattern itself, so that concurrent callers
@@ -728,7 +734,8 @@ def compiled_pattern(cache: dict, key: tuple[str, str]):
     found = cache.get(key)
     if found is None:
         kind, text = key
-        test = re2.compile(like_to_regex(text)).fullmatch if kind == "like" else re2.compile(text).search
+        regex = re2.compile(like_to_regex(text) if kind == "like" else text, _QUIET_RE2)
+        test = regex.fullmatch if kind == "like" else regex.search
         found = cache.setdefault(key, lambda value: test(value) is not None)
     return found
 

@@ -97,7 +97,14 @@ def test_cli_id_field(tmp_path, capsys):
                  "--out", str(out), "--quiet"]) == 0
     assert pq.read_table(out).to_pydict() == expected(["e-1", "e-2", "e-3"])
     assert main(["match", "--subs", str(subs), "--events", str(events), "--id-field", "nope", "--quiet"]) == 2
-    assert "--id-field nope" in capsys.readouterr().err
+    assert f"{events}:1: --id-field nope: the event has no such key" in capsys.readouterr().err
+    # the line of the event without it, past blank lines and the first batch (it named "event 0 ... in batch
+    # from event 2")
+    gaps = tmp_path / "gaps.jsonl"
+    gaps.write_text('{"eid": 1, "price": 6}\n\n{"eid": 2}\n\n{"price": 7}\n')
+    assert main(["match", "--subs", str(subs), "--events", str(gaps), "--id-field", "eid", "--batch-size", "2",
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err.endswith(f"{gaps}:5: --id-field eid: the event has no such key\n")
 
 
 def test_cli_id_field_of_any_type_or_changing_type(tmp_path, capsys):

@@ -251,3 +251,18 @@ def test_an_ast_sharing_subtrees_is_refused_by_its_expanded_size():
         small = Or((small, small))
     index.add(1, small)
     assert index.match({"a": 1}).tolist() == [1]
+
+
+@pytest.mark.parametrize("text", ["s MATCHES '(a|b)*a(a|b){20}c'", "s LIKE '%a____________________c%'"])
+def test_a_pattern_that_outgrows_re2s_dfa_answers_without_a_word_on_stderr(text, capfd):
+    """RE2 falls back from its DFA to the NFA when a search outgrows the
+    DFA's memory, and logged each fallback to stderr (through absl), one
+    line an event on every batch."""
+    import random
+    rng = random.Random(1)
+    noise = "".join(rng.choice("ab") for _ in range(200_000))
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, text)
+    events = [{"s": noise + "d"}, {"s": noise + "a" + "b" * 20 + "c"}]
+    assert [m.tolist() for m in index.match_batch(events)] == [[], [1]]
+    assert "DFA out of memory" not in capfd.readouterr().err
