@@ -288,8 +288,13 @@ def lift_nulls(columns: Mapping, valid: Mapping | None) -> tuple[Mapping, Mappin
             columns[name] = (values, column[1]) if isinstance(column, tuple) else values
         else:
             continue
+        if present is not None and name in valid:
+            given = _device(valid[name], f"valid[{name!r}]")
+            if given.dtype != np.bool_ or given.shape != present.shape:     # (& would broadcast a short one)
+                raise ValueError(f"valid[{name!r}] must be a boolean column of {len(present)} values")
+            present = given & present
         if present is not None:
-            valid[name] = present if name not in valid else _device(valid[name], f"valid[{name!r}]") & present
+            valid[name] = present
     return columns, valid
 
 

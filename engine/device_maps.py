@@ -172,9 +172,10 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
                          f"{len(values)} values")
     # (keys and string codes compared as int64: a narrow dtype beside a Python int past its range is an
     # OverflowError under NumPy 2's promotion rules, which CuPy follows)
-    keys, values = keys[lo:hi].astype(np.int64, copy=False), values[lo:hi]
+    given_keys, given_values = keys[lo:hi], values[lo:hi]          # (as given: what a refusal shows)
+    keys, values = given_keys.astype(np.int64, copy=False), given_values
     if kind == "s":
-        values = values.astype(np.int64, copy=False)
+        values = values.astype(np.int64, copy=False)    # (a uint64 code past 2**63 wraps negative: refused too)
     rows = entry_rows(xp, offsets, lo, hi)
     in_map, has_value = _present(name, column, rows, lo, hi, n_events, device, xp)
     present = in_map & has_value
@@ -208,8 +209,8 @@ def map_entries(name: str, column: DeviceMap, schema, errors: str, device, xp, t
         raise ValueError(f"map {name!r}: its offsets decrease")
     refused: dict[int, BadEventError] = {}
     if flags[1] or flags[2] or flags[3]:
-        refused = _refusals(name, names, schema, errors, kind, rows, keys, values, attr, outside, at, problem,
-                            xp, dictionary, unread, not_utf8)
+        refused = _refusals(name, names, schema, errors, kind, rows, given_keys, given_values, attr, outside, at,
+                            problem, xp, dictionary, unread, not_utf8)
         keep = ~problem
         if refused:                                         # errors="report": the event is set aside whole
             keep &= ~xp.isin(rows[at], xp.asarray(np.fromiter(refused, np.int64, len(refused))))

@@ -835,6 +835,10 @@ class Index:
         if max_pairs is not None and (isinstance(max_pairs, bool) or not isinstance(max_pairs, (int, np.integer))
                                       or max_pairs < 1):
             raise ValueError(f"max_pairs must be None or an integer >= 1, not {max_pairs!r}")
+        from engine import device_events
+        if device_events.is_device_frame(events) or device_events.is_device_columns(events):
+            raise TypeError("match_stream takes events on the host; events on the device go to match_batch "
+                            "(output='device' keeps the matches there, output='arrow' brings them back)")
         event_ids = None
         if id_column is not None:
             events, event_ids = _split_event_ids(events, id_column)

@@ -423,7 +423,29 @@ def test_a_mask_that_cannot_be_read_is_refused_and_changes_nothing():
     with pytest.raises(ValueError, match=r"valid\['price'\] carries a CUDA Array Interface mask"):
         idx.match_batch({"price": InterfaceColumn([1.0] * 6)},
                         valid={"price": InterfaceColumn(np.ones(6, bool), mask=np.ones(6, bool))})
+    # valid= beside a mask is checked as without one: a short one was broadcast to every event
+    for short in (np.array([False]), np.ones(5, bool), np.ones(6, np.uint8)):
+        with pytest.raises(ValueError, match=r"valid\['price'\] must be a boolean column of 6 values"):
+            idx.match_batch({"price": InterfaceColumn([1.0] * 6, mask=np.ones(6, bool))},
+                            valid={"price": _to_device_input(short)})
     assert [m.tolist() for m in idx.match_batch(_events())][3] == [5, 6]
+
+
+def test_match_stream_says_device_columns_go_to_match_batch():
+    """match_stream has no device route: it took device columns for host
+    ones, and told the caller to make a host table of them."""
+    from engine.device_events import arrow_columns
+    from engine.device_maps import DeviceMap
+
+    idx = _index()
+    table = pa.table({"price": PRICE, "color": COLOR})
+    columns, valid = arrow_columns(table)
+    maps = DeviceMap.from_arrow(pa.array([[("price", 1.0)]] * 6, pa.map_(pa.string(), pa.float64())))
+    for events in (columns, {"price": InterfaceColumn([1.0] * 6, mask=np.ones(6, bool))}, maps):
+        with pytest.raises(TypeError, match="match_stream takes events on the host; events on the device go to "
+                                            "match_batch"):
+            idx.match_stream(events)
+    assert [m.tolist() for m in idx.match_batch(columns, valid=valid)] == [m.tolist() for m in idx.match_batch(table)]
 
 
 def test_the_gpu_benchmarks_device_columns_are_the_tables_events():

@@ -185,6 +185,23 @@ def test_a_key_code_outside_the_names_is_refused_by_the_errors_mode(errors):
         assert [(e.event, e.value) for e in result[1]] == [(1, 7)]
 
 
+def test_a_uint64_code_past_int64_is_refused_as_given():
+    """Codes are compared as int64: a uint64 key or string code of 2**63 or
+    more wrapped negative there, and its refusal showed -1."""
+    idx = _index()
+    idx.add(99, "word = 'a'")
+    big = _to_device_input(np.array([0, 2 ** 64 - 1], np.uint64))
+    offsets = _to_device_input(np.array([0, 1, 2]))
+    maps = {"key": DeviceMap(offsets, big, _to_device_input(np.array([2.0, 2.0])), [NAMES[0]]),
+            "string code": DeviceMap(offsets, _to_device_input(np.array([0, 0], np.int32)),
+                                     (big, ["a"]), ["word"])}
+    for what, mapped in maps.items():
+        with pytest.raises(BadEventError, match=rf"^event 1: .* code {2 ** 64 - 1}, outside its"):
+            idx.match_batch(mapped)
+        found, rejected = idx.match_batch(mapped, errors="report")
+        assert [(e.event, e.value) for e in rejected] == [(1, 2 ** 64 - 1)], what
+
+
 def test_a_map_beside_columns_merges_and_an_attribute_given_twice_is_an_error():
     idx = _index()
     view = idx._state.view
