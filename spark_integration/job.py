@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import json
 import os
 import re
 import shutil
@@ -222,6 +223,7 @@ def read_events(spark, path: str):
             raise JobError(f"--events {path!r}: holds lines that are not JSON objects (Spark's reader would "
                            f"make each an event with no attributes); `bexmatch match --events {path}` names "
                            f"the first one")
+        _refuse_lone_surrogates(spark, path)
         return events
     try:
         return spark.read.parquet(path)
@@ -236,6 +238,47 @@ def _is_json(path: str) -> bool:
 
 #: the column Spark's JSON reader adds for lines it cannot read (spark.sql.columnNameOfCorruptRecord)
 _CORRUPT_RECORD = "_corrupt_record"
+
+
+#: a JSON escape of a lone surrogate, as a Java regex: a high one not followed by a low one's escape, or a
+#: low one not preceded by a high one's (a candidate only: the backslash may itself be escaped)
+_LONE_SURROGATE_ESCAPE = (r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                          r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def _refuse_lone_surrogates(spark, path: str) -> None:
+    """A JSON string may escape a lone surrogate (``"\\ud800"``), which is
+    not Unicode: Spark's reader turns it into ``'?'``, which the engine would
+    match as that.  ``bexmatch match`` refuses such a line; so does the job,
+    by a scan of the text for such escapes (each candidate line read by
+    Python's JSON to be sure)."""
+    from pyspark.sql import functions as F
+
+    from engine.expr import lone_surrogate
+
+    candidates = spark.read.text(path).filter(F.col("value").rlike(_LONE_SURROGATE_ESCAPE)).limit(100).collect()
+    for row in candidates:
+        try:
+            found = _first_lone_surrogate(json.loads(row["value"]), lone_surrogate)
+        except (ValueError, RecursionError):
+            continue        # (not one JSON value: not an event line Spark read either)
+        if found is not None:
+            raise JobError(f"--events {path!r}: the string {found[:80]!r} in the line {row['value'][:200]!r} is not "
+                           f"valid Unicode (a lone surrogate), which Spark's JSON reader would make '?'; `bexmatch "
+                           f"match --events {path}` names the line")
+
+
+def _first_lone_surrogate(value, lone_surrogate):
+    """The first string (key or value) in a JSON value holding a lone surrogate, or None."""
+    if isinstance(value, str):
+        return value if lone_surrogate(value) is not None else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = (_first_lone_surrogate(key, lone_surrogate) if isinstance(key, str) else None) \
+            or _first_lone_surrogate(item, lone_surrogate)
+        if found is not None:
+            return found
+    return None
 
 
 def _string_columns_of_other_families(events, index) -> list[str]:

@@ -3,6 +3,7 @@ through ``mapInArrow`` (docs/architecture.md#spark)."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -12,6 +13,8 @@ from engine import errors as engine_errors
 from spark_integration import layout as layouts
 from spark_integration.session import check_workers
 from spark_integration.shipping import DEFAULT_SHIP, ShardedIndex, ShippedIndex, ship_index, worker_index
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:       # (hints only: importing this module does not import pyspark)
     import os
@@ -347,6 +350,10 @@ def match_events(events_df: DataFrame, index_or_path: Index | str | os.PathLike 
     if event_id in outputs:     # (the batches' columns would collapse into one: a JVM stack trace at the first)
         raise ValueError(f"the event id column {event_id!r} has the name of an output column ({', '.join(outputs)}): "
                          f"rename it, e.g. events_df.withColumnRenamed({event_id!r}, 'event_id')")
+    if event_id in parts[0].attributes:
+        logger.warning("subscriptions read the attribute %r, which is the events' id column (event_id=): it is "
+                       "left out of matching, so there it is absent (IS NULL is true); rename the id column to "
+                       "match on it", event_id)
     chosen, columns = layouts.detect_layout(events_df, layout=layout, attrs_column=attrs_column,
                                             event_id=event_id, attributes=parts[0].attributes)
     if arrow_batch_size is not None:

@@ -5,6 +5,7 @@ in-process engine.Index on the same events."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import zipfile
@@ -581,9 +582,22 @@ def test_json_lines_the_job_cannot_read_as_written(spark, tmp_path, capsys):
     printed = capsys.readouterr()
     assert "Spark's JSON reader made column(s) 'x' strings" in printed.err
     assert re.search(r"events\s+3\n", printed.out), printed.out
+    # a lone surrogate's escape: Spark's reader made it '?', which matched s = '?'; an escaped backslash before
+    # "ud800" and a whole pair are no lone surrogate
+    subs.write_text("1\ts = '?'\n2\ts IS NOT NULL\n")
+    fine = tmp_path / "fine.jsonl"
+    fine.write_text('{"event_id": 1, "s": "\\\\ud800"}\n{"event_id": 2, "s": "\\ud83d\\ude00"}\n')
+    out = tmp_path / "o3.parquet"
+    assert main(["--subs", str(subs), "--events", str(fine), "--out", str(out), "--quiet"]) == 0
+    table = pq.read_table(out)
+    assert sorted(zip(table["event_id"].to_pylist(), table["sub_id"].to_pylist())) == [(1, 2), (2, 2)]
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text(fine.read_text() + '{"event_id": 3, "s": "\\ud800"}\n')
+    assert main(["--subs", str(subs), "--events", str(lone), "--out", str(tmp_path / "o4.parquet"), "--quiet"]) == 2
+    assert "is not valid Unicode (a lone surrogate)" in capsys.readouterr().err
 
 
-def test_dotted_column_names_reach_the_engine(spark):
+def test_dotted_column_names_reach_the_engine(spark, caplog):
     """mapInArrow resolved each column by its name unquoted: a column named
     like a dotted attribute ("a.b", which the language allows) failed with
     Spark's AnalysisException."""
@@ -594,6 +608,13 @@ def test_dotted_column_names_reach_the_engine(spark):
     frame = spark.createDataFrame([(1, 5, None), (2, None, 1), (3, 4, 1)], "`e.id` long, `a.b` long, c long")
     rows = match_events(frame, index, event_id="e.id").collect()
     assert sorted((r["e.id"], r["sub_id"]) for r in rows) == [(1, 1), (2, 2)]
+    # an attribute the subscriptions read that is the id column: left out of matching, and said so
+    with_id = Index(algorithm="opindex", backend="cpu")
+    with_id.add_many([1, 2], ['"e.id" IS NULL', "c = 1"])
+    with caplog.at_level(logging.WARNING, logger="spark_integration.matching"):
+        rows = match_events(frame, with_id, event_id="e.id").collect()
+    assert sorted((r["e.id"], r["sub_id"]) for r in rows) == [(1, 1), (2, 1), (2, 2), (3, 1), (3, 2)]
+    assert "subscriptions read the attribute 'e.id', which is the events' id column" in caplog.text
     joined = frame.join(spark.createDataFrame([(1, 2)], "`e.id` long, c long"), "e.id", "left")
     with pytest.raises(ValueError, match="more than one column named 'c'"):
         match_events(joined, index, event_id="e.id")
