@@ -303,7 +303,12 @@ class _Postfix:
         has_arity = _valid(arity_column, n)
         self.arity = np.full(n, -1, np.int64)
         if has_arity.any():
-            self.arity[has_arity] = arity_column.to_numpy(zero_copy_only=False)[has_arity]
+            # (integers as they are: with its nulls, to_numpy makes floats, and a uint64 past int64's range
+            # then cast with NumPy's RuntimeWarning; one that large is past every subscription's rows anyway)
+            given = pc.fill_null(arity_column, 0).to_numpy(zero_copy_only=False)[has_arity]
+            if given.dtype.kind == "u":
+                given = np.minimum(given, np.iinfo(np.int64).max)
+            self.arity[has_arity] = given.astype(np.int64)
         self._fail(~connective & has_arity, "arity is for connective rows (and, or, not, xor, xnor) only")
         self._fail(connective & _valid(table["attr"] if "attr" in table.column_names else None, n),
                    "a connective row has no attribute (attr null)")

@@ -328,3 +328,15 @@ def test_a_missing_attr_column_or_a_null_attr_on_a_predicate_row_is_a_schema_err
                             (1, None, "and", None, None, 2)])
     with pytest.raises(SchemaError, match="row 1 has a null attr"):   # its number in the table given
         Index(algorithm="scan", backend="cpu").add_many(null_attr)
+
+
+def test_an_arity_past_int64_is_refused_without_a_numpy_warning():
+    """A nullable uint64 arity column went through floats: 2**63 + 1 cast
+    back to int64 with NumPy's RuntimeWarning before the refusal."""
+    table = pa.table({"sub_id": pa.array([1, 1, 1], pa.int64()), "attr": ["a", "b", None], "op": ["=", "=", "and"],
+                      "value": [1.0, 2.0, None], "arity": pa.array([None, None, 2 ** 63 + 1], pa.uint64())})
+    index = Index(algorithm="scan", backend="cpu")
+    with pytest.raises(SchemaError, match=r"row 2 \(sub_id 1\): AND needs \d+ operand\(s\) before it"):
+        index.add_many(table)
+    index.add_many(table.set_column(4, "arity", pa.array([None, None, 2], pa.uint64())))
+    assert as_texts(index, [1]) == ["a = 1 AND b = 2"]
