@@ -146,6 +146,38 @@ def _check_not_null(table: pa.Table, name: str, number=int) -> None:
         raise SchemaError(f"columnar subscriptions: row {number(row)} has a null {name}")
 
 
+def _is_text(dtype: pa.DataType) -> bool:
+    return pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype)
+
+
+def _plain_strings(table: pa.Table) -> pa.Table:
+    """``table`` with its strings in the types the compile reads: a
+    ``string_view`` column (Polars' strings, Arrow's newest) as
+    ``large_string``, lists of them likewise, and a dictionary of strings
+    decoded in the operand columns (``attr`` and ``op`` keep theirs, unless
+    of ``string_view``: they are factorized by it anyway)."""
+    for i, field in enumerate(table.schema):
+        dtype, target = field.type, None
+        if pa.types.is_string_view(dtype):
+            target = pa.large_string()
+        elif pa.types.is_dictionary(dtype) and _is_text(dtype.value_type):
+            if field.name not in ("attr", "op") or pa.types.is_string_view(dtype.value_type):
+                target = pa.large_string()
+        elif (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)) and pa.types.is_string_view(dtype.value_type):
+            target = pa.large_list(pa.large_string())
+        if target is None:
+            continue
+        column = table.column(i)
+        try:
+            if pa.types.is_dictionary(dtype):       # (its strings cast first: Arrow takes no string_view)
+                column = pa.chunked_array([pa.DictionaryArray.from_arrays(chunk.indices, pc.cast(
+                    chunk.dictionary, pa.large_string())).dictionary_decode() for chunk in column.chunks], target)
+            table = table.set_column(i, field.name, pc.cast(column, target))
+        except pa.ArrowInvalid as exc:              # (the cast checks the bytes: a view's may be no UTF-8)
+            raise SchemaError(f"columnar subscriptions: the {field.name} column is not valid UTF-8 ({exc})") from None
+    return table
+
+
 def _check_columns(table: pa.Table, not_null) -> None:
     """Refuse unknown columns, a missing or mistyped ``sub_id``, ``attr`` or
     ``op``, an ``op`` that is not UTF-8, and a null in those of
@@ -621,6 +653,7 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     segment and the schema changes it made."""
     if not isinstance(table, pa.Table):
         table = pa.table(table)
+    table = _plain_strings(table)
     _check_columns(table, ("sub_id", "op"))     # (attr is null on connective rows: _Rows checks the others')
     op_names, op_index = _factorize(table["op"])    # once, for the connectives and the operators both
     postfix = _connectives(table, op_names, op_index)

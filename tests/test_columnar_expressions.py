@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -340,3 +341,34 @@ def test_an_arity_past_int64_is_refused_without_a_numpy_warning():
         index.add_many(table)
     index.add_many(table.set_column(4, "arity", pa.array([None, None, 2], pa.uint64())))
     assert as_texts(index, [1]) == ["a = 1 AND b = 2"]
+
+
+def _string_forms(strings: pa.Array) -> dict:
+    """A string column as Polars, Parquet and Arrow's newest hand it over."""
+    view = pc.cast(strings, pa.string_view())
+    codes, values = pc.index_in(strings, pc.unique(strings)), pc.unique(strings)
+    return {"string_view": view, "dictionary": strings.dictionary_encode(),
+            "dictionary of string_view": pa.DictionaryArray.from_arrays(codes, pc.cast(values, pa.string_view()))}
+
+
+@pytest.mark.parametrize("column", ["attr", "op", "str_value", "str_values"])
+def test_string_view_and_dictionary_columns_read_as_strings(column):
+    """string_view columns (and dictionaries of strings among the operands)
+    were refused as of an unsupported type."""
+    plain = pa.table({"sub_id": pa.array([1, 1, 2], pa.int64()), "attr": ["a", "c", "b"], "op": ["=", "like", "in"],
+                      "str_value": ["x", "y%", None], "str_values": pa.array([None, None, ["p", "q"]])})
+    reference = Index(algorithm="scan", backend="cpu")
+    reference.add_many(plain)
+    if column == "str_values":
+        forms = {"list<string_view>": pa.array([None, None, ["p", "q"]], pa.list_(pa.string_view())),
+                 "large_list<string_view>": pa.array([None, None, ["p", "q"]], pa.large_list(pa.string_view()))}
+    else:
+        forms = _string_forms(plain[column].combine_chunks())
+    for name, array in forms.items():
+        index = Index(algorithm="scan", backend="cpu")
+        index.add_many(plain.set_column(plain.schema.get_field_index(column), column, array))
+        assert dict(index) == dict(reference) == {1: "a = 'x' AND c LIKE 'y%'", 2: "b IN ('p', 'q')"}, name
+    # one view: its length (1, int32) and its bytes inline (0xff: no UTF-8)
+    bad = pa.Array.from_buffers(pa.string_view(), 1, [None, pa.py_buffer(b"\x01\x00\x00\x00\xff" + bytes(11))])
+    with pytest.raises(SchemaError, match="the str_value column is not valid UTF-8"):
+        Index(algorithm="scan", backend="cpu").add_many(plain.slice(0, 1).set_column(3, "str_value", bad))
