@@ -150,7 +150,7 @@ def _is_text(dtype: pa.DataType) -> bool:
     return pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype)
 
 
-def _plain_strings(table: pa.Table) -> pa.Table:
+def plain_strings(table: pa.Table, what: str = "columnar subscriptions") -> pa.Table:
     """``table`` with its strings in the types the compile reads: a
     ``string_view`` column (Polars' strings, Arrow's newest) as
     ``large_string``, lists of them likewise, and a dictionary of strings
@@ -174,7 +174,7 @@ def _plain_strings(table: pa.Table) -> pa.Table:
                     chunk.dictionary, pa.large_string())).dictionary_decode() for chunk in column.chunks], target)
             table = table.set_column(i, field.name, pc.cast(column, target))
         except pa.ArrowInvalid as exc:              # (the cast checks the bytes: a view's may be no UTF-8)
-            raise SchemaError(f"columnar subscriptions: the {field.name} column is not valid UTF-8 ({exc})") from None
+            raise SchemaError(f"{what}: the {field.name} column is not valid UTF-8 ({exc})") from None
     return table
 
 
@@ -653,7 +653,7 @@ def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, di
     segment and the schema changes it made."""
     if not isinstance(table, pa.Table):
         table = pa.table(table)
-    table = _plain_strings(table)
+    table = plain_strings(table)
     _check_columns(table, ("sub_id", "op"))     # (attr is null on connective rows: _Rows checks the others')
     op_names, op_index = _factorize(table["op"])    # once, for the connectives and the operators both
     postfix = _connectives(table, op_names, op_index)

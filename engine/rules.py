@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.columnar import OP_NAMES, int64_ids
+from engine.columnar import OP_NAMES, int64_ids, plain_strings
 from engine.errors import SchemaError
 from engine.events import exact_floats
 from engine.expr import PATTERN_OPS, Op
@@ -102,6 +102,7 @@ def _table_and_ids(rules, id_column):
         rules = _from_pandas(rules, id_column)
         if id_column is None:
             id_column = "__index__"
+    rules = plain_strings(rules, "rules table")     # (string_view, dictionaries of it: as the columnar form reads)
     if id_column is None or id_column not in rules.column_names:
         raise SchemaError(f"rules table: no id column {id_column!r} (id_column= names it; None takes a pandas "
                           f"DataFrame's index)")

@@ -140,6 +140,19 @@ def test_what_cannot_be_rules_is_refused_naming_rule_and_column(frame, kwargs, m
         rules_to_columnar(frame, **kwargs)
 
 
+def test_string_view_columns_are_rules_columns():
+    """Polars' strings (string_view), lists of them and dictionaries of them
+    were refused as of a type no attribute family holds."""
+    table = pa.table({"rule_id": pa.array([1, 2], pa.int64()),
+                      "country": pa.array(["DE", None], pa.string_view()),
+                      "segments": pa.array([None, ["a", "b"]], pa.list_(pa.string_view())),
+                      "city": pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int8()),
+                                                             pa.array(["x"], pa.string_view()))})
+    idx = Index(algorithm="scan", backend="cpu")
+    idx.add_many(rules_to_columnar(table))
+    assert dict(idx) == {1: "country = 'DE' AND city = 'x'", 2: "segments IN ('a', 'b') AND city = 'x'"}
+
+
 def test_a_refused_rules_table_changes_nothing_in_the_index():
     idx = Index(algorithm="opindex", backend="cpu")
     idx.add(1, "a = 'x'")
