@@ -1017,6 +1017,7 @@ class Index:
         plain values are saved with it; an ``event_log`` (tuning only: it
         steers OpIndex's pivots, never the results) is not, and is passed
         to ``load`` again if wanted."""
+        path = os.fsdecode(path)            # (a bytes path too, as open() takes one)
         with self._write_lock:           # one state: no update between the merge and the write
             self.merge()
             self._write(path)
@@ -1055,6 +1056,7 @@ class Index:
         saved options and structure included -- raises
         :class:`engine.errors.IndexFileError` naming ``path`` (a directory
         too); a missing file raises FileNotFoundError."""
+        path = os.fsdecode(path)        # (a bytes path too, as open() takes one)
         meta, arrays = read_index_file(path)
         schema, segment = restore_contents(path, meta, arrays)
         algorithm = meta["algorithm"] if algorithm is None else algorithm       # ("" is no algorithm's name)

@@ -303,6 +303,18 @@ def test_a_save_through_a_link_replaces_the_file_it_names(tmp_path):
     assert Index.load(tmp_path / "v1.bexidx").ids().tolist() == [1, 2]
 
 
+def test_a_bytes_path_saves_and_loads_as_open_takes_it(tmp_path):
+    """save mixed a bytes path with its temp file's str name (TypeError),
+    and load said a file that exists was not found."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, "a = 1")
+    path = os.fsencode(tmp_path / "x.bexidx")
+    index.save(path)
+    assert Index.load(path).ids().tolist() == [1]
+    with pytest.raises(TypeError):
+        Index.load(7)
+
+
 def test_a_missing_file_and_a_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.bexidx"):
         Index.load(tmp_path / "missing.bexidx")
