@@ -52,7 +52,8 @@ from numba import njit
 from engine.compile import OP_OF_CODE, OPCODE, PredicateTable, Segment, distinct_rows, mix64, node_class
 from engine.errors import SchemaError
 from engine.events import exact_floats
-from engine.expr import LIST_SET_OPS, MAX_NESTING, MAX_NODES, NEGATED_OP, And, Family, Not, Op, Or, Pred, Xnor, Xor
+from engine.expr import (LIST_SET_OPS, MAX_NESTING, MAX_NODES, NEGATED_OP, QUIET_RE2, And, Family, Not, Op, Or, Pred,
+                         Xnor, Xor)
 from engine.schema import Schema
 from gpu_kernels import opcodes
 
@@ -224,15 +225,11 @@ def int64_ids(column, what: str) -> np.ndarray:
 def _bad_regex(pattern: str) -> str | None:
     """Why RE2 refuses ``pattern``, or None."""
     try:
-        re2.compile(pattern, _RE2_QUIET)
+        re2.compile(pattern, QUIET_RE2)
     except re2.error as error:
         reason = error.args[0] if error.args else error
         return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
     return None
-
-
-_RE2_QUIET = re2.Options()
-_RE2_QUIET.log_errors = False
 
 
 def _factorize(column) -> tuple[list, np.ndarray]:

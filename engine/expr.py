@@ -20,6 +20,14 @@ import enum
 from dataclasses import dataclass
 from typing import Union
 
+import re2
+
+#: the options every RE2 compile here uses: RE2 logs to stderr (through absl) a pattern it refuses -- which
+#: the caller's error reports instead -- and each search that outgrows its DFA's memory and falls back to
+#: the NFA (a long pattern on long values: a line an event, on every batch, for the same answer)
+QUIET_RE2 = re2.Options()
+QUIET_RE2.log_errors = False
+
 Literal = Union[int, float, str, bool]
 
 
@@ -566,8 +574,6 @@ def check_shape(node: Node) -> None:
 
 def _check_shape(nodes: list) -> None:
     """`check_shape` of the nodes ``nodes`` (of one or more ASTs)."""
-    import re2
-
     from engine.errors import ParseError
 
     _check_text(nodes)          # first: RE2 cannot even read a pattern that is not valid Unicode
@@ -597,10 +603,8 @@ def _check_shape(nodes: list) -> None:
             raise ParseError(f"{current.op.value} on {current.attr!r} takes "
                              f"{'one or more' if wanted is None else wanted} operand(s), not {n}")
         if current.op in (Op.MATCHES, Op.NOT_MATCHES) and isinstance(current.values[0], str):
-            options = re2.Options()
-            options.log_errors = False
             try:
-                re2.compile(current.values[0], options)
+                re2.compile(current.values[0], QUIET_RE2)
             except re2.error as error:
                 raise ParseError(f"invalid RE2 pattern {current.values[0]!r} on {current.attr!r}: {error}") \
                     from None

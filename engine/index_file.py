@@ -42,7 +42,7 @@ from engine.algorithms import registry
 from engine.backend import BACKENDS
 from engine.compile import LIST_SET_CODES, PATTERN_CODES, SET_CODES, PredicateTable, Segment, program_depths
 from engine.errors import IndexFileError
-from engine.expr import Family
+from engine.expr import QUIET_RE2, Family
 from engine.schema import Schema, check_attribute_name, like_to_regex
 from gpu_kernels import opcodes
 
@@ -299,15 +299,10 @@ def _check_schema(schema) -> None:
                 and isinstance(entry[1], str)):
             raise ValueError(f"schema pattern {entry!r} is not [like|regex, text]")
         try:
-            re2.compile(like_to_regex(entry[1]) if entry[0] == "like" else entry[1], _QUIET_RE2)
+            re2.compile(like_to_regex(entry[1]) if entry[0] == "like" else entry[1], QUIET_RE2)
         except re2.error as exc:
             raise ValueError(f"schema pattern {entry!r} does not compile: {exc}") from None
     _check_unique([tuple(p) for p in schema["patterns"]], "pattern")
-
-
-# a bad pattern is reported by the IndexFileError, not logged to stderr by RE2 too
-_QUIET_RE2 = re2.Options()
-_QUIET_RE2.log_errors = False
 
 
 def _check_unique(values: list, what: str) -> None:

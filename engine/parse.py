@@ -45,7 +45,8 @@ from lark import Lark
 from lark.parsers.lalr_analysis import Shift
 
 from engine.errors import ExpressionTooLarge, ParseError
-from engine.expr import MAX_NESTING, And, Node, Not, Op, Or, Pred, Xnor, Xor, check_nesting, lone_surrogate
+from engine.expr import (MAX_NESTING, QUIET_RE2, And, Node, Not, Op, Or, Pred, Xnor, Xor, check_nesting,
+                         lone_surrogate)
 
 __all__ = ["KEYWORDS", "conjunction_terms", "parse", "parse_many", "to_text"]
 
@@ -206,13 +207,9 @@ def _literal(token: str) -> int | float | str | bool:
     return _number(token)
 
 
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False   # the error goes into the ParseError, not onto stderr
-
-
 def _regex(pattern: str) -> str:
     try:
-        re2.compile(pattern, _RE2_OPTIONS)
+        re2.compile(pattern, QUIET_RE2)     # (the error goes into the ParseError, not onto stderr)
     except re2.error as error:
         reason = error.args[0].decode("utf-8", "replace") if error.args and isinstance(error.args[0], bytes) \
             else str(error)

@@ -39,7 +39,8 @@ import pyarrow.compute as pc
 import re2
 
 from engine.errors import SchemaError
-from engine.expr import ELEMENT_OF, LIST_OF, LIST_OPS, Family, Op, PATTERN_OPS, Pred, literal_family, lone_surrogate
+from engine.expr import (ELEMENT_OF, LIST_OF, LIST_OPS, PATTERN_OPS, QUIET_RE2, Family, Op, Pred, literal_family,
+                         lone_surrogate)
 
 def check_attribute_name(name, where: str) -> None:
     """A SchemaError unless ``name`` is a name an expression can use: a
@@ -721,12 +722,6 @@ def _attribute_arrays(names: list, families: list) -> tuple:
     return pa.array(names, pa.string()), array
 
 
-#: RE2 logs to stderr (through absl) each time a search outgrows its DFA's memory and falls back to the
-#: NFA: a long pattern on long values printed a line an event, on every batch.  The answer is the same.
-_QUIET_RE2 = re2.Options()
-_QUIET_RE2.log_errors = False
-
-
 def compiled_pattern(cache: dict, key: tuple[str, str]):
     """The ``str -> bool`` test of one (kind, text) pattern, compiled once
     into ``cache`` (keyed by the pattern itself, so that concurrent callers
@@ -734,7 +729,7 @@ def compiled_pattern(cache: dict, key: tuple[str, str]):
     found = cache.get(key)
     if found is None:
         kind, text = key
-        regex = re2.compile(like_to_regex(text) if kind == "like" else text, _QUIET_RE2)
+        regex = re2.compile(like_to_regex(text) if kind == "like" else text, QUIET_RE2)
         test = regex.fullmatch if kind == "like" else regex.search
         found = cache.setdefault(key, lambda value: test(value) is not None)
     return found
