@@ -17,7 +17,7 @@ import numbers
 
 import re2
 
-from engine.expr import LIST_OPS, And, Node, Not, Op, Or, Pred, Xnor, Xor
+from engine.expr import LIST_OPS, QUIET_RE2, And, Node, Not, Op, Or, Pred, Xnor, Xor
 
 __all__ = ["evaluate", "matches", "like"]
 
@@ -138,9 +138,9 @@ def _predicate(pred: Pred, value):
     if op is Op.NOT_LIKE:
         return not like(value, vs[0])
     if op is Op.MATCHES:
-        return re2.search(vs[0], value) is not None
+        return re2.search(vs[0], value, QUIET_RE2) is not None      # (explain() reads it: no stderr noise)
     if op is Op.NOT_MATCHES:
-        return re2.search(vs[0], value) is None
+        return re2.search(vs[0], value, QUIET_RE2) is None
     raise ValueError(f"unknown operator {op!r}")
 
 

@@ -265,4 +265,6 @@ def test_a_pattern_that_outgrows_re2s_dfa_answers_without_a_word_on_stderr(text,
     index.add(1, text)
     events = [{"s": noise + "d"}, {"s": noise + "a" + "b" * 20 + "c"}]
     assert [m.tolist() for m in index.match_batch(events)] == [[], [1]]
+    if "MATCHES" in text:       # explain() reads the reference evaluator's RE2 (its LIKE is its own)
+        assert index.explain(1, events[1]).matches
     assert "DFA out of memory" not in capfd.readouterr().err
