@@ -435,11 +435,12 @@ def _check_predicates(table: PredicateTable, schema: Schema) -> None:
     if not np.isfinite(operands).all() or not _string_ids(string_operands, schema).all():
         raise ValueError("a predicate's operand is not a finite number or a dictionary string")
     set_offsets, set_keys = schema.set_csr()
-    _check_in_lists(set_offsets, set_keys, np.unique(aux[is_set]))
+    list_of_key = np.repeat(np.arange(len(set_offsets) - 1), np.diff(set_offsets))
+    _check_in_lists(set_offsets, set_keys, list_of_key, aux[is_set])
     # a boolean's operands are 0 and 1, its IN lists' keys too
     boolean = np.array([f is Family.BOOLEAN for f in families] + [False])[attr]
     booleans = np.concatenate((lo[compares & boolean], hi[is_range & boolean]))
-    in_boolean = np.isin(np.repeat(np.arange(schema.n_sets), np.diff(set_offsets)), aux[is_set & boolean])
+    in_boolean = np.isin(list_of_key, aux[is_set & boolean])
     if not np.isin(booleans, (0.0, 1.0)).all() or not np.isin(set_keys[in_boolean], (0.0, 1.0)).all():
         raise ValueError("a predicate of a boolean attribute has an operand that is not TRUE or FALSE")
     # IN lists of string attributes hold string ids: count the other keys per list
@@ -448,14 +449,14 @@ def _check_predicates(table: PredicateTable, schema: Schema) -> None:
         raise ValueError("an IN list of a string attribute holds a key that is not a dictionary string")
 
 
-def _check_in_lists(offsets: np.ndarray, keys: np.ndarray, used: np.ndarray) -> None:
-    """The IN lists ``used`` are as the schema registers them: canonical,
-    their keys ascending and distinct, at least one.  (A repeated key would
-    count twice where a kernel counts the list's hits.)"""
+def _check_in_lists(offsets: np.ndarray, keys: np.ndarray, list_of_key: np.ndarray, used: np.ndarray) -> None:
+    """The IN lists ``used`` (ids) are as the schema registers them:
+    canonical, their keys ascending and distinct, at least one.  (A
+    repeated key would count twice where a kernel counts the list's hits.)"""
     lengths = np.diff(offsets)
     if (lengths[used] == 0).any():
         raise ValueError("an IN list holds no value")
-    in_used = np.isin(np.repeat(np.arange(len(lengths)), lengths), used)
+    in_used = np.isin(list_of_key, used)
     follows = np.ones(len(keys), bool)
     follows[offsets[:-1][lengths > 0]] = False      # a list's first key follows none of its own
     if (np.diff(keys) <= 0)[(follows & in_used)[1:]].any():
