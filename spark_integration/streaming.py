@@ -88,13 +88,11 @@ def read_stream(spark, path, *, source_format: str = "parquet", schema=None, max
 
 
 def _unreadable(batch_df, event_id: str):
-    """(the records of a micro-batch read whole, those Spark could not read
-    as quarantine rows ``(event_id, attribute, error)``), or (the batch,
-    None) when it has no :data:`CORRUPT_RECORD` column."""
+    """(the records of a micro-batch with a :data:`CORRUPT_RECORD` column
+    that Spark read whole, those it could not read as quarantine rows
+    ``(event_id, attribute, error)``)."""
     from pyspark.sql import functions as F
 
-    if CORRUPT_RECORD not in batch_df.columns:
-        return batch_df, None
     corrupt = F.col(CORRUPT_RECORD)
     bad = batch_df.filter(corrupt.isNotNull()).select(
         F.col(layouts.quote(event_id)), F.lit(None).cast("string").alias(ATTRIBUTE_COLUMN),
@@ -139,14 +137,16 @@ def start_stream(spark: SparkSession, source: str | os.PathLike | DataFrame,
         writer = matches.writeStream.format("parquet").option("path", out_path)
     else:
         def write_batch(batch_df, batch_id):
-            batch_df = batch_df.persist()       # (read twice when it holds unreadable records)
+            if CORRUPT_RECORD not in batch_df.columns:
+                write_matches(batch_df, None, batch_id)
+                return
+            batch_df = batch_df.persist()       # read twice: the records read whole, and those that were not
             try:
-                write_matches(batch_df, batch_id)
+                write_matches(*_unreadable(batch_df, match_kwargs.get("event_id", "event_id")), batch_id)
             finally:
                 batch_df.unpersist()
 
-        def write_matches(batch_df, batch_id):
-            batch_df, unreadable = _unreadable(batch_df, match_kwargs.get("event_id", "event_id"))
+        def write_matches(batch_df, unreadable, batch_id):
             result = match_events(batch_df, shipped, ship=ship, **match_kwargs)
             target = os.path.join(out_path, f"batch_id={batch_id}")
             if isinstance(result, MatchResult):
