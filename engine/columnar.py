@@ -40,6 +40,7 @@ out in this form.
 from __future__ import annotations
 
 import itertools
+import logging
 import operator
 from typing import NamedTuple
 
@@ -49,13 +50,16 @@ import pyarrow.compute as pc
 import re2
 from numba import njit
 
-from engine.compile import OP_OF_CODE, OPCODE, PredicateTable, Segment, distinct_rows, mix64, node_class
+from engine.compile import (OP_OF_CODE, OPCODE, PredicateTable, Segment, concat_segments, distinct_rows, mix64,
+                            node_class)
 from engine.errors import SchemaError
 from engine.events import exact_floats
 from engine.expr import (LIST_SET_OPS, MAX_NESTING, MAX_NODES, NEGATED_OP, QUIET_RE2, And, Family, Not, Op, Or, Pred,
                          Xnor, Xor)
 from engine.schema import Schema
 from gpu_kernels import opcodes
+
+logger = logging.getLogger(__name__)
 
 OP_NAMES = {"=": Op.EQ, "==": Op.EQ, "!=": Op.NE, "<>": Op.NE, "<": Op.LT, "<=": Op.LE, ">": Op.GT,
             ">=": Op.GE, "in": Op.IN, "not in": Op.NOT_IN, "between": Op.BETWEEN,
@@ -641,15 +645,70 @@ def _attribute_families(rows: _Rows, schema: Schema, operands: _Operands) -> dic
     return fixed
 
 
-def compile_columnar(table, schema: Schema, check_ids=None) -> tuple[Segment, dict[str, Family]]:
+#: rows from which a columnar table is compiled in slices of whole
+#: subscriptions, then joined (:func:`engine.compile.concat_segments`): the
+#: compile's temporaries, about 130 bytes a row, are then a slice's, reused
+#: slice after slice, and not the table's at once.  Memory touched for the
+#: first time costs 1.5-2 s a GiB on the machines measured (BENCHMARKS.md,
+#: "Session 43"), more than the compile's own work at 19 M rows.
+SLICE_ROWS = 1 << 21
+
+
+def compile_columnar(table, schema: Schema, check_ids=None, slice_rows: int | None = None
+                     ) -> tuple[Segment, dict[str, Family]]:
     """Validate a columnar table against ``schema`` and compile it.
 
     ``check_ids(unique_sorted_ids)`` may refuse the subscription ids (it is
     called before anything is registered).  Validation happens before
     anything is registered: on error the schema is untouched.  Returns the
-    segment and the schema changes it made."""
+    segment and the schema changes it made.  A table of more than
+    ``slice_rows`` rows (:data:`SLICE_ROWS`) is compiled in slices."""
     if not isinstance(table, pa.Table):
         table = pa.table(table)
+    slice_rows = SLICE_ROWS if slice_rows is None else int(slice_rows)
+    if slice_rows < 1:
+        raise ValueError(f"slice_rows must be at least 1, not {slice_rows}")
+    if table.num_rows <= slice_rows or "sub_id" not in table.column_names or table["sub_id"].null_count \
+            or not pa.types.is_integer(table["sub_id"].type):
+        return _compile_table(table, schema, check_ids)
+    mark = schema.mark()
+    try:
+        return _compile_slices(table, schema, check_ids, slice_rows)
+    except MemoryError:
+        schema.rollback(mark)
+        raise
+    except Exception as error:   # noqa: BLE001 -- the table in one piece says which row of it is wrong
+        schema.rollback(mark)
+        logger.debug("compile_columnar: a slice refused the table (%s); compiling it in one piece", error)
+        return _compile_table(table, schema, check_ids)
+
+
+def _compile_slices(table: pa.Table, schema: Schema, check_ids, slice_rows: int):
+    """:func:`compile_columnar` slice by slice.  The slices cut the rows in id
+    order (the table's order when its ids come ascending) at subscription
+    starts.  Their segments are joined with their predicates de-duplicated
+    across them.  An error in a slice names a row of that slice: the caller
+    then compiles the table in one piece, which names the table's row."""
+    ids = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
+    order = _stable_order(ids)
+    starts, _ = _runs(_in_order(ids, order))
+    if check_ids is not None:
+        check_ids(_in_order(ids, order)[starts])
+    starts = np.append(starts, len(ids))
+    cuts = starts[np.searchsorted(starts, np.arange(slice_rows, len(ids), slice_rows))]
+    bounds = np.unique(np.concatenate(([0], cuts, [len(ids)])))
+    del ids, starts, cuts
+    parts, fixed = [], {}
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        rows = table.slice(a, b - a) if order is None else table.take(order[a:b])
+        segment, changes = _compile_table(rows, schema)
+        parts.append(segment)
+        fixed.update(changes)
+    return concat_segments(parts), fixed
+
+
+def _compile_table(table: pa.Table, schema: Schema, check_ids=None) -> tuple[Segment, dict[str, Family]]:
+    """:func:`compile_columnar` of a table in one piece."""
     table = plain_strings(table)
     _check_columns(table, ("sub_id", "op"))     # (attr is null on connective rows: _Rows checks the others')
     op_names, op_index = _factorize(table["op"])    # once, for the connectives and the operators both

@@ -656,10 +656,15 @@ def concat_segments(segments: list[Segment]) -> Segment:
     pred_base = np.cumsum([0] + [len(s.predicates) for s in segments[:-1]])
     prog_base = np.cumsum([0] + [len(s.prog_kind) for s in segments[:-1]])
     kinds = np.concatenate([s.prog_kind for s in segments])
-    args = np.concatenate([s.prog_arg for s in segments]).astype(np.int32)
-    leaves = kinds == opcodes.LEAF
-    pred_base_of_code = np.repeat(pred_base, [len(s.prog_kind) for s in segments])
-    args[leaves] = inverse[pred_base_of_code[leaves] + args[leaves]]
+    args = np.empty(len(kinds), np.int32)
+    # (segment by segment: the temporaries are one segment's, not the whole program's -- a columnar table
+    # compiled in slices joins its slices here)
+    inverse = inverse.astype(np.int32)
+    for s, p_base, c_base in zip(segments, pred_base.tolist(), prog_base.tolist()):
+        out = args[c_base:c_base + len(s.prog_kind)]
+        out[:] = s.prog_arg
+        leaves = s.prog_kind == opcodes.LEAF
+        out[leaves] = inverse[s.prog_arg[leaves] + p_base]
     offsets = np.concatenate([[0]] + [s.prog_offsets[1:] + base for s, base in zip(segments, prog_base)])
     residual = None
     if any(s.residual is not None for s in segments):
