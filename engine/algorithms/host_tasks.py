@@ -70,17 +70,21 @@ def sort_on_every_core(values: np.ndarray) -> None:
     """Sort a 1-D numeric array in place, a slice per numba thread at
     once (NumPy's sort releases the GIL), then the sorted slices merged by
     NumPy's stable sort, which finds the runs and merges them in linear
-    time.  PSTHash's 35 M packed keys of W2 at 1 M: 2.6-2.8 s with
-    ``ndarray.sort``, 1.6-1.7 s this way on two cores."""
+    time.  The slices are sorted by the stable sort too (timsort for
+    int64): it merges the ascending runs that are already there.  PSTHash's
+    35 M packed keys of W2 at 1 M come in ascending runs of 70 on average,
+    and one thread sorts them in 1.7-2.6 s so, 4.8-6.3 s with the default
+    sort; on random keys the two take about the same time (BENCHMARKS.md,
+    "Session 43")."""
     threads = numba.get_num_threads()
     if threads == 1 or len(values) < PARALLEL_SORT_FROM:
-        values.sort()
+        values.sort(kind="stable")
         return
     from concurrent.futures import ThreadPoolExecutor
 
     bounds = np.linspace(0, len(values), threads + 1).astype(np.int64)
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda k: values[bounds[k]:bounds[k + 1]].sort(), range(threads)))
+        list(pool.map(lambda k: values[bounds[k]:bounds[k + 1]].sort(kind="stable"), range(threads)))
     values.sort(kind="stable")
 
 
