@@ -343,3 +343,21 @@ def test_cuda_twin_restores_the_host_index_and_uploads_it():
     with pytest.raises(ValueError, match="saved OpIndex structure"):
         OpIndexCudaMatcher.from_arrays(segment, BuildSettings(host.schema, 4, options), meta,
                                        {**arrays, "side_pid": arrays["side_pid"][:-1]})
+
+
+def test_an_index_built_with_an_event_log_loads_without_it(tmp_path):
+    """The log is not saved with the index: loading without one restores the
+    structure its pivots came from (it was refused as 'built with other
+    event_log', by Index.load and by `bexmatch match --subs` alike)."""
+    texts = ["a = 1 AND b = 2", "b > 0", "a IN (1, 3) AND c < 5", "NOT b = 2"]
+    index = Index(algorithm="opindex", backend="cpu", options={"event_log": np.array([5, 1, 9], np.int64)})
+    index.add_many(range(len(texts)), texts)
+    path = tmp_path / "logged.bexidx"
+    index.save(path)
+    events = [{"a": 1, "b": 2}, {"a": 3, "b": 0, "c": 1}, {"b": 7}, {}]
+    want = [m.tolist() for m in index.match_batch(events)]
+    with mock.patch.object(OpIndexMatcher, "__init__", side_effect=AssertionError("rebuilt, not restored")):
+        loaded = Index.load(path)
+        assert [m.tolist() for m in loaded.match_batch(events)] == want
+    for options in ({"event_log": np.array([1, 5, 9], np.int64)}, {"event_log": np.array([5, 1, 9], np.int64)}):
+        assert [m.tolist() for m in Index.load(path, options=options).match_batch(events)] == want

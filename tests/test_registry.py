@@ -121,6 +121,36 @@ def test_bad_options_fail_when_the_index_is_made(options, error, message):
         Index(algorithm="opindex", backend="cpu", options=options)
 
 
+def _crafted_logs():
+    """Event logs in EventBatch form that the encoder never makes: offsets
+    past the entries (a PS-Tree kernel read out of bounds and crashed the
+    process), decreasing, not from 0; a negative attribute id (OpIndex
+    failed at the first match)."""
+    import dataclasses
+
+    from engine.events import encode_events
+
+    log = encode_events([{"a": 1, "b": 2}] * 4, Index(schema={"a": "numeric", "b": "numeric"}).schema)
+    attr = log.attr.copy()
+    attr[0] = -1
+    return [dataclasses.replace(log, offsets=log.offsets + 10 ** 9), dataclasses.replace(log, offsets=log.offsets + 1),
+            dataclasses.replace(log, offsets=log.offsets[::-1].copy()), dataclasses.replace(log, attr=attr),
+            dataclasses.replace(log, offsets=log.offsets[:-1]), dataclasses.replace(log, value=log.value[:-1])]
+
+
+@pytest.mark.parametrize("algorithm", ["opindex", "pstbloom", "psthash"])
+def test_a_crafted_event_batch_log_fails_when_the_index_is_made(algorithm):
+    for log in _crafted_logs():
+        with pytest.raises(ValueError, match="event_log: not an EventBatch as engine.events.encode_events makes it"):
+            Index(algorithm=algorithm, backend="cpu", options={"event_log": log})
+    from engine.events import encode_events
+
+    good = encode_events([{"a": 1, "b": 2}, {}, {"b": 0}], Index(schema={"a": "numeric", "b": "numeric"}).schema)
+    index = Index(algorithm=algorithm, backend="cpu", options={"event_log": good})
+    index.add_many([1, 2], ["a = 1 AND b > 0", "b = 2"])
+    assert index.match({"a": 1, "b": 2}).tolist() == [1, 2]
+
+
 def test_scan_takes_no_cpu_option_and_good_options_are_kept():
     with pytest.raises(TypeError, match="applies to backend 'cuda'"):
         Index(algorithm="scan", backend="cpu", options={"device_memory": 1 << 20})

@@ -1209,7 +1209,10 @@ class OpIndexMatcher(HostMatcher):
                 "signature_bits": keywords["signature_bits"], "operand_ranks": keywords["operand_ranks"],
                 "dnf_limit": DEFAULT_LIMIT if settings.dnf_limit is None else int(settings.dnf_limit),
                 "event_log": _log_digest(keywords["event_log"], n_attrs)}
-        differ = [key for key, value in want.items() if meta[key] != value]
+        # a structure built with an event log is restored as it is when no log is given: its pivots are those
+        # the log chose, and a log is not saved with the index (Index.save: passed to load again if wanted)
+        differ = [key for key, value in want.items() if meta[key] != value
+                  and not (key == "event_log" and value is None)]
         if differ:
             raise ValueError(f"saved OpIndex structure: built with other {', '.join(differ)} "
                              f"({', '.join(f'{k}={meta[k]!r}' for k in differ)})")

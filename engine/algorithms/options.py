@@ -177,6 +177,8 @@ class OpIndexOptions(Options):
             if counts.dtype.kind not in "iu" or counts.ndim != 1 or (counts < 0).any():
                 raise ValueError("event_log must be an EventBatch or a 1-D array of non-negative "
                                  "per-attribute event counts")
+        elif log is not None:
+            _check_event_batch(log)
         check_launch(self.launch)
         threads = self.threads
         if threads is not None:
@@ -314,6 +316,23 @@ def _check_event_batch(log) -> None:
     whose event counters rank predicates, §3.3), or None."""
     if log is not None and not all(hasattr(log, name) for name in ("offsets", "attr", "value")):
         raise ValueError("event_log must be an EventBatch (engine.events.encode_events) or None")
+    if log is not None:
+        _check_csr(log)
+
+
+def _check_csr(log) -> None:
+    """An EventBatch given as an event log is read by kernels that trust its
+    CSR form (an offset past its arrays read memory out of bounds): its
+    arrays are checked as the encoder makes them -- offsets from 0, not
+    decreasing, ending at the entries' count; attribute ids not negative."""
+    offsets, attr, value = (np.asarray(getattr(log, name)) for name in ("offsets", "attr", "value"))
+    shaped = offsets.ndim == attr.ndim == value.ndim == 1 and offsets.dtype.kind in "iu" and \
+        attr.dtype.kind in "iu" and value.dtype.kind == "f" and len(offsets) >= 1 and len(attr) == len(value)
+    if not shaped or offsets[0] != 0 or offsets[-1] != len(attr) or (np.diff(offsets) < 0).any() \
+            or (len(attr) and attr.min() < 0):
+        raise ValueError("event_log: not an EventBatch as engine.events.encode_events makes it (its offsets must "
+                         "run from 0 to the number of entries without decreasing, its attribute ids be "
+                         "non-negative)")
 
 
 @dataclass(frozen=True)
