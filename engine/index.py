@@ -468,6 +468,7 @@ class Index:
         segment and which of its subscriptions are residual."""
         nodes, all_preds, residual = [], [], []
         fixed: dict = {}
+        pending: list = []
         checks = AstChecks()        # ASTs sharing nodes: each distinct node checked once in this call
         for sub_id, expression in rows:
             if isinstance(expression, str):
@@ -478,7 +479,7 @@ class Index:
             # check against the schema as it would be after the previous rows
             families: list = []
             changes = self._schema.check_predicates(preds, where=f"subscription {sub_id}", families=families,
-                                                    earlier=fixed)
+                                                    earlier=fixed, pending=pending)
             fixed.update(changes)       # (checked against ``fixed`` as against the schema: nothing clashes here)
             refusal = self._algorithm.limit_error(node, self.dnf_limit)   # e.g. opindex: DNF/CNF within dnf_limit
             if refusal is not None and self.strict:
@@ -486,6 +487,9 @@ class Index:
             residual.append(refusal is not None)
             nodes.append(node)
             all_preds.append((preds, families))
+        # (an IS EMPTY on an attribute that a later expression of the call types: as the columnar form, which
+        # sees the whole table, takes it -- one batch, one answer, whatever its order)
+        self._schema.check_pending(pending, fixed)
         for preds, families in all_preds:
             self._schema.register(preds, families)
         return compile_expressions(ids, nodes, self._schema, checks.shared), np.array(residual, dtype=bool)

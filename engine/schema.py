@@ -164,6 +164,17 @@ class StringDictionary:
         return out
 
 
+def _check_emptiness_test(where: str, pred: Pred, known: Family | None) -> None:
+    """IS [NOT] EMPTY on an attribute of family ``known`` (None: untyped)."""
+    if known is None:
+        raise SchemaError(f"{where}: {pred.op.value} needs {pred.attr!r} to be a list attribute: declare "
+                          f"it (schema={{{pred.attr!r}: 'list<string>'}} or 'list<numeric>') or test it "
+                          f"with ONE OF, NONE OF, ALL OF or IN first")
+    if known not in ELEMENT_OF:
+        raise SchemaError(f"{where}: {pred.attr!r} is {known.value}, not a list: {pred.op.value} "
+                          f"applies to list attributes only")
+
+
 @dataclass
 class Schema:
     """Attributes, their families and the value dictionaries of one index.
@@ -287,7 +298,7 @@ class Schema:
         return self.attr_ids[attr]
 
     def check_predicates(self, preds, where: str = "expression", families: list | None = None,
-                         earlier: dict | None = None) -> dict[str, Family]:
+                         earlier: dict | None = None, pending: list | None = None) -> dict[str, Family]:
         """Check every literal against its attribute's family, without
         changing anything.  Returns the families the predicates would fix
         for attributes not seen before; raises :class:`SchemaError`.
@@ -295,7 +306,10 @@ class Schema:
         (None for IS [NOT] NULL), for :meth:`register`.  ``earlier``: the
         families earlier expressions of the same call fix (not registered
         yet), read as the registered ones are, so that one call accepts and
-        words a clash as two calls would."""
+        words a clash as two calls would.  ``pending``: a list to append
+        ``(where, pred)`` to for an IS [NOT] EMPTY on an attribute nothing has
+        typed yet, instead of refusing it -- a later expression of the same
+        call may type it (:meth:`check_pending`)."""
         earlier = earlier or {}
         fixed: dict[str, Family] = {}
         for pred in preds:
@@ -312,14 +326,18 @@ class Schema:
         for pred in preds:      # IS [NOT] EMPTY fixes no element family: the attribute must be a list already
             if pred.op is Op.IS_EMPTY or pred.op is Op.IS_NOT_EMPTY:
                 known = self.families.get(pred.attr) or earlier.get(pred.attr) or fixed.get(pred.attr)
-                if known is None:
-                    raise SchemaError(f"{where}: {pred.op.value} needs {pred.attr!r} to be a list attribute: declare "
-                                      f"it (schema={{{pred.attr!r}: 'list<string>'}} or 'list<numeric>') or test it "
-                                      f"with ONE OF, NONE OF, ALL OF or IN first")
-                if known not in ELEMENT_OF:
-                    raise SchemaError(f"{where}: {pred.attr!r} is {known.value}, not a list: {pred.op.value} "
-                                      f"applies to list attributes only")
+                if known is None and pending is not None:
+                    pending.append((where, pred))
+                else:
+                    _check_emptiness_test(where, pred, known)
         return fixed
+
+    def check_pending(self, pending: list, fixed: dict) -> None:
+        """Refuse the IS [NOT] EMPTY tests :meth:`check_predicates` set aside
+        whose attribute neither the schema nor ``fixed`` (the call's other
+        expressions) makes a list."""
+        for where, pred in pending:
+            _check_emptiness_test(where, pred, self.families.get(pred.attr) or fixed.get(pred.attr))
 
     @staticmethod
     def _pred_family(pred: Pred, where: str) -> Family | None:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from engine import Index, ParseError
+from engine.columnar import expressions_as_columns
 from engine.errors import BadEventError, SchemaError
 from engine.events import EventBatch, encode_events, list_index, list_truth
 from engine.expr import Op, Pred
@@ -108,10 +109,23 @@ def test_is_empty_after_an_earlier_expression_of_the_same_add_many_typed_the_lis
         index.add_many(range(2 + n_filler), [first, "segs IS EMPTY", *filler])
         assert index.schema["segs"].startswith("list<")
         assert _ids(index, [{"segs": []}])[0][-1:] == [1]
+    # an IS EMPTY before the typing expression of the same call: taken too, as the columnar form (which sees
+    # the whole table) takes it -- one batch, one answer, whatever its order; as texts, ASTs and a table
+    texts = ["segs IS EMPTY", "segs ONE OF ('a')", *filler]
+    for expressions in (texts, [parse(text) for text in texts]):
+        index = Index(algorithm="scan")
+        index.add_many(range(2 + n_filler), expressions)
+        assert index.schema["segs"] == "list<string>"
+        assert _ids(index, [{"segs": []}, {"segs": ["a"]}]) == [[0], [1]]
+    table = expressions_as_columns([0, 1], [parse(text) for text in texts[:2]])
     index = Index(algorithm="scan")
-    with pytest.raises(SchemaError, match="declare it"):      # an IS EMPTY before the typing expression
-        index.add_many(range(2 + n_filler), ["segs IS EMPTY", "segs ONE OF ('a')", *filler])
-    assert len(index) == 0 and "segs" not in index.schema
+    index.add_many(table)
+    assert _ids(index, [{"segs": []}, {"segs": ["a"]}]) == [[0], [1]]
+    for untyped in (["segs IS EMPTY", *filler], ["segs IS EMPTY", "segs = 'a'", *filler]):   # nothing, or a scalar
+        index = Index(algorithm="scan")
+        with pytest.raises(SchemaError, match="declare it|not a list"):
+            index.add_many(range(len(untyped)), untyped)
+        assert len(index) == 0 and "segs" not in index.schema
 
 
 def test_list_families_are_fixed_by_first_use_and_can_be_declared():
