@@ -573,7 +573,8 @@ def _operands(rows: _Rows) -> _Operands:
     rows.fail(is_range & ~((has_num & has_num_hi) | (has_str & has_str_hi)),
               "BETWEEN needs value and value_hi (or str_value and str_value_hi) of one type")
     rows.fail(is_pattern & ~has_str, "LIKE/MATCHES need a str_value pattern")
-    rows.fail(is_set & ~(has_nums | has_strs | has_bools), "IN needs a values, str_values or bool_values list")
+    rows.fail(is_set & ~(has_nums | has_strs | has_bools),
+              "IN, NOT IN and the list operators need a values, str_values or bool_values list")
     rows.fail(is_set & (has_nums.astype(int) + has_strs + has_bools > 1),
               "more than one of values, str_values and bool_values is set")
     rows.fail(is_list_row & ((is_list_set & has_bools) | (is_contains & has_bool)),

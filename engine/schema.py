@@ -98,12 +98,21 @@ def like_to_regex(pattern: str) -> str:
     return "(?s)" + "".join(parts)
 
 
+def _op_words(pred: Pred) -> str:
+    """A predicate's operator as the user wrote it: CONTAINS is the AST's
+    name for ``value IN attr`` (and the columnar form's), which the text
+    language spells with IN."""
+    if pred.op is Op.CONTAINS or pred.op is Op.NOT_CONTAINS:
+        return f"'value {'IN' if pred.op is Op.CONTAINS else 'NOT IN'} {pred.attr}'"
+    return pred.op.value
+
+
 def _family_error(where: str, pred: Pred, known: Family, family: Family) -> SchemaError:
     if known in ELEMENT_OF and pred.op not in LIST_OPS:
         return SchemaError(f"{where}: {pred.attr!r} is a list attribute ({known.value}): {pred.op.value} does not "
                            f"apply to it (use ONE OF, NONE OF, ALL OF, 'value IN {pred.attr}' or IS [NOT] EMPTY)")
     if family in ELEMENT_OF and known not in ELEMENT_OF:
-        return SchemaError(f"{where}: {pred.attr!r} is {known.value}, not a list: {pred.op.value} applies to list "
+        return SchemaError(f"{where}: {pred.attr!r} is {known.value}, not a list: {_op_words(pred)} applies to list "
                            f"attributes only")
     # CONTAINS is the AST's name for 'value IN attr': the text's words, since that is what the user wrote
     op = {Op.CONTAINS: "IN", Op.NOT_CONTAINS: "NOT IN"}.get(pred.op, pred.op.value)
@@ -171,7 +180,7 @@ def _check_emptiness_test(where: str, pred: Pred, known: Family | None) -> None:
                           f"it (schema={{{pred.attr!r}: 'list<string>'}} or 'list<numeric>') or test it "
                           f"with ONE OF, NONE OF, ALL OF or IN first")
     if known not in ELEMENT_OF:
-        raise SchemaError(f"{where}: {pred.attr!r} is {known.value}, not a list: {pred.op.value} "
+        raise SchemaError(f"{where}: {pred.attr!r} is {known.value}, not a list: {_op_words(pred)} "
                           f"applies to list attributes only")
 
 
@@ -346,8 +355,10 @@ class Schema:
                 return None
             element = Schema._literals_family(pred, where)
             if element not in LIST_OF:
-                raise SchemaError(f"{where}: list attributes hold numbers or strings; {pred.attr!r} {pred.op.value} "
-                                  f"has {element.value} literals {_show(pred.values)}")
+                contains = pred.op in (Op.CONTAINS, Op.NOT_CONTAINS)
+                shown = _op_words(pred) if contains else f"{pred.attr!r} {pred.op.value}"
+                raise SchemaError(f"{where}: list attributes hold numbers or strings; {shown} has {element.value} "
+                                  f"literals {_show(pred.values)}")
             return LIST_OF[element]
         return Schema._literals_family(pred, where)
 

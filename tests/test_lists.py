@@ -554,3 +554,18 @@ def test_missing_elements_are_dropped_and_explained_as_match_reads_them():
     assert [ids.tolist() for ids in index.match_batch(frame)] == [[2], [1]]
     with pytest.raises(BadEventError, match="attribute 'N' is list<numeric>"):
         index.match({"N": [1, float("nan")]})
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1 IN price", "'price' is numeric, not a list: 'value IN price' applies to list attributes only"),
+    ("1 NOT IN price", "'value NOT IN price' applies"),
+    ("TRUE IN y", "'value IN y' has boolean literals True"),
+    ("FALSE NOT IN y", "'value NOT IN y' has boolean literals False"),
+    ("y ONE OF (TRUE)", "'y' ONE OF has boolean literals"),
+])
+def test_errors_name_the_operator_as_the_text_spells_it(text, words):
+    """``value IN attr`` is CONTAINS in the AST; an error names it as written."""
+    index = Index(algorithm="scan", schema={"price": "numeric"})
+    with pytest.raises(SchemaError) as caught:
+        index.add(1, text)
+    assert words in str(caught.value) and "CONTAINS" not in str(caught.value)
