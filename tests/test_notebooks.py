@@ -22,13 +22,15 @@ def test_benchmarks_notebook_runs_and_shows_table_and_plots(tmp_path, monkeypatc
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("BEXMATCH_NOTEBOOK_SCALE", "0.0005")
     monkeypatch.setenv("BEXMATCH_NOTEBOOK_EVENTS", "60")
+    figures = tmp_path / "out" / "figures"          # (a folder whose parent is not there yet either)
+    monkeypatch.setenv("BEXMATCH_NOTEBOOK_FIGURES", str(figures))
     NotebookClient(notebook, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
-    assert (tmp_path / "figures" / "benchmarks.png").stat().st_size > 1000
-    assert (tmp_path / "figures" / "sweep.png").stat().st_size > 1000
-    assert (tmp_path / "figures" / "recorded.png").stat().st_size > 1000      # the recorded full-scale runs beside
+    assert (figures / "benchmarks.png").stat().st_size > 1000
+    assert (figures / "sweep.png").stat().st_size > 1000
+    assert (figures / "recorded.png").stat().st_size > 1000      # the recorded full-scale runs beside
     html_tables = [o for o in outputs if "text/html" in o.get("data", {})]
     assert any("events_per_s" in o["data"]["text/html"] for o in html_tables)
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 3
