@@ -14,17 +14,22 @@ Parquet, one ``(event, sub_id)`` row per match.
 
 Bad input ends a run with one line on stderr, naming the file and the line
 (1-based; the row for Parquet events), and exit status 2 -- never a
-traceback.  An ``--out`` file appears only when the run succeeds.
+traceback.  An ``--out`` file appears only when the run succeeds; ``--out``
+may not name an input.  A symlink is written through (its target gets the
+matches), and a FIFO, a device or ``/dev/stdout`` is written into directly.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import io
 import json
 import os
 import re
 import secrets
+import stat
 import sys
 from pathlib import Path
 
@@ -243,27 +248,107 @@ def _event_without_id(path: str, lines, seen: int, n: int, id_field: str, exc: K
                                                            f"the event has no such key"))
 
 
+#: the most symlinks followed from an --out path (Linux's own limit)
+_MAX_LINKS = 40
+
+
+def _out_target(out: str) -> tuple[str, bool]:
+    """The file ``--out`` names, and whether to write into it directly.
+
+    A symlink is followed to the file it names (``current.jsonl ->
+    v3.jsonl``: v3.jsonl gets the matches, the link stays), as
+    ``engine.index_file`` does for a saved index.  Directly: a target that
+    exists and is not a regular file (a FIFO, a device), and a link through
+    /proc (``/dev/stdout -> /proc/self/fd/1``, ``/dev/fd/N``), which names
+    an open file rather than a path -- a temp file renamed over any of them
+    would replace the node itself and its reader would get nothing."""
+    path = os.path.abspath(out)
+    for _ in range(_MAX_LINKS):
+        if not os.path.islink(path):
+            break
+        folder = os.path.realpath(os.path.dirname(path))
+        if folder == "/proc" or folder.startswith("/proc/"):
+            return os.path.join(folder, os.path.basename(path)), True
+        path = os.path.normpath(os.path.join(folder, os.readlink(path)))
+    else:
+        if os.path.islink(path):         # (renaming over it would replace a link of the loop by a file)
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), out)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:              # not there yet (it is created), or no access (refused when written)
+        return path, False
+    return path, not stat.S_ISREG(mode)
+
+
+#: a link to an open file of a process (of a thread): /proc/PID/fd/N, what /dev/stdout and /dev/fd/N name
+_FD_LINK = re.compile(r"/proc/(\d+)/(?:task/\d+/)?fd/(\d+)")
+
+
+def _open_directly(target: str):
+    """A binary stream into a special file: for one of this process's own
+    file descriptors a duplicate of it (the shell's ``>>`` appends, and its
+    next writes follow the matches, as they follow anything written to
+    stdout), else the file opened (a FIFO blocks until its reader opens it)."""
+    link = _FD_LINK.fullmatch(target)
+    if link is not None and int(link.group(1)) == os.getpid():
+        return os.fdopen(os.dup(int(link.group(2))), "wb")
+    return open(target, "wb")
+
+
+def _refuse_an_input_as_out(out: str, target: str, inputs: dict[str, str]) -> None:
+    """A usage error when ``--out`` names one of ``inputs`` (flag: path) --
+    the same file, through a symlink or a hard link too -- or a file of an
+    input directory's that it reads: the matches would replace the input
+    (the run succeeded, exit 0, and the events or subscriptions were gone)."""
+    for flag, path in inputs.items():
+        if not os.path.exists(path):
+            continue                          # (a missing input is refused, naming it, when it is read)
+        if os.path.exists(target) and os.path.samefile(target, path):
+            raise BexmatchError(f"--out {out}: is {flag} {path}; the matches would replace it")
+        folder, name = os.path.split(target)
+        if os.path.isdir(path) and os.path.isdir(folder) and os.path.samefile(folder, path) \
+                and not name.startswith(("_", ".")):      # (the files of a directory that _parquet_parts reads)
+            raise BexmatchError(f"--out {out}: is in the directory {flag} {path}, whose files are read as "
+                                f"its input")
+
+
 class MatchWriter:
     """Matches to Parquet or JSON Lines: to stdout, or to a file that
     appears only once the run succeeds (written beside it under a temp
-    name, renamed at :meth:`commit`, removed at :meth:`discard`)."""
+    name, renamed at :meth:`commit`, removed at :meth:`discard`).  A FIFO,
+    a device or /dev/stdout (see :func:`_out_target`) is written into
+    directly: a partial output there cannot be taken back."""
 
     SCHEMA = pa.schema([("event", pa.int64()), ("sub_id", pa.int64())])
 
-    def __init__(self, out: str | None, id_field: str | None = None):
+    def __init__(self, out: str | None, id_field: str | None = None, inputs: dict[str, str] | None = None):
         self.out = out
         self.id_field = id_field              # the events' own ids name them instead of their numbers
         self.parquet = out is not None and out.endswith(".parquet")
         self.writer = None
+        self.file = None                      # a special file's binary stream, which Parquet is written to
         self.untyped: list[pa.Table] = []     # Parquet with --id-field: the first batches', all their ids null
         if out is None:
             self.tmp, self.stream = None, sys.stdout
             return
         if os.path.isdir(out):
             raise BexmatchError(f"{out}: is a directory; --out takes a file name")
-        self.tmp = os.path.join(os.path.dirname(os.path.abspath(out)),
-                                f".{os.path.basename(out)}.{secrets.token_hex(6)}.tmp")
         try:
+            self.target, direct = _out_target(out)
+        except OSError as exc:
+            raise BexmatchError(f"{out}: cannot be written ({exc.strerror or exc})") from None
+        _refuse_an_input_as_out(out, self.target, inputs or {})   # before anything is opened or truncated
+        try:
+            if direct:
+                self.tmp = None
+                self.file = _open_directly(self.target)
+                if self.parquet and id_field is None:
+                    self.writer = pq.ParquetWriter(self.file, self.SCHEMA)
+                elif not self.parquet:
+                    self.stream = io.TextIOWrapper(self.file, encoding="utf-8")
+                return
+            self.tmp = os.path.join(os.path.dirname(self.target),
+                                    f".{os.path.basename(self.target)}.{secrets.token_hex(6)}.tmp")
             if self.parquet and id_field is None:
                 self.writer = pq.ParquetWriter(self.tmp, self.SCHEMA)
             elif self.parquet:
@@ -271,6 +356,8 @@ class MatchWriter:
             else:
                 self.stream = open(self.tmp, "x", encoding="utf-8")
         except (OSError, pa.ArrowException) as exc:
+            if self.file is not None:
+                self.file.close()
             raise BexmatchError(f"{out}: cannot be written ({getattr(exc, 'strerror', None) or exc})") from None
 
     def write(self, table: pa.Table) -> None:
@@ -297,14 +384,19 @@ class MatchWriter:
                 self.stream.write(f'{{{name}: {json.dumps(event, default=str)}, "sub_id": {sub_id}}}\n')
 
     def commit(self) -> None:
-        if self.tmp is None:
+        if self.out is None:
             self.stream.flush()
             return
         self._close()
-        os.replace(self.tmp, self.out)
+        if self.tmp is not None:
+            os.replace(self.tmp, self.target)     # the link's target, not the link (see _out_target)
 
     def discard(self) -> None:
-        if self.tmp is None:
+        if self.out is None:
+            return
+        if self.tmp is None:                      # written into directly: closed, what was written stays
+            with contextlib.suppress(Exception):
+                self._close()
             return
         with contextlib.suppress(Exception):     # the run's own error is the one to report
             self._close()
@@ -314,7 +406,7 @@ class MatchWriter:
     def _open(self, schema: pa.Schema) -> None:
         """The Parquet writer, once the ids' type is known: the batches held
         back for want of it (null ids only) written first, in its type."""
-        self.writer = pq.ParquetWriter(self.tmp, schema)
+        self.writer = pq.ParquetWriter(self.file if self.tmp is None else self.tmp, schema)
         for untyped in self.untyped:
             self.writer.write_table(untyped.cast(schema))
         self.untyped = []
@@ -324,6 +416,8 @@ class MatchWriter:
             if self.writer is None:          # --id-field and no batch, or null ids only: int64 said
                 self._open(pa.schema([(self.id_field, pa.int64()), ("sub_id", pa.int64())]))
             self.writer.close()
+            if self.file is not None:             # (ParquetWriter leaves a stream it was given open)
+                self.file.close()
         else:
             self.stream.close()
 
@@ -331,7 +425,8 @@ class MatchWriter:
 def command_match(args) -> int:
     if args.batch_size < 1:
         raise BexmatchError(f"--batch-size must be at least 1, not {args.batch_size}")
-    writer = MatchWriter(args.out, args.id_field)     # first: a bad --out fails before any work
+    # first: a bad --out fails before any work
+    writer = MatchWriter(args.out, args.id_field, inputs={"--subs": args.subs, "--events": args.events})
     seen = matched = 0
     bar = None
     try:
@@ -400,7 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "the columnar form, or a saved index (Index.save)")
     match.add_argument("--events", required=True, help="JSON Lines or Parquet, one event per line/row")
     match.add_argument("--out", help="output file: .parquet for Parquet, anything else for JSON Lines "
-                       "(default: JSON Lines on stdout)")
+                       "(default: JSON Lines on stdout); not an input; a symlink is written through, a FIFO or "
+                       "device directly")
     match.add_argument("--algorithm", choices=registry.names(), help="matching algorithm (default: best available)")
     match.add_argument("--backend", choices=("cpu", "cuda"), help="backend (default: best available)")
     match.add_argument("--batch-size", type=int, default=EVENT_BATCH, help="events per batch (default %(default)s)")

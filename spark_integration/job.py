@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -47,6 +48,8 @@ DEFAULT_SCALE = 0.01
 DATA_DIR = "bexmatch-data"
 OUT_PATH = os.path.join("bexmatch-out", "matches.parquet")
 SUPPORTED_JAVA = (17, 21)      # Spark 4 runs on Java 17 and 21
+#: Spark reads --partitions and --arrow-batch-size as Java ints
+JAVA_INT_MAX = 2 ** 31 - 1
 
 
 class JobError(Exception):
@@ -319,17 +322,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "--shards shards, every event matched against each (default %(default)s)")
     p.add_argument("--shards", type=int, default=None, help="shards in --mode shard (default: the parallelism)")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD, help="standard workload to generate (default W1)")
-    p.add_argument("--scale", type=float, default=DEFAULT_SCALE, help="its scale (default 0.01)")
-    p.add_argument("--n-events", type=int, default=None, help="events to generate (default 1,000,000 x scale)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default 0)")
+    p.add_argument("--scale", type=_positive_float, default=DEFAULT_SCALE, help="its scale (default 0.01)")
+    p.add_argument("--n-events", type=_int_in(1), default=None,
+                   help="events to generate (default 1,000,000 x scale)")
+    p.add_argument("--seed", type=_int_in(0), default=0, help="seed of the generated workload (default 0)")
     p.add_argument("--data-dir", default=DATA_DIR, help=f"workload cache (default ./{DATA_DIR})")
     p.add_argument("--event-id", default="event_id", help="event id column (default event_id)")
     p.add_argument("--output", choices=("pairs", "grouped"), default="pairs",
                    help="pairs: one (event_id, sub_id) row per match; grouped: one row per event with an array "
                         "of ids (default %(default)s)")
-    p.add_argument("--partitions", type=int, default=None,
+    p.add_argument("--partitions", type=_int_in(1, JAVA_INT_MAX), default=None,
                    help="event partitions (default: at least the parallelism)")
-    p.add_argument("--arrow-batch-size", type=int, default=None, help="rows per Arrow batch")
+    p.add_argument("--arrow-batch-size", type=_int_in(1, JAVA_INT_MAX), default=None, help="rows per Arrow batch")
     p.add_argument("--ship", choices=("broadcast", "files"), default=None, help="how the index is shipped")
     p.add_argument("--algorithm", default=None, help="matching algorithm (default: the engine's best)")
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
@@ -347,16 +351,94 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _int_in(least: int, most: int | None = None):
+    """An argparse type: an integer from ``least`` to ``most`` (argparse's
+    error names the flag; exit status 2 before Spark starts, where a
+    negative --seed or --partitions was a traceback from NumPy or Spark)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < least or (most is not None and value > most):
+            raise argparse.ArgumentTypeError(f"must be {f'>= {least}' if most is None else f'{least} to {most}'}, "
+                                             f"not {text}")
+        return value
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (NaN passed ``<= 0``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
+
+
 def _checked_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     if args.master is None and not under_spark_submit():
         args.master = "local[*]"
     if (args.subs is None) != (args.events is None):
         p.error("--subs and --events go together (without both, a workload is generated)")
-    if args.scale <= 0:
-        p.error("--scale must be positive")
     if args.shards is not None and args.shards < 1:
         p.error("--shards must be >= 1")
+    if args.subs is None:               # (a workload is generated: its name is checked before it is)
+        try:
+            from engine.workloads import canonical_name
+        except ImportError:
+            pass                        # generate_workload says so, naming --subs and --events
+        else:
+            try:
+                canonical_name(args.workload)
+            except ValueError as exc:
+                p.error(f"--workload: {exc}")
+    for item in args.conf:              # (_start_spark reads them after the index is built)
+        if "=" not in item:
+            p.error(f"--conf {item!r}: expected KEY=VALUE")
+    clash = _output_clash(args)
+    if clash:
+        p.error(clash)
     return args
+
+
+def _quarantine_path(args: argparse.Namespace) -> str:
+    return args.quarantine or os.path.join(os.path.dirname(os.path.abspath(args.out)), "quarantine.parquet")
+
+
+def _output_clash(args: argparse.Namespace) -> str | None:
+    """Why an output would destroy an input, or None.  Spark's overwrite
+    deletes the path it writes (all of a directory): an --out (or
+    quarantine) that is an input or holds one would lose it -- after the
+    index was built from it, so the run itself might succeed -- and one
+    inside an input directory would become part of that input.  Paths with
+    a scheme (hdfs://...) are not checked."""
+    inputs = [("--subs", args.subs), ("--events", args.events)]
+    outputs = [("--out", args.out)]
+    if args.on_bad_event == "quarantine":
+        outputs.append(("--quarantine" if args.quarantine else "the quarantine (next to --out)",
+                        _quarantine_path(args)))
+    for k, (flag, path) in enumerate(outputs):
+        # (against the earlier output too: the quarantine would overwrite the matches, or be written into them)
+        for other_flag, other_path in inputs + outputs[:k]:
+            if other_path is None or _has_scheme(path) or _has_scheme(other_path):
+                continue
+            mine, other = os.path.realpath(path), os.path.realpath(other_path)
+            if mine == other or (os.path.exists(mine) and os.path.exists(other) and os.path.samefile(mine, other)):
+                return f"{flag} {path}: is {other_flag} {other_path}; writing it would delete it"
+            if os.path.commonpath([mine, other]) == mine:
+                return f"{flag} {path}: holds {other_flag} {other_path}; writing it would delete it"
+            if os.path.commonpath([mine, other]) == other:
+                return f"{flag} {path}: is inside {other_flag} {other_path}; it would be written into it"
+    if args.subs is None:       # the generated workload is read from its cache, which an output must not delete
+        data_dir = os.path.realpath(args.data_dir)
+        for flag, path in outputs:
+            if not _has_scheme(path) and os.path.commonpath([os.path.realpath(path), data_dir]) == \
+                    os.path.realpath(path):
+                return f"{flag} {path}: holds --data-dir {args.data_dir}; writing it would delete the workload"
+    return None
 
 
 def under_spark_submit() -> bool:
@@ -511,8 +593,7 @@ def _run_spark(spark, args, index, events_path, summary, pq):
             combined = result.combined.persist()
             try:
                 result.matches.write.mode("overwrite").parquet(args.out)
-                quarantine = args.quarantine or os.path.join(os.path.dirname(os.path.abspath(args.out)),
-                                                             "quarantine.parquet")
+                quarantine = _quarantine_path(args)
                 result.quarantine.write.mode("overwrite").parquet(quarantine)
             finally:
                 combined.unpersist()

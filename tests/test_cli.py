@@ -4,6 +4,8 @@ Parquet events and output, clear errors, help for every command."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -259,6 +261,142 @@ def test_a_failed_run_leaves_no_partial_output(files, capsys, name):
                 capsys)
     assert out.read_bytes() == b"earlier"
     assert sorted(p.name for p in tmp.iterdir()) == sorted(["subs.tsv", "events.jsonl", "late.jsonl", name])
+
+
+def test_out_naming_an_input_is_refused_before_anything_is_written(files, capsys):
+    """--out renamed the matches over the input it names: exit 0, and the
+    events (or subscriptions) were gone.  The same file through a symlink
+    or a hard link, and a file of a Parquet events directory, too."""
+    tmp, subs, events = files
+    (tmp / "events-link").symlink_to(events)
+    (tmp / "subs-hard").hardlink_to(subs)
+    parts = tmp / "parts"
+    parts.mkdir()
+    pq.write_table(pa.Table.from_pylist(EVENTS), parts / "0.parquet")
+    before = {path: path.read_bytes() for path in (subs, events, parts / "0.parquet")}
+    for inputs, out, flag in [((subs, events), events, "--events"), ((subs, events), subs, "--subs"),
+                              ((subs, events), tmp / "events-link", "--events"),
+                              ((subs, events), tmp / "subs-hard", "--subs"),
+                              ((subs, parts), parts / "0.parquet", "--events"),
+                              ((subs, parts), parts / "1.jsonl", "--events")]:
+        err = run_failing(["match", "--subs", str(inputs[0]), "--events", str(inputs[1]), "--out", str(out)], capsys)
+        assert f"--out {out}: is" in err and flag in err
+    assert {path: path.read_bytes() for path in before} == before
+    assert not (parts / "1.jsonl").exists()
+    # a hidden name is no file of the directory's (_parquet_parts skips it)
+    assert main(["match", "--subs", str(subs), "--events", str(parts), "--out", str(parts / "_m.jsonl"),
+                 "--quiet"]) == 0
+    assert read_jsonl(parts / "_m.jsonl") == EXPECTED
+
+
+def test_out_through_a_symlink_writes_its_target(files):
+    """The link stays a link and the file it names gets the matches (the
+    link was replaced by a regular file, its target left as it was)."""
+    tmp, subs, events = files
+    real, link = tmp / "real.jsonl", tmp / "link.jsonl"
+    real.write_text("stale\n")
+    link.symlink_to(real.name)                    # relative, as `ln -s real.jsonl link.jsonl` makes it
+    assert main(["match", "--subs", str(subs), "--events", str(events), "--out", str(link), "--quiet"]) == 0
+    assert link.is_symlink() and read_jsonl(real) == EXPECTED
+    assert sorted(p.name for p in tmp.iterdir()) == sorted(["subs.tsv", "events.jsonl", "real.jsonl", "link.jsonl"])
+
+
+@pytest.mark.parametrize("name", ["pipe", "pipe.parquet"])
+def test_out_into_a_fifo_is_written_into_not_replaced(files, name):
+    """A FIFO was replaced by a regular file (a temp file renamed over it)
+    and its reader got nothing.  The read end is opened non-blocking, so
+    that the writer's open does not wait and the test cannot hang: the few
+    matches fit in the pipe's buffer."""
+    tmp, subs, events = files
+    fifo = tmp / name
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert main(["match", "--subs", str(subs), "--events", str(events), "--out", str(fifo), "--quiet"]) == 0
+        try:
+            data = os.read(reader, 1 << 16)
+        except BlockingIOError:                   # nothing written into the FIFO
+            data = b""
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    if name.endswith(".parquet"):
+        table = pq.read_table(pa.BufferReader(data))
+        assert list(zip(table["event"].to_pylist(), table["sub_id"].to_pylist())) == EXPECTED
+    else:
+        assert [(r["event"], r["sub_id"]) for r in map(json.loads, data.decode().splitlines())] == EXPECTED
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs Linux's /proc/self/fd")
+def test_out_through_a_link_to_an_open_file_descriptor(files):
+    """``/dev/stdout`` is a link to /proc/self/fd/1; here a link in tmp_path
+    to a pipe's write end stands for it (the test leaves /dev alone).  The
+    link was replaced by a regular file and nothing reached the pipe."""
+    tmp, subs, events = files
+    read_end, write_end = os.pipe()
+    link = tmp / "stdout"
+    link.symlink_to(f"/proc/self/fd/{write_end}")
+    try:
+        assert main(["match", "--subs", str(subs), "--events", str(events), "--out", str(link), "--quiet"]) == 0
+        os.close(write_end)
+        write_end = None
+        with os.fdopen(read_end, "rb") as pipe:
+            read_end = None
+            data = pipe.read()
+    finally:
+        for fd in (read_end, write_end):
+            if fd is not None:
+                os.close(fd)
+    assert link.is_symlink()
+    assert [(r["event"], r["sub_id"]) for r in map(json.loads, data.decode().splitlines())] == EXPECTED
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--workload", "W0"], "--workload"),
+    (["--n-events", "-5", "--scale", "0.0001"], "--n-events"),
+    (["--scale", "nan"], "--scale"),
+    (["--seed", "-1", "--scale", "0.0001"], "--seed"),
+    # (--subs and --events that do not exist: the old code refused them, exit 2, before Spark could start)
+    (["--arrow-batch-size", "0", "--subs", "none.tsv", "--events", "none.jsonl"], "--arrow-batch-size"),
+    (["--partitions", "0", "--subs", "none.tsv", "--events", "none.jsonl"], "--partitions"),
+    (["--partitions", "-3", "--subs", "none.tsv", "--events", "none.jsonl"], "--partitions"),
+], ids=["workload", "n-events", "scale", "seed", "arrow-batch-size", "partitions-0", "partitions"])
+def test_run_refuses_bad_arguments_before_spark(tmp_path, capsys, monkeypatch, argv, flag):
+    """A usage error naming the flag (exit 2), not a NumPy or Spark
+    traceback (exit 1) from the generator or after Spark started."""
+    monkeypatch.chdir(tmp_path)          # (the relative none.* inputs, and anything the old code wrote, land here)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", *argv, "--quiet", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert flag in capsys.readouterr().err.splitlines()[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("case", ["out is --subs", "out holds --events", "quarantine is out"])
+def test_run_refuses_an_output_that_would_delete_an_input(tmp_path, capsys, case):
+    """Spark's overwrite deletes the path it writes: an --out that is an
+    input, or holds one, lost it (the index already built, the run could
+    succeed).  One input of each case is missing, so that the old code
+    refused that instead (exit 2 without SystemExit) before Spark started."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    subs, events = inputs / "subs.tsv", inputs / "events.jsonl"
+    subs.write_text(SUBS)
+    events.write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
+    argv, flag = {
+        "out is --subs": (["--subs", str(subs), "--events", str(tmp_path / "none.jsonl"), "--out", str(subs)],
+                          "--out"),
+        "out holds --events": (["--subs", str(tmp_path / "none.tsv"), "--events", str(events), "--out", str(inputs)],
+                               "--out"),
+        "quarantine is out": (["--subs", str(tmp_path / "none.tsv"), "--events", str(tmp_path / "none.jsonl"),
+                               "--on-bad-event", "quarantine", "--out", str(tmp_path / "m"),
+                               "--quarantine", str(tmp_path / "m")], "--quarantine"),
+    }[case]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", *argv, "--quiet"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"bexmatch run: error: {flag} ")
+    assert subs.read_text() == SUBS and sorted(p.name for p in tmp_path.iterdir()) == ["in"]
 
 
 def test_the_console_script_prints_no_traceback(files):
