@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -980,3 +981,182 @@ def test_abe_workloads_are_built_from_connective_rows_when_columns_are_asked_for
     assert {"and", "or", "not"} <= set(pc.unique(added[1]["op"]).to_pylist())
     with pytest.raises(ValueError, match="two ways in"):
         measure.run_benchmark(["W5"], ["scan"], scale=0.0003, texts=True, columns=True, progress=False)
+
+
+# ---------------------------------------- the command line's edges (helper-43's probe, D1-D6)
+TINY = ["--scale", "0.0003", "--repeats", "1", "--quiet"]
+
+
+def _tiny_parquet(tmp_path, name="w1", **kwargs):
+    from engine.workloads import write_parquet
+    workload = standard("W1", scale=0.0003, n_events=10, **kwargs)
+    write_parquet(workload, tmp_path / name)
+    return workload, str(tmp_path / name)
+
+
+def test_the_modes_measure_the_parquet_workload(tmp_path, capsys):
+    """D4: --ingest, --load and --updates measured a generated W1 (10,000
+    subscriptions at the default scale), not the --parquet one."""
+    workload, directory = _tiny_parquet(tmp_path)
+    assert workload.n_subscriptions == 300
+    argv = ["--parquet", directory, "--scale", "0.0005", "--repeats", "1", "--quiet"]     # (generated: 500)
+    assert bench.main([*argv, "--ingest"]) == 0
+    assert "(300 in " in capsys.readouterr().out
+    assert bench.main([*argv, "--load"]) == 0
+    assert "opindex/cpu (300 subscriptions)" in capsys.readouterr().out
+    assert bench.main([*argv, "--updates", "5", "--algorithm", "betree"]) == 0
+    assert "betree (300 subscriptions), one at a time" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:      # more updates than the Parquet workload has subscriptions
+        bench.main([*argv, "--updates", "301"])
+    assert exc.value.code == 2 and "has 300 subscriptions" in capsys.readouterr().err
+
+
+def test_a_parquet_workload_the_engine_refuses_gives_error_rows(tmp_path, capsys):
+    """D5: an unknown operator, or an event column of the wrong type, raised
+    a traceback from the fallback reference build of scan."""
+    import pyarrow.parquet as pq
+
+    workload, bad_op = _tiny_parquet(tmp_path, "bad_op")
+    table = workload.subscriptions
+    ops = table["op"].to_pylist()
+    ops[0] = "~~"
+    pq.write_table(table.set_column(table.schema.get_field_index("op"), "op", pa.array(ops)),
+                   tmp_path / "bad_op" / "subscriptions.parquet")
+    _, bad_type = _tiny_parquet(tmp_path, "bad_type")
+    events = workload.events
+    pq.write_table(events.set_column(0, events.column_names[0], pa.array(["x"] * events.num_rows)),
+                   tmp_path / "bad_type" / "events.parquet")
+    csv_path = tmp_path / "rows.csv"
+    for directory, error in ((bad_op, "SchemaError"), (bad_type, "BadEventError")):
+        assert bench.main(["--parquet", directory, "--algorithm", "scan", "--algorithm", "opindex", "--repeats", "1",
+                           "--latency-samples", "2", "--quiet", "--csv", str(csv_path)]) == 1
+        _, rows = read_csv(csv_path)
+        assert [(r["algorithm"], r["status"]) for r in rows] == [("scan", "error"), ("opindex", "error")]
+        assert error in rows[0]["note"] and rows[1]["note"].startswith("no answers to check against")
+        assert rows[1]["events_per_s"] == ""          # nothing timed that could not be checked
+        assert error in capsys.readouterr().err
+    # the other modes: a line on standard error and exit status 1 too
+    assert bench.main(["--parquet", bad_op, "--arrival-delays", "1", "--batch-sizes", "2", "--algorithm", "scan",
+                       "--repeats", "1", "--quiet"]) == 1
+    assert "no answers to check against" in capsys.readouterr().err
+    assert bench.main(["--parquet", bad_op, "--load", "--repeats", "1", "--quiet"]) == 1
+    assert "opindex/cpu: SchemaError" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (os.path.isdir("/proc/self") and os.path.exists("/dev/full")), reason="Linux's /proc, /dev")
+def test_outputs_that_cannot_be_written(tmp_path, monkeypatch, capsys):
+    """D1: --csv /proc/x.csv (no file can be made there) and /dev/full ended
+    in tracebacks after the whole run."""
+    for flag in ("--csv", "--plot"):
+        monkeypatch.setattr(cli, "run_benchmark", lambda *a, **k: pytest.fail("ran before refusing the output"))
+        with pytest.raises(SystemExit) as exc:
+            bench.main([*TINY, "--algorithm", "scan", flag, "/proc/x.png"])
+        assert exc.value.code == 2 and f"{flag} /proc/x.png: cannot be written" in capsys.readouterr().err
+        monkeypatch.undo()
+    argv = [*TINY, "--events", "5", "--latency-samples", "2", "--algorithm", "scan", "--csv", "/dev/full"]
+    assert bench.main(argv) == 1
+    captured = capsys.readouterr()
+    assert "scan" in captured.out           # the table came before
+    assert captured.err.strip() == "bexmatch bench: error: --csv /dev/full: cannot be written (No space left on device)"
+    assert bench.main(["--updates", "5", "--algorithm", "betree", *TINY, "--csv", "/dev/full"]) == 1
+    assert "--csv /dev/full: cannot be written" in capsys.readouterr().err
+    # the probe leaves nothing behind, an existing file unchanged, and a symlink a symlink
+    new, kept, link = tmp_path / "new.csv", tmp_path / "kept.csv", tmp_path / "link.csv"
+    kept.write_text("x")
+    link.symlink_to(tmp_path / "target.csv")
+    assert cli._unwritable(str(new)) is None and not new.exists()
+    assert cli._unwritable(str(kept)) is None and kept.read_text() == "x"
+    assert cli._unwritable(str(link)) is None and link.is_symlink() and not (tmp_path / "target.csv").exists()
+
+
+@pytest.mark.parametrize("argv", [["--scale", "1e9"],
+                                  ["--scale", "0.0003", "--events", "1000000000000"],
+                                  ["--sweep", "N", "--values", "1e12"],
+                                  ["--sweep", "N", "--values", "100", "--events", "1000000000000"],
+                                  ["--arrival-delays", "1", "--batch-sizes", "100000000000"],
+                                  ["--updates", "5", "--scale", "1e9"]])
+def test_sizes_beyond_memory_are_usage_errors(argv, capsys):
+    """D2: NumPy's MemoryError traceback from inside the generators."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*argv, "--algorithm", "scan" if "--updates" not in argv else "opindex", "--quiet"])
+    assert exc.value.code == 2 and "GiB of memory; this machine has" in capsys.readouterr().err
+
+
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
+    """D2: what the up-front estimate (a lower bound) lets through."""
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 7 PiB")
+    monkeypatch.setattr(cli, "run_benchmark", exhausted)
+    assert bench.main([*TINY, "--algorithm", "scan"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("bexmatch bench: error: out of memory") and len(err.strip().splitlines()) == 1
+
+
+def _no_cuda(monkeypatch):
+    """cuda absent on any machine, nothing run there: a variant of a cpu
+    option is skipped for its own reason, anything else for the GPU's."""
+    from engine.errors import BackendUnavailable
+    real = bench_algorithms.matcher_class
+
+    def matcher_class(name, backend):
+        if backend == "cuda":
+            raise BackendUnavailable(bench_algorithms.foreign_reason(name, backend) or "no cuda in this test")
+        return real(name, backend)
+    monkeypatch.setattr(bench_algorithms, "matcher_class", matcher_class)
+
+
+@pytest.mark.parametrize("backends", [["cpu", "cuda"], ["cuda", "cpu"]])
+def test_a_variant_of_one_backend_is_skipped_on_the_other_in_either_order(backends, fake_apcm, monkeypatch,
+                                                                           tmp_path, capsys):
+    """D3: a usage error with one order of --backend, a skipped row with the other."""
+    _no_cuda(monkeypatch)
+    csv_path = tmp_path / "rows.csv"
+    argv = [*TINY, "--events", "5", "--latency-samples", "2", "--csv", str(csv_path),
+            *(arg for backend in backends for arg in ("--backend", backend))]
+    for variant, runs, skipped, reason in (("apcm-opindex", "cpu", "cuda", "fixes option(s) ['over']"),
+                                           ("atree-persistent", "cuda", "cpu", "fixes option(s) ['kernel']")):
+        assert bench.main([*argv, "--algorithm", "scan", "--algorithm", variant]) == 0
+        _, rows = read_csv(csv_path)
+        row = {r["backend"]: r for r in rows if r["algorithm"] == variant}
+        assert row[skipped]["status"] == "skipped" and reason in row[skipped]["note"]
+        if runs == "cpu":
+            assert row["cpu"]["status"] == "ok" and row["cpu"]["correct"] == "True"
+    # on none of the backends given: a usage error naming the variant, not --option
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*TINY, "--algorithm", "atree-persistent"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--algorithm atree-persistent: variant 'atree-persistent'" in err
+    assert "--option" not in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, flag", [(["--updates", "5", "--plot", "/tmp/never.png"], "--plot"),
+                                        (["--ingest", "--plot", "/tmp/never.png"], "--plot"),
+                                        (["--load", "--plot", "/tmp/never.png"], "--plot"),
+                                        (["--ingest", "--algorithm", "betree"], "--algorithm"),
+                                        (["--ingest", "--option", "betree.max_cap=3"], "--option"),
+                                        (["--updates", "5", "--events", "5"], "--events"),
+                                        (["--load", "--latency-samples", "3"], "--latency-samples"),
+                                        (["--ingest", "--scan-sample", "7"], "--scan-sample"),
+                                        (["--load", "--texts"], "--texts"),
+                                        (["--updates", "5", "--columns"], "--columns"),
+                                        (["--updates", "5", "--backend", "cuda"], "--backend"),
+                                        (["--arrival-delays", "1", "--batch-sizes", "2", "--latency-samples", "3"],
+                                         "--latency-samples"),
+                                        (["--generator", "begen", "--algorithm", "scan"], "--generator"),
+                                        (["--sweep", "N", "--values", "100", "--param", "N=300",
+                                          "--algorithm", "scan"], "N=300")])
+def test_flags_a_mode_would_drop_are_usage_errors(argv, flag, capsys):
+    """D6: accepted, then silently dropped."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*argv, *TINY])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and flag in err.splitlines()[-1]
+
+
+def test_load_with_wrong_answers_fails(monkeypatch, capsys):
+    """D6: --load printed "same answers: False" and exited 0."""
+    real = cli.load_costs
+    monkeypatch.setattr(cli, "load_costs", lambda *args, **kwargs: {**real(*args, **kwargs), "same_answers": False})
+    assert bench.main(["--load", *TINY]) == 1
+    captured = capsys.readouterr()
+    assert "same answers: False" in captured.out and "WRONG" in captured.err

@@ -129,15 +129,37 @@ def matcher_class(name: str, backend: str):
     BackendUnavailable for an unknown name, an unimplemented backend, or a
     variant fixing an option of another backend (``atree-persistent`` on
     ``cpu``)."""
+    cls = registry.get(base_of(name)).matcher_class(backend)
+    reason = foreign_reason(name, backend)
+    if reason is not None:
+        raise BackendUnavailable(reason)
+    return cls
+
+
+def foreign_reason(name: str, backend: str) -> str | None:
+    """Why bench name ``name`` does not run on ``backend`` although its
+    algorithm may: a variant fixing an option of another backend
+    (``atree-persistent`` on ``cpu``: a skipped row there); None when it
+    fixes none."""
     algorithm = registry.get(base_of(name))
-    cls = algorithm.matcher_class(backend)
     fields = {f.name: f for f in dataclasses.fields(algorithm.options)}
     other = sorted(key for key in fixed_options(name) if backend not in fields[key].metadata["backends"])
-    if other:
-        raise BackendUnavailable(f"variant {name!r} fixes option(s) {other} of algorithm {algorithm.name!r}, which "
-                                 f"apply to backend(s) {', '.join(fields[other[0]].metadata['backends'])}, "
-                                 f"not {backend!r}")
-    return cls
+    if not other:
+        return None
+    return (f"variant {name!r} fixes option(s) {other} of algorithm {algorithm.name!r}, which "
+            f"apply to backend(s) {', '.join(fields[other[0]].metadata['backends'])}, not {backend!r}")
+
+
+def runs_on(name: str, backends) -> list[str]:
+    """The ``backends`` whose options bench name ``name``'s fixed ones fit
+    (the others give it a skipped row); ValueError naming the variant when
+    none does -- it would measure nothing."""
+    backends = list(backends)
+    fitting = [backend for backend in backends if foreign_reason(name, backend) is None]
+    if backends and not fitting:
+        raise ValueError(foreign_reason(name, backends[0])
+                         + (f" (nor {', '.join(map(repr, backends[1:]))})" if len(backends) > 1 else ""))
+    return fitting
 
 
 def parse_option_value(text: str):

@@ -14,11 +14,18 @@ from engine.algorithms import registry
 from engine.bench import algorithms as bench_algorithms
 from engine.bench import latency
 from engine.bench.costs import ingest_rates, load_costs, update_costs, update_rates
-from engine.bench.measure import DEFAULT_SCALE, SCAN_BUDGET, SCAN_SAMPLE_MAX, SCAN_SAMPLE_MIN, run_benchmark
+from engine.bench.measure import DEFAULT_SCALE, SCAN_BUDGET, SCAN_SAMPLE_MAX, SCAN_SAMPLE_MIN, check_fits, \
+    run_benchmark
 from engine.bench.report import format_table, plot, write_csv, write_records
 from engine.bench.sweep import SWEEP_BASE, plan_sweep, sweep
 from engine.errors import BackendUnavailable
-from engine.workloads import canonical_name, read_parquet, standard
+from engine.workloads import DEFAULT_EVENTS, DEFAULT_EVENTS_OF, STANDARD_WORKLOADS, canonical_name, read_parquet, \
+    standard
+
+#: defaults of the flags whose default is None in the parser (see build_parser)
+LATENCY_SAMPLES = 200
+SCAN_SAMPLE = "auto"
+DEFAULT_GENERATOR = "opindex"
 
 
 def _csv_list(text: str) -> list[str]:
@@ -94,25 +101,86 @@ def _check_outputs(args, parser) -> None:
             parser.error(f"{flag} {path}: no directory {folder}")
         if os.path.isdir(path):
             parser.error(f"{flag} {path}: is a directory")
+        why = _unwritable(path)
+        if why is not None:
+            parser.error(f"{flag} {path}: cannot be written ({why})")
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot {args.plot}: the plot is a PNG (a path ending in .png)")
 
 
+def _unwritable(path) -> str | None:
+    """Why ``path`` cannot be written, or None.  A regular file (or none
+    yet) is opened for append and closed, which changes nothing in it, and
+    removed again when the probe created it; a FIFO or device only asks
+    for write permission, as opening one may block or disturb its reader
+    (a device that fails later, /dev/full, fails in :func:`_write`)."""
+    target = os.path.realpath(path)      # (a symlink's target: removing the probe must not remove the link)
+    try:
+        if os.path.exists(target) and not os.path.isfile(target):
+            return None if os.access(target, os.W_OK) else "permission denied"
+        existed = os.path.exists(target)
+        with open(target, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            os.remove(target)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _write(flag: str, path: str, write, *args) -> int:
+    """``write(*args, path)``; an output that fails after the run (a full
+    disk, /dev/full) is one line on standard error and exit status 1, not
+    a traceback."""
+    try:
+        write(*args, path)
+    except OSError as exc:
+        print(f"bexmatch bench: error: {flag} {path}: cannot be written ({exc.strerror or exc})", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _workloads(names, parser, mode: str | None = None, **kwargs) -> list:
     """The standard workloads ``names``; an unknown name or bad scale is a
-    usage error, and so is an expression workload (W5) in a ``mode`` that
-    times the columnar form (--updates, --load, --ingest)."""
+    usage error, and so is a size beyond this machine's memory (before it
+    is generated: a MemoryError from inside NumPy otherwise) and an
+    expression workload (W5) in a ``mode`` that times the columnar form
+    (--updates, --load, --ingest)."""
     found = []
     for name in _distinct_workloads(names, parser):
+        _check_standard_size(name, parser, **kwargs)
         try:
             workload = standard(name, **kwargs)
         except ValueError as exc:
             parser.error(str(exc))
-        if mode is not None and "expression" in workload.subscriptions.column_names:
-            parser.error(f"{mode} times the columnar form of a workload's subscriptions; {name}'s are "
-                         f"expressions (ABE-Gen)")
+        _columnar_only(workload, name, mode, parser)
         found.append(workload)
     return found
+
+
+def _check_standard_size(name, parser, scale=1.0, n_events=None, **_) -> None:
+    """A usage error when standard workload ``name`` at ``scale`` with
+    ``n_events`` (None: its default) cannot fit in memory
+    (:func:`~engine.bench.measure.check_fits`)."""
+    canonical = canonical_name(name)
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        return          # (standard() says what is wrong with it)
+    n_subs = max(1, round(STANDARD_WORKLOADS[canonical][2]["n_subs"] * scale))
+    try:
+        check_fits(n_subs, f"subscriptions ({name} at --scale {scale:g})")
+        if n_events is not None:
+            check_fits(n_events, "events (--events)")
+        else:
+            check_fits(max(100, round(DEFAULT_EVENTS_OF.get(canonical, DEFAULT_EVENTS) * scale)),
+                       f"events ({name}'s default at --scale {scale:g})")
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def _columnar_only(workload, name, mode, parser) -> None:
+    if mode is not None and "expression" in workload.subscriptions.column_names:
+        parser.error(f"{mode} times the columnar form of a workload's subscriptions; {name}'s are "
+                     f"expressions (ABE-Gen)")
 
 
 def _distinct_workloads(names, parser) -> list:
@@ -126,9 +194,10 @@ def _distinct_workloads(names, parser) -> list:
     return list(seen.values())
 
 
-def _parquet_workloads(paths, parser) -> list:
+def _parquet_workloads(paths, parser, mode: str | None = None) -> list:
     """The workload directories ``paths`` (write_parquet's), each once however it is spelt (a repeated one
-    ran twice: duplicate rows); one that cannot be read is a usage error."""
+    ran twice: duplicate rows); one that cannot be read is a usage error, and so is one without events
+    (but for --ingest, which matches none) or, in a ``mode`` timing the columnar form, of expressions."""
     found, seen = [], set()
     for path in paths or ():
         if os.path.realpath(path) in seen:
@@ -138,8 +207,9 @@ def _parquet_workloads(paths, parser) -> list:
             workload = read_parquet(path)
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             parser.error(f"--parquet {path}: not a workload directory written by write_parquet ({exc})")
-        if workload.n_events == 0:
+        if workload.n_events == 0 and mode != "--ingest":
             parser.error(f"--parquet {path}: the workload has no events to match")
+        _columnar_only(workload, f"--parquet {path}", mode, parser)
         found.append(workload)
     return found
 
@@ -181,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
                "reaches ALG's variants,\nbut for the options a variant fixes; --option VARIANT.NAME=VALUE "
                "overrides even those):\n"
                + "".join(f"  {name:<14} {title}\n" for name, title in bench_algorithms.VARIANT_TITLES.items())
-               + "Exit status: 0 when every run that ran gave scan's answers, 1 when one was wrong or failed.",
+               + "Exit status: 0 when every run that ran gave scan's answers, 1 when one was wrong or failed "
+                 "(or an output could not be\nwritten after the run, or memory ran out), 2 for a usage error "
+                 "(a flag the mode does not use, an output\npath that cannot be written, a size beyond this "
+                 "machine's memory included).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run")
     what.add_argument("--workload", action="append", metavar="W",
@@ -207,12 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     how = parser.add_argument_group("how to measure")
     how.add_argument("--repeats", type=_positive(int), default=3,
                      help="timed match_batch runs after one warm-up; the median counts (default %(default)s)")
-    how.add_argument("--latency-samples", type=_positive(int, zero=True), default=200, metavar="N",
-                     help="events matched one at a time for the latency percentiles (default %(default)s)")
-    how.add_argument("--scan-sample", type=_scan_sample_arg, default="auto", metavar="auto|all|N",
+    # (defaults None, filled in by main: a mode that does not use the flag can tell it was given)
+    how.add_argument("--latency-samples", type=_positive(int, zero=True), metavar="N",
+                     help=f"events matched one at a time for the latency percentiles (default {LATENCY_SAMPLES})")
+    how.add_argument("--scan-sample", type=_scan_sample_arg, metavar="auto|all|N",
                      help="events scan is timed and answers are checked on: 'auto' (all of them when "
                           f"subscriptions x events <= {SCAN_BUDGET:,}, else the first "
-                          f"{SCAN_SAMPLE_MIN}..{SCAN_SAMPLE_MAX}), 'all', or the first N (default %(default)s)")
+                          f"{SCAN_SAMPLE_MIN}..{SCAN_SAMPLE_MAX}), 'all', or the first N (default auto)")
     how.add_argument("--texts", action="store_true",
                      help="build ABE-Gen workloads (W5, --generator abe) from their texts, through the parser; "
                           "default: from their ASTs (text-free, as every other workload's columnar form)")
@@ -224,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--sweep", metavar="PARAM",
                      help="vary one generator parameter: N, dims, Γmax/gamma_max, m, θ/theta, σ/cardinality, "
                           "zipf, p/match_prob, s/similarity, α/alpha, depth, fanout (a range: 2..6), ... (any "
-                          "keyword of engine.workloads.opindex_gen, begen or abe_gen; a workload per value) -- or one algorithm option ALG.NAME, e.g. "
+                          "keyword of engine.workloads.opindex_gen, begen or abe_gen; a workload per value) -- "
+                          "or one algorithm option ALG.NAME, e.g. "
                           "apcm.cluster_size or betree.max_cap (one workload, the option set per value on ALG and "
                           "its variants; default --algorithm: ALG alone)")
     swp.add_argument("--values", type=_csv_list, metavar="V1,V2,...", help="the values of the swept parameter "
@@ -234,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "values, one line each in the table and plot (column series_param/series_value), e.g. "
                           "--sweep apcm.threshold --values 1,2,3,4 --series similarity=0.1,0.4,0.7,1.0 for "
                           "A-PCM Fig. 9(c); one stream similarity alone: --param similarity=0.7")
-    swp.add_argument("--generator", choices=tuple(SWEEP_BASE), default="opindex",
-                     help="generator of the sweep (default %(default)s; base parameters: W3 for opindex, "
+    swp.add_argument("--generator", choices=tuple(SWEEP_BASE),
+                     help=f"generator of the sweep (default {DEFAULT_GENERATOR}; base parameters: W3 for opindex, "
                           "W1 for begen, W5 for abe (A-Tree Fig. 8-13), subscriptions times --scale)")
     swp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a base parameter of the sweep's generator (repeatable)")
@@ -279,9 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _latency(args, parser, algorithms, backends, algorithm_options) -> int:
     """``--arrival-delays``: batch times and simulated latencies (engine.bench.latency)."""
-    if args.sweep is not None or args.updates or args.ingest or args.load:
-        parser.error("--arrival-delays is a mode of its own: leave out --sweep, --updates, --ingest and --load")
     sizes = args.batch_sizes or list(latency.DEFAULT_BATCH_SIZES)
+    try:     # a batch is a list of that many events, the simulated stream an array of its length
+        check_fits(max(sizes), "events in one batch (--batch-sizes)")
+        check_fits(args.simulated_events or 0, "simulated events (--simulated-events)")
+    except ValueError as exc:
+        parser.error(str(exc))
     n_events = args.events or latency.events_needed(sizes, args.repeats)
     workloads = _parquet_workloads(args.parquet, parser)
     if args.workload or not args.parquet:
@@ -295,12 +373,14 @@ def _latency(args, parser, algorithms, backends, algorithm_options) -> int:
                                       strict=args.strict)
         print(latency.format_latency(found), end="\n\n" if workload is not workloads[-1] else "\n")
         rows += found
+    unwritten = 0
     if args.csv:
-        write_records(rows, args.csv)
+        unwritten |= _write("--csv", args.csv, write_records, rows)
     if args.plot:
-        latency.plot_latency(rows, args.plot)
+        unwritten |= _write("--plot", args.plot, latency.plot_latency, rows)
     return _report_failures([r for r in rows if r["status"] == "error" or r["correct"] is False],
-                            lambda r: f"{r['workload']} {r['algorithm']}/{r['backend']} batch {r['batch_size']}")
+                            lambda r: f"{r['workload']} {r['algorithm']}/{r['backend']} batch {r['batch_size']}") \
+        | unwritten
 
 
 def _report_failures(failed, where) -> int:
@@ -310,9 +390,176 @@ def _report_failures(failed, where) -> int:
     return 1 if failed else 0
 
 
+#: the flags each mode of its own does not use: given, they would be dropped without a word
+UNUSED_BY_MODE = {
+    "--updates": ("--events", "--latency-samples", "--scan-sample", "--texts", "--columns", "--plot"),
+    "--load": ("--events", "--latency-samples", "--scan-sample", "--texts", "--columns", "--plot"),
+    "--ingest": ("--events", "--latency-samples", "--scan-sample", "--texts", "--columns", "--plot", "--algorithm",
+                 "--option"),
+    "--arrival-delays": ("--latency-samples", "--texts", "--columns"),
+}
+
+
+def _check_flags(args, parser, mode: str | None) -> None:
+    """Flags given where they change nothing are usage errors: a mode's
+    unused ones (:data:`UNUSED_BY_MODE`), a sweep's flags without --sweep,
+    a backend other than cpu for the modes that run on cpu only."""
+    given = {"--events": args.events is not None, "--latency-samples": args.latency_samples is not None,
+             "--scan-sample": args.scan_sample is not None, "--texts": args.texts, "--columns": args.columns,
+             "--plot": args.plot is not None, "--algorithm": bool(args.algorithm), "--option": bool(args.option)}
+    for flag in UNUSED_BY_MODE.get(mode, ()):
+        if given[flag]:
+            parser.error(f"{flag} does not apply to {mode}, which would ignore it: leave it out")
+    if mode in ("--updates", "--ingest") and any(b != "cpu" for b in args.backend or ()):
+        parser.error(f"--backend {', '.join(args.backend)}: {mode} runs on cpu only")
+    if mode != "--sweep":
+        for flag, value in (("--series", args.series), ("--values", args.values), ("--generator", args.generator),
+                            ("--param", args.param)):
+            if value:
+                parser.error(f"{flag} goes with --sweep")
+    if mode != "--arrival-delays" and (args.batch_sizes or args.simulated_events):
+        parser.error("--batch-sizes and --simulated-events go with --arrival-delays")
+    if args.texts and args.columns:
+        parser.error("--texts and --columns are two ways in: give one")
+
+
+def _check_algorithm_options(parser, algorithms, algorithm_options, backends) -> None:
+    """Each algorithm's options as its index will get them (a variant's
+    fixed ones, its algorithm's and its own together), checked on each of
+    ``backends`` it runs on, whatever their order: a variant fixing an
+    option of another backend gives a skipped row there, as an algorithm a
+    backend lacks does, and is a usage error only when it runs on none."""
+    for algorithm in dict.fromkeys([*algorithm_options, *(algorithms or ())]):
+        flag = f"--algorithm {algorithm}" if algorithm in (algorithms or ()) else f"--option {algorithm}.*"
+        try:
+            runs_on = bench_algorithms.runs_on(algorithm, backends)
+        except ValueError as exc:
+            parser.error(f"{flag}: {exc}")
+        chosen = bench_algorithms.options_of(algorithm, algorithm_options)
+        for backend in runs_on:
+            try:
+                bench_algorithms.check_options(algorithm, chosen, backend)
+            except (TypeError, ValueError) as exc:
+                parser.error(f"--option: {exc}" + (f" (--backend {backend})" if len(backends) > 1 else ""))
+
+
+def _mode_workloads(args, parser, mode: str, n_events: int) -> list:
+    """The workloads of --updates, --load and --ingest: the --parquet ones,
+    and the standard ones (default W1 unless --parquet is given) generated
+    with ``n_events`` events."""
+    workloads = _parquet_workloads(args.parquet, parser, mode)
+    if args.workload or not args.parquet:
+        workloads += _workloads(args.workload or ["W1"], parser, mode, scale=args.scale, n_events=n_events,
+                                seed=args.seed)
+    return workloads
+
+
+def _attempt(args, where: str, measure):
+    """One measurement of --updates, --load or --ingest: its result, or
+    None with its exception named on standard error (a workload the engine
+    refuses, an option that does not fit it) -- the run then fails, as an
+    error row does; --strict raises it."""
+    try:
+        return measure()
+    except Exception as exc:
+        if args.strict:
+            raise
+        print(f"bexmatch bench: {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+
+
+def _updates(args, parser, algorithms, algorithm_options) -> int:
+    records, failed = [], 0
+    for workload in _mode_workloads(args, parser, "--updates", 10):
+        if args.updates > workload.n_subscriptions:
+            parser.error(f"--updates {args.updates}: {workload.name} has {workload.n_subscriptions:,} subscriptions"
+                         + ("" if args.parquet else f" at --scale {args.scale:g}"))
+        for algorithm in algorithms or ["opindex"]:
+            chosen = bench_algorithms.options_of(algorithm, algorithm_options)
+            if algorithm in ("opindex", "pstbloom", "psthash") and not chosen:
+                cost = _attempt(args, f"{workload.name} {algorithm}", lambda: update_costs(
+                    workload, args.updates, repeats=args.repeats, algorithm=algorithm))
+                if cost is None:
+                    failed = 1
+                    continue
+                print(f"{cost['workload']} ({cost['n_subscriptions']:,} subscriptions): {cost['n']:,} "
+                      f"removals + {cost['n']:,} adds, merged and matched: {cost['incremental_s']:.3f} s "
+                      f"with {algorithm}'s derived matcher, {cost['full_s']:.3f} s with a full rebuild "
+                      f"({cost['full_s'] / cost['incremental_s']:.1f}x)")
+                records.append(cost)
+            rates = _attempt(args, f"{workload.name} {algorithm}", lambda: update_rates(
+                workload, algorithm, args.updates, repeats=args.repeats, seed=args.seed,
+                options=bench_algorithms.resolve_options(algorithm, chosen, workload)))
+            if rates is None:
+                failed = 1
+                continue
+            print(_rates_line(rates))
+            records.append(rates)
+    return failed | (_write("--csv", args.csv, write_records, records) if args.csv else 0)
+
+
+def _load(args, parser, algorithms, backend, algorithm_options) -> int:
+    records, failed = [], 0
+    for algorithm in algorithms or ["opindex"]:      # (a backend missing here: before any work)
+        try:
+            bench_algorithms.matcher_class(algorithm, backend)
+        except BackendUnavailable as exc:
+            parser.error(f"--load: {exc}")
+    for workload in _mode_workloads(args, parser, "--load", 100):
+        for algorithm in algorithms or ["opindex"]:
+            where = f"{workload.name} {algorithm}/{backend}"
+            cost = _attempt(args, where, lambda: load_costs(
+                workload, algorithm, backend, repeats=args.repeats, options=bench_algorithms.resolve_options(
+                    algorithm, bench_algorithms.options_of(algorithm, algorithm_options), workload)))
+            if cost is None:
+                failed = 1
+                continue
+            gain = cost['build_s'] / cost['load_first_match_s']
+            print(f"{cost['workload']} {algorithm}/{cost['backend']} ({cost['n_subscriptions']:,} "
+                  f"subscriptions): build + first match {cost['build_s']:.2f} s; save {cost['save_s']:.2f} s "
+                  f"({cost['file_bytes'] / 2 ** 20:.1f} MiB); load {cost['load_s']:.2f} s, + first match "
+                  f"{cost['load_first_match_s']:.2f} s ("
+                  + (f"{gain:.1f}x faster" if gain >= 1 else f"{1 / gain:.1f}x slower")
+                  + f" than the build); structure restored: {cost['structure_restored']}; "
+                  f"same answers: {cost['same_answers']}")
+            records.append(cost)
+            if not cost["same_answers"]:      # (the epilog's exit status 1: an answer was wrong)
+                print(f"bexmatch bench: {where}: WRONG: the loaded index's answers differ from those of the "
+                      f"index it was saved from", file=sys.stderr)
+                failed = 1
+    return failed | (_write("--csv", args.csv, write_records, records) if args.csv else 0)
+
+
+def _ingest(args, parser) -> int:
+    records, failed = [], 0
+    for workload in _mode_workloads(args, parser, "--ingest", 100):
+        rates = _attempt(args, workload.name, lambda: ingest_rates(workload, repeats=args.repeats))
+        if rates is None:
+            failed = 1
+            continue
+        print(f"{rates['workload']}: parse {rates['parse_per_s']:,.0f} expressions/s "
+              f"({rates['n_texts']:,} texts, {rates['mean_predicates_per_text']:.1f} predicates each); "
+              f"add_many of those texts {rates['add_texts_per_s']:,.0f}/s "
+              f"({rates['add_texts_share_of_parse']:.0%} of the parse rate); "
+              f"columnar ingestion {rates['ingest_per_s']:,.0f} subscriptions/s "
+              f"({rates['n_subscriptions']:,} in {rates['ingest_s']:.2f} s)")
+        records.append(rates)
+    return failed | (_write("--csv", args.csv, write_records, records) if args.csv else 0)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _main(args, parser)
+    except MemoryError as exc:
+        # a size the up-front estimate let through (it is a lower bound): one line, not NumPy's traceback
+        print(f"bexmatch bench: error: out of memory ({type(exc).__name__}: {exc}); try a smaller --scale, "
+              f"--events, --values or --batch-sizes", file=sys.stderr)
+        return 1
+
+
+def _main(args, parser) -> int:
     backends = list(dict.fromkeys(args.backend or ["cpu"]))      # (a repeated one ran twice: duplicate rows)
     if args.workload:
         args.workload = list(dict.fromkeys(args.workload))
@@ -330,122 +577,52 @@ def main(argv=None) -> int:
         if algorithms is not None and not any(algorithm in (name, bench_algorithms.base_of(name))
                                               for name in algorithms):
             parser.error(f"--option {algorithm}.*: {algorithm} does not run (--algorithm {', '.join(algorithms)})")
-    # each algorithm's options as its index will get them: a variant's
-    # fixed ones, its algorithm's and its own together; on the other
-    # backends of the run, the options given here (a variant whose own
-    # options fit one backend only gives a skipped or failed row elsewhere,
-    # as an algorithm a backend lacks does)
-    for algorithm in dict.fromkeys([*algorithm_options, *(algorithms or ())]):
-        chosen = bench_algorithms.options_of(algorithm, algorithm_options)
-        for backend in backends:
-            try:
-                if backend == backends[0]:
-                    bench_algorithms.check_options(algorithm, chosen, backend)
-                elif chosen:
-                    bench_algorithms.check_options(bench_algorithms.base_of(algorithm), chosen, backend)
-            except (TypeError, ValueError) as exc:
-                parser.error(f"--option: {exc}" + (f" (--backend {backend})" if len(backends) > 1 else ""))
     modes = [flag for flag, given in (("--sweep", args.sweep is not None), ("--updates", args.updates),
-                                      ("--load", args.load), ("--ingest", args.ingest)) if given]
+                                      ("--load", args.load), ("--ingest", args.ingest),
+                                      ("--arrival-delays", args.arrival_delays is not None)) if given]
     if len(modes) > 1:
         parser.error(f"{' and '.join(modes)}: each is a mode of its own; give one")
+    mode = modes[0] if modes else None
+    _check_flags(args, parser, mode)
+    # the backends the mode runs on: --load the first, --updates and --ingest cpu alone
+    _check_algorithm_options(parser, algorithms, algorithm_options,
+                             backends[:1] if mode == "--load" else ["cpu"] if mode in ("--updates", "--ingest")
+                             else backends)
     _check_outputs(args, parser)
-    if args.series is not None and args.sweep is None:
-        parser.error("--series is the second axis of a --sweep")
-    if args.arrival_delays is None and (args.batch_sizes or args.simulated_events):
-        parser.error("--batch-sizes and --simulated-events go with --arrival-delays")
-    if args.arrival_delays is not None:
+    args.latency_samples = LATENCY_SAMPLES if args.latency_samples is None else args.latency_samples
+    args.scan_sample = SCAN_SAMPLE if args.scan_sample is None else args.scan_sample
+    if mode == "--arrival-delays":
         return _latency(args, parser, algorithms, backends, algorithm_options)
+    if mode == "--updates":
+        return _updates(args, parser, algorithms, algorithm_options)
+    if mode == "--load":
+        return _load(args, parser, algorithms, backends[0], algorithm_options)
+    if mode == "--ingest":
+        return _ingest(args, parser)
     options = dict(repeats=args.repeats, latency_samples=args.latency_samples,
                    scan_sample=args.scan_sample, progress=not args.quiet, strict=args.strict,
                    algorithm_options=algorithm_options, texts=args.texts, columns=args.columns)
-    if args.texts and args.columns:
-        parser.error("--texts and --columns are two ways in: give one")
-
-    if args.sweep is not None:
+    if mode == "--sweep":
         if args.workload or args.parquet:
             parser.error("--sweep generates its own workloads: leave out --workload and --parquet")
         if not args.values:
             parser.error("--sweep needs --values v1,v2,...")
+        generator = args.generator or DEFAULT_GENERATOR
         params = {}
         for item in args.param:
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
                 parser.error(f"--param expects KEY=VALUE, not {item!r}")
             params[key.strip()] = value
-        try:   # bad names and values, and option sweeps that would vary nothing, are usage errors
-            plan_sweep(args.sweep, args.values, args.generator, params, algorithms, series=args.series,
+        try:   # bad names and values, sizes beyond memory, and sweeps that would drop or vary nothing
+            plan_sweep(args.sweep, args.values, generator, params, algorithms, series=args.series,
                        scale=args.scale, n_events=args.events, algorithm_options=algorithm_options,
-                       backend=backends[0])
+                       backend=backends)
         except ValueError as exc:
             parser.error(str(exc))
-        rows = sweep(args.sweep, args.values, args.generator, params, algorithms, backends, series=args.series,
+        rows = sweep(args.sweep, args.values, generator, params, algorithms, backends, series=args.series,
                      scale=args.scale, events_limit=args.events, seed=args.seed, **options)
     else:
-        if args.values or args.param:
-            parser.error("--values and --param go with --sweep")
-        if args.updates:
-            records = []
-            for workload in _workloads(args.workload or ["W1"], parser, "--updates", scale=args.scale,
-                                       n_events=10, seed=args.seed):
-                if args.updates > workload.n_subscriptions:
-                    parser.error(f"--updates {args.updates}: {workload.name} has {workload.n_subscriptions:,} "
-                                 f"subscriptions at --scale {args.scale:g}")
-                for algorithm in algorithms or ["opindex"]:
-                    chosen = bench_algorithms.options_of(algorithm, algorithm_options)
-                    if algorithm in ("opindex", "pstbloom", "psthash") and not chosen:
-                        cost = update_costs(workload, args.updates, repeats=args.repeats, algorithm=algorithm)
-                        print(f"{cost['workload']} ({cost['n_subscriptions']:,} subscriptions): {cost['n']:,} "
-                              f"removals + {cost['n']:,} adds, merged and matched: {cost['incremental_s']:.3f} s "
-                              f"with {algorithm}'s derived matcher, {cost['full_s']:.3f} s with a full rebuild "
-                              f"({cost['full_s'] / cost['incremental_s']:.1f}x)")
-                        records.append(cost)
-                    chosen = bench_algorithms.resolve_options(algorithm, chosen, workload)
-                    rates = update_rates(workload, algorithm, args.updates, repeats=args.repeats, options=chosen,
-                                         seed=args.seed)
-                    print(_rates_line(rates))
-                    records.append(rates)
-            if args.csv:
-                write_records(records, args.csv)
-            return 0
-        if args.load:
-            records = []
-            for workload in _workloads(args.workload or ["W1"], parser, "--load", scale=args.scale,
-                                       n_events=100, seed=args.seed):
-                for algorithm in algorithms or ["opindex"]:
-                    chosen = bench_algorithms.resolve_options(
-                        algorithm, bench_algorithms.options_of(algorithm, algorithm_options), workload)
-                    try:
-                        cost = load_costs(workload, algorithm, backends[0], repeats=args.repeats, options=chosen)
-                    except BackendUnavailable as exc:
-                        parser.error(f"--load: {exc}")
-                    gain = cost['build_s'] / cost['load_first_match_s']
-                    print(f"{cost['workload']} {algorithm}/{cost['backend']} ({cost['n_subscriptions']:,} "
-                          f"subscriptions): build + first match {cost['build_s']:.2f} s; save {cost['save_s']:.2f} s "
-                          f"({cost['file_bytes'] / 2 ** 20:.1f} MiB); load {cost['load_s']:.2f} s, + first match "
-                          f"{cost['load_first_match_s']:.2f} s ("
-                          + (f"{gain:.1f}x faster" if gain >= 1 else f"{1 / gain:.1f}x slower")
-                          + f" than the build); structure restored: {cost['structure_restored']}; "
-                          f"same answers: {cost['same_answers']}")
-                    records.append(cost)
-            if args.csv:
-                write_records(records, args.csv)
-            return 0
-        if args.ingest:
-            records = []
-            for workload in _workloads(args.workload or ["W1"], parser, "--ingest", scale=args.scale,
-                                       n_events=100, seed=args.seed):
-                rates = ingest_rates(workload, repeats=args.repeats)
-                print(f"{rates['workload']}: parse {rates['parse_per_s']:,.0f} expressions/s "
-                      f"({rates['n_texts']:,} texts, {rates['mean_predicates_per_text']:.1f} predicates each); "
-                      f"add_many of those texts {rates['add_texts_per_s']:,.0f}/s "
-                      f"({rates['add_texts_share_of_parse']:.0%} of the parse rate); "
-                      f"columnar ingestion {rates['ingest_per_s']:,.0f} subscriptions/s "
-                      f"({rates['n_subscriptions']:,} in {rates['ingest_s']:.2f} s)")
-                records.append(rates)
-            if args.csv:
-                write_records(records, args.csv)
-            return 0
         workloads = _parquet_workloads(args.parquet, parser)
         if args.workload or not args.parquet:
             workloads += _workloads(args.workload or ["W1"], parser, scale=args.scale, n_events=args.events,
@@ -453,9 +630,10 @@ def main(argv=None) -> int:
         rows = run_benchmark(workloads, algorithms, backends, events_limit=args.events, **options)
 
     print(format_table(rows))
+    unwritten = 0
     if args.csv:
-        write_csv(rows, args.csv)
+        unwritten |= _write("--csv", args.csv, write_csv, rows)
     if args.plot:
-        plot(rows, args.plot)
+        unwritten |= _write("--plot", args.plot, plot, rows)
     return _report_failures([r for r in rows if r["status"] == "error" or r["correct"] is False],
-                            lambda r: f"{r['workload']} {r['algorithm']}/{r['backend']}")
+                            lambda r: f"{r['workload']} {r['algorithm']}/{r['backend']}") | unwritten

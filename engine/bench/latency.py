@@ -190,7 +190,17 @@ def time_batches(workload, algorithms=None, backends=("cpu",), batch_sizes=DEFAU
     if events.num_rows == 0:
         raise ValueError(f"workload {workload.name} has no events")
     stream = event_dicts(events, min(events.num_rows, events_needed(sizes, repeats, min_events)))
-    reference = _reference(workload, events, scan_sample_size(workload.n_subscriptions, len(stream), scan_sample))
+    try:
+        reference = _reference(workload, events, scan_sample_size(workload.n_subscriptions, len(stream), scan_sample))
+    except Exception as exc:
+        # subscriptions or events the engine refuses (a --parquet workload's): nothing could be checked, so
+        # every combination is an error row saying why, none timed unchecked
+        if strict:
+            raise
+        return [BatchTiming(workload=workload.name, n_subscriptions=workload.n_subscriptions, algorithm=algorithm,
+                            backend=backend, options=None, status="error",
+                            note=f"no answers to check against: scan/cpu failed ({_describe(exc)})")
+                for backend in backends for algorithm in algorithms]
     out = []
     bar = tqdm(total=len(algorithms) * len(backends) * len(sizes), desc="batch times", unit="size",
                disable=not progress, leave=False, file=sys.stderr)

@@ -56,6 +56,7 @@ note               why a row was skipped or failed, or what was wrong
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -73,7 +74,8 @@ from engine.workloads import add_subscriptions
 
 COLUMNS = ("workload", "sweep_param", "sweep_value", "series_param", "series_value", "algorithm", "backend",
            "options", "status", "n_subscriptions", "n_predicates", "n_events", "build_s", "index_bytes",
-           "events_per_s", "events_per_s_min", "events_per_s_max", "latency_p50_us", "latency_p99_us", "matches_per_event", "scan_events_per_s",
+           "events_per_s", "events_per_s_min", "events_per_s_max", "latency_p50_us", "latency_p99_us",
+           "matches_per_event", "scan_events_per_s",
            "scan_sample", "ratio_to_scan", "correct", "note")
 
 #: scan runs on the whole event table when subscriptions x events is at most this
@@ -85,6 +87,9 @@ SCAN_SAMPLE_MIN = 20
 WARMUP_SUBS = 64
 WARMUP_EVENTS = 8
 DEFAULT_SCALE = 0.01
+#: bytes a subscription, an event or a batch's slot takes at the very least (an int64 id, value or
+#: pointer): a count needing more memory than the machine has at this rate cannot run
+MIN_ITEM_BYTES = 8
 
 
 # ------------------------------------------------------------------ helpers
@@ -129,6 +134,26 @@ def scan_sample_size(n_subscriptions: int, n_events: int, scan_sample="auto", bu
     if k < 1:
         raise ValueError(f"scan_sample must be 'auto', 'all', None or a positive int, not {scan_sample!r}")
     return min(n_events, k)
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits(count: int, what: str) -> None:
+    """ValueError when ``count`` items (``what``: "subscriptions (...)",
+    "events (...)") need more than this machine's memory at
+    :data:`MIN_ITEM_BYTES` each -- a lower bound, so that an impossible
+    size is refused before any work instead of ending in a MemoryError
+    from inside a generator, and no size that might fit is."""
+    memory = memory_bytes()
+    if memory is not None and count * MIN_ITEM_BYTES > memory:
+        raise ValueError(f"{count:,} {what} need at least {count * MIN_ITEM_BYTES / 2 ** 30:,.0f} GiB of memory; "
+                         f"this machine has {memory / 2 ** 30:,.1f} GiB")
 
 
 def empty_row(**fields) -> dict:
@@ -225,6 +250,16 @@ def _check(measurement: _Measurement, reference, k: int) -> tuple[bool, str | No
     if bad:
         problems.append(f"match(dict) differs from scan on {bad} of {min(k, len(measurement.singles))} events")
     return (not problems), ("WRONG: " + "; ".join(problems) if problems else None)
+
+
+def _reference(subscriptions, sample, k):
+    """scan's answers on cpu, sorted (event, sub id) pairs of the first ``k`` events of ``sample``."""
+    index = Index(algorithm="scan", backend="cpu")
+    add_subscriptions(index, subscriptions)
+    index.merge()
+    found = index.match_batch(sample, output="arrow")
+    return _sorted_pairs(found["event"].to_numpy(zero_copy_only=False),
+                         found["sub_id"].to_numpy(zero_copy_only=False), k)
 
 
 def _describe(exc: BaseException) -> str:
@@ -329,17 +364,19 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
             if strict:
                 raise
             scans[backend] = exc
+    no_reference = None
     if isinstance(scans.get("cpu"), _Measurement):
         reference = _sorted_pairs(*scans["cpu"].pairs, k)
     else:
         bar.set_postfix_str(f"{workload.name}: scan/cpu reference")
-        ref_index = Index(algorithm="scan", backend="cpu")
-        add_subscriptions(ref_index, subscriptions)
-        ref_index.merge()
-        found = ref_index.match_batch(sample, output="arrow")
-        reference = _sorted_pairs(found["event"].to_numpy(zero_copy_only=False),
-                                  found["sub_id"].to_numpy(zero_copy_only=False), k)
-        del ref_index
+        try:
+            reference = _reference(subscriptions, sample, k)
+        except Exception as exc:
+            # subscriptions or events the engine refuses (a --parquet workload's): scan's answers are missing,
+            # so nothing could be checked -- every row an error saying why, no algorithm timed unchecked
+            if strict:
+                raise
+            no_reference = f"no answers to check against: scan/cpu failed ({_describe(exc)})"
 
     rows = []
     for backend in backends:
@@ -348,6 +385,15 @@ def _bench_workload(workload, algorithms, backends, bar, *, events_limit, repeat
             row = empty_row(**base, algorithm=algorithm, backend=backend, n_events=n_events, scan_sample=k)
             if isinstance(scan, _Measurement):
                 row["scan_events_per_s"] = scan.events_per_s
+            if no_reference is not None:
+                if algorithm == "scan" and isinstance(scan, BackendUnavailable):
+                    row.update(status="skipped", note=str(scan))
+                else:
+                    own = algorithm == "scan" and isinstance(scan, BaseException)
+                    row.update(status="error", note=_describe(scan) if own else no_reference)
+                rows.append(row)
+                bar.update(1)
+                continue
             try:
                 options = bench_algorithms.resolve_options(
                     algorithm, bench_algorithms.options_of(algorithm, algorithm_options), workload)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from engine.algorithms import registry
 from engine.bench import algorithms as bench_algorithms
-from engine.bench.measure import DEFAULT_SCALE, run_benchmark
+from engine.bench.measure import DEFAULT_SCALE, check_fits, run_benchmark
 
 #: generator -> {alias: keyword argument}; the OpIndex paper's symbols (N, Γmax, m, θ, σ) included
 SWEEP_ALIASES = {
@@ -139,11 +139,17 @@ class Axis:
         return self.algorithm is not None
 
 
-def resolve_axis(generator: str, param: str, values, backend: str = "cpu") -> Axis:
+def _backends(backend) -> list[str]:
+    """``backend``: one backend, or the run's backends."""
+    return [backend] if isinstance(backend, str) else list(backend)
+
+
+def resolve_axis(generator: str, param: str, values, backend="cpu") -> Axis:
     """The axis ``param`` names with its ``values`` (text from the command
     line parsed): ``algorithm.option`` for an option of a bench name
-    (each value checked by the algorithm's options class, before any work),
-    else a parameter of ``generator`` (:func:`resolve_sweep_param`).
+    (each value checked by the algorithm's options class, before any work,
+    on each of ``backend`` -- one or several -- that the bench name runs
+    on), else a parameter of ``generator`` (:func:`resolve_sweep_param`).
     ValueError for an unknown name or a bad value."""
     values = list(values)
     if not values:
@@ -158,11 +164,12 @@ def resolve_axis(generator: str, param: str, values, backend: str = "cpu") -> Ax
     if key not in fields:
         raise ValueError(f"{param}: {name} has no option {key!r}; its options: {', '.join(fields) or 'none'}")
     values = tuple(bench_algorithms.parse_option_value(v) if isinstance(v, str) else v for v in values)
-    for value in values:
-        try:
-            bench_algorithms.check_options(name, {key: value}, backend)
-        except TypeError as exc:      # an option of another backend, or a value of the wrong type
-            raise ValueError(str(exc)) from None
+    for each in bench_algorithms.runs_on(name, _backends(backend)):     # (a variant: where it is not skipped)
+        for value in values:
+            try:
+                bench_algorithms.check_options(name, {key: value}, each)
+            except TypeError as exc:      # an option of another backend, or a value of the wrong type
+                raise ValueError(str(exc)) from None
     return Axis(f"{name}.{key}", key, values, name)
 
 
@@ -187,13 +194,17 @@ class SweepPlan:
 
 def plan_sweep(param: str, values, generator: str = "opindex", base_params: dict | None = None, algorithms=None,
                *, series: tuple | None = None, scale: float = DEFAULT_SCALE, n_events: int | None = None,
-               algorithm_options: dict | None = None, backend: str = "cpu") -> SweepPlan:
+               algorithm_options: dict | None = None, backend="cpu") -> SweepPlan:
     """Check a sweep before any work (the command line turns the ValueError
-    into a usage error): the axes and their values, and that each option
-    axis varies something -- at least one of ``algorithms`` takes the option
-    (default: the algorithms of the option axes), none of them fixes it (a
-    variant's definition would silently win over the swept value), and
-    ``--option`` does not set it too.  ``series``: ``(param, values)``."""
+    into a usage error): the axes and their values, that no base parameter
+    sets what an axis varies (it would be dropped), that no point needs more
+    memory than the machine has (:func:`~engine.bench.measure.check_fits`),
+    and that each option axis varies something -- at least one of
+    ``algorithms`` takes the option (default: the algorithms of the option
+    axes), none of them fixes it (a variant's definition would silently win
+    over the swept value), and ``--option`` does not set it too; option
+    values are checked on each of ``backend`` (one, or the run's) that an
+    algorithm runs on.  ``series``: ``(param, values)``."""
     _generator(generator)
     base = sweep_base(generator, scale, base_params, n_events)
     x = resolve_axis(generator, param, values, backend)
@@ -204,7 +215,19 @@ def plan_sweep(param: str, values, generator: str = "opindex", base_params: dict
     axes = [a for a in (x, second) if a is not None]
     if n_events is not None and any(a.key == "n_events" for a in axes):
         raise ValueError("the sweep varies the number of events: leave out --events (it would cut every point to it)")
-    _check_points(generator, base, [a for a in axes if not a.is_option])
+    for key, value in (base_params or {}).items():     # (an axis's value wins at every point)
+        resolved = resolve_sweep_param(generator, key)
+        if any(a.key == resolved for a in axes if not a.is_option):
+            raise ValueError(f"base parameter (--param) {key}={value}: the sweep varies {resolved}; leave it out")
+        if resolved == "n_events" and n_events is not None:
+            raise ValueError(f"base parameter (--param) {key}={value} and --events both set the number of events")
+    generator_axes = [a for a in axes if not a.is_option]
+    for key, what in (("n_subs", "subscriptions"), ("n_events", "events")):
+        counts = [v for a in generator_axes if a.key == key for v in a.values] or [base.get(key)]
+        for count in counts:
+            if isinstance(count, int) and not isinstance(count, bool):
+                check_fits(count, f"{what} (a point of the sweep)")
+    _check_points(generator, base, generator_axes)
     option_axes = [a for a in axes if a.is_option]
     if algorithms is None and option_axes:
         algorithms = list(dict.fromkeys(a.algorithm for a in option_axes))
@@ -227,10 +250,11 @@ def plan_sweep(param: str, values, generator: str = "opindex", base_params: dict
         for value in axis.values:             # each value together with the other options of the run
             chosen = _with_axis(algorithm_options, axis, value)
             for name in takes:
-                try:
-                    bench_algorithms.check_options(name, bench_algorithms.options_of(name, chosen), backend)
-                except TypeError as exc:
-                    raise ValueError(str(exc)) from None
+                for each in bench_algorithms.runs_on(name, _backends(backend)):
+                    try:
+                        bench_algorithms.check_options(name, bench_algorithms.options_of(name, chosen), each)
+                    except TypeError as exc:
+                        raise ValueError(str(exc)) from None
     return SweepPlan(generator, base, x, second, algorithms, algorithm_options)
 
 
@@ -279,7 +303,7 @@ def sweep(param: str, values, generator: str = "opindex", base_params: dict | No
     generator parameters, so an option sweep measures every value on the
     same events."""
     plan = plan_sweep(param, values, generator, base_params, algorithms, series=series, scale=scale,
-                      n_events=events_limit, algorithm_options=algorithm_options, backend=list(backends)[0])
+                      n_events=events_limit, algorithm_options=algorithm_options, backend=list(backends))
     generate = _generator(generator)
     x, second = plan.x, plan.series
     points = [(sv, xv) for sv in (second.values if second else (None,)) for xv in x.values]
