@@ -615,7 +615,8 @@ def _main(args, parser) -> int:
                 parser.error(f"--param expects KEY=VALUE, not {item!r}")
             params[key.strip()] = value
         try:   # bad names and values, sizes beyond memory, and sweeps that would drop or vary nothing
-            plan_sweep(args.sweep, args.values, generator, params, algorithms, series=args.series,
+            plan_sweep(args.sweep, args.values, generator, params, algorithms, overridden_params=False,
+                       series=args.series,
                        scale=args.scale, n_events=args.events, algorithm_options=algorithm_options,
                        backend=backends)
         except ValueError as exc:

@@ -194,7 +194,7 @@ class SweepPlan:
 
 def plan_sweep(param: str, values, generator: str = "opindex", base_params: dict | None = None, algorithms=None,
                *, series: tuple | None = None, scale: float = DEFAULT_SCALE, n_events: int | None = None,
-               algorithm_options: dict | None = None, backend="cpu") -> SweepPlan:
+               algorithm_options: dict | None = None, backend="cpu", overridden_params: bool = True) -> SweepPlan:
     """Check a sweep before any work (the command line turns the ValueError
     into a usage error): the axes and their values, that no base parameter
     sets what an axis varies (it would be dropped), that no point needs more
@@ -217,7 +217,9 @@ def plan_sweep(param: str, values, generator: str = "opindex", base_params: dict
         raise ValueError("the sweep varies the number of events: leave out --events (it would cut every point to it)")
     for key, value in (base_params or {}).items():     # (an axis's value wins at every point)
         resolved = resolve_sweep_param(generator, key)
-        if any(a.key == resolved for a in axes if not a.is_option):
+        # (the command line refuses a --param the sweep overrides, which its user would think applied;
+        # ``overridden_params``: the Python API keeps a notebook's base parameters, each point's axis value wins)
+        if not overridden_params and any(a.key == resolved for a in axes if not a.is_option):
             raise ValueError(f"base parameter (--param) {key}={value}: the sweep varies {resolved}; leave it out")
         if resolved == "n_events" and n_events is not None:
             raise ValueError(f"base parameter (--param) {key}={value} and --events both set the number of events")
