@@ -692,13 +692,14 @@ def _compile_slices(table: pa.Table, schema: Schema, check_ids, slice_rows: int)
     then compiles the table in one piece, which names the table's row."""
     ids = int64_ids(table["sub_id"], "columnar subscriptions: sub_id")
     order = _stable_order(ids)
-    starts, _ = _runs(_in_order(ids, order))
+    sorted_ids = _in_order(ids, order)
+    starts, _ = _runs(sorted_ids)
     if check_ids is not None:
-        check_ids(_in_order(ids, order)[starts])
+        check_ids(sorted_ids[starts])
     starts = np.append(starts, len(ids))
     cuts = starts[np.searchsorted(starts, np.arange(slice_rows, len(ids), slice_rows))]
     bounds = np.unique(np.concatenate(([0], cuts, [len(ids)])))
-    del ids, starts, cuts
+    del ids, sorted_ids, starts, cuts
     parts, fixed = [], {}
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
         rows = table.slice(a, b - a) if order is None else table.take(order[a:b])
