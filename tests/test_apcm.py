@@ -21,11 +21,12 @@ from engine.algorithms.residual import ResidualMatcher
 from engine.workloads import begen
 from gpu_kernels.apcm import counting
 from gpu_kernels.apcm import cpu as C
-from gpu_kernels.apcm.layout import NULL_SLOT, RECLAIM_SHARE, _row_keys, recoded_rows, string_code_map, words
+from gpu_kernels.apcm.layout import NULL_SLOT, RECLAIM_SHARE, _row_keys, words
 from gpu_kernels.betree.layout import event_keys
 from gpu_kernels.list_truth import list_bits_words
 from gpu_kernels.opcodes import IS_NULL, TRUE
 from gpu_kernels.predicates import entry_truth
+from gpu_kernels.string_codes import recoded_rows, string_code_map
 from tests.test_betree_cuda import LEAF_CHECKS
 from tests.test_cuda_sim import EVENTS, EXPRESSIONS, compiled
 

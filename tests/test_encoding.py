@@ -13,6 +13,7 @@ import pytest
 
 from engine import Index
 from engine.events import encode_events
+from gpu_kernels import opcodes
 
 # Strings NumPy's StringDType mishandled (numpy issue 31533: 16 bytes or more,
 # embedded NUL), with neighbours in code-point order, and UUIDs (36 bytes)
@@ -73,3 +74,43 @@ def test_numpy_stringdtype_searchsorted_is_what_bexmatch_routes_around():
     numpy_says = np.searchsorted(np.array(dictionary, dtype=string_dtype()),
                                  np.array(queries, dtype=string_dtype())).tolist()
     assert numpy_says != exact, f"NumPy {np.__version__} now places these strings exactly"
+
+
+def test_a_grown_dictionary_maps_each_old_code_to_its_strings_new_code():
+    """gpu_kernels.string_codes (A-PCM's and PS-Tree's recodes): the rows of
+    a table coded before the dictionary grew, mapped, are the same rows
+    coded after -- every string operand (comparisons, BETWEEN's two, IN
+    lists) at its string's new code, strictly increasing; numbers, patterns
+    and NULL tests untouched -- and a gap code (no dictionary string) is
+    left as it is, for the caller's check to catch."""
+    from engine.algorithms.units import dnf_units
+    from engine.compile import compile_expressions
+    from engine.expr import predicates
+    from engine.parse import parse
+    from engine.schema import Schema
+    from gpu_kernels.string_codes import recoded_rows, recoded_values, string_code_map
+
+    schema = Schema({"s": "string", "n": "float"})
+    mentioned = HARD_STRINGS[::2]
+    texts = [f"s = '{mentioned[k]}' AND n < {2 * k + 1}" for k in range(len(mentioned) - 2)] + \
+        [f"s BETWEEN '{mentioned[-2]}' AND '{mentioned[-1]}'", f"s NOT IN ('{mentioned[0]}', '{mentioned[3]}')",
+         f"s LIKE '{mentioned[4]}%'", "s IS NULL", "NOT (s > 'é' AND n = 3)"]
+    nodes = [parse(t) for t in texts]
+    for node in nodes:
+        schema.register(list(predicates(node)))
+    segment = compile_expressions(np.arange(len(texts)), nodes, schema)
+    before = schema.view()
+    old = dnf_units(segment.coded(before), 16).rows
+    schema.add_strings(HARD_STRINGS[1::2])             # between, before and after the old ones
+    after = schema.view()
+    new = dnf_units(segment.coded(after), 16).rows
+    code_map = string_code_map(before.dictionary().order, after.dictionary().rank)
+    old_strings = sorted(set(mentioned) | {"é"})
+    assert (np.diff(code_map) > 0).all() and len(code_map) == len(old_strings) < after.n_strings
+    assert code_map.tolist() == [2 * sorted(set(HARD_STRINGS)).index(v) + 1 for v in old_strings]
+    string_attr = np.array([name == "s" for name in after.attr_names])
+    mapped = recoded_rows(old, string_attr, code_map)
+    for field in ("attr", "op", "lo", "hi", "aux", "set_offsets", "set_values"):
+        assert np.array_equal(getattr(mapped, field), getattr(new, field)), field
+    assert not np.array_equal(old.lo, new.lo) and not np.array_equal(old.set_values, new.set_values)
+    assert recoded_values(np.array([2.0, 4.0, 1.5]), np.ones(3, bool), code_map).tolist() == [2.0, 4.0, 1.5]

@@ -14,6 +14,8 @@ rebuilding it, checked against a fresh build and ``scan``.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -980,3 +982,103 @@ def test_psthash_checks_are_made_by_the_first_batch_match_and_again_after_a_merg
     assert merged is not matcher and merged.merges == 1
     assert answers(index, events) == answers(scan, events)
     assert len(merged._checks.attr) == len(merged._probe_units[2]) != len(matcher._checks.attr)
+
+
+# ------------------------------------------------------------ grown dictionary
+def _string_pool(rng, n: int) -> list[str]:
+    """Strings as users send them: URLs and UUID-like ids sharing long
+    prefixes, non-ASCII, NUL, prefixes of one another."""
+    base = "https://example.com/catalogue/" + "ä/" * 40
+    out = []
+    for _ in range(n):
+        kind = int(rng.integers(5))
+        k = int(rng.integers(10 ** 6))
+        out.append([base + f"{k:06d}", f"{k:08x}-0000-4000-8000-{k:012x}", "naïve-✓-" + str(k % 97),
+                    base[:int(rng.integers(1, len(base)))], f"z\x00{k % 13}"][kind])
+    return out
+
+
+def _string_subscription(rng, words: list[str]) -> str:
+    w1, w2 = sorted(rng.choice(words, 2, replace=False))
+    q1, q2 = (w.replace("'", "''") for w in (w1, w2))
+    return str(rng.choice([f"s = '{q1}'", f"s < '{q1}' AND n > 2", f"s >= '{q2}'", f"s BETWEEN '{q1}' AND '{q2}'",
+                           f"s IN ('{q1}', '{q2}') AND n < 5", f"s NOT IN ('{q1}')", f"s != '{q2}' AND t = '{q1}'",
+                           f"t BETWEEN '{q1}' AND '{q2}' AND s NOT BETWEEN '{q1}' AND '{q2}'",
+                           f"(s = '{q1}' AND n = 1) OR t > '{q2}'", f"s LIKE 'https%' AND t <= '{q2}'"]))
+
+
+@pytest.mark.parametrize("algorithm,seed", [("pstbloom", 0), ("psthash", 1), ("pstbloom", 2), ("psthash", 3)])
+def test_a_grown_dictionary_moves_the_codes_without_a_rebuild(algorithm, seed, monkeypatch):
+    """Subscriptions naming strings new to the dictionary -- before, between
+    and after the indexed ones -- move the codes of main's predicates: the
+    matcher is recoded (boundaries and rows mapped, lists, signatures and
+    keys kept: the PS-Trees a build cuts from the new codes), never rebuilt,
+    and answers as scan on events holding the old strings, the new ones and
+    strings of neither; a merge then derives from the recoded matcher."""
+    from engine.algorithms.pstree import _PSTreeMatcher
+
+    rng = np.random.default_rng(seed)
+    words = _string_pool(rng, 60)
+    subs = {i: _string_subscription(rng, words) for i in range(400)}
+    index = built(algorithm, list(subs.values()))
+    def event(ws):
+        return {"s": str(rng.choice(ws)), "t": str(rng.choice(ws)), "n": int(rng.integers(7))}
+    events = [event(words) for _ in range(80)] + [{"s": w} for w in words[:10]] + [{}]
+    built_m = matcher_of(index)
+
+    def no_rebuild(self, segment, schema):
+        raise AssertionError("rebuilt")
+    monkeypatch.setattr(_PSTreeMatcher, "rebuilt", no_rebuild)
+    scan = Index(algorithm="scan")
+    scan.add_many(list(subs), list(subs.values()))
+    previous = built_m
+    for round_ in range(3):
+        fresh = _string_pool(rng, 15)
+        added = {1000 * (round_ + 1) + k: _string_subscription(rng, fresh + words[:5]) for k in range(12)}
+        for target in (index, scan):
+            target.add_many(list(added), list(added.values()))
+        subs.update(added)
+        events += [event(fresh) for _ in range(30)] + [{"s": w + "\x00", "t": w[:-1]} for w in fresh[:5]]
+        got = answers(index, events)
+        assert got == answers(scan, events)
+        m = matcher_of(index)
+        assert m is not previous and m.merges == previous.merges           # recoded: not merged, not rebuilt
+        assert m.structure is previous.structure and not np.array_equal(m.spaces.vals, previous.spaces.vals)
+        assert np.array_equal(m.spaces.elem_space, previous.spaces.elem_space)
+        check_structure(m)                                                   # the cut of the new codes
+        previous = m
+        words += fresh
+    assert sum(map(len, got)) > 100 and [] in got
+    index.merge()
+    scan.merge()
+    merged = matcher_of(index)
+    assert merged.merges == previous.merges + 1                             # derived from the recoded one
+    check_structure(merged)
+    assert answers(index, events) == answers(scan, events)
+
+
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash"])
+def test_a_recode_whose_codes_do_not_check_out_rebuilds(algorithm):
+    """The recode maps codes through the dictionary the matcher says it was
+    coded under; a matcher holding the live schema (whose dictionary has
+    grown since) would map them wrongly, so the mapped rows, checked against
+    the segment's own codes, send it to a rebuild -- never to wrong answers."""
+    subs = ["s = 'b' AND n < 3", "s BETWEEN 'a' AND 'c'", "s IN ('d', 'b')", "s > 'c'"]
+    index = built(algorithm, subs)
+    m = matcher_of(index)
+    for target in (index, ref := built("scan", subs)):
+        target.add(9, "s = 'bb'")                     # 'bb' moves the codes of 'c' and 'd'
+    view = index.schema.view()
+    recoded = m.recoded(m.segment.coded(view), view)
+    assert recoded.structure is m.structure           # (the right dictionary: mapped)
+    stale = copy.copy(m)
+    stale.schema = index.schema                        # the live schema: already holds 'bb'
+    again = stale.recoded(m.segment.coded(view), view)
+    assert again.structure is not m.structure          # rebuilt
+    events = [{"s": v, "n": 1} for v in ("a", "b", "ba", "bb", "c", "ca", "d", "e")]
+    for matcher in (recoded, again):
+        batch = event_batches.encode_events(events, view)
+        truth = event_batches.pattern_truth(batch, view, matcher.segment.predicates.pattern_pairs())
+        ev, pos = matcher.match(batch, truth, np.ones(len(subs), np.uint8))
+        got = [sorted(pos[ev == e].tolist()) for e in range(len(events))]
+        assert got == [[p for p in a if p < len(subs)] for a in answers(ref, events)]

@@ -44,11 +44,11 @@ from engine.compile import Segment
 from gpu_kernels.apcm import counting
 from gpu_kernels.apcm import cpu as K
 from gpu_kernels.apcm.counting import build_counting_lists
-from gpu_kernels.apcm.layout import (BitmapLayout, build_layout, carried_layout, recoded_layout, recoded_rows,
-                                     string_code_map, words)
+from gpu_kernels.apcm.layout import BitmapLayout, build_layout, carried_layout, recoded_layout, words
 from gpu_kernels.betree.layout import event_keys
 from gpu_kernels.betree.tree import leaf_arrays
 from gpu_kernels.list_truth import list_bits_words, list_codes
+from gpu_kernels.string_codes import recoded_rows, string_code_map
 
 PAPER = "A-PCM, Sadoghi and Jacobsen, ICDE 2014 (over BE-Tree, SIGMOD 2011, §3)"
 

@@ -123,8 +123,9 @@ How the paper maps onto this module and :mod:`gpu_kernels.pstree.cpu`:
   string dictionary) is re-inserted like an added one.
   Past :attr:`REBUILD_SHARE` of the built units added and removed (the
   survivors' ranking ages, and removed units leave stale bits and empty
-  keys), the merge rebuilds; so does :meth:`recoded` (a grown string
-  dictionary moved codes).  Saving the structure (``to_arrays``): the default, a rebuild
+  keys), the merge rebuilds.  A grown string dictionary (a subscription
+  added with a new string) moves codes but not their order: :meth:`recoded` maps the boundaries and the rows to the new
+  codes and keeps everything else.  Saving the structure (``to_arrays``): the default, a rebuild
   on load.  (The cuda matchers, :mod:`engine.algorithms.pstree_cuda`,
   serve this very structure from the device, derived on the host.)
 """
@@ -143,6 +144,7 @@ from engine.compile import Segment
 from engine.expr import Node
 from gpu_kernels import opcodes
 from gpu_kernels.pstree import cpu as K
+from gpu_kernels.string_codes import recoded_rows, recoded_values, string_code_map
 
 #: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
 DEFAULT_LIMIT = 256
@@ -544,6 +546,41 @@ class _PSTreeMatcher(HostMatcher):
         if derived is None:
             return self.rebuilt(segment, schema)
         return derived
+
+    def recoded(self, segment: Segment, schema) -> "_PSTreeMatcher":
+        """The same PS-Trees under a grown string dictionary.  A space is a
+        range of codes, and new strings move the codes above them without
+        changing their order; so the boundaries and the predicate rows take
+        the new codes (:mod:`gpu_kernels.string_codes`), the same spaces cut
+        the same strings apart, and the lists, signatures and keys -- over
+        spaces and units, not codes -- are kept.  The exact checks are made
+        again at the next match.  Rebuilt when the map does not give
+        ``segment``'s own codes (a matcher not coded under ``self.schema``'s
+        dictionary).  This matcher is unchanged."""
+        if segment is self.segment:
+            return self
+        if segment.predicates.lo is None:
+            segment = segment.coded(schema)
+        preds = segment.predicates
+        if self.schema is None or schema is None or len(preds.op) != len(self.segment.predicates.op):
+            return self.rebuilt(segment, schema)
+        code_map = string_code_map(self.schema.dictionary().order, schema.dictionary().rank)
+        string_attr = np.zeros(max(self.n_attrs, int(preds.attr.max(initial=-1)) + 1), bool)
+        string_attr[preds.attr[preds.string_rows(schema)]] = True
+        rows = recoded_rows(self.units.rows, string_attr, code_map)
+        n, n_values = len(preds.op), int(preds.set_offsets[-1])
+        if not (np.array_equal(rows.lo[:n], preds.lo) and np.array_equal(rows.hi[:n], preds.hi)
+                and np.array_equal(rows.set_values[:n_values], preds.set_values)):
+            return self.rebuilt(segment, schema)
+        spaces = self.spaces
+        val_attr = np.repeat(np.arange(len(spaces.val_off) - 1), np.diff(spaces.val_off))
+        new = copy.copy(self)
+        new.segment, new.schema = segment, schema
+        u = self.units                            # (Units counts its units: no NamedTuple._replace)
+        new.units = type(u)(u.sub, u.offsets, u.pids, u.first, rows)
+        new.spaces = spaces._replace(vals=recoded_values(spaces.vals, string_attr[val_attr], code_map))
+        new._checks = ()                          # (they hold the rows' codes: made again at the next match)
+        return new
 
     def _cutting(self) -> np.ndarray:
         """The positions (into ``pids``) of the predicates that cut the PS-Trees."""

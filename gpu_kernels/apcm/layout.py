@@ -48,6 +48,7 @@ from numba import njit, prange
 
 from gpu_kernels.opcodes import FIRST_LIST_OP, IS_NULL, LAST_LIST_OP, LIKE, MATCHES, NOT_LIKE, NOT_MATCHES, TRUE
 from gpu_kernels.predicates import predicate_truth
+from gpu_kernels.string_codes import recoded_values
 
 #: the slot of an IS NULL predicate: TRUE where the attribute is absent
 NULL_SLOT = -1
@@ -205,42 +206,6 @@ def fill_tables(tab_off, bound_off, bounds, bit_off, bit_pred, main_bits, op, lo
 
 
 # --------------------------------------------------------------- maintenance
-def string_code_map(old_order, new_rank) -> np.ndarray:
-    """Old string code -> new code, for a dictionary that grew: the old
-    dictionary's string of rank ``r`` (code ``2r + 1``, id ``old_order[r]``)
-    has code ``2 new_rank[id] + 1`` now.  Monotone -- the old strings keep
-    their order -- so a tabled attribute's elementary intervals keep their
-    rows under the new codes (a new string falls in a gap, where every old
-    predicate is constant)."""
-    old_order = np.asarray(old_order, np.int64)
-    return (2 * np.asarray(new_rank, np.int64)[old_order] + 1).astype(np.float64)
-
-
-def _recode(values: np.ndarray, is_string: np.ndarray, code_map: np.ndarray) -> np.ndarray:
-    """``values`` with the old string codes (odd integers below ``2 len(code_map)``)
-    where ``is_string`` replaced by ``code_map``'s."""
-    values = np.asarray(values, np.float64)
-    odd = is_string & np.isfinite(values) & (values >= 1) & (values < 2 * len(code_map)) & (values % 2 == 1)
-    out = values.copy()
-    out[odd] = code_map[((values[odd] - 1) // 2).astype(np.int64)]
-    return out
-
-
-def recoded_rows(rows, string_attr: np.ndarray, code_map: np.ndarray):
-    """Predicate ``rows`` (coded under an older dictionary) with their string
-    operands in the codes ``code_map`` gives (see :func:`string_code_map`)."""
-    attr = np.asarray(rows.attr, np.int64)
-    is_string = np.zeros(len(attr), bool)
-    known = attr < len(string_attr)
-    is_string[known] = np.asarray(string_attr)[attr[known]] != 0
-    set_attr = np.repeat(attr, np.diff(rows.set_offsets))
-    set_string = np.zeros(len(set_attr), bool)
-    set_known = set_attr < len(string_attr)
-    set_string[set_known] = np.asarray(string_attr)[set_attr[set_known]] != 0
-    return rows._replace(lo=_recode(rows.lo, is_string, code_map), hi=_recode(rows.hi, is_string, code_map),
-                         set_values=_recode(rows.set_values, set_string, code_map))
-
-
 def recoded_layout(layout: BitmapLayout, string_attr: np.ndarray, code_map: np.ndarray) -> BitmapLayout:
     """``layout`` with its string attributes' bounds in the new codes (the
     table rows unchanged: the bounds keep their order)."""
@@ -248,7 +213,7 @@ def recoded_layout(layout: BitmapLayout, string_attr: np.ndarray, code_map: np.n
     per_attr = np.zeros(n, bool)
     per_attr[:min(n, len(string_attr))] = np.asarray(string_attr)[:n] != 0
     bound_string = np.repeat(per_attr, np.diff(layout.bound_off))
-    return layout._replace(bounds=_recode(layout.bounds, bound_string, code_map))
+    return layout._replace(bounds=recoded_values(layout.bounds, bound_string, code_map))
 
 
 def _row_keys(rows) -> list:
