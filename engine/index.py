@@ -243,8 +243,7 @@ class Index:
     @property
     def _matcher(self):
         """The current snapshot's matcher if a match has built it, else None."""
-        part = self._state._main_part
-        return None if part is None else part[1]
+        return _built_matcher(self._state)
 
     @property
     def nbytes(self) -> int:
@@ -252,10 +251,7 @@ class Index:
         delta, and the algorithm's structure once built -- it is built
         lazily, by the first match (or save) after a merge, so before that
         this counts the compiled segments only; ``idx.match({})`` builds it."""
-        state = self._state
-        matcher = self._matcher
-        main = state.main.nbytes if matcher is None else max(matcher.nbytes, state.main.nbytes)
-        return main + sum(s.nbytes for s in state.delta)
+        return _nbytes(self._state)
 
     def statistics(self) -> dict:
         """What the index holds now: ``subscriptions`` (live), ``main``
@@ -263,14 +259,15 @@ class Index:
         ``tombstones`` (removed, not yet merged), ``residual`` (live ones
         beyond the algorithm's rewrite limit, matched by the residual
         matcher), ``nbytes`` and ``device_nbytes`` (0 until a match built
-        the matcher on the device)."""
+        the matcher on the device) -- all of one snapshot (an update in
+        another thread lands wholly before or after)."""
         state = self._state
         residual = 0 if state.main.residual is None else \
             int(np.count_nonzero(state.main.residual & (state.alive != 0)))
-        matcher = self._matcher
+        matcher = _built_matcher(state)
         return {"algorithm": self.algorithm, "backend": self.backend, "subscriptions": len(state),
                 "main": len(state.main) - state.n_dead, "delta": state.delta_size, "tombstones": state.n_dead,
-                "residual": residual + sum(s.n_residual for s in state.delta), "nbytes": self.nbytes,
+                "residual": residual + sum(s.n_residual for s in state.delta), "nbytes": _nbytes(state),
                 "device_nbytes": 0 if matcher is None else matcher.device_nbytes}
 
     def __len__(self) -> int:
@@ -1213,6 +1210,19 @@ def _split_event_ids(events, id_column: str):
         raise KeyError(f"id_column {id_column!r}: the DataFrame has no such column, nor an index of that name")
     raise TypeError(f"id_column needs events as dicts, a pyarrow Table/RecordBatch or a pandas DataFrame, "
                     f"not {type(events).__name__}")
+
+
+def _built_matcher(state: Snapshot):
+    """``state``'s main matcher if a match has built it, else None."""
+    part = state._main_part
+    return None if part is None else part[1]
+
+
+def _nbytes(state: Snapshot) -> int:
+    """Host bytes of ``state`` (see :attr:`Index.nbytes`)."""
+    matcher = _built_matcher(state)
+    main = state.main.nbytes if matcher is None else max(matcher.nbytes, state.main.nbytes)
+    return main + sum(s.nbytes for s in state.delta)
 
 
 def _main_position(state: Snapshot, sub_id: int) -> int:

@@ -346,3 +346,28 @@ def test_programs_too_deep_for_a_device_thread_are_residual_on_the_device(algori
     assert columnar.statistics()["residual"] == 1
     with pytest.raises(ExpressionTooLarge, match="subscription 9 needs an operand stack"):
         Index(algorithm=algorithm, backend="cuda", strict=True).add_many(table)
+
+
+def test_statistics_are_of_one_snapshot_while_another_thread_updates(monkeypatch):
+    """statistics() reads the index's state once: an update landing while it
+    runs (here: at the moment it reads the delta's size) changes none of
+    its fields, ``nbytes`` included."""
+    from engine.snapshot import Snapshot
+
+    idx = Index(algorithm="opindex", backend="cpu")
+    idx.add_many(range(2000), [f"a = {k} AND b < {k % 7}" for k in range(2000)])
+    idx.match({})
+    before = idx.statistics()
+    real = Snapshot.delta_size
+    landed = []
+
+    def update_meanwhile(state):
+        if not landed:
+            landed.append(True)
+            idx.add_many(range(5000, 5600), [f"c = {k} OR d > 'x{k}'" for k in range(600)])
+        return real.fget(state)
+    monkeypatch.setattr(Snapshot, "delta_size", property(update_meanwhile))
+    during = idx.statistics()
+    assert landed and during == before
+    after = idx.statistics()
+    assert (after["subscriptions"], after["delta"]) == (2600, 600) and after["nbytes"] != before["nbytes"]
