@@ -322,18 +322,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "--shards shards, every event matched against each (default %(default)s)")
     p.add_argument("--shards", type=int, default=None, help="shards in --mode shard (default: the parallelism)")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD, help="standard workload to generate (default W1)")
-    p.add_argument("--scale", type=_positive_float, default=DEFAULT_SCALE, help="its scale (default 0.01)")
-    p.add_argument("--n-events", type=_int_in(1), default=None,
+    p.add_argument("--scale", type=positive_float, default=DEFAULT_SCALE, help="its scale (default 0.01)")
+    p.add_argument("--n-events", type=int_in(1), default=None,
                    help="events to generate (default 1,000,000 x scale)")
-    p.add_argument("--seed", type=_int_in(0), default=0, help="seed of the generated workload (default 0)")
+    p.add_argument("--seed", type=int_in(0), default=0, help="seed of the generated workload (default 0)")
     p.add_argument("--data-dir", default=DATA_DIR, help=f"workload cache (default ./{DATA_DIR})")
     p.add_argument("--event-id", default="event_id", help="event id column (default event_id)")
     p.add_argument("--output", choices=("pairs", "grouped"), default="pairs",
                    help="pairs: one (event_id, sub_id) row per match; grouped: one row per event with an array "
                         "of ids (default %(default)s)")
-    p.add_argument("--partitions", type=_int_in(1, JAVA_INT_MAX), default=None,
+    p.add_argument("--partitions", type=int_in(1, JAVA_INT_MAX), default=None,
                    help="event partitions (default: at least the parallelism)")
-    p.add_argument("--arrow-batch-size", type=_int_in(1, JAVA_INT_MAX), default=None, help="rows per Arrow batch")
+    p.add_argument("--arrow-batch-size", type=int_in(1, JAVA_INT_MAX), default=None, help="rows per Arrow batch")
     p.add_argument("--ship", choices=("broadcast", "files"), default=None, help="how the index is shipped")
     p.add_argument("--algorithm", default=None, help="matching algorithm (default: the engine's best)")
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _int_in(least: int, most: int | None = None):
+def int_in(least: int, most: int | None = None):
     """An argparse type: an integer from ``least`` to ``most`` (argparse's
     error names the flag; exit status 2 before Spark starts, where a
     negative --seed or --partitions was a traceback from NumPy or Spark)."""
@@ -367,7 +367,7 @@ def _int_in(least: int, most: int | None = None):
     return parse
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     """An argparse type: a finite number above 0 (NaN passed ``<= 0``)."""
     try:
         value = float(text)

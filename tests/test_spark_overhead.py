@@ -111,3 +111,18 @@ def test_overhead_bench_sends_a_map_workload_as_it_is(spark):
     assert list(result["spark_layouts"]) == ["map"]
     with pytest.raises(ValueError, match="come as one map column: use layout='map'"):
         overhead.run(spark, workload="W3", scale=0.0005, n_events=60, repeats=1, layout="wide")
+
+
+@pytest.mark.parametrize("module,argv", [
+    (overhead, ["--scale", "0"]), (overhead, ["--scale", "nan"]), (overhead, ["--events", "0"]),
+    (overhead, ["--repeats", "0"]), (overhead, ["--partitions", "-1"]), (overhead, ["--partitions", str(2 ** 31)]),
+    (overhead, ["--arrow-batch-size", "0"]), (overhead, ["--seed", "-3"]), (ship, ["--scale", "-1"]),
+    (ship, ["--reps", "0"])])
+def test_bench_flags_are_checked_before_spark_starts(module, argv, capsys, monkeypatch):
+    """A size, count or seed out of range is argparse's error naming the
+    flag (exit status 2), before any Spark or workload work."""
+    monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("ran"), raising=False)
+    with pytest.raises(SystemExit) as exc:
+        module.main(argv)
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err

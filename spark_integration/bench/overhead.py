@@ -628,32 +628,28 @@ def format_report(r: dict, command: str | None = None) -> str:
 
 
 def main(argv=None) -> int:
+    from spark_integration.job import JAVA_INT_MAX, int_in, positive_float
+
     p = argparse.ArgumentParser(prog="python -m spark_integration.bench.overhead",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--workload", default=DEFAULT_WORKLOAD)
-    p.add_argument("--scale", type=float, default=DEFAULT_SCALE)
-    p.add_argument("--events", type=int, default=None, help=f"events (default {DEFAULT_EVENTS:,})")
+    p.add_argument("--scale", type=positive_float, default=DEFAULT_SCALE)
+    p.add_argument("--events", type=int_in(1), default=None, help=f"events (default {DEFAULT_EVENTS:,})")
     p.add_argument("--algorithm", default=None, help="matching algorithm (default: the engine's best)")
-    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
+    p.add_argument("--repeats", type=int_in(1), default=DEFAULT_REPEATS)
     p.add_argument("--master", default=DEFAULT_MASTER)
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help="events DataFrame layout: map<string,long> column, one column per attribute, or both "
                         f"(default {DEFAULT_LAYOUT})")
-    p.add_argument("--partitions", type=int, default=None, help="partitions of the events (default: parallelism)")
-    p.add_argument("--arrow-batch-size", type=int, default=None, help="rows per Arrow batch (default: Spark's)")
+    p.add_argument("--partitions", type=int_in(1, JAVA_INT_MAX), default=None, help="partitions of the events (default: parallelism)")
+    p.add_argument("--arrow-batch-size", type=int_in(1, JAVA_INT_MAX), default=None, help="rows per Arrow batch (default: Spark's)")
     p.add_argument("--output", choices=OUTPUTS, default="pairs",
                    help="match_events output: a row per match, or a row per event with a list (default pairs)")
     p.add_argument("--action", choices=ACTIONS, default="count", help="what materialises the matches")
     p.add_argument("--profile", action="store_true", help="split the Spark time (input, matching, output)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_in(0), default=0)
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = p.parse_args(argv)
-    if args.scale <= 0:
-        p.error("--scale must be positive")
-    if args.repeats < 1:
-        p.error("--repeats must be >= 1")
-    if args.events is not None and args.events < 1:
-        p.error("--events must be >= 1")
     result = run(workload=args.workload, scale=args.scale, n_events=args.events, algorithm=args.algorithm,
                  repeats=args.repeats, master=args.master, layout=args.layout, partitions=args.partitions,
                  arrow_batch_size=args.arrow_batch_size, output=args.output, action=args.action,

@@ -35,9 +35,11 @@ class _Touch:
 
 
 def main(argv=None) -> int:
+    from spark_integration.job import int_in, positive_float
+
     p = argparse.ArgumentParser(prog="python -m spark_integration.bench.ship", description=__doc__.split("\n\n")[0])
-    p.add_argument("--scale", type=float, default=0.1, help="W1 scale of the index (default 0.1: 100k subs)")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--scale", type=positive_float, default=0.1, help="W1 scale of the index (default 0.1: 100k subs)")
+    p.add_argument("--reps", type=int_in(1), default=3)
     p.add_argument("--master", default="local[2]")
     args = p.parse_args(argv)
 
