@@ -371,3 +371,14 @@ def test_statistics_are_of_one_snapshot_while_another_thread_updates(monkeypatch
     assert landed and during == before
     after = idx.statistics()
     assert (after["subscriptions"], after["delta"]) == (2600, 600) and after["nbytes"] != before["nbytes"]
+
+
+@pytest.mark.parametrize("empty", [[], (), np.zeros(0, np.int64)])
+def test_an_empty_event_log_of_counts_is_no_counts(empty):
+    """``event_log=[]`` (a float64 array to NumPy) is taken as no counts,
+    as ``np.zeros(0, int)`` is; a non-empty float list is still refused."""
+    index = Index(algorithm="opindex", backend="cpu", options={"event_log": empty})
+    index.add_many([1, 2], ["a = 1 AND b > 0", "b = 2"])
+    assert index.match({"a": 1, "b": 2}).tolist() == [1, 2]
+    with pytest.raises(ValueError, match="event_log must be"):
+        Index(algorithm="opindex", backend="cpu", options={"event_log": [1.0, 2.0]})

@@ -174,6 +174,8 @@ class OpIndexOptions(Options):
         log = self.event_log
         if log is not None and not hasattr(log, "attr"):
             counts = np.asarray(log)
+            if counts.size == 0 and counts.ndim == 1:
+                counts = counts.astype(np.int64)        # ([] is float64 to NumPy: no counts, as np.zeros(0, int))
             if counts.dtype.kind not in "iu" or counts.ndim != 1 or (counts < 0).any():
                 raise ValueError("event_log must be an EventBatch or a 1-D array of non-negative "
                                  "per-attribute event counts")
