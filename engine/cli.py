@@ -40,6 +40,7 @@ from tqdm import tqdm
 from engine._version import __version__
 from engine.algorithms import registry
 from engine.errors import BadEventError, BexmatchError
+from engine.files import replace_keeping_mode
 
 EVENT_BATCH = 8192
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
@@ -389,7 +390,7 @@ class MatchWriter:
             return
         self._close()
         if self.tmp is not None:
-            os.replace(self.tmp, self.target)     # the link's target, not the link (see _out_target)
+            replace_keeping_mode(self.tmp, self.target)   # the link's target, not the link (see _out_target)
 
     def discard(self) -> None:
         if self.out is None:

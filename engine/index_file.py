@@ -43,6 +43,7 @@ from engine.backend import BACKENDS
 from engine.compile import LIST_SET_CODES, PATTERN_CODES, SET_CODES, PredicateTable, Segment, program_depths
 from engine.errors import IndexFileError
 from engine.expr import QUIET_RE2, Family
+from engine.files import replace_keeping_mode
 from engine.schema import Schema, check_attribute_name, like_to_regex
 from gpu_kernels import opcodes
 
@@ -107,7 +108,7 @@ def write_index_file(path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
                     archive.writestr(f"{name}.npy", buffer.getvalue())
             f.flush()
             os.fsync(f.fileno())     # the rename must not publish a file whose data is still in flight
-        os.replace(tmp, path)
+        replace_keeping_mode(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

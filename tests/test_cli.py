@@ -301,6 +301,18 @@ def test_out_through_a_symlink_writes_its_target(files):
     assert sorted(p.name for p in tmp.iterdir()) == sorted(["subs.tsv", "events.jsonl", "real.jsonl", "link.jsonl"])
 
 
+@pytest.mark.parametrize("name", ["m.jsonl", "m.parquet"])
+def test_out_over_a_file_keeps_its_permissions(files, name):
+    """A private --out file (0600) written again stays private: the matches
+    replace it with its permission bits."""
+    tmp, subs, events = files
+    out = tmp / name
+    out.write_text("stale\n")
+    os.chmod(out, 0o600)
+    assert main(["match", "--subs", str(subs), "--events", str(events), "--out", str(out), "--quiet"]) == 0
+    assert os.stat(out).st_mode & 0o777 == 0o600 and out.read_bytes() != b"stale\n"
+
+
 @pytest.mark.parametrize("name", ["pipe", "pipe.parquet"])
 def test_out_into_a_fifo_is_written_into_not_replaced(files, name):
     """A FIFO was replaced by a regular file (a temp file renamed over it)

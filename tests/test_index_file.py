@@ -347,6 +347,22 @@ def test_saved_files_respect_the_umask(tmp_path, umask, mode):
     assert os.stat(tmp_path / "subs.bexidx").st_mode & 0o777 == mode
 
 
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o755])
+def test_a_save_over_a_file_keeps_its_permissions(tmp_path, mode):
+    """Saved again, an index file its owner made private stays private: the
+    new file takes the old one's permission bits, not the umask's default
+    (a new file still takes the umask's, above)."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, "price > 1")
+    path = tmp_path / "subs.bexidx"
+    index.save(path)
+    os.chmod(path, mode)
+    index.add(2, "price < 0")
+    index.save(path)
+    assert os.stat(path).st_mode & 0o777 == mode
+    assert sorted(Index.load(path).ids().tolist()) == [1, 2]
+
+
 def _dead_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
