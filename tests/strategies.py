@@ -104,6 +104,33 @@ _ANY_CHARACTER = st.characters(codec="utf-8")
 string_literals = st.sampled_from(STRING_POOL)
 
 
+# ------------------------------------------- plain generators (NumPy's rng)
+def realistic_strings(rng, n: int) -> list[str]:
+    """``n`` strings as users send them, for tests that grow a dictionary
+    round after round: URLs and UUID-like ids sharing long prefixes,
+    non-ASCII, NUL, prefixes of one another."""
+    base = "https://example.com/catalogue/" + "ä/" * 40
+    out = []
+    for _ in range(n):
+        kind = int(rng.integers(5))
+        k = int(rng.integers(10 ** 6))
+        out.append([base + f"{k:06d}", f"{k:08x}-0000-4000-8000-{k:012x}", "naïve-✓-" + str(k % 97),
+                    base[:int(rng.integers(1, len(base)))], f"z\x00{k % 13}"][kind])
+    return out
+
+
+def string_subscription(rng, words: list[str]) -> str:
+    """A subscription on string attributes ``s`` and ``t`` (and numeric
+    ``n``) over two of ``words``: every operator that holds string codes
+    (comparisons, BETWEEN, IN, their negations), a DNF, a LIKE."""
+    w1, w2 = sorted(rng.choice(words, 2, replace=False))
+    q1, q2 = (w.replace("'", "''") for w in (w1, w2))
+    return str(rng.choice([f"s = '{q1}'", f"s < '{q1}' AND n > 2", f"s >= '{q2}'", f"s BETWEEN '{q1}' AND '{q2}'",
+                           f"s IN ('{q1}', '{q2}') AND n < 5", f"s NOT IN ('{q1}')", f"s != '{q2}' AND t = '{q1}'",
+                           f"t BETWEEN '{q1}' AND '{q2}' AND s NOT BETWEEN '{q1}' AND '{q2}'",
+                           f"(s = '{q1}' AND n = 1) OR t > '{q2}'", f"s LIKE 'https%' AND t <= '{q2}'"]))
+
+
 def strings(max_size: int = 24):
     """The wide string generator: arbitrary Unicode text (NUL, astral,
     combining characters; never a lone surrogate) and long values made of

@@ -624,3 +624,45 @@ def test_a_schema_read_from_an_index_declares_another():
     assert dict(copy.schema) == {"a": "numeric", "b": "string"}
     with pytest.raises(SchemaError, match="unknown type family 'none'"):
         Index(schema={"a": "none"})
+
+
+@pytest.mark.parametrize("algorithm", ["opindex", "betree", "apcm", "pstbloom", "psthash", "atree"])
+def test_a_new_string_recodes_the_built_structure_never_builds_it_again(algorithm, monkeypatch):
+    """An add that brings strings new to the dictionary -- before, between
+    and after the indexed ones: the codes of every main predicate above
+    them move -- is matched from the delta, and the main structure is
+    recoded for the next match, never built again (a build costs 10-100x a
+    match; PS-Tree's was) -- and the units of the AND-only indexes are not
+    rewritten again, only their codes mapped; answers are scan's, on events holding the old
+    strings, the new ones and strings of neither, round after round."""
+    from engine.algorithms import registry
+    from tests.strategies import realistic_strings, string_subscription
+
+    rng = np.random.default_rng(len(algorithm))
+    words = realistic_strings(rng, 50)
+    subs = {i: string_subscription(rng, words) for i in range(300)}
+    index, scan = Index(algorithm=algorithm, backend="cpu"), Index(algorithm="scan", backend="cpu")
+    for target in (index, scan):
+        target.add_many(list(subs), list(subs.values()))
+        target.merge()
+    index.match({})                                   # built
+    cls = registry.get(algorithm).matcher_class("cpu")
+    monkeypatch.setattr(cls, "build", classmethod(lambda *a: pytest.fail("built again")))
+    if algorithm in ("betree", "apcm", "pstbloom", "psthash"):     # nor rewritten to units again: mapped
+        from engine.algorithms import betree, pstree
+        for module in (betree, pstree):
+            monkeypatch.setattr(module, "dnf_units", lambda *a: pytest.fail("units read again"))
+
+    def event(ws):
+        return {"s": str(rng.choice(ws)), "t": str(rng.choice(ws)), "n": int(rng.integers(7))}
+    events = [event(words) for _ in range(60)] + [{}]
+    for round_ in range(3):
+        fresh = realistic_strings(rng, 10)
+        added = {1000 * (round_ + 1) + k: string_subscription(rng, fresh + words[:4]) for k in range(8)}
+        for target in (index, scan):
+            target.add_many(list(added), list(added.values()))
+        events += [event(fresh) for _ in range(20)] + [{"s": w + "\x00", "t": w[:-1]} for w in fresh[:4]]
+        got = [m.tolist() for m in index.match_batch(events)]
+        assert got == [m.tolist() for m in scan.match_batch(events)]
+        words += fresh
+    assert sum(map(len, got)) > 50 and [] in got

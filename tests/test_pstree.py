@@ -29,6 +29,7 @@ from gpu_kernels import opcodes
 from gpu_kernels.predicates import predicate_truth_many
 from gpu_kernels.pstree import cpu as K
 from tests.conformance import stops_after_the_first_group
+from tests.strategies import realistic_strings, string_subscription
 
 
 def built(algorithm: str, subs, options=None) -> Index:
@@ -985,28 +986,6 @@ def test_psthash_checks_are_made_by_the_first_batch_match_and_again_after_a_merg
 
 
 # ------------------------------------------------------------ grown dictionary
-def _string_pool(rng, n: int) -> list[str]:
-    """Strings as users send them: URLs and UUID-like ids sharing long
-    prefixes, non-ASCII, NUL, prefixes of one another."""
-    base = "https://example.com/catalogue/" + "ä/" * 40
-    out = []
-    for _ in range(n):
-        kind = int(rng.integers(5))
-        k = int(rng.integers(10 ** 6))
-        out.append([base + f"{k:06d}", f"{k:08x}-0000-4000-8000-{k:012x}", "naïve-✓-" + str(k % 97),
-                    base[:int(rng.integers(1, len(base)))], f"z\x00{k % 13}"][kind])
-    return out
-
-
-def _string_subscription(rng, words: list[str]) -> str:
-    w1, w2 = sorted(rng.choice(words, 2, replace=False))
-    q1, q2 = (w.replace("'", "''") for w in (w1, w2))
-    return str(rng.choice([f"s = '{q1}'", f"s < '{q1}' AND n > 2", f"s >= '{q2}'", f"s BETWEEN '{q1}' AND '{q2}'",
-                           f"s IN ('{q1}', '{q2}') AND n < 5", f"s NOT IN ('{q1}')", f"s != '{q2}' AND t = '{q1}'",
-                           f"t BETWEEN '{q1}' AND '{q2}' AND s NOT BETWEEN '{q1}' AND '{q2}'",
-                           f"(s = '{q1}' AND n = 1) OR t > '{q2}'", f"s LIKE 'https%' AND t <= '{q2}'"]))
-
-
 @pytest.mark.parametrize("algorithm,seed", [("pstbloom", 0), ("psthash", 1), ("pstbloom", 2), ("psthash", 3)])
 def test_a_grown_dictionary_moves_the_codes_without_a_rebuild(algorithm, seed, monkeypatch):
     """Subscriptions naming strings new to the dictionary -- before, between
@@ -1018,8 +997,8 @@ def test_a_grown_dictionary_moves_the_codes_without_a_rebuild(algorithm, seed, m
     from engine.algorithms.pstree import _PSTreeMatcher
 
     rng = np.random.default_rng(seed)
-    words = _string_pool(rng, 60)
-    subs = {i: _string_subscription(rng, words) for i in range(400)}
+    words = realistic_strings(rng, 60)
+    subs = {i: string_subscription(rng, words) for i in range(400)}
     index = built(algorithm, list(subs.values()))
     def event(ws):
         return {"s": str(rng.choice(ws)), "t": str(rng.choice(ws)), "n": int(rng.integers(7))}
@@ -1033,8 +1012,8 @@ def test_a_grown_dictionary_moves_the_codes_without_a_rebuild(algorithm, seed, m
     scan.add_many(list(subs), list(subs.values()))
     previous = built_m
     for round_ in range(3):
-        fresh = _string_pool(rng, 15)
-        added = {1000 * (round_ + 1) + k: _string_subscription(rng, fresh + words[:5]) for k in range(12)}
+        fresh = realistic_strings(rng, 15)
+        added = {1000 * (round_ + 1) + k: string_subscription(rng, fresh + words[:5]) for k in range(12)}
         for target in (index, scan):
             target.add_many(list(added), list(added.values()))
         subs.update(added)

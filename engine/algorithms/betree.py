@@ -48,7 +48,7 @@ from numba import njit
 from engine.algorithms.base import HostMatcher, alive_flags, list_truth_of
 from engine.algorithms.host_tasks import Runs, match_in_tasks
 from engine.algorithms.options import DEFAULT_MAX_CAP, DEFAULT_MIN_SIZE
-from engine.algorithms.units import Units, check_dnf, dnf_units
+from engine.algorithms.units import Units, check_dnf, dnf_units, recoded_units
 from engine.compile import Segment
 from engine.expr import Family, Node
 from gpu_kernels import opcodes
@@ -208,6 +208,26 @@ def exact_equalities(rows, string_attr: np.ndarray, str_map: np.ndarray) -> np.n
 
 
 # ------------------------------------------------------------------ matcher
+def leaf_values(l_head: np.ndarray, v_pid: np.ndarray, rows) -> LeafArrays:
+    """The leaves' entries (``l_head``) with their predicates inline, read
+    from ``rows`` (codes): per leaf predicate ``v_pid``, its closed interval
+    (:func:`~gpu_kernels.betree.layout.interval_bounds`) or operands, and
+    the IN and NOT IN lists copied in leaf order; an IN's interval is its
+    first to last value."""
+    v_op = rows.op[v_pid]
+    v_min, v_max, _ = interval_bounds(v_op, rows.lo[v_pid], rows.hi[v_pid])
+    set_len = np.diff(rows.set_offsets)[v_pid]
+    v_set = np.concatenate(([0], np.cumsum(set_len)))
+    v_set = v_set.astype(np.int32 if v_set[-1] < 2 ** 31 else np.int64)     # (one per leaf predicate)
+    v_sets = rows.set_values[np.repeat(rows.set_offsets[:-1][v_pid] - v_set[:-1], set_len)
+                             + np.arange(int(v_set[-1]))]
+    is_in = (v_op == opcodes.IN) & (set_len > 0)
+    v_min[is_in] = v_sets[v_set[:-1][is_in]]
+    v_max[is_in] = v_sets[v_set[1:][is_in] - 1]
+    v_pred = np.stack([rows.attr[v_pid].astype(np.float64) * 32 + v_op, v_min, v_max], axis=1)
+    return LeafArrays(l_head, v_pid, np.ascontiguousarray(v_pred), v_set, v_sets)
+
+
 class BETreeMatcher(HostMatcher):
     """BE-Tree on the host (see the module docstring).  Options: ``max_cap``
     (the l-node capacity, Table 4: 5 / 20 / 160 by matching probability),
@@ -281,21 +301,9 @@ class BETreeMatcher(HostMatcher):
         l_sub, l_verify, v_pid = leaf_arrays(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_attr,
                                              tree.p_top, tree.leaf_unit, units.sub, units.offsets, units.pids,
                                              units.rows.attr, units.rows.op, exact)
-        rows = units.rows
-        v_op = rows.op[v_pid]
-        v_min, v_max, _ = interval_bounds(v_op, rows.lo[v_pid], rows.hi[v_pid])
-        # IN / NOT IN lists copied inline, in leaf order; an IN's interval is its first to last value
-        set_len = np.diff(rows.set_offsets)[v_pid]
-        v_set = np.concatenate(([0], np.cumsum(set_len)))
-        v_set = v_set.astype(np.int32 if v_set[-1] < 2 ** 31 else np.int64)     # (one per leaf predicate)
-        v_sets = rows.set_values[np.repeat(rows.set_offsets[:-1][v_pid] - v_set[:-1], set_len)
-                                 + np.arange(int(v_set[-1]))]
-        is_in = (v_op == opcodes.IN) & (set_len > 0)
-        v_min[is_in] = v_sets[v_set[:-1][is_in]]
-        v_max[is_in] = v_sets[v_set[1:][is_in] - 1]
-        v_pred = np.stack([rows.attr[v_pid].astype(np.float64) * 32 + v_op, v_min, v_max], axis=1)
         l_head = np.stack([np.append(l_sub, -1), l_verify], axis=1)
-        self.leaf = LeafArrays(l_head, v_pid, np.ascontiguousarray(v_pred), v_set, v_sets)
+        self.leaf = leaf_values(l_head, v_pid, units.rows)
+        rows = units.rows
         n_attrs = max(int(rows.attr.max(initial=-1)), int(tree.p_attr.max(initial=-1))) + 1
         self.table = NodeTable(*K.node_table(tree.c_depth, tree.c_child, tree.c_leaf, tree.c_pdir, tree.p_top),
                                max(n_attrs, 1))
@@ -395,12 +403,26 @@ class BETreeMatcher(HostMatcher):
 
     def recoded(self, segment: Segment, schema) -> "BETreeMatcher":
         """The same tree under a grown string dictionary: keys are base
-        codes, so only the predicate codes (and the leaf arrays holding them)
-        and the base-code map change."""
+        codes, so the tree, its node table and which unit sits where do not
+        change; the units' rows are mapped to the new codes
+        (:func:`~engine.algorithms.units.recoded_units`), the leaves' inline
+        predicates taken from them again, and the base-code map made anew.
+        (Where the mapped rows are not ``segment``'s own codes, the segment
+        is read again, as a merge reads it.)"""
         if segment is self.segment:
             return self
-        new = self._derived(segment, schema)
-        new._set_tree(self.tree)         # the leaf arrays hold the predicates' codes inline
+        if segment.predicates.lo is None:
+            segment = segment.coded(schema)
+        recoded = recoded_units(self.units, self.schema, segment, schema)
+        if recoded is None:
+            new = self._derived(segment, schema)
+            new._set_tree(self.tree)         # the leaf arrays hold the predicates' codes inline
+            return new
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.segment, new.schema, new.units = segment, schema, recoded.units
+        new.str_map = string_map(schema, self.base_strings)
+        new.leaf = leaf_values(self.leaf.l_head, self.leaf.v_pid, recoded.units.rows)
         return new
 
     # ------------------------------------------------------------- matching

@@ -139,12 +139,12 @@ import numpy as np
 
 from engine.algorithms.base import HostMatcher, alive_flags, list_truth_of
 from engine.algorithms.host_tasks import SERIAL_EVENTS, Runs, match_in_tasks, sort_on_every_core
-from engine.algorithms.units import check_dnf, dnf_units
+from engine.algorithms.units import check_dnf, dnf_units, recoded_units
 from engine.compile import Segment
 from engine.expr import Node
 from gpu_kernels import opcodes
 from gpu_kernels.pstree import cpu as K
-from gpu_kernels.string_codes import recoded_rows, recoded_values, string_code_map
+from gpu_kernels.string_codes import recoded_values
 
 #: the Index's default DNF limit (engine.index.DEFAULT_DNF_LIMIT)
 DEFAULT_LIMIT = 256
@@ -561,24 +561,17 @@ class _PSTreeMatcher(HostMatcher):
             return self
         if segment.predicates.lo is None:
             segment = segment.coded(schema)
-        preds = segment.predicates
-        if self.schema is None or schema is None or len(preds.op) != len(self.segment.predicates.op):
-            return self.rebuilt(segment, schema)
-        code_map = string_code_map(self.schema.dictionary().order, schema.dictionary().rank)
-        string_attr = np.zeros(max(self.n_attrs, int(preds.attr.max(initial=-1)) + 1), bool)
-        string_attr[preds.attr[preds.string_rows(schema)]] = True
-        rows = recoded_rows(self.units.rows, string_attr, code_map)
-        n, n_values = len(preds.op), int(preds.set_offsets[-1])
-        if not (np.array_equal(rows.lo[:n], preds.lo) and np.array_equal(rows.hi[:n], preds.hi)
-                and np.array_equal(rows.set_values[:n_values], preds.set_values)):
+        recoded = recoded_units(self.units, self.schema, segment, schema)
+        if recoded is None:
             return self.rebuilt(segment, schema)
         spaces = self.spaces
-        val_attr = np.repeat(np.arange(len(spaces.val_off) - 1), np.diff(spaces.val_off))
+        n_attrs = len(spaces.val_off) - 1
+        string_attr = np.zeros(n_attrs, bool)
+        string_attr[:min(n_attrs, len(recoded.string_attr))] = recoded.string_attr[:n_attrs]
+        val_attr = np.repeat(np.arange(n_attrs), np.diff(spaces.val_off))
         new = copy.copy(self)
-        new.segment, new.schema = segment, schema
-        u = self.units                            # (Units counts its units: no NamedTuple._replace)
-        new.units = type(u)(u.sub, u.offsets, u.pids, u.first, rows)
-        new.spaces = spaces._replace(vals=recoded_values(spaces.vals, string_attr[val_attr], code_map))
+        new.segment, new.schema, new.units = segment, schema, recoded.units
+        new.spaces = spaces._replace(vals=recoded_values(spaces.vals, string_attr[val_attr], recoded.code_map))
         new._checks = ()                          # (they hold the rows' codes: made again at the next match)
         return new
 

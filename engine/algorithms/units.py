@@ -26,6 +26,7 @@ from engine.compile import OP_OF_CODE, OPCODE, Segment, distinct_rows
 from engine.expr import NEGATED_OP, And, Node, Or, Pred, Xnor, Xor, to_dnf
 from gpu_kernels import opcodes
 from gpu_kernels.opindex.cpu import plain_conjunctions, plain_units
+from gpu_kernels.string_codes import recoded_rows, string_code_map
 
 
 class PredicateRows(NamedTuple):
@@ -165,6 +166,40 @@ def _extended_rows(preds, negated: dict) -> PredicateRows:
         lo=preds.lo[rows].astype(np.float64), hi=preds.hi[rows].astype(np.float64),
         aux=preds.aux[rows].astype(np.int64), set_offsets=set_offsets,
         set_values=preds.set_values[gather].astype(np.float64))
+
+
+class Recoded(NamedTuple):
+    """Units whose rows were mapped to a grown dictionary's codes (:func:`recoded_units`)."""
+
+    units: Units
+    code_map: np.ndarray     # old string code 2r + 1 -> new code, by r (gpu_kernels.string_codes)
+    string_attr: np.ndarray  # bool per attribute id: a string attribute
+
+
+def recoded_units(units: Units, old_schema, segment: Segment, schema) -> Recoded | None:
+    """``units`` -- read from a segment coded under ``old_schema``'s string
+    dictionary -- with their rows in the codes of ``schema``'s, a grown
+    one; ``segment``: the same subscriptions coded under ``schema``.  The
+    units themselves do not change (a recode moves codes, not predicates),
+    so nothing is rewritten to DNF again.  None when ``segment`` is not the
+    same rows or the mapped rows are not its own codes (``old_schema`` not
+    the dictionary the units were coded under): the caller builds instead."""
+    preds = segment.predicates
+    rows = units.rows
+    if old_schema is None or schema is None or preds.lo is None or len(preds.op) > len(rows.op):
+        return None
+    n, n_values = len(preds.op), int(preds.set_offsets[-1])
+    if not (np.array_equal(rows.op[:n], preds.op) and np.array_equal(rows.attr[:n], preds.attr)
+            and int(rows.set_offsets[n]) == n_values):
+        return None
+    code_map = string_code_map(old_schema.dictionary().order, schema.dictionary().rank)
+    string_attr = np.zeros(int(rows.attr.max(initial=-1)) + 1, bool)
+    string_attr[preds.attr[preds.string_rows(schema)]] = True
+    mapped = recoded_rows(rows, string_attr, code_map)
+    if not (np.array_equal(mapped.lo[:n], preds.lo) and np.array_equal(mapped.hi[:n], preds.hi)
+            and np.array_equal(mapped.set_values[:n_values], preds.set_values)):
+        return None
+    return Recoded(Units(units.sub, units.offsets, units.pids, units.first, mapped), code_map, string_attr)
 
 
 def check_dnf(node: Node, limit: int, algorithm: str, paper: str) -> None:
