@@ -76,6 +76,30 @@ def test_numpy_stringdtype_searchsorted_is_what_bexmatch_routes_around():
     assert numpy_says != exact, f"NumPy {np.__version__} now places these strings exactly"
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_dictionary_grown_from_a_smaller_one_is_the_one_sorted_afresh(seed):
+    """StringDictionary built from a base (the new strings merged in) equals
+    the one built by sorting every string: new strings before, between and
+    after the base's, sharing long prefixes, NUL, non-ASCII, in runs of one
+    to all of them; order, sorted strings and ranks alike."""
+    from engine.schema import StringDictionary
+
+    rng = np.random.default_rng(seed)
+    pool = list(dict.fromkeys(HARD_STRINGS + [p + s for p in ("", "https://example.com/", "a\x00")
+                                              for s in ("", "a", "b", "\x00", "é", "zz", "0")]))
+    rng.shuffle(pool)
+    cuts = sorted(rng.choice(np.arange(1, len(pool)), int(rng.integers(1, 5)), replace=False).tolist())
+    base = None
+    for n in [*cuts, len(pool)]:
+        grown = StringDictionary(pool, n, base)
+        fresh = StringDictionary(pool, n)
+        assert grown.order == fresh.order == sorted(range(n), key=pool.__getitem__)
+        assert grown.sorted_strings == fresh.sorted_strings == sorted(pool[:n])
+        assert np.array_equal(grown.rank, fresh.rank)
+        base = grown
+    assert StringDictionary(pool, len(pool), StringDictionary(pool, len(pool))).order == base.order
+
+
 def test_a_grown_dictionary_maps_each_old_code_to_its_strings_new_code():
     """gpu_kernels.string_codes (A-PCM's and PS-Tree's recodes): the rows of
     a table coded before the dictionary grew, mapped, are the same rows
