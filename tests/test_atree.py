@@ -1236,3 +1236,38 @@ def test_members_gone_counts_every_node_s_removed_key_members():
     assert members_gone(np.array([5, -1]), k_off).tolist() == [1, 0, 0]
     assert members_gone(np.array([-1, -1, 3, -1]), np.array([0, 1, 1, 4])).tolist() == [1, 0, 2]
     assert members_gone(np.zeros(0, np.int64), np.zeros(3, np.int64)).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("options", [{}, {"zero_suppression": False}, {"on_demand": False, "sharing": False}])
+def test_a_recode_keeps_the_arrays_a_fresh_flatten_would_make(options):
+    """New strings move the codes of an attribute's predicates in their
+    order, so the flattened arrays -- leaves ordered by attribute, operator
+    and code -- are the ones a flatten under the new codes makes, array for
+    array; only the leaf index is made again.  Answers are scan's."""
+    from gpu_kernels.atree.layout import flatten
+    from tests.strategies import realistic_strings, string_subscription
+
+    rng = np.random.default_rng(3)
+    words = realistic_strings(rng, 40)
+    texts = [string_subscription(rng, words) for _ in range(200)] + \
+        [f"(s > '{w}') XOR (t = '{w}' OR n = 3)" for w in words[:10]] + ["NOT (s IS NULL) AND s LIKE 'z%'"]
+    index, scan = Index(algorithm="atree", options=options), Index(algorithm="scan")
+    for target in (index, scan):
+        target.add_many(range(len(texts)), texts)
+        target.merge()
+    index.match({})
+    old = index._matcher
+    fresh = realistic_strings(rng, 12)
+    for target in (index, scan):
+        target.add_many(range(1000, 1012), [f"s = '{w}'" if k % 2 else f"t < '{w}'" for k, w in enumerate(fresh)])
+    events = [{"s": str(rng.choice(words + fresh)), "t": str(rng.choice(words + fresh)), "n": int(rng.integers(5))}
+              for _ in range(80)]
+    assert [m.tolist() for m in index.match_batch(events)] == [m.tolist() for m in scan.match_batch(events)]
+    m = index._matcher
+    assert m is not old and m.arrays is old.arrays and m.leaf_index is not old.leaf_index
+    table = m.segment.predicates
+    assert not np.array_equal(table.lo, old.segment.predicates.lo)          # the codes moved
+    again = flatten(m.dag, m.roots, table.attr, table.op, _predicate_keys(m.segment),
+                    zero_suppression=m.zero_suppression, on_demand=m.on_demand, pred_lo=table.lo)
+    for name, a, b in zip(again._fields, again, m.arrays):
+        assert np.array_equal(a, b), name

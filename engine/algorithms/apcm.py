@@ -146,9 +146,24 @@ class APCMMatcher(HostMatcher):
         return self._derived(segment, schema, self.tree.merged(segment, old_to_new, added, schema))
 
     def recoded(self, segment: Segment, schema) -> "APCMMatcher":
+        """The same index under a grown string dictionary: BE-Tree's recode
+        (its units' rows mapped to the new codes), and the same bitmap
+        layout with its tables' bounds mapped (every bit, slot and table row
+        stays: a recode moves codes, not predicates).  Where the tree was
+        read again instead, the layout is carried over as a merge carries it."""
         if segment is self.segment:
             return self
-        return self._derived(segment, schema, self.tree.recoded(segment, schema))
+        tree = self.tree.recoded(segment, schema)
+        if tree.units.pids is not self.tree.units.pids or tree.tree is not self.tree.tree:
+            return self._derived(segment, schema, tree)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.segment, new.schema, new.tree = segment, schema, tree
+        code_map = string_code_map(self.schema.dictionary().order, schema.dictionary().rank)
+        new.layout = recoded_layout(self.layout, tree.string_attr, code_map)
+        new.layout_rebuilt = False
+        new.layout_strings = new._strings()
+        return new
 
     # ------------------------------------------------------------- matching
     def clusters(self, batch, ev_key) -> Clusters:

@@ -161,15 +161,22 @@ class ATreeMatcher(HostMatcher):
         return new
 
     def recoded(self, segment: Segment, schema) -> "ATreeMatcher":
-        """The same DAG under a grown string dictionary: nodes hold
-        predicate keys, so only the leaves' predicate ids are read again."""
+        """The same DAG under a grown string dictionary.  Nodes hold
+        predicate keys, and the flattened arrays order the leaves by
+        (attribute, operator, code): new strings move the codes of one
+        attribute and operator all in the same order (codes of dictionary
+        strings; the other operands are numbers or 0, untouched), so the
+        arrays stay as they are and only the leaf index, which holds the
+        codes, is made again."""
         if segment is self.segment:
             return self
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.schema = schema
         new.segment = new._coded(segment)
-        new._flatten(_predicate_keys(new.segment))
+        table = new.segment.predicates
+        new.leaf_index = leaf_index(self.arrays, table.op, table.lo, table.hi, table.set_offsets, table.set_values)
+        new.leaf_work = (0, 0)
         return new
 
     # ------------------------------------------------------------- matching
