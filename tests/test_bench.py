@@ -458,6 +458,33 @@ def test_update_costs_time_both_merge_paths():
     assert cost["n"] == 20 and cost["n_subscriptions"] == 3000
     assert cost["incremental_s"] > 0 and cost["full_s"] > 0
     assert OpIndexMatcher.REBUILD_SHARE == share
+    assert cost["same_answers"] is True
+
+
+def test_updates_check_the_answers_after_them(capsys, monkeypatch):
+    """``bench --updates`` ends by checking the updated index against scan on
+    a sample of its subscriptions: an index that lost one (here: its
+    matches dropped for one subscription) is reported WRONG, exit status 1."""
+    from engine.bench.costs import sampled_answers_agree
+
+    workload = standard("W1", scale=0.0005, n_events=100)
+    index = Index(algorithm="opindex", backend="cpu")
+    index.add_many(workload.subscriptions)
+    events = workload.events.slice(0, 100)
+    assert sampled_answers_agree(index, events, n_subs=500)
+    lost = int(next(a[0] for a in index.match_batch(events) if len(a)))
+    real = Index.match_batch
+
+    def drop_one(self, batch, **kw):
+        return [a[a != lost] for a in real(self, batch, **kw)] if self.algorithm != "scan" else real(self, batch, **kw)
+    monkeypatch.setattr(Index, "match_batch", drop_one)
+    assert not sampled_answers_agree(index, events, n_subs=500)
+    monkeypatch.undo()
+    monkeypatch.setattr("engine.bench.costs.sampled_answers_agree", lambda *a, **k: False)
+    assert bench.main(["--updates", "10", "--algorithm", "betree", "--scale", "0.0005", "--repeats", "1",
+                       "--quiet"]) == 1
+    captured = capsys.readouterr()
+    assert "same answers: False" in captured.out and "WRONG: after the updates" in captured.err
 
 
 def test_load_costs_restore_the_saved_structure(capsys, monkeypatch):

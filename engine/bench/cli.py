@@ -485,17 +485,30 @@ def _updates(args, parser, algorithms, algorithm_options) -> int:
                 print(f"{cost['workload']} ({cost['n_subscriptions']:,} subscriptions): {cost['n']:,} "
                       f"removals + {cost['n']:,} adds, merged and matched: {cost['incremental_s']:.3f} s "
                       f"with {algorithm}'s derived matcher, {cost['full_s']:.3f} s with a full rebuild "
-                      f"({cost['full_s'] / cost['incremental_s']:.1f}x)")
+                      f"({cost['full_s'] / cost['incremental_s']:.1f}x); same answers: {cost['same_answers']}")
                 records.append(cost)
+                failed |= _wrong_after_updates(cost, f"{workload.name} {algorithm}")
             rates = _attempt(args, f"{workload.name} {algorithm}", lambda: update_rates(
                 workload, algorithm, args.updates, repeats=args.repeats, seed=args.seed,
                 options=bench_algorithms.resolve_options(algorithm, chosen, workload)))
             if rates is None:
                 failed = 1
                 continue
-            print(_rates_line(rates))
+            print(_rates_line(rates) + f"; same answers: {rates['same_answers']}")
             records.append(rates)
+            failed |= _wrong_after_updates(rates, f"{workload.name} {algorithm}")
     return failed | (_write("--csv", args.csv, write_records, records) if args.csv else 0)
+
+
+def _wrong_after_updates(record: dict, where: str) -> int:
+    """1 (and the reason on stderr) when the updated index's answers were
+    not scan's for its sampled subscriptions
+    (:func:`engine.bench.costs.sampled_answers_agree`)."""
+    if record["same_answers"]:
+        return 0
+    print(f"bexmatch bench: {where}: WRONG: after the updates, the index's answers differ from scan's for "
+          f"the same subscriptions", file=sys.stderr)
+    return 1
 
 
 def _load(args, parser, algorithms, backend, algorithm_options) -> int:
