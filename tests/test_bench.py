@@ -557,7 +557,8 @@ def test_update_rates_one_at_a_time_through_the_api_and_the_tree(tmp_path, capsy
     rates = update_rates(workload, "betree", n=40, repeats=1)
     assert rates["n_subscriptions"] == 1000 == rates["n_units"]     # W1: one conjunction each
     for key in ("api_add_calls_per_s", "api_add_per_s", "api_remove_calls_per_s", "api_remove_per_s",
-                "tree_insert_per_s", "tree_delete_per_s", "tree_reinsert_per_s", "tree_build_per_s"):
+                "tree_insert_per_s", "tree_delete_per_s", "tree_reinsert_per_s", "tree_build_per_s",
+                "plain_match_s", "new_string_match_s"):
         assert math.isfinite(rates[key]) and rates[key] > 0, key
     assert rates["api_add_per_s"] <= rates["api_add_calls_per_s"]
     assert "tree_insert_per_s" not in update_rates(workload, "opindex", n=20, repeats=1)
@@ -567,6 +568,7 @@ def test_update_rates_one_at_a_time_through_the_api_and_the_tree(tmp_path, capsy
                        "0.0005", "--repeats", "1", "--quiet", "--csv", str(csv_path)]) == 0
     out = capsys.readouterr().out
     assert "betree (500 subscriptions), one at a time: Index.add" in out and "one unit per call" in out
+    assert "the first match after an add with a new string" in out and "same answers: True" in out
     columns, rows = read_csv(csv_path)
     assert "tree_delete_per_s" in columns and [r["algorithm"] for r in rows] == ["betree"]
 

@@ -218,7 +218,9 @@ def _rates_line(rates: dict) -> str:
     line = (f"{rates['workload']} {rates['algorithm']} ({rates['n_subscriptions']:,} subscriptions), one at a "
             f"time: Index.add {rates['api_add_per_s']:,.0f}/s ({rates['api_add_calls_per_s']:,.0f}/s the calls "
             f"alone), Index.remove {rates['api_remove_per_s']:,.0f}/s ({rates['api_remove_calls_per_s']:,.0f}/s "
-            f"the calls alone), {rates['n']:,} each, merge and first match included")
+            f"the calls alone), {rates['n']:,} each, merge and first match included; the first match after "
+            f"an add with a new string {rates['new_string_match_s'] * 1e3:.1f} ms, a plain one "
+            f"{rates['plain_match_s'] * 1e3:.1f} ms (200 events)")
     if "tree_insert_per_s" in rates:
         line += (f"; the tree, one unit per call: insert {rates['tree_insert_per_s']:,.0f}/s (empty to full), "
                  f"delete {rates['tree_delete_per_s']:,.0f}/s and re-insert {rates['tree_reinsert_per_s']:,.0f}/s "

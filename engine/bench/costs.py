@@ -201,7 +201,12 @@ def update_rates(workload, algorithm: str = "betree", n: int = 1000, repeats: in
       the units of ``n`` random subscriptions deleted from the full tree
       (``tree_delete_per_s``) and inserted back (``tree_reinsert_per_s``);
       ``tree_build_per_s``: the build's single call inserting every unit
-      (one at a time inside it), which shows what the per-call cost adds."""
+      (one at a time inside it), which shows what the per-call cost adds.
+    * ``new_string_match_s`` against ``plain_match_s``: the first match of
+      200 events after an add that brings a new string (the structure
+      recoded), and a plain one.
+    * ``same_answers``: the updated index against scan for a sample of its
+      subscriptions (:func:`sampled_answers_agree`)."""
     from engine.bench import algorithms as bench_algorithms
 
     rng = np.random.default_rng(seed)
@@ -249,8 +254,29 @@ def update_rates(workload, algorithm: str = "betree", n: int = 1000, repeats: in
         assert len(index) == size
     for key, values in times.items():
         out[f"api_{key}_per_s"] = n / statistics.median(values)
+    out.update(_new_string_match(index, workload.events.slice(0, 200), next_id, repeats))
     out["same_answers"] = sampled_answers_agree(index, workload.events.slice(0, 100), seed=seed)
     return out
+
+
+def _new_string_match(index: Index, events, next_id: int, repeats: int) -> dict:
+    """The first match after an add that brings a string new to the
+    dictionary (on an attribute of its own: the subscription goes to the
+    delta, and the main structure is recoded under the grown dictionary,
+    ``Matcher.recoded``), against a plain match of the same ``events``;
+    medians of ``repeats``, each add removed again before the next."""
+    index.match_batch(events)
+    plain, after = [], []
+    for k in range(repeats):
+        started = time.perf_counter()
+        index.match_batch(events)
+        plain.append(time.perf_counter() - started)
+        index.add(next_id + k, f"bench_new_string = 'bexmatch-bench-{next_id + k}'")
+        started = time.perf_counter()
+        index.match_batch(events)
+        after.append(time.perf_counter() - started)
+        index.remove(next_id + k)
+    return {"plain_match_s": statistics.median(plain), "new_string_match_s": statistics.median(after)}
 
 
 def _tree_rates(matcher, n: int, repeats: int, rng) -> dict:
