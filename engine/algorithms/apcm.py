@@ -159,8 +159,9 @@ class APCMMatcher(HostMatcher):
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.segment, new.schema, new.tree = segment, schema, tree
-        code_map = string_code_map(self.schema.dictionary().order, schema.dictionary().rank)
-        new.layout = recoded_layout(self.layout, tree.string_attr, code_map)
+        if tree.units is not self.tree.units:    # (else no code of its predicates moved: nor did the bounds)
+            code_map = string_code_map(self.schema.dictionary().order, schema.dictionary().rank)
+            new.layout = recoded_layout(self.layout, tree.string_attr, code_map)
         new.layout_rebuilt = False
         new.layout_strings = new._strings()
         return new

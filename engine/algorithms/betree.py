@@ -422,7 +422,8 @@ class BETreeMatcher(HostMatcher):
         new.__dict__.update(self.__dict__)
         new.segment, new.schema, new.units = segment, schema, recoded.units
         new.str_map = string_map(schema, self.base_strings)
-        new.leaf = leaf_values(self.leaf.l_head, self.leaf.v_pid, recoded.units.rows)
+        if recoded.units is not self.units:       # (else no code of its predicates moved)
+            new.leaf = leaf_values(self.leaf.l_head, self.leaf.v_pid, recoded.units.rows)
         return new
 
     # ------------------------------------------------------------- matching

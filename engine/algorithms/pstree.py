@@ -564,13 +564,16 @@ class _PSTreeMatcher(HostMatcher):
         recoded = recoded_units(self.units, self.schema, segment, schema)
         if recoded is None:
             return self.rebuilt(segment, schema)
+        new = copy.copy(self)
+        new.segment, new.schema = segment, schema
+        if recoded.units is self.units:
+            return new                            # (no code of its predicates moved: boundaries and checks hold)
         spaces = self.spaces
         n_attrs = len(spaces.val_off) - 1
         string_attr = np.zeros(n_attrs, bool)
         string_attr[:min(n_attrs, len(recoded.string_attr))] = recoded.string_attr[:n_attrs]
         val_attr = np.repeat(np.arange(n_attrs), np.diff(spaces.val_off))
-        new = copy.copy(self)
-        new.segment, new.schema, new.units = segment, schema, recoded.units
+        new.units = recoded.units
         new.spaces = spaces._replace(vals=recoded_values(spaces.vals, string_attr[val_attr], recoded.code_map))
         new._checks = ()                          # (they hold the rows' codes: made again at the next match)
         return new

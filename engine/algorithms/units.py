@@ -181,9 +181,11 @@ def recoded_units(units: Units, old_schema, segment: Segment, schema) -> Recoded
     dictionary -- with their rows in the codes of ``schema``'s, a grown
     one; ``segment``: the same subscriptions coded under ``schema``.  The
     units themselves do not change (a recode moves codes, not predicates),
-    so nothing is rewritten to DNF again.  None when ``segment`` is not the
-    same rows or the mapped rows are not its own codes (``old_schema`` not
-    the dictionary the units were coded under): the caller builds instead."""
+    so nothing is rewritten to DNF again; where no code of theirs moved,
+    the result holds ``units`` itself (what was derived from them still
+    holds).  None when ``segment`` is not the same rows or the mapped rows
+    are not its own codes (``old_schema`` not the dictionary the units were
+    coded under): the caller builds instead."""
     preds = segment.predicates
     rows = units.rows
     if old_schema is None or schema is None or preds.lo is None or len(preds.op) > len(rows.op):
@@ -199,6 +201,9 @@ def recoded_units(units: Units, old_schema, segment: Segment, schema) -> Recoded
     if not (np.array_equal(mapped.lo[:n], preds.lo) and np.array_equal(mapped.hi[:n], preds.hi)
             and np.array_equal(mapped.set_values[:n_values], preds.set_values)):
         return None
+    if np.array_equal(mapped.lo, rows.lo) and np.array_equal(mapped.hi, rows.hi) \
+            and np.array_equal(mapped.set_values, rows.set_values):
+        return Recoded(units, code_map, string_attr)     # (no code of these rows moved: the very same units)
     return Recoded(Units(units.sub, units.offsets, units.pids, units.first, mapped), code_map, string_attr)
 
 
