@@ -124,9 +124,10 @@ How the paper maps onto this module and :mod:`gpu_kernels.pstree.cpu`:
   Past :attr:`REBUILD_SHARE` of the built units added and removed (the
   survivors' ranking ages, and removed units leave stale bits and empty
   keys), the merge rebuilds.  A grown string dictionary (a subscription
-  added with a new string) moves codes but not their order: :meth:`recoded` maps the boundaries and the rows to the new
-  codes and keeps everything else.  Saving the structure (``to_arrays``): the default, a rebuild
-  on load.  (The cuda matchers, :mod:`engine.algorithms.pstree_cuda`,
+  added with a new string) moves codes but not their order:
+  :meth:`recoded` maps the boundaries and the rows to the new codes and
+  keeps everything else.  Saving the structure (``to_arrays``): the
+  default, a rebuild on load.  (The cuda matchers, :mod:`engine.algorithms.pstree_cuda`,
   serve this very structure from the device, derived on the host.)
 """
 

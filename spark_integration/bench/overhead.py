@@ -641,8 +641,10 @@ def main(argv=None) -> int:
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
                    help="events DataFrame layout: map<string,long> column, one column per attribute, or both "
                         f"(default {DEFAULT_LAYOUT})")
-    p.add_argument("--partitions", type=int_in(1, JAVA_INT_MAX), default=None, help="partitions of the events (default: parallelism)")
-    p.add_argument("--arrow-batch-size", type=int_in(1, JAVA_INT_MAX), default=None, help="rows per Arrow batch (default: Spark's)")
+    p.add_argument("--partitions", type=int_in(1, JAVA_INT_MAX), default=None,
+                   help="partitions of the events (default: parallelism)")
+    p.add_argument("--arrow-batch-size", type=int_in(1, JAVA_INT_MAX), default=None,
+                   help="rows per Arrow batch (default: Spark's)")
     p.add_argument("--output", choices=OUTPUTS, default="pairs",
                    help="match_events output: a row per match, or a row per event with a list (default pairs)")
     p.add_argument("--action", choices=ACTIONS, default="count", help="what materialises the matches")
