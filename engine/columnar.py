@@ -47,15 +47,14 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import re2
 from numba import njit
 
 from engine.compile import (OP_OF_CODE, OPCODE, PredicateTable, Segment, concat_segments, distinct_rows, mix64,
                             node_class)
 from engine.errors import SchemaError
 from engine.events import exact_floats
-from engine.expr import (LIST_SET_OPS, MAX_NESTING, MAX_NODES, NEGATED_OP, QUIET_RE2, And, Family, Not, Op, Or, Pred,
-                         Xnor, Xor)
+from engine.expr import (LIST_SET_OPS, MAX_NESTING, MAX_NODES, NEGATED_OP, And, Family, Not, Op, Or, Pred, Xnor, Xor,
+                         pattern_error, shortened)
 from engine.schema import Schema
 from gpu_kernels import opcodes
 
@@ -224,16 +223,6 @@ def int64_ids(column, what: str) -> np.ndarray:
         row = int(np.flatnonzero(ids > np.iinfo(np.int64).max)[0])
         raise SchemaError(f"{what}: row {row}: id {int(ids[row])} does not fit in int64")
     return ids.astype(np.int64, copy=False)
-
-
-def _bad_regex(pattern: str) -> str | None:
-    """Why RE2 refuses ``pattern``, or None."""
-    try:
-        re2.compile(pattern, QUIET_RE2)
-    except re2.error as error:
-        reason = error.args[0] if error.args else error
-        return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
-    return None
 
 
 def _factorize(column) -> tuple[list, np.ndarray]:
@@ -774,10 +763,10 @@ def _compile_table(table: pa.Table, schema: Schema, check_ids=None) -> tuple[Seg
         patterns = pc.filter(rows.column("str_value"), pa.array(is_pattern)).to_pylist()
         kinds = np.where(np.isin(op[is_pattern], (opcodes.LIKE, opcodes.NOT_LIKE)), "like", "regex")
         for row, kind, text in zip(np.flatnonzero(is_pattern), kinds, patterns):
-            if kind == "regex":      # refused here, as the text route refuses it, not at every match
-                reason = _bad_regex(text)
-                if reason:
-                    rows.fail_at(row, f"invalid RE2 pattern {text!r}: {reason}")
+            reason = pattern_error(str(kind), text)  # refused here, as the text route refuses it, not at every match
+            if reason is not None:
+                rows.fail_at(row, f"invalid RE2 pattern {shortened(repr(text))}: {reason}" if kind == "regex" else
+                             f"LIKE pattern {shortened(repr(text))} does not compile to RE2: {reason}")
             aux[row] = schema.pattern_id(str(kind), text)
     contains_rows = np.flatnonzero(operands.contains)      # `value IN attr`: the list of its one value
     for parents, keys in (in_lists, bool_lists, _string_keys(schema, str_in_lists), (contains_rows, lo[contains_rows])):

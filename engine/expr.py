@@ -28,6 +28,39 @@ import re2
 QUIET_RE2 = re2.Options()
 QUIET_RE2.log_errors = False
 
+#: a LIKE pattern up to this many characters always compiles (its RE2 translation is a literal, ``.`` or
+#: ``.*`` a character: far below RE2's program budget); a longer one is compiled when it is added, since
+#: RE2 refuses one of about 100,000 characters ("pattern too large"), which every match would then meet
+LIKE_ALWAYS_COMPILES = 4096
+
+
+def like_to_regex(pattern: str) -> str:
+    """SQL LIKE as an RE2 pattern for ``fullmatch``: ``%`` any run, ``_`` one
+    character, no escape character, case-sensitive."""
+    parts = [".*" if c == "%" else "." if c == "_" else re2.escape(c) for c in pattern]
+    return "(?s)" + "".join(parts)
+
+
+def shortened(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters and ``...`` for an error message
+    (a pattern may be 100,000 characters long)."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def pattern_error(kind: str, text: str) -> str | None:
+    """Why RE2 cannot compile the ``kind`` ("like" or "regex") pattern
+    ``text`` (a LIKE pattern as :func:`like_to_regex` translates it), or
+    None: what every route that adds a pattern asks, so that a pattern the
+    matchers could not compile is refused when it is added."""
+    if kind == "like" and len(text) <= LIKE_ALWAYS_COMPILES:
+        return None
+    try:
+        re2.compile(like_to_regex(text) if kind == "like" else text, QUIET_RE2)
+    except re2.error as error:
+        reason = error.args[0] if error.args else error
+        return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+    return None
+
 Literal = Union[int, float, str, bool]
 
 
@@ -602,12 +635,13 @@ def _check_shape(nodes: list) -> None:
         if (wanted is None and n == 0) or (wanted is not None and n != wanted):
             raise ParseError(f"{current.op.value} on {current.attr!r} takes "
                              f"{'one or more' if wanted is None else wanted} operand(s), not {n}")
-        if current.op in (Op.MATCHES, Op.NOT_MATCHES) and isinstance(current.values[0], str):
-            try:
-                re2.compile(current.values[0], QUIET_RE2)
-            except re2.error as error:
-                raise ParseError(f"invalid RE2 pattern {current.values[0]!r} on {current.attr!r}: {error}") \
-                    from None
+        if current.op in PATTERN_OPS and isinstance(current.values[0], str):
+            like = current.op in (Op.LIKE, Op.NOT_LIKE)
+            reason = pattern_error("like" if like else "regex", current.values[0])
+            if reason is not None:
+                raise ParseError(f"{'LIKE pattern' if like else 'invalid RE2 pattern'} "
+                                 f"{shortened(repr(current.values[0]))} on {current.attr!r}"
+                                 f"{' does not compile to RE2' if like else ''}: {reason}")
 
 
 class AstChecks:

@@ -40,13 +40,12 @@ import operator
 import re
 from typing import Iterable
 
-import re2
 from lark import Lark
 from lark.parsers.lalr_analysis import Shift
 
 from engine.errors import ExpressionTooLarge, ParseError
-from engine.expr import (MAX_NESTING, QUIET_RE2, And, Node, Not, Op, Or, Pred, Xnor, Xor, check_nesting,
-                         lone_surrogate)
+from engine.expr import (MAX_NESTING, And, Node, Not, Op, Or, Pred, Xnor, Xor, check_nesting, lone_surrogate,
+                         pattern_error, shortened)
 
 __all__ = ["KEYWORDS", "conjunction_terms", "parse", "parse_many", "to_text"]
 
@@ -158,7 +157,7 @@ def _number(token: str) -> int | float:
     if "." in token or "e" in token or "E" in token:
         value = float(token)
         if math.isinf(value):
-            raise _BadToken(f"number {_shorten(token)} overflows to infinity as a float64; "
+            raise _BadToken(f"number {shortened(token)} overflows to infinity as a float64; "
                             "infinite literals are not allowed", ("finite number",))
         return value
     # Only the significant digits go to int(), which refuses more than 4300
@@ -169,7 +168,7 @@ def _number(token: str) -> int | float:
         value = int(digits or "0")
         if value <= _MAX_EXACT_INT:
             return -value if token[0] == "-" else value
-    raise _BadToken(f"integer {_shorten(token)} exceeds 2**53 in magnitude and is not exactly "
+    raise _BadToken(f"integer {shortened(token)} exceeds 2**53 in magnitude and is not exactly "
                     "representable as a float64", ("integer of magnitude at most 2**53",))
 
 
@@ -208,18 +207,19 @@ def _literal(token: str) -> int | float | str | bool:
 
 
 def _regex(pattern: str) -> str:
-    try:
-        re2.compile(pattern, QUIET_RE2)     # (the error goes into the ParseError, not onto stderr)
-    except re2.error as error:
-        reason = error.args[0].decode("utf-8", "replace") if error.args and isinstance(error.args[0], bytes) \
-            else str(error)
-        raise _BadToken(f"invalid RE2 pattern {_shorten(repr(pattern))}: {reason}",
-                        ("valid RE2 pattern",)) from None
+    reason = pattern_error("regex", pattern)     # (the error goes into the ParseError, not onto stderr)
+    if reason is not None:
+        raise _BadToken(f"invalid RE2 pattern {shortened(repr(pattern))}: {reason}", ("valid RE2 pattern",))
     return pattern
 
 
-def _shorten(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
+def _like(pattern: str) -> str:
+    reason = pattern_error("like", pattern)
+    if reason is not None:
+        raise _BadToken(f"LIKE pattern {shortened(repr(pattern))} does not compile to RE2: {reason}",
+                        ("a LIKE pattern RE2 can compile",))
+    return pattern
+
 
 
 # ---------------------------------------------------------------- AST building
@@ -310,11 +310,11 @@ class _ASTBuilder:
 
     @staticmethod
     def like(c):
-        return Pred(c[0], Op.LIKE, (c[2],))
+        return Pred(c[0], Op.LIKE, (_like(c[2]),))
 
     @staticmethod
     def not_like(c):
-        return Pred(c[0], Op.NOT_LIKE, (c[3],))
+        return Pred(c[0], Op.NOT_LIKE, (_like(c[3]),))
 
     @staticmethod
     def matches(c):
@@ -708,6 +708,7 @@ def _conjunction_terms(tokens: list) -> list[tuple[str, Op, tuple]] | None:
                         return None
                     if kind == _LIKE:
                         op = Op.NOT_LIKE if negated else Op.LIKE
+                        pattern = _like(pattern)
                     else:
                         op = Op.NOT_MATCHES if negated else Op.MATCHES
                         pattern = _regex(pattern)
@@ -832,7 +833,7 @@ def _syntax_error(text: str, index: int, states: list, kind: int, value) -> Pars
     elif kind == _KIND["$END"]:
         message = "unexpected end of input" if index else "empty expression"
     else:
-        message = f"unexpected {_shorten(token)!r}"
+        message = f"unexpected {shortened(token)!r}"
     line, column = _position(text, offset)
     return ParseError(message, text=text, line=line, column=column, expected=expected)
 

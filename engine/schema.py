@@ -39,8 +39,8 @@ import pyarrow.compute as pc
 import re2
 
 from engine.errors import SchemaError
-from engine.expr import (ELEMENT_OF, LIST_OF, LIST_OPS, PATTERN_OPS, QUIET_RE2, Family, Op, Pred, literal_family,
-                         lone_surrogate)
+from engine.expr import (ELEMENT_OF, LIST_OF, LIST_OPS, PATTERN_OPS, QUIET_RE2, Family, Op, Pred, like_to_regex,
+                         literal_family, lone_surrogate)
 
 def check_attribute_name(name, where: str) -> None:
     """A SchemaError unless ``name`` is a name an expression can use: a
@@ -89,13 +89,6 @@ def check_number(value, where: str) -> float:
     if number != number or number in (float("inf"), float("-inf")):
         raise SchemaError(f"{where}: {value!r} is not a finite number")
     return number
-
-
-def like_to_regex(pattern: str) -> str:
-    """SQL LIKE as an RE2 pattern for ``fullmatch``: ``%`` any run, ``_`` one
-    character, no escape character, case-sensitive."""
-    parts = [".*" if c == "%" else "." if c == "_" else re2.escape(c) for c in pattern]
-    return "(?s)" + "".join(parts)
 
 
 def _op_words(pred: Pred) -> str:

@@ -215,11 +215,14 @@ def malformed(node) -> str | None:
                 return f"operands of several families {values!r}"
             if n.op in (Op.LIKE, Op.NOT_LIKE, Op.MATCHES, Op.NOT_MATCHES) and not isinstance(values[0], str):
                 return f"{n.op.value} with a non-string pattern"
-            if n.op in (Op.MATCHES, Op.NOT_MATCHES):
+            if n.op in (Op.MATCHES, Op.NOT_MATCHES, Op.LIKE, Op.NOT_LIKE):
+                like = n.op in (Op.LIKE, Op.NOT_LIKE)
+                regex = "(?s)" + "".join(".*" if c == "%" else "." if c == "_" else re2.escape(c)
+                                         for c in values[0]) if like else values[0]
                 try:
-                    re2.compile(values[0], _QUIET_RE2)
+                    re2.compile(regex, _QUIET_RE2)
                 except Exception:       # noqa: BLE001 -- any refusal of RE2's
-                    return f"invalid RE2 pattern {values[0]!r}"
+                    return f"{'LIKE' if like else 'invalid RE2'} pattern {values[0][:40]!r}"
         elif isinstance(n, Not):
             stack.append(n.child)
         elif isinstance(n, (And, Or)):
@@ -477,6 +480,7 @@ HOSTILE_ASTS = {
     "operator None": Pred("price", None, (1,)),
     "invalid RE2 pattern": Pred("color", Op.MATCHES, ("(",)),
     "invalid RE2 pattern under NOT MATCHES": Pred("color", Op.NOT_MATCHES, ("a{1001}",)),
+    "LIKE pattern too large for RE2": Pred("color", Op.LIKE, ("a%" * 60000,)),
     "MATCHES a number": Pred("color", Op.MATCHES, (1,)),
     "LIKE a number": Pred("color", Op.LIKE, (1,)),
     "NaN literal": Pred("price", Op.LT, (float("nan"),)),

@@ -536,6 +536,32 @@ def test_columnar_form_refuses_an_invalid_regex_as_the_text_route_does():
     assert idx.match({"b": "zaxbz"}).tolist() == [2]
 
 
+def test_a_like_pattern_re2_cannot_compile_is_refused_by_every_route():
+    """A LIKE pattern of 120,000 characters is past RE2's program budget:
+    accepted once, every later match of an event carrying the attribute
+    raised re2's own error (for every subscription), and the saved index
+    could not be loaded.  Text, AST, columnar and rules routes refuse it;
+    the index is unchanged and still matches."""
+    from engine import rules_to_columnar
+    from engine.expr import Op, Pred
+
+    pattern = "a%" * 60000
+    idx = Index(algorithm="opindex", backend="cpu")
+    idx.add(1, "s = 'x'")
+    with pytest.raises(ParseError, match="LIKE pattern 'a%a%a%.*does not compile to RE2: pattern too large"):
+        idx.add(2, f"s LIKE '{pattern}'")
+    with pytest.raises(ParseError, match="LIKE pattern 'a%a%a%.* on 's' does not compile to RE2"):
+        idx.add(2, Pred("s", Op.NOT_LIKE, (pattern,)))
+    with pytest.raises(SchemaError, match=r"row 0 \(sub_id 2, attribute 's'\): LIKE pattern 'a%a%.*does not compile"):
+        idx.add_many(pa.table({"sub_id": [2], "attr": ["s"], "op": ["like"], "str_value": [pattern]}))
+    with pytest.raises(SchemaError, match="does not compile to RE2"):
+        idx.add_many(rules_to_columnar(pa.table({"rule": [2], "s": [pattern]}), id_column="rule",
+                                       columns={"s": "like"}))
+    assert len(idx) == 1 and idx.match({"s": "x"}).tolist() == [1]
+    idx.add(3, "s LIKE '" + "a%" * 2000 + "'")          # long, within the budget: taken
+    assert idx.match({"s": "a" * 2000}).tolist() == [3]
+
+
 def test_columnar_decimals_are_converted_exactly():
     """Arrow's decimal -> float64 cast made Decimal('0.1') 0.09999999999999999
     in a decimal128(38, 19) column, so ``price = 0.1`` never matched 0.1; the

@@ -363,6 +363,17 @@ def test_a_save_over_a_file_keeps_its_permissions(tmp_path, mode):
     assert sorted(Index.load(path).ids().tolist()) == [1, 2]
 
 
+def test_an_in_list_from_the_smallest_to_the_largest_float_loads(tmp_path):
+    """The load's check that IN-list keys ascend compared neighbours by
+    subtracting them: -1.8e308 and 1.8e308 overflowed, and the warning
+    (an error under -W error, as in this suite) refused a valid file."""
+    index = Index(algorithm="scan", backend="cpu")
+    index.add(1, "a IN (-1.7976931348623157e308, 1.7976931348623157e308)")
+    index.save(tmp_path / "wide.bexidx")
+    loaded = Index.load(tmp_path / "wide.bexidx")
+    assert loaded.match({"a": 1.7976931348623157e308}).tolist() == [1] and loaded.match({"a": 1}).tolist() == []
+
+
 def _dead_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
