@@ -21,7 +21,8 @@ indented tree::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 from engine.events import plain_value
 from engine.expr import And, Node, Not, Or, Pred, Xnor, Xor
@@ -37,16 +38,23 @@ class Explanation:
     """One node of an explained expression.
 
     ``kind``: ``"predicate"``, ``"AND"``, ``"OR"``, ``"XOR"``, ``"XNOR"`` or
-    ``"NOT"``; ``text``: the node's expression text; ``value``: True, False
+    ``"NOT"``; ``node``: the expression node; ``text``: its expression text
+    (printed when first asked for: a connective's text holds its whole
+    subtree's, so printing every node's up front cost depth x size --
+    20 s for a valid expression 200 levels deep); ``value``: True, False
     or None (NULL); ``absent``: for a predicate that is NULL because the
     event lacks its attribute, that attribute (else None); ``children``:
     the operands of a connective."""
 
     kind: str
-    text: str
+    node: Node = field(repr=False)
     value: bool | None
     absent: str | None = None
     children: tuple["Explanation", ...] = ()
+
+    @functools.cached_property
+    def text(self) -> str:
+        return to_text(self.node)
 
     @property
     def matches(self) -> bool:
@@ -79,10 +87,10 @@ def explain(node: Node, event: dict) -> Explanation:
         value = plain_value(event.get(node.attr))
         truth = _predicate(node, value)
         absent = node.attr if truth is None and value is None else None
-        return Explanation("predicate", to_text(node), truth, absent)
+        return Explanation("predicate", node, truth, absent)
     if isinstance(node, Not):
         child = explain(node.child, event)
-        return Explanation("NOT", to_text(node), None if child.value is None else not child.value, None, (child,))
+        return Explanation("NOT", node, None if child.value is None else not child.value, None, (child,))
     if isinstance(node, (And, Or)):
         children = tuple(explain(c, event) for c in node.children)
         values = [c.value for c in children]
@@ -93,14 +101,14 @@ def explain(node: Node, event: dict) -> Explanation:
             value = None
         else:
             value = not decisive
-        return Explanation("AND" if isinstance(node, And) else "OR", to_text(node), value, None, children)
+        return Explanation("AND" if isinstance(node, And) else "OR", node, value, None, children)
     if isinstance(node, (Xor, Xnor)):
         left, right = explain(node.left, event), explain(node.right, event)
         if left.value is None or right.value is None:
             value = None
         else:
             value = (left.value != right.value) if isinstance(node, Xor) else (left.value == right.value)
-        return Explanation("XOR" if isinstance(node, Xor) else "XNOR", to_text(node), value, None, (left, right))
+        return Explanation("XOR" if isinstance(node, Xor) else "XNOR", node, value, None, (left, right))
     raise TypeError(f"not an expression node: {node!r}")
 
 
