@@ -656,7 +656,7 @@ def _from_columns(columns, n_events: int, schema: Schema, refusals: _Refusals) -
             attr = schema.attr_ids.get(name)
             if attr is None or column.null_count == len(column):
                 continue                # unknown, or absent from every event (wide, sparse tables: most columns)
-        column = _without_views(column)
+        column = without_views(column)
         if pa.types.is_map(column.type):
             _check_map_keys(column.type, name)
             column = _with_valid_utf8(column, name, schema, refusals, rank)
@@ -786,7 +786,7 @@ def _is_view(dtype: pa.DataType) -> bool:
     return pa.types.is_string_view(dtype) or pa.types.is_list_view(dtype) or pa.types.is_large_list_view(dtype)
 
 
-def _without_views(column):
+def without_views(column):
     """An event column (or a map's values) in the layouts this module's
     pyarrow kernels read: run-end encoded ones decoded, a dictionary of lists as its lists, string views
     as large strings (no take or filter kernel reads them, so neither a
@@ -797,15 +797,15 @@ def _without_views(column):
     tests/test_lists.py's views in any order)."""
     dtype = column.type
     if pa.types.is_run_end_encoded(dtype):          # runs of one value: the values, one a row
-        return _without_views(pc.run_end_decode(column))
+        return without_views(pc.run_end_decode(column))
     if pa.types.is_dictionary(dtype) and pa.types.is_string_view(dtype.value_type):
         if isinstance(column, pa.ChunkedArray):
-            return pa.chunked_array([_without_views(chunk) for chunk in column.chunks], pa.large_string())
+            return pa.chunked_array([without_views(chunk) for chunk in column.chunks], pa.large_string())
         return column.dictionary.cast(pa.large_string()).take(column.indices)
     if pa.types.is_dictionary(dtype) and _is_list_type(dtype.value_type):
         # a dictionary of lists (each cell its dictionary entry's list): the lists themselves
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-        lists = [_without_views(chunk.dictionary.take(chunk.indices)) for chunk in chunks]
+        lists = [without_views(chunk.dictionary.take(chunk.indices)) for chunk in chunks]
         return pa.chunked_array(lists) if isinstance(column, pa.ChunkedArray) else lists[0]
     if pa.types.is_string_view(dtype):
         return column.cast(pa.large_string())
@@ -813,7 +813,7 @@ def _without_views(column):
         return column
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    values = _without_views(pc.list_flatten(column))     # the cells' values in order, null cells skipped
+    values = without_views(pc.list_flatten(column))     # the cells' values in order, null cells skipped
     lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = np.zeros(len(column) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -942,7 +942,7 @@ def _map_list_cells(column, schema: Schema, refusals: _Refusals, rank: int, list
     element = _list_element_family(column.type.item_type)
     names, families = schema.attribute_arrays()
     rows, attr, entry, items = map_entries(column, names)
-    cells = _without_views(items).take(pa.array(entry, pa.int64()))
+    cells = without_views(items).take(pa.array(entry, pa.int64()))
     fits = np.array([families[a] is None or (families[a] in ELEMENT_OF and element in (_NULL_ELEMENTS,
                                                                                        ELEMENT_OF[families[a]]))
                      for a in attr.tolist()], bool)
@@ -1222,7 +1222,7 @@ def _map_cells(column, schema: Schema, refusals: _Refusals, rank: int):
     value_family = _arrow_family(column.type.item_type)
     names, families = schema.attribute_arrays()
     rows, attr, entry, items = map_entries(column, names)
-    items = _without_views(items)
+    items = without_views(items)
     family = _family_codes(families)[attr]
     # values of a type no family takes (structs, binary...) are wrong for any attribute of a family, as in a
     # column of their own; an attribute whose family is not fixed yet only reads their presence

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from engine.columnar import OP_NAMES, int64_ids, plain_strings
 from engine.errors import SchemaError
-from engine.events import exact_floats
+from engine.events import exact_floats, without_views
 from engine.expr import PATTERN_OPS, Op
 
 if TYPE_CHECKING:
@@ -187,6 +187,11 @@ def _predicates(column: pa.Array, ids: np.ndarray, name: str, attribute: str, op
     kind = column.type
     if column.null_count == len(column):         # no rule constrains it (a column of type null, often)
         return pa.table([pa.array([], f.type) for f in COLUMNAR_SCHEMA], schema=COLUMNAR_SCHEMA)
+    # list views and fixed-size lists as plain lists (what the pyarrow kernels below read), as events take them
+    column = without_views(column)
+    if pa.types.is_fixed_size_list(column.type):
+        column = column.cast(pa.large_list(column.type.value_type))
+    kind = column.type
     is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
     element = kind.value_type if is_list else kind
     if pa.types.is_dictionary(element):
