@@ -28,6 +28,7 @@ from engine.algorithms.opindex import OpIndexBSMatcher, OpIndexMatcher
 from engine.algorithms.options import OpIndexOptions
 from engine.compile import PredicateTable, Segment
 from engine.parse import parse
+from gpu_kernels import opcodes
 from gpu_kernels.opindex.layout import OpIndexArrays
 from tests import strategies
 from tests.test_opindex_updates import HYPOTHESIS, SCHEMA, expected, run_matcher
@@ -361,3 +362,27 @@ def test_an_index_built_with_an_event_log_loads_without_it(tmp_path):
         assert [m.tolist() for m in loaded.match_batch(events)] == want
     for options in ({"event_log": np.array([1, 5, 9], np.int64)}, {"event_log": np.array([5, 1, 9], np.int64)}):
         assert [m.tolist() for m in Index.load(path, options=options).match_batch(events)] == want
+
+
+def test_a_verify_entry_naming_a_predicate_of_another_attribute_is_refused():
+    """A VERIFY entry is tested on the event's value and list token of its
+    run's attribute: re-pointed (its checksum recomputed) at the list
+    predicate of another attribute, it read a string's token as a list row
+    and crashed the process at the first match.  The load refuses it; the
+    entries as built pass."""
+    schema = {"ln": "list<numeric>", "t": "string", "a": "numeric"}
+    index = Index(algorithm="opindex", backend="cpu", schema=schema)
+    index.add_many([1, 2, 3], ["t IS NOT NULL AND a > 1", "ln IS EMPTY", "t != 'q' AND t IS NOT NULL"])
+    index.merge()
+    index.match({})
+    matcher = index._matcher
+    meta, arrays = matcher.to_arrays()
+    segment = reloaded(matcher.segment, matcher.schema)
+    settings = build_settings(matcher)
+    assert OpIndexMatcher.from_arrays(segment, settings, meta, arrays).arrays.side_pid.tolist() == \
+        matcher.arrays.side_pid.tolist()
+    list_pid = int(np.flatnonzero(matcher.segment.predicates.op == opcodes.IS_EMPTY)[0])
+    crafted = {**arrays, "side_pid": np.full_like(arrays["side_pid"], list_pid)}
+    assert len(crafted["side_pid"]) and not np.array_equal(crafted["side_pid"], arrays["side_pid"])
+    with pytest.raises(ValueError, match="names a predicate of another attribute than its run's"):
+        OpIndexMatcher.from_arrays(segment, settings, meta, crafted)

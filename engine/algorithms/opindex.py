@@ -1251,7 +1251,7 @@ class OpIndexMatcher(HostMatcher):
         if len(index.pivot_of_attr) != n_attrs:
             raise ValueError(f"saved OpIndex structure: pivot_of_attr has {len(index.pivot_of_attr)} attributes, "
                              f"meta {n_attrs}")
-        check_arrays(index, n_subs)
+        check_arrays(index, n_subs, x["attr"])
 
         # ---- the bookkeeping of merges and recodes
         sub_form, sub_freq = arrays["sub_form"], arrays["sub_freq"]

@@ -239,14 +239,19 @@ def _ranges(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     return np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(int(lens.sum()))
 
 
-def check_arrays(arrays: OpIndexArrays, n_subs: int) -> None:
+def check_arrays(arrays: OpIndexArrays, n_subs: int, x_attr: np.ndarray | None = None) -> None:
     """Raise ValueError unless ``arrays`` (read from a file) keep the
     invariants every kernel that reads them relies on: dtypes, lengths, CSR
     offsets, and every index within the array it indexes -- partitions,
     buckets, runs, entries, counters (an entry's within its own partition),
     clause slots, side arrays, extended-table rows (a PREFIX entry's a LIKE
-    predicate), subscription positions (``< n_subs``) -- and operands as
-    ranks within ``vals``.  Vectorised: no loop over entries or counters."""
+    predicate; with ``x_attr``, the rows' attributes, a VERIFY or PREFIX
+    entry's predicate on the attribute of the entry's run: the kernel tests
+    it on the event's value and list token of that attribute, and a list
+    predicate of another attribute read a string's token as a list row and
+    crashed the process), subscription positions (``< n_subs``) -- and
+    operands as ranks within ``vals``.  Vectorised: no loop over entries or
+    counters."""
     a = arrays
     for name, dtypes in DTYPES.items():
         x = getattr(a, name)
@@ -355,6 +360,13 @@ def check_arrays(arrays: OpIndexArrays, n_subs: int) -> None:
     prefix = ops[special] == L_PREFIX
     if prefix.any() and (a.x_op[a.side_pid[_ranges(lo[prefix], hi[prefix])]] != LIKE).any():
         _fail("a PREFIX entry names a predicate that is not a LIKE")
+    if x_attr is not None:
+        if len(x_attr) != n_x:
+            _fail(f"x_attr has {len(x_attr)} rows, x_op {n_x}")
+        entry_attr = np.repeat(a.run_attr.astype(np.int64), np.diff(a.run_start))
+        entries = _ranges(a.list_offsets[special], a.list_offsets[special + 1])
+        if not np.array_equal(np.asarray(x_attr, np.int64)[a.side_pid[_ranges(lo, hi)]], entry_attr[entries]):
+            _fail("a VERIFY or PREFIX entry names a predicate of another attribute than its run's")
     verify = _ranges(lo[~prefix], hi[~prefix])
     code = a.side_hi[verify]
     # (0: read through the predicate row, as an index saved before the codes is)
