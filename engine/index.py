@@ -49,7 +49,7 @@ from engine.backend import array_namespace, resolve_backend
 from engine.columnar import compile_columnar, texts_as_columns
 from engine.compile import (Segment, compile_expressions, concat_segments, merge_segments, program_depths,
                             sorted_by_id, without_unused_predicates)
-from engine.errors import IndexFileError
+from engine.errors import BexmatchError, IndexFileError
 from engine.expr import AstChecks, Node, predicates
 from engine.forks import renew_after_fork
 from engine.index_file import check_saved_options, needed_depth, read_index_file, restore_contents, write_index_file
@@ -532,6 +532,24 @@ class Index:
                                     f"(the index is strict: {self.algorithm} would refuse it)") from None
             residual[position] = refusal is not None
         return residual
+
+    def _check_residual_flags(self, segment: Segment, path) -> None:
+        """Refuse (IndexFileError) a file whose residual flags are not what
+        its algorithm decides at its ``dnf_limit``, where no saved structure
+        will check them: a subscription flagged native beyond the limit
+        failed every match, at the build of the first (PS-Tree saves no
+        structure)."""
+        try:
+            expected = self._beyond_the_limit(segment, path)
+        except BexmatchError as exc:              # (a strict index: the file holds what its algorithm refuses)
+            raise IndexFileError(f"{path}: {exc}") from None
+        flags = np.zeros(len(segment), bool) if segment.residual is None else segment.residual
+        if not np.array_equal(flags, expected):
+            position = int(np.flatnonzero(flags != expected)[0])
+            raise IndexFileError(f"{path}: not a valid bexmatch index file (subscription "
+                                 f"{int(segment.sub_ids[position])} is flagged "
+                                 f"{'residual' if flags[position] else 'native'}, but {self.algorithm} at dnf_limit "
+                                 f"{self.dnf_limit} makes it {'residual' if expected[position] else 'native'})")
 
     def _compile_columnar(self, table) -> Segment:
         if isinstance(table, pa.RecordBatch):
@@ -1069,17 +1087,19 @@ class Index:
         index = cls(algorithm=algorithm, backend=backend, dnf_limit=meta["dnf_limit"],
                     options={**saved_options, **(options or {})}, strict=meta.get("strict", False))
         index._schema = schema
-        # the file's residual flags are its algorithm's and backend's: another algorithm leaves other
-        # expressions to the residual matcher, and a cuda index those too deep for a device thread
-        residual = segment.residual if same else index._beyond_the_limit(segment, path)
-        if backend == "cuda" and algorithm != residual_split.RESIDUAL_ALGORITHM and len(segment):
-            residual = index._too_deep_for_the_device(segment) | (False if residual is None else residual)
-        segment.residual = residual if residual is not None and residual.any() else None
         saved = None
         if same and not rebuild and "matcher" in meta and index._options.same_structure(saved_options, backend):
             prefix = "matcher."
             saved = (meta["matcher"]["meta"], {name[len(prefix):]: array for name, array in arrays.items()
                                                if name.startswith(prefix)})
+        # the file's residual flags are its algorithm's and backend's: another algorithm leaves other
+        # expressions to the residual matcher, and a cuda index those too deep for a device thread
+        residual = segment.residual if same else index._beyond_the_limit(segment, path)
+        if same and saved is None:
+            index._check_residual_flags(segment, path)
+        if backend == "cuda" and algorithm != residual_split.RESIDUAL_ALGORITHM and len(segment):
+            residual = index._too_deep_for_the_device(segment) | (False if residual is None else residual)
+        segment.residual = residual if residual is not None and residual.any() else None
         try:
             index._install_main(segment, saved)
         except (ValueError, TypeError, KeyError, IndexError) as exc:

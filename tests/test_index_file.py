@@ -535,6 +535,28 @@ def test_a_file_loaded_as_another_algorithm_leaves_to_the_residual_matcher_what_
     assert [m.tolist() for m in Index.load(tmp_path / "again.bexidx").match_batch(events)] == want
 
 
+@pytest.mark.parametrize("algorithm", ["pstbloom", "psthash", "opindex"])
+def test_residual_flags_or_a_dnf_limit_the_subscriptions_contradict_are_refused(tmp_path, algorithm):
+    """A file whose residual flags (or dnf_limit) say an expression past the
+    limit is the algorithm's own: PS-Tree, which saves no structure to check
+    them against, loaded it, and every match then raised ExpressionTooLarge
+    at the build.  The flags are checked at the load for every algorithm."""
+    index = Index(algorithm=algorithm, backend="cpu", dnf_limit=4)
+    index.add_many([2, 3], [_LIMITED[2], _LIMITED[3]])         # a DNF of 5 conjunctions: residual here
+    index.save(tmp_path / "i.bexidx")
+    data = (tmp_path / "i.bexidx").read_bytes()
+    meta, arrays = members(data)
+    assert arrays["residual"].tolist() == [True, False] and Index.load(tmp_path / "i.bexidx").match(
+        {"c0": 0, "d1": 1}).tolist() == [3]
+    crafted = tmp_path / "crafted.bexidx"
+    for bad_meta, bad_arrays in ((meta, {**arrays, "residual": arrays["residual"][::-1].copy()}),
+                                 (meta, {**arrays, "residual": np.zeros(2, bool)}),
+                                 ({**meta, "dnf_limit": 64}, arrays)):         # (within 64: native)
+        crafted.write_bytes(rewritten(bad_meta, bad_arrays))
+        with pytest.raises(IndexFileError, match="crafted.bexidx"):
+            Index.load(crafted)
+
+
 def test_a_strict_file_loaded_as_an_algorithm_that_refuses_one_of_its_expressions(tmp_path):
     index = Index(algorithm="opindex", backend="cpu", dnf_limit=8, strict=True)
     index.add_many([1, 3], [_LIMITED[1], _LIMITED[3]])              # CNF of 5 clauses: opindex takes it
