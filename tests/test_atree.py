@@ -812,7 +812,8 @@ def test_a_dag_saved_in_format_1_loads_with_the_children_its_nodes_have_as_those
 
 
 @pytest.mark.parametrize("craft", ["child_out_of_range", "uses", "refs", "born_out_of_range", "leaf_without_predicate",
-                                   "float_kind", "root_out_of_range", "missing", "duplicate_key"])
+                                   "float_kind", "root_out_of_range", "missing", "duplicate_key", "leaves_swapped",
+                                   "program_changed"])
 def test_a_crafted_saved_dag_is_a_file_error(tmp_path, craft):
     from engine import IndexFileError
     from tests.test_index_file import members, rewritten
@@ -841,6 +842,16 @@ def test_a_crafted_saved_dag_is_a_file_error(tmp_path, craft):
         arrays["matcher.roots"] = arrays["matcher.roots"] + 1000
     elif craft == "missing":
         del arrays["matcher.key_idx"]
+    elif craft == "leaves_swapped":         # two subscriptions' leaves (both 'a = 1' and 'd > 4' are a leaf each)
+        pid = arrays["matcher.leaf_pid"].copy()
+        leaves = np.flatnonzero(pid >= 0)
+        pid[leaves[0]], pid[leaves[-1]] = pid[leaves[-1]], pid[leaves[0]]
+        arrays["matcher.leaf_pid"] = pid
+    elif craft == "program_changed":        # the segment's: a program names another predicate than its DAG's
+        kind, arg = arrays["prog_kind"], arrays["prog_arg"].copy()
+        first_leaf = int(np.flatnonzero(kind == LEAF)[0])
+        arg[first_leaf] = (arg[first_leaf] + 1) % (int(arg[kind == LEAF].max()) + 1)
+        arrays["prog_arg"] = arg
     else:
         keyed = np.flatnonzero(arrays["matcher.key_len"] > 0)
         key_len = arrays["matcher.key_len"].copy()

@@ -569,24 +569,33 @@ def test_a_strict_file_loaded_as_an_algorithm_that_refuses_one_of_its_expression
 
 def test_rebuild_builds_the_structure_from_the_subscriptions(tmp_path):
     """The saved structure is checked to be safe to run (bounds, shapes,
-    cross-references), not to be the one the subscriptions build: an A-Tree
-    whose roots were swapped and whose checksums were made to match again
-    loads and answers for the wrong subscriptions.  ``rebuild=True`` ignores
-    the saved structure: the answers and the updates after are the
-    subscriptions' own."""
+    cross-references, each r-node reaching only its own predicates), not to
+    be the one the subscriptions build: an A-Tree whose roots were swapped
+    between two expressions of the same predicates, its checksums made to
+    match again, loads and answers for the wrong subscriptions (swapped
+    between expressions of other predicates, it is refused).
+    ``rebuild=True`` ignores the saved structure: the answers and the
+    updates after are the subscriptions' own."""
     index = Index(algorithm="atree", backend="cpu")
-    index.add_many([1, 2, 3], ["a = 1 AND b = 2", "a = 1 OR c = 3", "b = 2 AND c = 3"])
+    index.add_many([1, 2, 3], ["a = 1 AND b = 2", "a = 1 OR b = 2", "b = 2 AND c = 3"])
     path = tmp_path / "i.bexidx"
     index.save(path)
     meta, arrays = members(path.read_bytes())
-    arrays["matcher.roots"] = arrays["matcher.roots"][[1, 0, 2]]
-    path.write_bytes(rewritten(meta, arrays))
-    events = [{"a": 1, "b": 2}, {"c": 3}, {"a": 1}]
+    events = [{"a": 1, "b": 2}, {"c": 3, "b": 2}, {"a": 1}]
     want = [m.tolist() for m in index.match_batch(events)]
-    assert Index.load(path)._state.source.kind == "reuse"
-    loaded = Index.load(path, rebuild=True)
-    assert loaded._state.source.kind != "reuse"
-    assert [m.tolist() for m in loaded.match_batch(events)] == want == [[1, 2], [2], [2]]
+    assert want == [[1, 2], [2, 3], [2]]
+    for swap, refused in (([2, 1, 0], True), ([1, 0, 2], False)):
+        path.write_bytes(rewritten(meta, {**arrays, "matcher.roots": arrays["matcher.roots"][swap]}))
+        if refused:
+            with pytest.raises(IndexFileError, match="reaches a predicate its expression does not hold"):
+                Index.load(path)
+        else:
+            wrong = Index.load(path)
+            assert wrong._state.source.kind == "reuse" and [m.tolist() for m in wrong.match_batch(events)] == \
+                [[1, 2], [1, 3], [1]]
+        loaded = Index.load(path, rebuild=True)
+        assert loaded._state.source.kind != "reuse"
+        assert [m.tolist() for m in loaded.match_batch(events)] == want
     loaded.remove(1)
     loaded.remove(3)
     loaded.merge()

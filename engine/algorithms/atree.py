@@ -49,7 +49,7 @@ from engine.algorithms.host_tasks import Runs, match_in_tasks
 from engine.compile import Segment
 from gpu_kernels.atree import cpu as K
 from gpu_kernels.atree import sliced as S
-from gpu_kernels.atree.build import ArrayDag, PredicateKeys
+from gpu_kernels.atree.build import ArrayDag, PredicateKeys, first_foreign_leaf
 from gpu_kernels.atree.dag import ATreeDag
 from gpu_kernels.atree.layout import flatten, leaf_index
 from gpu_kernels.opcodes import AND, LEAF, OR, XNOR, XOR
@@ -174,8 +174,11 @@ class ATreeMatcher(HostMatcher):
         new.__dict__.update(self.__dict__)
         new.schema = schema
         new.segment = new._coded(segment)
-        table = new.segment.predicates
-        new.leaf_index = leaf_index(self.arrays, table.op, table.lo, table.hi, table.set_offsets, table.set_values)
+        table, old = new.segment.predicates, self.segment.predicates
+        if not (np.array_equal(table.lo, old.lo) and np.array_equal(table.hi, old.hi)
+                and np.array_equal(table.set_values, old.set_values)):      # (else no code of its leaves moved)
+            new.leaf_index = leaf_index(self.arrays, table.op, table.lo, table.hi, table.set_offsets,
+                                        table.set_values)
         new.leaf_work = (0, 0)
         return new
 
@@ -260,6 +263,16 @@ class ATreeMatcher(HostMatcher):
         roots = np.asarray(arrays["roots"], np.int64)
         if len(roots) != len(new.segment) or (len(roots) and (roots.min() < 0 or roots.max() >= len(new.dag.kind))):
             raise ValueError("saved A-Tree: the r-nodes do not fit the segment's subscriptions")
+        child_len = np.asarray(arrays["child_len"], np.int64)
+        child_off = np.concatenate(([0], np.cumsum(child_len))).astype(np.int64)
+        seg = new.segment
+        foreign = first_foreign_leaf(roots, child_off, np.asarray(arrays["child_idx"], np.int64),
+                                     np.asarray(arrays["leaf_pid"], np.int64), seg.prog_offsets.astype(np.int64),
+                                     seg.prog_kind.astype(np.int64), seg.prog_arg.astype(np.int64),
+                                     len(seg.predicates))
+        if foreign >= 0:
+            raise ValueError(f"saved A-Tree: subscription {int(seg.sub_ids[foreign])}'s r-node reaches a predicate "
+                             f"its expression does not hold")
         new.roots = roots
         new.merges = meta["merges"]
         new._flatten(_predicate_keys(new.segment))

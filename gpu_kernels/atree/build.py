@@ -1291,4 +1291,39 @@ def _gathered(pool: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.nda
     return pool[np.repeat(np.asarray(start, np.int64) - offsets, length) + np.arange(total)]
 
 
-__all__ = ["ArrayDag"]
+@njit(cache=True)
+def first_foreign_leaf(roots, child_off, child_idx, leaf_pid, prog_offsets, prog_kind, prog_arg, n_preds):
+    """The first subscription position whose r-node (``roots``) reaches a
+    leaf of a predicate its program (postfix, ``LEAF`` instructions naming
+    predicate ids) does not hold, or -1: a saved DAG checked against its
+    segment -- a leaf re-pointed at another subscription's predicate
+    answered for the wrong one, and the first merge removing that one
+    found a leaf of a predicate gone.  One depth-first walk per r-node
+    over the nodes it reaches (each once: a cycle ends the walk too)."""
+    n = len(leaf_pid)
+    node_seen = np.full(n, -1, np.int64)
+    pred_held = np.full(n_preds, -1, np.int64)
+    stack = np.empty(max(n, 1), np.int64)
+    for p in range(len(roots)):
+        for at in range(prog_offsets[p], prog_offsets[p + 1]):
+            if prog_kind[at] == LEAF:
+                pred_held[prog_arg[at]] = p
+        stack[0] = roots[p]
+        node_seen[roots[p]] = p
+        top = 1
+        while top > 0:
+            top -= 1
+            node = stack[top]
+            pid = leaf_pid[node]
+            if pid >= 0 and (pid >= n_preds or pred_held[pid] != p):
+                return p
+            for c in range(child_off[node], child_off[node + 1]):
+                child = child_idx[c]
+                if node_seen[child] != p:
+                    node_seen[child] = p
+                    stack[top] = child
+                    top += 1
+    return -1
+
+
+__all__ = ["ArrayDag", "first_foreign_leaf"]
