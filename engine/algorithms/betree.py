@@ -411,16 +411,14 @@ class BETreeMatcher(HostMatcher):
         is read again, as a merge reads it.)"""
         if segment is self.segment:
             return self
-        if segment.predicates.lo is None:
-            segment = segment.coded(schema)
         recoded = recoded_units(self.units, self.schema, segment, schema)
         if recoded is None:
-            new = self._derived(segment, schema)
+            new = self._derived(segment if segment.predicates.lo is not None else segment.coded(schema), schema)
             new._set_tree(self.tree)         # the leaf arrays hold the predicates' codes inline
             return new
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
-        new.segment, new.schema, new.units = segment, schema, recoded.units
+        new.segment, new.schema, new.units = recoded.segment, schema, recoded.units
         new.str_map = string_map(schema, self.base_strings)
         if recoded.units is not self.units:       # (else no code of its predicates moved)
             new.leaf = leaf_values(self.leaf.l_head, self.leaf.v_pid, recoded.units.rows)

@@ -560,13 +560,11 @@ class _PSTreeMatcher(HostMatcher):
         dictionary).  This matcher is unchanged."""
         if segment is self.segment:
             return self
-        if segment.predicates.lo is None:
-            segment = segment.coded(schema)
         recoded = recoded_units(self.units, self.schema, segment, schema)
         if recoded is None:
             return self.rebuilt(segment, schema)
         new = copy.copy(self)
-        new.segment, new.schema = segment, schema
+        new.segment, new.schema = recoded.segment, schema
         if recoded.units is self.units:
             return new                            # (no code of its predicates moved: boundaries and checks hold)
         spaces = self.spaces

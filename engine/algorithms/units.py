@@ -171,6 +171,7 @@ def _extended_rows(preds, negated: dict) -> PredicateRows:
 class Recoded(NamedTuple):
     """Units whose rows were mapped to a grown dictionary's codes (:func:`recoded_units`)."""
 
+    segment: Segment         # the segment, coded under the grown dictionary
     units: Units
     code_map: np.ndarray     # old string code 2r + 1 -> new code, by r (gpu_kernels.string_codes)
     string_attr: np.ndarray  # bool per attribute id: a string attribute
@@ -179,16 +180,20 @@ class Recoded(NamedTuple):
 def recoded_units(units: Units, old_schema, segment: Segment, schema) -> Recoded | None:
     """``units`` -- read from a segment coded under ``old_schema``'s string
     dictionary -- with their rows in the codes of ``schema``'s, a grown
-    one; ``segment``: the same subscriptions coded under ``schema``.  The
+    one; ``segment``: the same subscriptions (coded here under ``schema``
+    where they are not yet).  The
     units themselves do not change (a recode moves codes, not predicates),
     so nothing is rewritten to DNF again; where no code of theirs moved,
     the result holds ``units`` itself (what was derived from them still
     holds).  None when ``segment`` is not the same rows or the mapped rows
     are not its own codes (``old_schema`` not the dictionary the units were
     coded under): the caller builds instead."""
+    if old_schema is None or schema is None:
+        return None
+    segment = segment.coded(schema) if segment.predicates.lo is None else segment
     preds = segment.predicates
     rows = units.rows
-    if old_schema is None or schema is None or preds.lo is None or len(preds.op) > len(rows.op):
+    if len(preds.op) > len(rows.op):
         return None
     n, n_values = len(preds.op), int(preds.set_offsets[-1])
     if not (np.array_equal(rows.op[:n], preds.op) and np.array_equal(rows.attr[:n], preds.attr)
@@ -203,8 +208,8 @@ def recoded_units(units: Units, old_schema, segment: Segment, schema) -> Recoded
         return None
     if np.array_equal(mapped.lo, rows.lo) and np.array_equal(mapped.hi, rows.hi) \
             and np.array_equal(mapped.set_values, rows.set_values):
-        return Recoded(units, code_map, string_attr)     # (no code of these rows moved: the very same units)
-    return Recoded(Units(units.sub, units.offsets, units.pids, units.first, mapped), code_map, string_attr)
+        return Recoded(segment, units, code_map, string_attr)     # (no code of these rows moved: the same units)
+    return Recoded(segment, Units(units.sub, units.offsets, units.pids, units.first, mapped), code_map, string_attr)
 
 
 def check_dnf(node: Node, limit: int, algorithm: str, paper: str) -> None:
