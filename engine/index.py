@@ -533,14 +533,17 @@ class Index:
             residual[position] = refusal is not None
         return residual
 
-    def _check_residual_flags(self, segment: Segment, path) -> None:
+    def _check_residual_flags(self, segment: Segment, path, saved_backend: str) -> None:
         """Refuse (IndexFileError) a file whose residual flags are not what
-        its algorithm decides at its ``dnf_limit``, where no saved structure
-        will check them: a subscription flagged native beyond the limit
-        failed every match, at the build of the first (PS-Tree saves no
-        structure)."""
+        its algorithm decides at its ``dnf_limit`` (and, saved from a cuda
+        index, for programs too deep for a device thread), where no saved
+        structure will check them: a subscription flagged native beyond the
+        limit failed every match, at the build of the first (PS-Tree saves
+        no structure)."""
         try:
             expected = self._beyond_the_limit(segment, path)
+            if saved_backend == "cuda" and self.algorithm != residual_split.RESIDUAL_ALGORITHM and len(segment):
+                expected |= self._too_deep_for_the_device(segment)
         except BexmatchError as exc:              # (a strict index: the file holds what its algorithm refuses)
             raise IndexFileError(f"{path}: {exc}") from None
         flags = np.zeros(len(segment), bool) if segment.residual is None else segment.residual
@@ -1096,7 +1099,7 @@ class Index:
         # expressions to the residual matcher, and a cuda index those too deep for a device thread
         residual = segment.residual if same else index._beyond_the_limit(segment, path)
         if same and saved is None:
-            index._check_residual_flags(segment, path)
+            index._check_residual_flags(segment, path, meta["backend"])
         if backend == "cuda" and algorithm != residual_split.RESIDUAL_ALGORITHM and len(segment):
             residual = index._too_deep_for_the_device(segment) | (False if residual is None else residual)
         segment.residual = residual if residual is not None and residual.any() else None

@@ -557,6 +557,30 @@ def test_residual_flags_or_a_dnf_limit_the_subscriptions_contradict_are_refused(
             Index.load(crafted)
 
 
+def test_a_cuda_file_s_flags_for_programs_too_deep_for_a_device_thread_load(tmp_path):
+    """A cuda index leaves programs deeper than a device thread's stack to
+    the residual matcher and saves those flags: the load's check of the
+    flags takes them as a cuda index makes them (on cpu too), and refuses
+    them in a file saved from a cpu index, which never sets them."""
+    from gpu_kernels.scan import MAX_STACK_DEPTH
+
+    wide = " AND ".join(f"w{k} = {k}" for k in range(MAX_STACK_DEPTH + 1))
+    index = Index(algorithm="pstbloom", backend="cpu")
+    index.add_many([1, 2], [wide, "a = 1"])
+    index.save(tmp_path / "i.bexidx")
+    meta, arrays = members((tmp_path / "i.bexidx").read_bytes())
+    assert "residual" not in arrays
+    crafted = tmp_path / "deep.bexidx"
+    flags = {**arrays, "residual": np.array([1, 0], np.int8)}
+    crafted.write_bytes(rewritten({**meta, "backend": "cuda"}, flags))
+    loaded = Index.load(crafted, backend="cpu")
+    event = {f"w{k}": k for k in range(MAX_STACK_DEPTH + 1)} | {"a": 1}
+    assert loaded.statistics()["residual"] == 1 and loaded.match(event).tolist() == [1, 2]
+    crafted.write_bytes(rewritten(meta, flags))
+    with pytest.raises(IndexFileError, match="subscription 1 is flagged residual, but pstbloom"):
+        Index.load(crafted, backend="cpu")
+
+
 def test_a_strict_file_loaded_as_an_algorithm_that_refuses_one_of_its_expressions(tmp_path):
     index = Index(algorithm="opindex", backend="cpu", dnf_limit=8, strict=True)
     index.add_many([1, 3], [_LIMITED[1], _LIMITED[3]])              # CNF of 5 clauses: opindex takes it
