@@ -562,6 +562,20 @@ def test_a_like_pattern_re2_cannot_compile_is_refused_by_every_route():
     assert idx.match({"s": "a" * 2000}).tolist() == [3]
 
 
+@pytest.mark.parametrize("unit", ["%", "_", "a%", "%_", "\U0010ffff", "\\", ".", "(", "é%"])
+def test_a_like_pattern_short_enough_to_go_unchecked_always_compiles(unit):
+    """The dependency edge ``pattern_error`` relies on: RE2 compiles the
+    translation of any LIKE pattern of ``LIKE_ALWAYS_COMPILES`` characters
+    (so patterns that short are not compiled when added); a LIKE pattern
+    matches its own text."""
+    import re2
+
+    from engine.expr import LIKE_ALWAYS_COMPILES, QUIET_RE2, like_to_regex
+
+    pattern = (unit * LIKE_ALWAYS_COMPILES)[:LIKE_ALWAYS_COMPILES]
+    assert re2.compile(like_to_regex(pattern), QUIET_RE2).fullmatch(pattern) is not None    # (it matches itself)
+
+
 def test_columnar_decimals_are_converted_exactly():
     """Arrow's decimal -> float64 cast made Decimal('0.1') 0.09999999999999999
     in a decimal128(38, 19) column, so ``price = 0.1`` never matched 0.1; the
