@@ -489,7 +489,7 @@ def _updates(args, parser, algorithms, algorithm_options) -> int:
                       f"with {algorithm}'s derived matcher, {cost['full_s']:.3f} s with a full rebuild "
                       f"({cost['full_s'] / cost['incremental_s']:.1f}x); same answers: {cost['same_answers']}")
                 records.append(cost)
-                failed |= _wrong_after_updates(cost, f"{workload.name} {algorithm}")
+                failed |= _wrong(cost, f"{workload.name} {algorithm}", _AFTER_UPDATES)
             rates = _attempt(args, f"{workload.name} {algorithm}", lambda: update_rates(
                 workload, algorithm, args.updates, repeats=args.repeats, seed=args.seed,
                 options=bench_algorithms.resolve_options(algorithm, chosen, workload)))
@@ -498,18 +498,21 @@ def _updates(args, parser, algorithms, algorithm_options) -> int:
                 continue
             print(_rates_line(rates) + f"; same answers: {rates['same_answers']}")
             records.append(rates)
-            failed |= _wrong_after_updates(rates, f"{workload.name} {algorithm}")
+            failed |= _wrong(rates, f"{workload.name} {algorithm}", _AFTER_UPDATES)
     return failed | (_write("--csv", args.csv, write_records, records) if args.csv else 0)
 
 
-def _wrong_after_updates(record: dict, where: str) -> int:
-    """1 (and the reason on stderr) when the updated index's answers were
-    not scan's for its sampled subscriptions
-    (:func:`engine.bench.costs.sampled_answers_agree`)."""
+_AFTER_UPDATES = ("after the updates, the index's answers differ from scan's for the same subscriptions "
+                  "(a sample of them: engine.bench.costs.sampled_answers_agree)")
+_AFTER_LOAD = "the loaded index's answers differ from those of the index it was saved from"
+
+
+def _wrong(record: dict, where: str, what: str) -> int:
+    """The epilog's exit status 1, and ``what`` went wrong on stderr, when
+    a record's answers were not the ones checked against; else 0."""
     if record["same_answers"]:
         return 0
-    print(f"bexmatch bench: {where}: WRONG: after the updates, the index's answers differ from scan's for "
-          f"the same subscriptions", file=sys.stderr)
+    print(f"bexmatch bench: {where}: WRONG: {what}", file=sys.stderr)
     return 1
 
 
@@ -538,10 +541,7 @@ def _load(args, parser, algorithms, backend, algorithm_options) -> int:
                   + f" than the build); structure restored: {cost['structure_restored']}; "
                   f"same answers: {cost['same_answers']}")
             records.append(cost)
-            if not cost["same_answers"]:      # (the epilog's exit status 1: an answer was wrong)
-                print(f"bexmatch bench: {where}: WRONG: the loaded index's answers differ from those of the "
-                      f"index it was saved from", file=sys.stderr)
-                failed = 1
+            failed |= _wrong(cost, where, _AFTER_LOAD)
     return failed | (_write("--csv", args.csv, write_records, records) if args.csv else 0)
 
 
