@@ -226,7 +226,7 @@ def read_events(spark, path: str):
             raise JobError(f"--events {path!r}: holds lines that are not JSON objects (Spark's reader would "
                            f"make each an event with no attributes); `bexmatch match --events {path}` names "
                            f"the first one")
-        _refuse_lone_surrogates(spark, path)
+        _refuse_values_spark_would_change(spark, path, events)
         return events
     try:
         return spark.read.parquet(path)
@@ -247,41 +247,94 @@ _CORRUPT_RECORD = "_corrupt_record"
 #: low one not preceded by a high one's (a candidate only: the backslash may itself be escaped)
 _LONE_SURROGATE_ESCAPE = (r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
                           r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+#: a JSON integer of 16 digits or more (2**53 has 16), as a Java regex (a candidate only: it may be in a string)
+_LONG_INTEGER = r"[0-9]{16,}(?![0-9.eE])"
 
 
-def _refuse_lone_surrogates(spark, path: str) -> None:
-    """A JSON string may escape a lone surrogate (``"\\ud800"``), which is
-    not Unicode: Spark's reader turns it into ``'?'``, which the engine would
-    match as that.  ``bexmatch match`` refuses such a line; so does the job,
-    by a scan of the text for such escapes (each candidate line read by
-    Python's JSON to be sure)."""
+def _refuse_values_spark_would_change(spark, path: str, events) -> None:
+    """Two JSON values that Spark's reader changes without a word, which
+    ``bexmatch match`` (Python's JSON, value by value) refuses:
+
+    * a lone surrogate escaped in a string (``"\\ud800"``), not Unicode,
+      which Spark's reader makes ``'?'`` -- and the engine would match as that;
+    * an integer beyond ±2**53 where Spark reads floating point (its column
+      holds a fraction somewhere): ``9007199254740993`` becomes
+      ``9007199254740992.0``, and would match ``x = 9007199254740992``.  (In
+      an integer column it stays exact, and the engine refuses it event by
+      event, as ``--on-bad-event`` says.)
+
+    The lines holding a candidate (a regex over the text) are read by
+    Python's JSON on the executors, to be sure; the first is named."""
     from pyspark.sql import functions as F
 
+    changing, floating = _value_spark_would_change, _floating(events.schema)
+    candidates = spark.read.text(path).filter(F.col("value").rlike(_LONE_SURROGATE_ESCAPE)
+                                              | F.col("value").rlike(_LONG_INTEGER))
+    found = candidates.rdd.map(lambda row: (row["value"], changing(row["value"], floating))) \
+        .filter(lambda pair: pair[1] is not None).take(1)
+    if not found:
+        return
+    line, (what, value) = found[0]
+    if what == "surrogate":
+        raise JobError(f"--events {path!r}: the string {value[:80]!r} in the line {line[:200]!r} is not valid "
+                       f"Unicode (a lone surrogate), which Spark's JSON reader would make '?'; `bexmatch match "
+                       f"--events {path}` names the line")
+    raise JobError(f"--events {path!r}: the integer {value} in the line {line[:200]!r} is beyond ±2**53, and "
+                   f"Spark's JSON reader would round it to {float(value):.17g} (it reads the column as floating "
+                   f"point: a fraction is in it elsewhere); `bexmatch match --events {path}` names the line")
+
+
+def _floating(data_type):
+    """Where a Spark type reads JSON numbers as floating point, as plain
+    data for the executors: True for a float or double, a dict of the
+    fields' (a struct; ``None`` the key for a map's values), a one-item
+    list for an array's elements, False for anything else."""
+    from pyspark.sql.types import ArrayType, DoubleType, FloatType, MapType, StructType
+
+    if isinstance(data_type, (DoubleType, FloatType)):
+        return True
+    if isinstance(data_type, StructType):
+        return {field.name: _floating(field.dataType) for field in data_type.fields}
+    if isinstance(data_type, MapType):
+        return {None: _floating(data_type.valueType)}
+    if isinstance(data_type, ArrayType):
+        return [_floating(data_type.elementType)]
+    return False
+
+
+def _value_spark_would_change(line: str, floating):
+    """``("surrogate", the string)`` or ``("integer", the int)``: the first
+    value of a JSON Lines ``line`` that Spark's reader would change
+    (:func:`_refuse_values_spark_would_change`), ``floating`` saying where
+    it reads floating point (:func:`_floating` of its schema); else None."""
     from engine.expr import lone_surrogate
+    from engine.schema import MAX_EXACT_INT
 
-    candidates = spark.read.text(path).filter(F.col("value").rlike(_LONE_SURROGATE_ESCAPE)).limit(100).collect()
-    for row in candidates:
-        try:
-            found = _first_lone_surrogate(json.loads(row["value"]), lone_surrogate)
-        except (ValueError, RecursionError):
-            continue        # (not one JSON value: not an event line Spark read either)
-        if found is not None:
-            raise JobError(f"--events {path!r}: the string {found[:80]!r} in the line {row['value'][:200]!r} is not "
-                           f"valid Unicode (a lone surrogate), which Spark's JSON reader would make '?'; `bexmatch "
-                           f"match --events {path}` names the line")
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError):
+        return None         # (not one JSON value: not an event line Spark read either)
 
+    def first(value, where):
+        if isinstance(value, str):
+            return ("surrogate", value) if lone_surrogate(value) is not None else None
+        if type(value) is int:
+            return ("integer", value) if where is True and abs(value) > MAX_EXACT_INT else None
+        if isinstance(value, dict):
+            fields = where if isinstance(where, dict) else {}
+            items = ((key, item, fields.get(key, fields.get(None, False))) for key, item in value.items())
+        elif isinstance(value, list):
+            inner = where[0] if isinstance(where, list) else False
+            items = ((None, item, inner) for item in value)
+        else:
+            return None
+        for key, item, inner in items:
+            found = (first(key, False) if key is not None else None) or first(item, inner)
+            if found is not None:
+                return found
+        return None
 
-def _first_lone_surrogate(value, lone_surrogate):
-    """The first string (key or value) in a JSON value holding a lone surrogate, or None."""
-    if isinstance(value, str):
-        return value if lone_surrogate(value) is not None else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = (_first_lone_surrogate(key, lone_surrogate) if isinstance(key, str) else None) \
-            or _first_lone_surrogate(item, lone_surrogate)
-        if found is not None:
-            return found
-    return None
+    return first(event, floating)
 
 
 def _string_columns_of_other_families(events, index) -> list[str]:
@@ -432,12 +485,38 @@ def _output_clash(args: argparse.Namespace) -> str | None:
                 return f"{flag} {path}: holds {other_flag} {other_path}; writing it would delete it"
             if os.path.commonpath([mine, other]) == other:
                 return f"{flag} {path}: is inside {other_flag} {other_path}; it would be written into it"
+    for flag, path in outputs:
+        foreign = None if _has_scheme(path) else _not_spark_output(path)
+        if foreign:
+            return (f"{flag} {path}: exists and is not a Spark output ({foreign}); writing it would delete it -- "
+                    f"remove it or name another path")
     if args.subs is None:       # the generated workload is read from its cache, which an output must not delete
         data_dir = os.path.realpath(args.data_dir)
         for flag, path in outputs:
             if not _has_scheme(path) and os.path.commonpath([os.path.realpath(path), data_dir]) == \
                     os.path.realpath(path):
                 return f"{flag} {path}: holds --data-dir {args.data_dir}; writing it would delete the workload"
+    return None
+
+
+#: the names Spark's Parquet writer (and its committers) put in an output directory: overwriting one that
+#: holds only these replaces an earlier run's output
+_SPARK_OUTPUT_NAMES = ("part-", ".part-", "_SUCCESS", "._SUCCESS", "_temporary", "_committed_", "_started_",
+                       ".metadata", "_metadata", "._metadata", "_common_metadata", "._common_metadata")
+
+
+def _not_spark_output(path: str) -> str | None:
+    """What makes an existing ``path`` something other than a Spark output
+    directory (which Spark's overwrite may replace), or None: a file, or a
+    directory holding another name (``--out ~`` deleted the home
+    directory).  An empty directory, or no such path, is fine."""
+    if not os.path.lexists(path):
+        return None
+    if not os.path.isdir(path):
+        return "a file"
+    for name in sorted(os.listdir(path)):
+        if not name.startswith(_SPARK_OUTPUT_NAMES):
+            return f"it holds {name!r}"
     return None
 
 

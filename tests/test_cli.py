@@ -411,6 +411,40 @@ def test_run_refuses_an_output_that_would_delete_an_input(tmp_path, capsys, case
     assert subs.read_text() == SUBS and sorted(p.name for p in tmp_path.iterdir()) == ["in"]
 
 
+@pytest.mark.parametrize("case", ["a directory of other files", "a file", "the quarantine's directory"])
+def test_run_refuses_to_overwrite_what_is_not_a_spark_output(tmp_path, capsys, case):
+    """Spark's overwrite deletes the whole path it writes: ``--out ~`` would
+    have deleted the home directory, and ``--out m.parquet`` a file that
+    ``bexmatch match`` wrote.  An earlier run's output (part files,
+    ``_SUCCESS`` and their checksums) may still be replaced, as may an empty
+    directory.  The inputs are missing, so that the old code refused that
+    instead (exit 2 without SystemExit) before Spark started."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    kept = tmp_path / "m.parquet"
+    kept.write_bytes(b"PAR1")
+    out, flag = {"a directory of other files": (["--out", str(mine)], "--out"),
+                 "a file": (["--out", str(kept)], "--out"),
+                 "the quarantine's directory": (["--out", str(tmp_path / "o"), "--on-bad-event", "quarantine",
+                                                 "--quarantine", str(mine)], "--quarantine")}[case]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--subs", str(tmp_path / "none.tsv"), "--events", str(tmp_path / "none.jsonl"), *out, "--quiet"])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith(f"bexmatch run: error: {flag} ") and "is not a Spark output" in last
+    assert (mine / "notes.txt").read_text() == "keep me" and kept.read_bytes() == b"PAR1"
+    from spark_integration.job import _not_spark_output
+
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for name in ("part-00000-1.snappy.parquet", ".part-00000-1.snappy.parquet.crc", "_SUCCESS", "._SUCCESS.crc"):
+        (earlier / name).write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    assert [_not_spark_output(str(tmp_path / name)) for name in ("earlier", "empty", "none")] == [None] * 3
+    assert _not_spark_output(str(mine)) == "it holds 'notes.txt'"
+
+
 def test_the_console_script_prints_no_traceback(files):
     tmp, subs, events = files
     bad = tmp / "bad.tsv"

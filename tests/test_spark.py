@@ -595,6 +595,22 @@ def test_json_lines_the_job_cannot_read_as_written(spark, tmp_path, capsys):
     lone.write_text(fine.read_text() + '{"event_id": 3, "s": "\\ud800"}\n')
     assert main(["--subs", str(subs), "--events", str(lone), "--out", str(tmp_path / "o4.parquet"), "--quiet"]) == 2
     assert "is not valid Unicode (a lone surrogate)" in capsys.readouterr().err
+    # an integer beyond 2**53 in a column holding a fraction elsewhere: Spark read it as 9007199254740992.0,
+    # which matched x = 2**53 (`bexmatch match` refuses the line); 2**53 itself, and digits in a string, are fine
+    subs.write_text("1\tx = 9007199254740992\n2\tx > 1\n3\ts = '90071992547409930'\n")
+    exact = tmp_path / "exact.jsonl"
+    exact.write_text('{"event_id": 1, "x": 9007199254740992, "s": "90071992547409930"}\n'
+                     '{"event_id": 2, "x": 1.5}\n')
+    out = tmp_path / "o5.parquet"
+    assert main(["--subs", str(subs), "--events", str(exact), "--out", str(out), "--quiet"]) == 0
+    table = pq.read_table(out)
+    assert sorted(zip(table["event_id"].to_pylist(), table["sub_id"].to_pylist())) == [(1, 1), (1, 2), (1, 3),
+                                                                                         (2, 2)]
+    rounded = tmp_path / "rounded.jsonl"
+    rounded.write_text(exact.read_text() + '{"event_id": 3, "x": 9007199254740993}\n')
+    assert main(["--subs", str(subs), "--events", str(rounded), "--out", str(tmp_path / "o6.parquet"),
+                 "--quiet"]) == 2
+    assert "the integer 9007199254740993 in the line" in capsys.readouterr().err
 
 
 def test_dotted_column_names_reach_the_engine(spark, caplog):
