@@ -122,8 +122,10 @@ class PredicateTable:
 
     @property
     def nbytes(self) -> int:
-        coded = (self.lo, self.hi, self.set_offsets, self.set_values)
-        return sum(a.nbytes for a in self.key_columns()) + sum(a.nbytes for a in coded if a is not None)
+        keys = self.key_columns()
+        coded = (self.lo, self.hi, self.set_offsets, self.set_values)     # (lo and hi may be the keys themselves)
+        return sum(a.nbytes for a in keys) + sum(a.nbytes for a in coded
+                                                 if a is not None and not any(a is k for k in keys))
 
     def coded(self, schema) -> "PredicateTable":
         """This table with kernel codes under ``schema``'s dictionary (a
@@ -169,11 +171,12 @@ class PredicateTable:
         is_string = self.string_rows(schema)
         plain = is_string & ~np.isin(self.op, SET_CODES + PATTERN_CODES) & (self.op != opcodes.IS_NULL) \
             & (self.op != opcodes.IS_NOT_NULL)
-        self.lo = self.lo_key.copy()
-        self.hi = self.hi_key.copy()
-        self.lo[plain] = schema.codes_of_string_ids(self.lo_key[plain])
         ranged = plain & np.isin(self.op, (opcodes.BETWEEN, opcodes.NOT_BETWEEN))
-        self.hi[ranged] = schema.codes_of_string_ids(self.hi_key[ranged])
+        # codes are the keys but on string rows: a table without them shares its keys (16 MB not copied at a
+        # million rows, for each new string an update brings) -- if writable, as every kernel's lo and hi are
+        # typed (a read-only array would make numba compile each kernel again)
+        self.lo = _coded_copy(self.lo_key, plain, schema)
+        self.hi = _coded_copy(self.hi_key, ranged, schema)
         # IN lists: codes sorted per predicate, in CSR (vectorised gather)
         set_rows = np.isin(self.op, SET_CODES)
         all_offsets, all_keys = schema.set_csr()
@@ -193,6 +196,16 @@ class PredicateTable:
         out_of_order = (codes[1:] < codes[:-1]) & (owner[1:] == owner[:-1])
         self.set_values = codes[np.lexsort((codes, owner))] if out_of_order.any() else codes
         self.coded_version = schema.version
+
+
+def _coded_copy(keys: np.ndarray, string_rows: np.ndarray, schema: Schema) -> np.ndarray:
+    """``keys`` with the string ids of ``string_rows`` as their codes under
+    ``schema``: ``keys`` itself where there are none and it is writable."""
+    if not string_rows.any() and keys.flags.writeable:
+        return keys
+    codes = keys.copy()
+    codes[string_rows] = schema.codes_of_string_ids(keys[string_rows])
+    return codes
 
 
 def distinct_rows(columns) -> tuple[np.ndarray, np.ndarray]:
